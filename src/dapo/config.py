@@ -1,0 +1,407 @@
+"""The typed configuration tree of a DAPO run.
+
+One `DapoConfig` is built at the edge (YAML file + dotted command-line overrides), validated once,
+and passed down; nothing below the CLI reads files or environment variables for configuration.
+
+Section and key names follow verl's so that published recipes translate one to one
+(see docs/config.md for the full mapping). verl's nested paths are accepted as aliases:
+``actor_rollout_ref.actor.clip_ratio_high`` is ``actor.clip_ratio_high`` here, and the DAPO
+technique switches can also be reached under ``algorithm.*`` (``algorithm.clip_ratio_high``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, Mapping, Sequence
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+__all__ = [
+    "ActorConfig",
+    "AlgorithmConfig",
+    "ConfigError",
+    "CustomRewardFunctionConfig",
+    "DapoConfig",
+    "DataConfig",
+    "FilterGroupsConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "OverlongBufferConfig",
+    "RewardModelConfig",
+    "RolloutConfig",
+    "SynthDataConfig",
+    "TrainerConfig",
+    "ValSamplingConfig",
+    "load_config",
+]
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with a message naming the key and what is allowed."""
+
+
+class _Section(BaseModel):
+    # Unknown keys are errors (a typo must never silently fall back to a default).
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+
+# --------------------------------------------------------------------------------------------- data
+class SynthDataConfig(_Section):
+    """The built-in synthetic arithmetic task, used when ``data.train_files`` is empty."""
+
+    num_train: int = Field(4000, gt=0, description="number of training problems generated")
+    num_val: int = Field(128, gt=0, description="number of validation problems generated")
+    train_seed: int = Field(1234, description="seed of the training problems")
+    val_seed: int = Field(4321, description="seed of the validation problems (disjoint stream)")
+    min_operands: int | None = Field(None, description="difficulty knob; None = the tiny model's training value")
+    max_operands: int | None = Field(None, description="difficulty knob; None = the tiny model's training value")
+    max_value: int | None = Field(None, description="difficulty knob; None = the tiny model's training value")
+
+
+class DataConfig(_Section):
+    train_files: list[str] = Field(default_factory=list, description="parquet/JSONL files in the DAPO schema; empty = synthetic task")
+    val_files: list[str] = Field(default_factory=list, description="validation files; empty = synthetic validation set")
+    synth: SynthDataConfig = Field(default_factory=SynthDataConfig)
+    max_prompt_length: int = Field(256, gt=0, description="prompt tokens (after the chat template)")
+    max_response_length: int = Field(64, gt=0, description="L_max: generation stops here (finish reason 'length')")
+    train_batch_size: int = Field(16, gt=0, description="prompt groups per training step (after dynamic sampling)")
+    gen_batch_size: int | None = Field(None, gt=0, description="prompts per generation round; default = train_batch_size")
+    val_max_samples: int | None = Field(None, gt=0, description="cap on validation prompts (None = all)")
+    shuffle: bool = Field(True, description="reshuffle training prompts every epoch")
+    seed: int = Field(1, description="seed of the data-loader order")
+    filter_overlong_prompts: Literal["drop", "error"] = Field(
+        "drop", description="prompts longer than max_prompt_length: drop them with a count, or stop with an error"
+    )
+
+    @property
+    def effective_gen_batch_size(self) -> int:
+        return self.gen_batch_size or self.train_batch_size
+
+
+# -------------------------------------------------------------------------------------------- model
+class ModelConfig(_Section):
+    path: str | None = Field(None, description="Hugging Face model folder; None = the embedded tiny Qwen2")
+    gguf_file: str | None = Field(None, description="GGUF file name inside `path` (dequantized on load)")
+    tokenizer_path: str | None = Field(None, description="tokenizer folder if not the model's")
+    trust_remote_code: bool = Field(False, description="allow custom modelling code from the model folder")
+    save_pretrained_cache: bool = Field(
+        True, description="after a GGUF load, save an HF copy next to the run so later loads take a second"
+    )
+
+
+# ------------------------------------------------------------------------------------------ rollout
+class ValSamplingConfig(_Section):
+    """Validation sampling; defaults are the paper's evaluation setting (temperature 1.0, top-p 0.7)."""
+
+    n: int = Field(8, gt=0, description="samples per validation prompt (the paper: 32 for avg@32)")
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(0.7, gt=0.0, le=1.0)
+    top_k: int = Field(-1, ge=-1)
+
+
+class RolloutConfig(_Section):
+    name: Literal["hf"] = Field("hf", description="rollout engine (vLLM arrives with the scale-out work)")
+    n: int = Field(8, gt=0, description="G: responses sampled per prompt")
+    temperature: float = Field(1.0, gt=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(-1, ge=-1, description="-1 = off")
+    max_batch_size: int | None = Field(None, gt=0, description="sequences per engine call (None = all at once)")
+    val_kwargs: ValSamplingConfig = Field(default_factory=ValSamplingConfig)
+
+
+# -------------------------------------------------------------------------------------------- actor
+class OptimConfig(_Section):
+    lr: float = Field(1e-6, gt=0.0)
+    lr_warmup_steps: int = Field(0, ge=0, description="linear warm-up in optimizer steps, then constant")
+    weight_decay: float = Field(0.1, ge=0.0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0.0)
+
+
+class ActorConfig(_Section):
+    ppo_mini_batch_size: int = Field(16, gt=0, description="prompt groups per optimizer step")
+    ppo_epochs: int = Field(1, gt=0, description="mu: passes over the batch")
+    shuffle: bool = Field(False, description="shuffle groups between ppo epochs")
+    use_dynamic_bsz: bool = Field(True, description="micro-batches bounded by a token budget (padding-free)")
+    ppo_max_token_len_per_gpu: int = Field(16384, gt=0, description="token budget of one micro-batch")
+    ppo_micro_batch_size_per_gpu: int | None = Field(None, gt=0, description="samples per micro-batch if not dynamic")
+    clip_ratio_low: float = Field(0.2, ge=0.0, description="epsilon_low of Clip-Higher (Eq. 10)")
+    clip_ratio_high: float = Field(0.28, ge=0.0, description="epsilon_high of Clip-Higher (Eq. 10)")
+    clip_ratio_c: float | None = Field(10.0, gt=1.0, description="dual-clip bound for negative advantages; None = off")
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = Field(
+        "token-mean", description="token-mean is DAPO's token-level loss (Eq. 12)"
+    )
+    entropy_coeff: float = Field(0.0, description="entropy bonus (off in DAPO)")
+    use_kl_loss: bool = Field(False, description="KL to the reference policy (off in DAPO)")
+    kl_loss_coef: float = Field(0.001, ge=0.0)
+    kl_loss_type: Literal["k1", "k2", "k3", "low_var_kl", "mse"] = "low_var_kl"
+    grad_clip: float = Field(1.0, gt=0.0)
+    logprob_chunk_size: int = Field(1024, gt=0, description="tokens per chunk of the logits -> log-prob computation")
+    gradient_checkpointing: bool = False
+    dtype: Literal["fp32", "bf16"] = "fp32"
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+
+    @model_validator(mode="after")
+    def _micro_batch_given(self) -> "ActorConfig":
+        if not self.use_dynamic_bsz and self.ppo_micro_batch_size_per_gpu is None:
+            raise ValueError("actor.ppo_micro_batch_size_per_gpu is required when actor.use_dynamic_bsz is false")
+        return self
+
+
+# ---------------------------------------------------------------------------------------- algorithm
+class FilterGroupsConfig(_Section):
+    """Dynamic Sampling (Eq. 11)."""
+
+    enable: bool = Field(True, description="drop groups whose accuracies are all 0 or all 1")
+    metric: Literal["acc"] = Field("acc", description="decided on raw accuracy, never on the shaped reward")
+    max_num_gen_batches: int = Field(10, description="generation rounds per step before giving up; <= 0 = unlimited")
+    on_exhausted: Literal["error", "train_on_partial"] = Field(
+        "error", description="when max_num_gen_batches is reached: stop with a message, or train on what was kept"
+    )
+    carry_over_surplus: bool = Field(False, description="keep surplus groups for the next step instead of dropping them")
+
+
+class AlgorithmConfig(_Section):
+    adv_estimator: Literal["grpo"] = "grpo"
+    norm_adv_by_std_in_grpo: bool = Field(True, description="False = Dr. GRPO (no std division)")
+    filter_groups: FilterGroupsConfig = Field(default_factory=FilterGroupsConfig)
+    overlong_filter: bool = Field(False, description="mask truncated samples out of the loss (overlong filtering)")
+
+
+# ------------------------------------------------------------------------------------------- reward
+class OverlongBufferConfig(_Section):
+    """Soft overlong punishment (Eq. 13)."""
+
+    enable: bool = True
+    len: int = Field(16, gt=0, description="L_cache: the buffer before max_response_length")
+    penalty_factor: float = Field(1.0, ge=0.0)
+    log: bool = False
+
+
+class RewardModelConfig(_Section):
+    overlong_buffer: OverlongBufferConfig = Field(default_factory=OverlongBufferConfig)
+    num_workers: int = Field(0, ge=0, description="reward process-pool size (0 = in-process)")
+    timeout_s: float = Field(10.0, gt=0.0, description="hard per-sample limit in the pool")
+
+
+class CustomRewardFunctionConfig(_Section):
+    path: str | None = Field(None, description="a .py file holding the function")
+    name: str = Field("compute_score", description="the function's name in that file")
+
+
+# ------------------------------------------------------------------------------------------ trainer
+class TrainerConfig(_Section):
+    total_training_steps: int | None = Field(40, gt=0, description="steps to train (None = total_epochs passes)")
+    total_epochs: int = Field(1, gt=0)
+    test_freq: int = Field(5, description="validate every N steps (<= 0: never, except at the end)")
+    val_before_train: bool = True
+    save_freq: int = Field(-1, description="checkpoint every N steps (<= 0: only at the end)")
+    max_ckpt_to_keep: int | None = Field(2, gt=0)
+    resume_mode: str = Field("auto", description="'auto' (latest complete checkpoint), 'disable', or a checkpoint path")
+    logger: list[Literal["console", "jsonl", "tensorboard", "wandb"]] = Field(
+        default_factory=lambda: ["console", "jsonl", "tensorboard"]
+    )
+    project_name: str = "dapo"
+    experiment_name: str = "tiny-synth"
+    default_local_dir: str = Field("runs", description="run directories live at default_local_dir/experiment_name")
+    seed: int = 42
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    num_threads: int | None = Field(None, gt=0, description="torch CPU threads (None = torch's default)")
+
+
+class DapoConfig(_Section):
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    actor: ActorConfig = Field(default_factory=ActorConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    reward_model: RewardModelConfig = Field(default_factory=RewardModelConfig)
+    custom_reward_function: CustomRewardFunctionConfig = Field(default_factory=CustomRewardFunctionConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+
+    @model_validator(mode="after")
+    def _cross_section(self) -> "DapoConfig":
+        problems: list[str] = []
+        d = self.data
+        if d.train_batch_size % self.actor.ppo_mini_batch_size != 0:
+            problems.append(
+                f"actor.ppo_mini_batch_size ({self.actor.ppo_mini_batch_size}) must divide "
+                f"data.train_batch_size ({d.train_batch_size})"
+            )
+        if d.effective_gen_batch_size < 1:
+            problems.append("data.gen_batch_size must be positive")
+        ob = self.reward_model.overlong_buffer
+        if ob.enable and ob.len > d.max_response_length:
+            problems.append(
+                f"reward_model.overlong_buffer.len ({ob.len}) must be <= data.max_response_length ({d.max_response_length})"
+            )
+        if self.algorithm.filter_groups.enable and self.rollout.n < 2:
+            problems.append("algorithm.filter_groups.enable needs rollout.n >= 2 (a group of one is never kept)")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+
+# ------------------------------------------------------------------------------------------ loading
+# verl's nested paths -> ours, so a verl/DAPO recipe's overrides apply unchanged.
+_PREFIX_ALIASES: dict[str, str] = {
+    "actor_rollout_ref.actor.": "actor.",
+    "actor_rollout_ref.rollout.": "rollout.",
+    "actor_rollout_ref.model.": "model.",
+}
+# DAPO's technique switches, reachable where a reader of the paper looks for them.
+_KEY_ALIASES: dict[str, str] = {
+    "algorithm.clip_ratio_low": "actor.clip_ratio_low",
+    "algorithm.clip_ratio_high": "actor.clip_ratio_high",
+    "algorithm.clip_ratio_c": "actor.clip_ratio_c",
+    "algorithm.loss_agg_mode": "actor.loss_agg_mode",
+}
+
+
+def canonical_key(dotted: str) -> str:
+    """Map a verl-style or alias key to this tree's key."""
+    for alias, target in _PREFIX_ALIASES.items():
+        if dotted.startswith(alias):
+            dotted = target + dotted[len(alias) :]
+            break
+    return _KEY_ALIASES.get(dotted, dotted)
+
+
+def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    # No leaf of the tree is a mapping, so every non-empty mapping is a section to descend into.
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(_flatten(value, dotted + "."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+def _section_type(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        for arg in typing.get_args(annotation):
+            found = _section_type(arg)
+            if found is not None:
+                return found
+    return None
+
+
+def _check_known_key(dotted: str) -> None:
+    """Reject an unknown dotted key with the allowed keys of its section and a close match."""
+    parts = dotted.split(".")
+    model: type[BaseModel] = DapoConfig
+    for depth, part in enumerate(parts):
+        allowed = list(model.model_fields)
+        section = ".".join(parts[:depth])
+        allowed += [a.rsplit(".", 1)[1] + f" (alias of {t})" for a, t in _KEY_ALIASES.items() if a.rsplit(".", 1)[0] == section]
+        if part not in model.model_fields:
+            where = ".".join(parts[:depth]) or "<top level>"
+            close = difflib.get_close_matches(part, [a.split(" ")[0] for a in allowed], n=1)
+            hint = f" Did you mean '{close[0]}'?" if close else ""
+            if dotted == "actor.optim.lr_warmup_steps_ratio":
+                hint = " Use actor.optim.lr_warmup_steps (an absolute number of optimizer steps)."
+            raise ConfigError(f"unknown config key '{dotted}': section '{where}' has no '{part}'.{hint} "
+                              f"Allowed keys there: {', '.join(allowed)}")
+        sub = _section_type(model.model_fields[part].annotation)
+        if sub is None:
+            if depth != len(parts) - 1:
+                raise ConfigError(f"config key '{dotted}': '{'.'.join(parts[: depth + 1])}' is a value, not a section")
+            return
+        model = sub
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    node = tree
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Parse ``key.path=value``; the value is read as YAML (so 0.28, true, null, [a, b] work)."""
+    if "=" not in text:
+        raise ConfigError(f"override '{text}' is not of the form key.path=value")
+    key, raw = text.split("=", 1)
+    key = key.strip().lstrip("+")  # hydra's '+key=value' means the same here
+    if not key:
+        raise ConfigError(f"override '{text}' has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override '{text}': cannot parse the value: {exc}") from None
+    return key, value
+
+
+def _format_validation_error(exc: ValidationError, origin: str) -> str:
+    lines = [f"invalid configuration ({origin}):"]
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "<top level>"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        got = err.get("input")
+        got_txt = "" if isinstance(got, dict) else f" (got {got!r})"
+        lines.append(f"  {loc}: {msg}{got_txt}")
+    return "\n".join(lines)
+
+
+def build_config(tree: Mapping[str, Any] | None = None, overrides: Sequence[str] = (), *, origin: str = "config") -> DapoConfig:
+    """Build and validate a config from a nested mapping plus dotted overrides."""
+    flat: dict[str, Any] = {}
+    for key, value in _flatten(tree or {}).items():
+        canon = canonical_key(key)
+        _check_known_key(canon)
+        flat[canon] = value
+    for text in overrides:
+        key, value = parse_override(text)
+        canon = canonical_key(key)
+        _check_known_key(canon)
+        flat[canon] = value
+    nested: dict[str, Any] = {}
+    for key, value in flat.items():
+        _set_dotted(nested, key, value)
+    try:
+        return DapoConfig.model_validate(nested)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(exc, origin)) from None
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> DapoConfig:
+    """Load a YAML config file (or the defaults when None) and apply dotted overrides."""
+    tree: dict[str, Any] = {}
+    origin = "defaults"
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{p}: the top level must be a mapping of sections, got {type(loaded).__name__}")
+        tree = loaded
+        origin = str(p)
+    if overrides:
+        origin += " + overrides"
+    return build_config(tree, overrides, origin=origin)
+
+
+def config_to_dict(cfg: DapoConfig) -> dict[str, Any]:
+    """A plain, YAML-safe dict of the whole tree (for run directories and trackers)."""
+    return cfg.model_dump(mode="json")

@@ -1,0 +1,98 @@
+"""Scored prompt groups: a prompt's G responses with their rule reward, shaped reward and accuracy.
+
+A group is the unit that Dynamic Sampling keeps or drops and that is never split (not by trimming, not across
+mini-batches). The raw accuracy decides the filter (Eq. 11); the shaped reward (score + soft overlong punishment,
+Eq. 13) feeds the advantage (Eq. 9).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from dapo.config import DapoConfig
+from dapo.core.overlong import compute_soft_overlong_penalty
+from dapo.prompts import PromptItem
+from dapo.reward.batch import RewardInput, score_batch
+from dapo.rollout.base import RolloutOutput
+
+
+@dataclass
+class ScoredGroup:
+    prompt: PromptItem
+    response_ids: list[list[int]]
+    rollout_log_probs: list[list[float]]
+    truncated: list[bool]  # finish reason "length": hit max_response_length
+    scores: list[float]  # the rule-based reward, +1 / -1
+    acc: list[bool]
+    overlong_penalty: list[float]
+    preds: list[str]
+
+    @property
+    def rewards(self) -> list[float]:
+        """Shaped reward R(y) + R_length(y) (Eq. 13 added to the rule reward)."""
+        return [s + p for s, p in zip(self.scores, self.overlong_penalty)]
+
+    @property
+    def num_response_tokens(self) -> int:
+        return sum(len(r) for r in self.response_ids)
+
+    def to_state(self) -> dict:
+        """JSON-able form, so carried-over groups survive a checkpoint."""
+        return {
+            "prompt": {"uid": self.prompt.uid, "input_ids": list(self.prompt.input_ids),
+                       "ground_truth": self.prompt.ground_truth, "data_source": self.prompt.data_source},
+            "response_ids": self.response_ids, "rollout_log_probs": self.rollout_log_probs,
+            "truncated": self.truncated, "scores": self.scores, "acc": self.acc,
+            "overlong_penalty": self.overlong_penalty, "preds": self.preds,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict) -> "ScoredGroup":
+        p = state["prompt"]
+        prompt = PromptItem(p["uid"], tuple(p["input_ids"]), p["ground_truth"], p["data_source"])
+        return cls(prompt, state["response_ids"], state["rollout_log_probs"], state["truncated"], state["scores"],
+                   state["acc"], state["overlong_penalty"], state["preds"])
+
+
+def score_rollout(
+    prompts: Sequence[PromptItem], rollout: RolloutOutput, tokenizer, cfg: DapoConfig
+) -> list[ScoredGroup]:
+    """Decode, score with the rule reward, add the soft overlong punishment, and regroup by prompt."""
+    texts = tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
+    inputs = [
+        RewardInput(prompts[p].data_source, text, prompts[p].ground_truth, prompts[p].extra_info)
+        for p, text in zip(rollout.prompt_index, texts)
+    ]
+    custom = cfg.custom_reward_function
+    results = score_batch(
+        inputs,
+        num_workers=cfg.reward_model.num_workers,
+        timeout_s=cfg.reward_model.timeout_s,
+        custom_fn_spec=f"{custom.path}:{custom.name}" if custom.path else None,
+    )
+    lengths = torch.tensor([len(r) for r in rollout.response_ids], dtype=torch.long)
+    ob = cfg.reward_model.overlong_buffer
+    if ob.enable:
+        penalty = compute_soft_overlong_penalty(
+            lengths, max_response_length=cfg.data.max_response_length, overlong_buffer_len=ob.len,
+            penalty_factor=ob.penalty_factor,
+        ).tolist()
+    else:
+        penalty = [0.0] * len(lengths)
+
+    groups: dict[int, ScoredGroup] = {}
+    for i, p in enumerate(rollout.prompt_index):
+        g = groups.get(p)
+        if g is None:
+            g = groups[p] = ScoredGroup(prompts[p], [], [], [], [], [], [], [])
+        g.response_ids.append(list(rollout.response_ids[i]))
+        g.rollout_log_probs.append(list(rollout.logprobs[i]))
+        g.truncated.append(rollout.finish_reason[i] == "length")
+        g.scores.append(float(results[i].score))
+        g.acc.append(bool(results[i].acc))
+        g.overlong_penalty.append(float(penalty[i]))
+        g.preds.append(results[i].pred)
+    return [groups[p] for p in sorted(groups)]

@@ -38,8 +38,7 @@ def encode_prompts(
     items: list[PromptItem] = []
     dropped, longest = 0, 0
     for index, record in enumerate(records):
-        messages = [dict(m) for m in record.prompt]
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = tokenizer.apply_chat_template(record.messages(), add_generation_prompt=True, tokenize=True)
         if hasattr(ids, "input_ids"):  # some tokenizers return a BatchEncoding
             ids = ids["input_ids"]
         ids = [int(t) for t in ids]

@@ -1,0 +1,52 @@
+"""`dapo train`: build the config at the edge, run Algorithm 1, report first/last validation accuracy and the plot."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+import yaml
+
+from dapo.config import ConfigError, config_to_dict, load_config
+
+
+@click.command("train", context_settings={"ignore_unknown_options": True})
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="YAML config (see configs/); defaults train the embedded tiny model on the synthetic task.")
+@click.option("--print-config", is_flag=True, help="Print the resolved config and exit.")
+@click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
+def train_command(config_path: str | None, print_config: bool, overrides: tuple[str, ...]) -> None:
+    """Train a policy with DAPO. OVERRIDES are dotted keys, e.g. algorithm.clip_ratio_high=0.28 rollout.n=16."""
+    try:
+        cfg = load_config(config_path, overrides)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    if print_config:
+        click.echo(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+        return
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+
+    # Imported here so `dapo --help` and config errors stay instant.
+    from dapo.data.schema import DataError
+    from dapo.model_loading import ModelLoadError
+    from dapo.plot import plot_runs
+    from dapo.prompts import PromptTooLongError
+    from dapo.trainer import TrainingError, train
+
+    try:
+        result = train(cfg)
+    except (TrainingError, ModelLoadError, DataError, PromptTooLongError) as exc:
+        raise click.ClickException(str(exc)) from None
+    except RuntimeError as exc:  # e.g. DynamicSamplingExhausted: its message names the cause
+        if type(exc).__name__ == "DynamicSamplingExhausted":
+            raise click.ClickException(str(exc)) from None
+        raise
+    plot_path = plot_runs([result.run_dir], result.run_dir / "plots" / "training.png")
+    first, last = result.val_acc(0), result.val_acc(-1)
+    click.echo(f"done: {result.steps_done} steps in {result.wall_s:.0f} s, peak memory {result.peak_rss_mb:.0f} MB")
+    if first is not None and last is not None:
+        k_key = next(k for k in result.val_history[-1][1] if k.startswith("val/acc/mean@"))
+        click.echo(f"validation {k_key}: first {first:.3f} (step {result.val_history[0][0]}) -> "
+                   f"last {last:.3f} (step {result.val_history[-1][0]}), {100 * (last - first):+.1f} points")
+    click.echo(f"metrics: {result.run_dir / 'metrics.jsonl'}; plots: {plot_path}")

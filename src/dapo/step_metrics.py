@@ -1,0 +1,62 @@
+"""Per-step training metrics, named as verl names them where verl has a name.
+
+Batch metrics (critic/*, acc/mean, response_length/*) describe the training batch after dynamic sampling, as in verl;
+rollout/acc/mean describes every response generated in the step, before the filter (the learning curve of the policy).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from dapo.groups import ScoredGroup
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(sum(values) / len(values)) if values else float("nan")
+
+
+def batch_metrics(groups: Sequence[ScoredGroup], advantages: torch.Tensor, *, max_response_length: int) -> dict[str, float]:
+    lengths = [len(r) for g in groups for r in g.response_ids]
+    truncated = [t for g in groups for t in g.truncated]
+    scores = [s for g in groups for s in g.scores]
+    rewards = [r for g in groups for r in g.rewards]
+    penalties = [p for g in groups for p in g.overlong_penalty]
+    acc = [float(a) for g in groups for a in g.acc]
+    return {
+        "response_length/mean": _mean(lengths),
+        "response_length/max": float(max(lengths)) if lengths else float("nan"),
+        "response_length/min": float(min(lengths)) if lengths else float("nan"),
+        "response_length/clip_ratio": _mean([float(t) for t in truncated]),
+        "critic/score/mean": _mean(scores),
+        "critic/rewards/mean": _mean(rewards),
+        "critic/overlong_penalty/mean": _mean(penalties),
+        "critic/advantages/mean": float(advantages.mean()) if advantages.numel() else float("nan"),
+        "critic/advantages/max": float(advantages.max()) if advantages.numel() else float("nan"),
+        "critic/advantages/min": float(advantages.min()) if advantages.numel() else float("nan"),
+        "acc/mean": _mean(acc),
+        "train/num_groups": float(len(groups)),
+        "train/max_response_length": float(max_response_length),
+    }
+
+
+def policy_metrics(
+    old_log_probs: Sequence[torch.Tensor],
+    entropies: Sequence[torch.Tensor] | None,
+    rollout_log_probs: Sequence[torch.Tensor],
+) -> dict[str, float]:
+    """Entropy and mean token probability of the sampled responses (the paper's Fig. 7c/7d), and the gap between the
+    actor's recomputed log-probs and the rollout engine's (train/inference mismatch)."""
+    old = torch.cat([lp.detach().float() for lp in old_log_probs])
+    roll = torch.cat([lp.detach().float() for lp in rollout_log_probs])
+    diff = (old - roll).abs()
+    out = {
+        "actor/mean_prob": float(old.exp().mean()),
+        "rollout/log_prob_diff/mean": float(diff.mean()),
+        "rollout/log_prob_diff/max": float(diff.max()),
+        "rollout/probs_diff/mean": float((old.exp() - roll.exp()).abs().mean()),
+    }
+    if entropies is not None:
+        out["actor/entropy"] = float(torch.cat([e.detach().float() for e in entropies]).mean())
+    return out

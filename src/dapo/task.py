@@ -1,0 +1,57 @@
+"""The training task: prompts for training and validation, from DAPO-schema files or the built-in synthetic task."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+
+from dapo.config import DataConfig
+from dapo.data.loaders import load_dataset
+from dapo.data.schema import DapoRecord
+from dapo.data.synth import default_synth_config, generate_synth_problems, synth_records
+from dapo.prompts import PromptItem, encode_prompts
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Task:
+    train: list[PromptItem]
+    val: list[PromptItem]
+    description: str
+    num_dropped_too_long: int
+
+
+def _synth(cfg: DataConfig, split: str) -> list[DapoRecord]:
+    knobs = {k: v for k, v in (("min_operands", cfg.synth.min_operands), ("max_operands", cfg.synth.max_operands),
+                               ("max_value", cfg.synth.max_value)) if v is not None}
+    synth_cfg = dataclasses.replace(default_synth_config(), **knobs)
+    num, seed = (cfg.synth.num_train, cfg.synth.train_seed) if split == "train" else (cfg.synth.num_val, cfg.synth.val_seed)
+    rows = synth_records(generate_synth_problems(num, seed, synth_cfg), split=split)
+    return [DapoRecord.from_row(row, source=f"<synth {split}>", row_index=i) for i, row in enumerate(rows)]
+
+
+def load_task(cfg: DataConfig, tokenizer) -> Task:
+    """Read and validate every record (all problems reported at once), then tokenise with the chat template."""
+    if cfg.train_files:
+        train_records = load_dataset(cfg.train_files)
+        description = ", ".join(cfg.train_files)
+    else:
+        train_records = _synth(cfg, "train")
+        description = f"synthetic arithmetic ({cfg.synth.num_train} problems, seed {cfg.synth.train_seed})"
+    val_records = load_dataset(cfg.val_files) if cfg.val_files else (_synth(cfg, "val") if not cfg.train_files else [])
+    if cfg.val_max_samples is not None:
+        val_records = val_records[: cfg.val_max_samples]
+    train = encode_prompts(train_records, tokenizer, max_prompt_length=cfg.max_prompt_length,
+                           too_long=cfg.filter_overlong_prompts, where="data.train_files")
+    val = encode_prompts(val_records, tokenizer, max_prompt_length=cfg.max_prompt_length,
+                         too_long=cfg.filter_overlong_prompts, where="data.val_files")
+    dropped = train.num_dropped_too_long + val.num_dropped_too_long
+    if dropped:
+        log.warning("dropped %d prompts longer than data.max_prompt_length=%d (longest: %d tokens)", dropped,
+                    cfg.max_prompt_length, max(train.longest_dropped, val.longest_dropped))
+    if not train.items:
+        raise ValueError(f"no training prompts left: all {len(train_records)} are longer than "
+                         f"data.max_prompt_length={cfg.max_prompt_length}")
+    return Task(train.items, val.items, description, dropped)

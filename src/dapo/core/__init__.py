@@ -1,0 +1,51 @@
+"""The DAPO algorithm core: pure tensor math (advantages, policy loss, loss aggregation, overlong shaping, dynamic
+sampling, KL and entropy). torch only; no models, no I/O."""
+
+from dapo.core.advantages import (
+    ADV_ESTIMATORS,
+    AdvantageEstimator,
+    broadcast_advantage,
+    compute_grpo_outcome_advantage,
+    get_adv_estimator,
+    register_adv_estimator,
+)
+from dapo.core.dynamic_sampling import (
+    AccumulatorReport,
+    DynamicSamplingAccumulator,
+    DynamicSamplingExhausted,
+    GroupStats,
+    group_accuracy_stats,
+    select_informative_groups,
+)
+from dapo.core.kl import KL_ESTIMATORS, entropy_from_logits, kl_penalty
+from dapo.core.loss_aggregation import LOSS_AGG_MODES, aggregate_loss, count_loss_normalizers
+from dapo.core.masked import masked_mean, masked_sum
+from dapo.core.overlong import compute_soft_overlong_penalty, overlong_filter_mask
+from dapo.core.policy_loss import PolicyLossOutput, compute_policy_loss
+
+__all__ = [
+    "ADV_ESTIMATORS",
+    "KL_ESTIMATORS",
+    "LOSS_AGG_MODES",
+    "AccumulatorReport",
+    "AdvantageEstimator",
+    "DynamicSamplingAccumulator",
+    "DynamicSamplingExhausted",
+    "GroupStats",
+    "PolicyLossOutput",
+    "aggregate_loss",
+    "broadcast_advantage",
+    "compute_grpo_outcome_advantage",
+    "compute_policy_loss",
+    "compute_soft_overlong_penalty",
+    "count_loss_normalizers",
+    "entropy_from_logits",
+    "get_adv_estimator",
+    "group_accuracy_stats",
+    "kl_penalty",
+    "masked_mean",
+    "masked_sum",
+    "overlong_filter_mask",
+    "register_adv_estimator",
+    "select_informative_groups",
+]

@@ -40,7 +40,14 @@ def load_task(cfg: DataConfig, tokenizer) -> Task:
     else:
         train_records = _synth(cfg, "train")
         description = f"synthetic arithmetic ({cfg.synth.num_train} problems, seed {cfg.synth.train_seed})"
-    val_records = load_dataset(cfg.val_files) if cfg.val_files else (_synth(cfg, "val") if not cfg.train_files else [])
+    if cfg.val_files:
+        val_records = load_dataset(cfg.val_files)
+    elif not cfg.train_files:
+        # Two seeded streams can draw the same small problem: keep validation free of training problems.
+        seen = {r.extra_info.get("raw_problem") for r in train_records}
+        val_records = [r for r in _synth(cfg, "val") if r.extra_info.get("raw_problem") not in seen]
+    else:
+        val_records = []
     if cfg.val_max_samples is not None:
         val_records = val_records[: cfg.val_max_samples]
     train = encode_prompts(train_records, tokenizer, max_prompt_length=cfg.max_prompt_length,

@@ -138,6 +138,9 @@ def generate_and_filter(
         generated_acc.extend(acc.tolist())
         generated_tokens += sum(g.num_response_tokens for g in groups)
         rnd += 1
+        if rnd % 10 == 0:  # unlimited rounds (max_num_gen_batches <= 0) must still show that they are running
+            log.info("step %d: %d generation rounds so far, %d of %d groups kept", step, rnd,
+                     accumulator.num_groups, cfg.data.train_batch_size)
     kept, report = accumulator.pop_batch()
     if report.partial:
         log.warning("step %d: dynamic sampling gave up after %d rounds; training on %d of %d groups", step,
@@ -268,6 +271,12 @@ def train(cfg: DapoConfig) -> TrainResult:
             # Lines 3-9: sample, generate G outputs per prompt, reward, dynamic sampling until the batch is full.
             groups, ds_metrics = generate_and_filter(engine, sampler, accumulator, policy, cfg, step, timing)
             metrics.update(ds_metrics)
+
+            if not groups:  # train_on_partial after rounds that kept nothing: there is no gradient to take
+                log.warning("step %d: no informative group after %d rounds; skipping the update", step,
+                            int(metrics["train/num_gen_batches"]))
+                tracker.log(metrics, step=step)
+                continue
 
             # Line 10: group-relative advantages (Eq. 9).
             batch = build_train_batch(groups, cfg)

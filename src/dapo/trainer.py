@@ -26,7 +26,7 @@ import torch
 import yaml
 
 from dapo.actor.batch import TrainBatch
-from dapo.actor.log_probs import compute_log_probs_batch
+from dapo.actor.log_probs import compute_log_probs_and_entropy_batch
 from dapo.actor.optim import build_lr_scheduler, build_optimizer
 from dapo.actor.update import NonFiniteLossError, update_policy
 from dapo.checkpoint import CheckpointError, find_latest_checkpoint, load_checkpoint, save_checkpoint
@@ -283,8 +283,8 @@ def train(cfg: DapoConfig) -> TrainResult:
 
             # pi_theta_old: the actor recomputes the log-probs of the sampled tokens before updating.
             t0 = time.perf_counter()
-            old_log_probs, entropies = compute_log_probs_batch(
-                policy.model, batch, cfg.actor, temperature=cfg.rollout.temperature, with_entropy=True
+            old_log_probs, entropies = compute_log_probs_and_entropy_batch(
+                policy.model, batch, cfg.actor, temperature=cfg.rollout.temperature
             )
             batch = batch.with_old_log_probs(old_log_probs)
             timing["old_log_prob"] = time.perf_counter() - t0
@@ -293,7 +293,8 @@ def train(cfg: DapoConfig) -> TrainResult:
             t0 = time.perf_counter()
             try:
                 metrics.update(update_policy(policy.model, optimizer, scheduler, batch, cfg.actor,
-                                             temperature=cfg.rollout.temperature))
+                                             temperature=cfg.rollout.temperature,
+                                             norm_length=cfg.data.max_response_length))
             except NonFiniteLossError as exc:
                 raise TrainingError(f"step {step}: {exc}. The last complete checkpoint is untouched; lower "
                                     f"actor.optim.lr or use actor.dtype=fp32") from exc

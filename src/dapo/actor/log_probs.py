@@ -1,0 +1,219 @@
+"""Per-token log-probabilities (and entropies) of the response tokens, from one packed, padding-free forward pass.
+
+Packing: the prompt+response tokens of every sample of a micro-batch are concatenated into ONE row, with
+``position_ids`` restarting at 0 at each sample and no attention mask. Transformers (>= 4.56; verified for 5.x sdpa and
+eager by ``tests/actor/test_log_probs.py``) detects the restarts and builds a block-diagonal causal mask, so no token
+attends across samples and no compute is spent on padding; flash-attention derives the same segments from
+``position_ids``.
+
+Memory: the decoder returns the final hidden states ``[total_tokens, H]``; only the rows that predict a response token
+are kept, and the LM head + log-softmax run on ``chunk_size`` rows at a time, so the ``[tokens, vocab]`` logits are
+never materialised for the whole micro-batch. When gradients are needed each chunk runs under
+``torch.utils.checkpoint`` (non-reentrant): forward keeps only the chunk's outputs, backward recomputes that one
+chunk's logits, so the logits memory of backward is also bounded by one chunk (at the cost of one extra LM-head
+matmul per chunk).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from dapo.actor.batch import TrainBatch
+from dapo.actor.micro_batching import plan_micro_batches, warn_oversized
+from dapo.actor.precision import autocast_context
+from dapo.core.kl import entropy_from_logits
+
+if TYPE_CHECKING:
+    from dapo.config import ActorConfig
+
+__all__ = [
+    "PackedSequences",
+    "compute_log_probs_batch",
+    "compute_response_log_probs",
+    "decoder_and_lm_head",
+    "pack_sequences",
+]
+
+# Config attributes of model families whose logits are NOT simply lm_head(hidden): computing lm_head ourselves would
+# silently give wrong log-probs for them, so they are refused.
+_LOGIT_TRANSFORM_ATTRS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+
+
+@dataclass(frozen=True)
+class PackedSequences:
+    """Samples concatenated into one row.
+
+    Attributes:
+        input_ids: ``[1, total]`` prompt_0 + response_0 + prompt_1 + response_1 + ...
+        position_ids: ``[1, total]``, restarting at 0 at every sample.
+        predictor_index: ``[N]`` positions whose hidden state predicts a response token (N = all response tokens).
+        targets: ``[N]`` the response tokens, in order.
+        response_lengths: tokens per response, to split the ``[N]`` results back per sample.
+    """
+
+    input_ids: Tensor
+    position_ids: Tensor
+    predictor_index: Tensor
+    targets: Tensor
+    response_lengths: list[int]
+
+
+def pack_sequences(
+    prompt_ids: Sequence[Tensor], response_ids: Sequence[Tensor], device: torch.device | str = "cpu"
+) -> PackedSequences:
+    """Concatenate (prompt, response) pairs into one row.
+
+    Response token ``j`` of a sample starting at ``start`` with a ``P``-token prompt sits at ``start + P + j`` and is
+    predicted by the hidden state at ``start + P + j - 1``.
+    """
+    if len(prompt_ids) == 0:
+        raise ValueError("pack_sequences: no samples")
+    pieces: list[Tensor] = []
+    positions: list[Tensor] = []
+    predictors: list[Tensor] = []
+    offset = 0
+    for prompt, response in zip(prompt_ids, response_ids, strict=True):
+        p, r = int(prompt.numel()), int(response.numel())
+        if p < 1:
+            raise ValueError("pack_sequences: every prompt needs >= 1 token (it predicts the first response token)")
+        pieces += [prompt, response]
+        positions.append(torch.arange(p + r))
+        predictors.append(torch.arange(offset + p - 1, offset + p + r - 1))
+        offset += p + r
+    return PackedSequences(
+        input_ids=torch.cat(pieces).to(device=device, dtype=torch.long).unsqueeze(0),
+        position_ids=torch.cat(positions).to(device).unsqueeze(0),
+        predictor_index=torch.cat(predictors).to(device),
+        targets=torch.cat(list(response_ids)).to(device=device, dtype=torch.long),
+        response_lengths=[int(r.numel()) for r in response_ids],
+    )
+
+
+def decoder_and_lm_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
+    """The base decoder (returns hidden states) and the LM head of a Hugging Face causal LM (Qwen2, Llama, ...)."""
+    name = type(model).__name__
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else getattr(model, "lm_head", None)
+    if not isinstance(decoder, nn.Module) or not isinstance(head, nn.Module):
+        raise TypeError(
+            f"{name} is not a supported causal LM: the actor needs the decoder (model.get_decoder() or model.model) "
+            "and the LM head (model.get_output_embeddings() or model.lm_head)"
+        )
+    config = getattr(model, "config", None)
+    for attr in _LOGIT_TRANSFORM_ATTRS:
+        value = getattr(config, attr, None)
+        if value not in (None, 1, 1.0, 0, 0.0):
+            raise TypeError(
+                f"{name} transforms its logits ({attr}={value}); the actor computes logits as lm_head(hidden) and "
+                "would get them wrong for this model family"
+            )
+    return decoder, head
+
+
+def _chunk_log_probs(
+    lm_head: nn.Module, temperature: float, with_entropy: bool, hidden: Tensor, targets: Tensor
+) -> tuple[Tensor, Tensor]:
+    """log softmax(lm_head(hidden) / T)[target] and, if asked, the entropy of that distribution, in fp32."""
+    logits = lm_head(hidden).float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    log_probs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    entropy = entropy_from_logits(logits) if with_entropy else logits.new_zeros(0)
+    return log_probs, entropy
+
+
+def compute_response_log_probs(
+    model: nn.Module, micro_batch: TrainBatch, *, temperature: float, chunk_size: int, with_entropy: bool
+) -> tuple[list[Tensor], list[Tensor] | None]:
+    """Log-probs of every response token under ``model`` at ``temperature``, per response (and entropies if asked).
+
+    Differentiable when autograd is enabled. Returns one fp32 1-D tensor per sample, as long as its response, on the
+    model's device; entropies likewise or None.
+    """
+    if not temperature > 0.0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size (logprob_chunk_size) must be >= 1, got {chunk_size}")
+    decoder, lm_head = decoder_and_lm_head(model)
+    device = lm_head.weight.device if isinstance(getattr(lm_head, "weight", None), Tensor) else torch.device("cpu")
+    packed = pack_sequences(micro_batch.prompt_ids, micro_batch.response_ids, device)
+    vocab = model.get_input_embeddings().num_embeddings if hasattr(model, "get_input_embeddings") else None
+    if vocab is not None:
+        largest = int(packed.input_ids.max())
+        if largest >= vocab:
+            raise ValueError(f"token id {largest} in the micro-batch is outside the model's vocabulary of {vocab}")
+
+    out = decoder(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None, use_cache=False)
+    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    hidden = hidden[0].index_select(0, packed.predictor_index)
+
+    run = functools.partial(_chunk_log_probs, lm_head, temperature, with_entropy)
+    recompute = torch.is_grad_enabled() and hidden.requires_grad
+    log_prob_chunks: list[Tensor] = []
+    entropy_chunks: list[Tensor] = []
+    for start in range(0, hidden.shape[0], chunk_size):
+        h, t = hidden[start : start + chunk_size], packed.targets[start : start + chunk_size]
+        log_probs, entropy = checkpoint(run, h, t, use_reentrant=False) if recompute else run(h, t)
+        log_prob_chunks.append(log_probs)
+        entropy_chunks.append(entropy)
+
+    log_probs_flat = torch.cat(log_prob_chunks)
+    per_sample = list(torch.split(log_probs_flat, packed.response_lengths))
+    if not with_entropy:
+        return per_sample, None
+    return per_sample, list(torch.split(torch.cat(entropy_chunks), packed.response_lengths))
+
+
+@torch.no_grad()
+def compute_log_probs_and_entropy_batch(
+    model: nn.Module, batch: TrainBatch, cfg: ActorConfig, temperature: float
+) -> tuple[list[Tensor], list[Tensor]]:
+    """Log-probs and per-token entropies of every response of ``batch``, without gradients.
+
+    Micro-batches follow ``cfg`` (token budget or fixed size) and the forward runs in ``cfg.dtype`` exactly as in
+    training. Returns fp32 1-D tensors per sample, in batch order, on the batch's device. The trainer uses this for
+    the old log-probs (pi_theta_old) and for the generation entropy it monitors (the paper's Fig. 7c).
+    """
+    return _batch_log_probs(model, batch, cfg, temperature, with_entropy=True)  # type: ignore[return-value]
+
+
+@torch.no_grad()
+def compute_log_probs_batch(model: nn.Module, batch: TrainBatch, cfg: ActorConfig, temperature: float) -> list[Tensor]:
+    """Log-probs of every response of ``batch`` (e.g. the old log-probs before an update), without gradients."""
+    return _batch_log_probs(model, batch, cfg, temperature, with_entropy=False)[0]
+
+
+def _batch_log_probs(
+    model: nn.Module, batch: TrainBatch, cfg: ActorConfig, temperature: float, *, with_entropy: bool
+) -> tuple[list[Tensor], list[Tensor] | None]:
+    if len(batch) == 0:
+        return [], ([] if with_entropy else None)
+    device = next(model.parameters()).device
+    plan = plan_micro_batches(
+        batch.sequence_lengths,
+        use_dynamic_bsz=cfg.use_dynamic_bsz,
+        max_token_len=cfg.ppo_max_token_len_per_gpu,
+        micro_batch_size=cfg.ppo_micro_batch_size_per_gpu,
+    )
+    warn_oversized(plan.num_oversized, cfg.ppo_max_token_len_per_gpu, "compute_log_probs_batch")
+    log_probs_out: list[Tensor | None] = [None] * len(batch)
+    entropy_out: list[Tensor | None] = [None] * len(batch)
+    with autocast_context(cfg.dtype, device):
+        for indices in plan.micro_batches:  # ascending indices: each micro-batch keeps its groups contiguous
+            log_probs, entropies = compute_response_log_probs(
+                model, batch.select(indices), temperature=temperature, chunk_size=cfg.logprob_chunk_size,
+                with_entropy=with_entropy,
+            )
+            for j, i in enumerate(indices):
+                log_probs_out[i] = log_probs[j].to(batch.advantages.device)
+                if entropies is not None:
+                    entropy_out[i] = entropies[j].to(batch.advantages.device)
+    lps = [r for r in log_probs_out if r is not None]
+    return lps, ([e for e in entropy_out if e is not None] if with_entropy else None)

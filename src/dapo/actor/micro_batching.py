@@ -1,0 +1,125 @@
+"""Cutting a mini-batch into micro-batches: pure functions from sample lengths to lists of sample indices.
+
+A micro-batch is what fits in one forward/backward pass. Samples are packed padding-free (prompt + response of every
+sample concatenated into one row), so the cost of a micro-batch is the sum of its samples' lengths. Two policies:
+
+* token budget ("dynamic batch size", verl's ``use_dynamic_bsz``): each micro-batch holds at most ``max_tokens`` tokens,
+  and the number of micro-batches is kept small with balanced loads (see :func:`pack_by_token_budget`);
+* fixed size: ``micro_batch_size`` consecutive samples per micro-batch (:func:`split_fixed_size`).
+
+Which samples share a micro-batch does not change the gradient: the loss aggregation normalises by the mini-batch's
+global token / sequence counts, so the micro-batch losses add up to the mini-batch loss exactly.
+"""
+
+from __future__ import annotations
+
+import heapq
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["MicroBatchPlan", "pack_by_token_budget", "plan_micro_batches", "split_fixed_size", "warn_oversized"]
+
+
+@dataclass(frozen=True)
+class MicroBatchPlan:
+    """Micro-batches as lists of sample indices (each sample exactly once), plus how many samples were over budget."""
+
+    micro_batches: list[list[int]]
+    num_oversized: int = 0
+
+
+def _check_lengths(lengths: Sequence[int]) -> list[int]:
+    out = [int(n) for n in lengths]
+    for i, n in enumerate(out):
+        if n < 0:
+            raise ValueError(f"sample {i} has negative length {n}")
+    return out
+
+
+def _first_fit_decreasing(order: list[int], lengths: list[int], max_tokens: int) -> list[list[int]]:
+    bins: list[list[int]] = []
+    loads: list[int] = []
+    for i in order:
+        for b, load in enumerate(loads):
+            if load + lengths[i] <= max_tokens:
+                bins[b].append(i)
+                loads[b] += lengths[i]
+                break
+        else:
+            bins.append([i])
+            loads.append(lengths[i])
+    return bins
+
+
+def _longest_first_balanced(order: list[int], lengths: list[int], num_bins: int) -> tuple[list[list[int]], int]:
+    """Longest-processing-time-first: each sample (longest first) goes to the currently lightest micro-batch."""
+    heap = [(0, b) for b in range(num_bins)]
+    bins: list[list[int]] = [[] for _ in range(num_bins)]
+    for i in order:
+        load, b = heapq.heappop(heap)
+        bins[b].append(i)
+        heapq.heappush(heap, (load + lengths[i], b))
+    return bins, max(load for load, _ in heap)
+
+
+def pack_by_token_budget(lengths: Sequence[int], max_tokens: int) -> MicroBatchPlan:
+    """Pack samples into as few micro-batches as first-fit-decreasing finds, with balanced token loads.
+
+    1. A sample longer than ``max_tokens`` cannot share a pass; it gets a micro-batch of its own and is counted in
+       ``num_oversized`` (the caller warns once per update with :func:`warn_oversized`, not once per mini-batch).
+    2. First-fit-decreasing (at most 11/9 OPT + 1 bins) gives the number of micro-batches k.
+    3. The same samples are re-dealt longest-first to the lightest of k micro-batches, which evens out the loads
+       (balanced passes waste less time on the longest one); if that overflows the budget, the FFD packing is kept.
+
+    Indices inside a micro-batch are ascending, and micro-batches are ordered by their first index, so the plan is
+    deterministic.
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens (ppo_max_token_len_per_gpu) must be >= 1, got {max_tokens}")
+    sizes = _check_lengths(lengths)
+    oversized = [i for i, n in enumerate(sizes) if n > max_tokens]
+    fitting = sorted((i for i, n in enumerate(sizes) if n <= max_tokens), key=lambda i: (-sizes[i], i))
+    bins: list[list[int]] = []
+    if fitting:
+        bins = _first_fit_decreasing(fitting, sizes, max_tokens)
+        balanced, heaviest = _longest_first_balanced(fitting, sizes, len(bins))
+        if heaviest <= max_tokens:
+            bins = balanced
+    micro_batches = [sorted(b) for b in bins] + [[i] for i in oversized]
+    micro_batches.sort(key=lambda b: b[0])
+    return MicroBatchPlan(micro_batches=micro_batches, num_oversized=len(oversized))
+
+
+def split_fixed_size(num_samples: int, micro_batch_size: int) -> MicroBatchPlan:
+    """Consecutive micro-batches of ``micro_batch_size`` samples (the last one may be smaller)."""
+    if micro_batch_size < 1:
+        raise ValueError(f"micro_batch_size (ppo_micro_batch_size_per_gpu) must be >= 1, got {micro_batch_size}")
+    if num_samples < 0:
+        raise ValueError(f"num_samples must be >= 0, got {num_samples}")
+    return MicroBatchPlan(
+        [list(range(s, min(s + micro_batch_size, num_samples))) for s in range(0, num_samples, micro_batch_size)]
+    )
+
+
+def plan_micro_batches(
+    lengths: Sequence[int], *, use_dynamic_bsz: bool, max_token_len: int, micro_batch_size: int | None
+) -> MicroBatchPlan:
+    """Dispatch on the config: token budget when ``use_dynamic_bsz``, otherwise fixed ``micro_batch_size``."""
+    if use_dynamic_bsz:
+        return pack_by_token_budget(lengths, max_token_len)
+    if micro_batch_size is None:
+        raise ValueError("use_dynamic_bsz is False, so ppo_micro_batch_size_per_gpu must be set")
+    return split_fixed_size(len(lengths), micro_batch_size)
+
+
+def warn_oversized(num_oversized: int, max_tokens: int, where: str) -> None:
+    """One ``UserWarning`` saying how many samples exceeded the token budget during ``where``; silent for 0."""
+    if num_oversized > 0:
+        warnings.warn(
+            f"{where}: {num_oversized} sample(s) exceeded the micro-batch token budget "
+            f"ppo_max_token_len_per_gpu={max_tokens}; each ran as a micro-batch of its own (more memory than "
+            "planned). Set it to at least max_prompt_length + max_response_length.",
+            UserWarning,
+            stacklevel=3,
+        )

@@ -1,0 +1,292 @@
+"""One policy update: PPO epochs over mini-batches of whole prompt groups, with micro-batch gradient accumulation.
+
+For each of ``ppo_epochs`` passes, the batch is cut into mini-batches of ``ppo_mini_batch_size`` prompt groups; every
+mini-batch is one optimizer step (so 512 prompts x 16 responses with mini-batch 32 prompts = 16 steps per epoch).
+A mini-batch is processed in micro-batches (token budget or fixed size); each micro-batch's loss is aggregated with the
+MINI-batch's global token / sequence counts (``dapo.core.loss_aggregation``), so summing the micro-batch gradients
+gives exactly the gradient of the uncut mini-batch loss, with no rescaling here.
+
+The loss of a micro-batch (all terms aggregated with ``loss_agg_mode``):
+    pg_loss (DAPO Eq. 10 per token, Eq. 12 aggregation)  - entropy_coeff * entropy  + kl_loss_coef * KL(pi || pi_ref)
+DAPO itself uses only the first term (entropy_coeff = 0, no KL). The token entropy is computed either way: it is the
+``actor/entropy`` metric, the signal of the entropy collapse that Clip-Higher counters (paper Sec. 3.1).
+
+Samples with ``sample_mask`` False (overlong filtering) contribute nothing to the loss, so they are left out of the
+micro-batches entirely and cost no compute.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+
+from dapo.actor.batch import TrainBatch, pad_per_token
+from dapo.actor.log_probs import compute_log_probs_batch, compute_response_log_probs
+from dapo.actor.micro_batching import plan_micro_batches, warn_oversized
+from dapo.actor.precision import autocast_context
+from dapo.core.kl import kl_penalty
+from dapo.core.loss_aggregation import aggregate_loss, count_loss_normalizers
+from dapo.core.policy_loss import compute_policy_loss
+
+if TYPE_CHECKING:
+    from dapo.config import ActorConfig
+
+__all__ = [
+    "MiniBatchResult",
+    "NonFiniteLossError",
+    "accumulate_mini_batch_gradients",
+    "configure_model_for_training",
+    "update_policy",
+]
+
+
+class NonFiniteLossError(RuntimeError):
+    """The actor loss became NaN or infinite; training cannot continue from this state."""
+
+
+@dataclass
+class MiniBatchResult:
+    """What one mini-batch's forward/backward produced (gradients are left in the parameters' ``.grad``).
+
+    ``num_tokens`` / ``num_seqs`` are the mini-batch's loss normalisers; ``pg_loss`` and ``kl_loss`` are the mini-batch
+    loss terms (sums of the micro-batch terms); ``token_sums`` maps a diagnostic (pg_clipfrac, pg_clipfrac_lower,
+    ppo_kl, ratio_mean, entropy) to its token-weighted sum, to be divided by the total valid tokens it covers.
+    """
+
+    num_tokens: int = 0
+    num_seqs: int = 0
+    pg_loss: float = 0.0
+    kl_loss: float = 0.0
+    num_micro_batches: int = 0
+    num_oversized: int = 0
+    token_sums: dict[str, float] = field(default_factory=dict)
+
+
+def configure_model_for_training(model: nn.Module, cfg: ActorConfig) -> None:
+    """Training mode, and Hugging Face gradient checkpointing (non-reentrant) when ``cfg.gradient_checkpointing``."""
+    model.train()
+    if not cfg.gradient_checkpointing:
+        return
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name
+        if not model.is_activation_checkpointing:
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    elif hasattr(model, "gradient_checkpointing_enable"):  # transformers 4.x name
+        if not model.is_gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    else:
+        name = type(model).__name__
+        raise TypeError(f"{name} does not support gradient checkpointing (actor.gradient_checkpointing)")
+
+
+def accumulate_mini_batch_gradients(
+    model: nn.Module,
+    mini_batch: TrainBatch,
+    cfg: ActorConfig,
+    *,
+    temperature: float,
+    norm_length: int,
+    micro_batches: list[list[int]] | None = None,
+    where: str = "mini-batch",
+) -> MiniBatchResult:
+    """Forward and backward every micro-batch of ``mini_batch``; the parameters' ``.grad`` gain the mini-batch gradient.
+
+    ``micro_batches`` (lists of indices into ``mini_batch``) overrides the plan from ``cfg``; whatever the cut, the
+    accumulated gradient is that of the uncut mini-batch loss. Needs ``mini_batch.old_log_probs`` (and
+    ``ref_log_probs`` when ``cfg.use_kl_loss``). Raises ``NonFiniteLossError`` when a loss term is NaN/inf.
+    """
+    if mini_batch.old_log_probs is None:
+        raise ValueError("accumulate_mini_batch_gradients: the batch has no old_log_probs (compute them first)")
+    if cfg.use_kl_loss and mini_batch.ref_log_probs is None:
+        raise ValueError("actor.use_kl_loss is set but the batch has no ref_log_probs")
+    result = MiniBatchResult()
+    result.num_tokens, result.num_seqs = count_loss_normalizers(mini_batch.loss_mask())
+    if result.num_tokens == 0:
+        return result
+
+    if micro_batches is None:
+        active = [i for i in range(len(mini_batch)) if bool(mini_batch.sample_mask[i])]
+        lengths = mini_batch.sequence_lengths
+        plan = plan_micro_batches(
+            [lengths[i] for i in active],
+            use_dynamic_bsz=cfg.use_dynamic_bsz,
+            max_token_len=cfg.ppo_max_token_len_per_gpu,
+            micro_batch_size=cfg.ppo_micro_batch_size_per_gpu,
+        )
+        micro_batches = [[active[j] for j in mb] for mb in plan.micro_batches]
+        result.num_oversized = plan.num_oversized
+
+    device = next(model.parameters()).device
+    # Metrics stay on the device until the mini-batch is done: one host sync per micro-batch (the finiteness check).
+    zero = torch.zeros((), device=device)
+    sums = dict.fromkeys(("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "ratio_mean", "entropy"), zero)
+    pg_loss_total, kl_loss_total = zero, zero
+    for indices in micro_batches:
+        indices = sorted(indices)  # a sorted subset keeps every group contiguous
+        micro = mini_batch.select(indices)
+        with autocast_context(cfg.dtype, device):
+            log_probs, entropies = compute_response_log_probs(
+                model, micro, temperature=temperature, chunk_size=cfg.logprob_chunk_size, with_entropy=True
+            )
+        assert entropies is not None and micro.old_log_probs is not None
+        log_prob = pad_per_token(log_probs)
+        old_log_prob = pad_per_token([lp.to(device=device, dtype=torch.float32) for lp in micro.old_log_probs])
+        mask = micro.loss_mask().to(device)
+        advantages = micro.advantages.to(device=device, dtype=torch.float32).unsqueeze(1).expand_as(log_prob)
+        out = compute_policy_loss(
+            log_prob, old_log_prob, advantages, mask,
+            clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
+        )
+
+        def aggregate(loss_mat: Tensor) -> Tensor:
+            return aggregate_loss(
+                loss_mat, mask, cfg.loss_agg_mode, global_num_tokens=result.num_tokens,
+                global_num_seqs=result.num_seqs, norm_length=norm_length,
+            )
+
+        terms = {"policy-gradient loss": aggregate(out.loss_mat)}
+        loss = terms["policy-gradient loss"]
+        entropy = pad_per_token(entropies)
+        if cfg.entropy_coeff != 0.0:
+            terms["entropy"] = aggregate(entropy)
+            loss = loss - cfg.entropy_coeff * terms["entropy"]
+        if cfg.use_kl_loss:
+            assert micro.ref_log_probs is not None
+            ref_log_prob = pad_per_token([lp.to(device=device, dtype=torch.float32) for lp in micro.ref_log_probs])
+            terms["KL loss"] = aggregate(kl_penalty(log_prob, ref_log_prob, cfg.kl_loss_type))
+            loss = loss + cfg.kl_loss_coef * terms["KL loss"]
+            kl_loss_total = kl_loss_total + terms["KL loss"].detach()
+        if not bool(torch.isfinite(loss)):
+            shown = f"{indices[:8]}{'...' if len(indices) > 8 else ''}"
+            bad = next(name for name, value in terms.items() if not bool(torch.isfinite(value)))
+            raise NonFiniteLossError(
+                f"actor {bad} is {float(terms[bad].detach())} in {where}, micro-batch of samples {shown}. Usual "
+                "causes: a learning rate too high for the model, bf16 overflow (try actor.dtype=fp32), or non-finite "
+                "weights from a previous step."
+            )
+        loss.backward()
+
+        valid = mask.sum()
+        pg_loss_total = pg_loss_total + terms["policy-gradient loss"].detach()
+        for name in ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "ratio_mean"):
+            sums[name] = sums[name] + getattr(out, name).to(zero.dtype) * valid
+        sums["entropy"] = sums["entropy"] + torch.where(mask, entropy.detach(), 0.0).sum()
+        result.num_micro_batches += 1
+    result.pg_loss = float(pg_loss_total)
+    result.kl_loss = float(kl_loss_total)
+    result.token_sums = {name: float(value) for name, value in sums.items()}
+    return result
+
+
+def update_policy(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    batch: TrainBatch,
+    cfg: ActorConfig,
+    *,
+    temperature: float,
+    norm_length: int | None = None,
+    generator: torch.Generator | None = None,
+) -> dict[str, float]:
+    """Run ``cfg.ppo_epochs`` PPO passes over ``batch`` and return verl-named metrics.
+
+    Args:
+        model: the policy, a Hugging Face causal LM (see ``dapo.actor.log_probs``).
+        optimizer, scheduler: from ``dapo.actor.optim``; the scheduler steps once per optimizer step.
+        batch: the samples; when ``batch.old_log_probs`` is None they are computed here first (same micro-batching
+            and precision as training, no gradients).
+        cfg: the actor section of the config.
+        temperature: the rollout's sampling temperature (log-probs are those of the distribution that was sampled).
+        norm_length: the constant length of ``seq-mean-token-sum-norm``; default the longest response in ``batch``.
+            The trainer may pass ``max_response_length`` (L_max) for a length that does not change between steps.
+        generator: random source of the group shuffle when ``cfg.shuffle``.
+
+    A step whose gradient norm is not finite is skipped (gradients dropped, counted in ``actor/num_skipped_steps``,
+    with a warning); a non-finite loss raises ``NonFiniteLossError``.
+
+    Returns: ``actor/pg_loss`` (mean mini-batch loss), ``actor/pg_clipfrac``, ``actor/pg_clipfrac_lower``,
+    ``actor/ppo_kl``, ``actor/ratio_mean``, ``actor/entropy`` (token-weighted means over all passes),
+    ``actor/grad_norm`` (mean pre-clip norm of the steps taken), ``actor/lr`` (of the last step),
+    ``actor/num_optimizer_steps``, ``actor/num_skipped_steps``, ``actor/num_micro_batches``,
+    ``actor/num_oversized_samples``, and ``actor/kl_loss`` when the KL loss is on.
+    """
+    if len(batch) == 0:
+        raise ValueError("update_policy: the batch is empty")
+    configure_model_for_training(model, cfg)
+    if batch.old_log_probs is None:
+        batch = batch.with_old_log_probs(compute_log_probs_batch(model, batch, cfg, temperature))
+    if cfg.use_kl_loss and batch.ref_log_probs is None:
+        raise ValueError("actor.use_kl_loss is set but the batch has no ref_log_probs")
+    norm_length = max(batch.response_lengths) if norm_length is None else norm_length
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+
+    token_sums = dict.fromkeys(("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "ratio_mean", "entropy"), 0.0)
+    total_tokens = 0
+    pg_losses: list[float] = []
+    kl_losses: list[float] = []
+    grad_norms: list[float] = []
+    steps = skipped = micro_batches = oversized = 0
+    lr = float(optimizer.param_groups[0]["lr"])
+    optimizer.zero_grad(set_to_none=True)
+    for epoch in range(cfg.ppo_epochs):
+        mini_batches = batch.split_into_mini_batches(cfg.ppo_mini_batch_size, shuffle=cfg.shuffle, generator=generator)
+        for index, mini_batch in enumerate(mini_batches):
+            where = f"epoch {epoch}, mini-batch {index}"
+            try:
+                result = accumulate_mini_batch_gradients(
+                    model, mini_batch, cfg, temperature=temperature, norm_length=norm_length, where=where
+                )
+            except NonFiniteLossError:
+                optimizer.zero_grad(set_to_none=True)
+                raise
+            micro_batches += result.num_micro_batches
+            oversized += result.num_oversized
+            if result.num_tokens == 0:
+                continue  # every sample masked out: nothing to learn from, no step
+            total_tokens += result.num_tokens
+            for name, value in result.token_sums.items():
+                token_sums[name] += value
+            pg_losses.append(result.pg_loss)
+            kl_losses.append(result.kl_loss)
+
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip))
+            if not math.isfinite(grad_norm):
+                skipped += 1
+                warnings.warn(
+                    f"actor: gradient norm is {grad_norm} at {where}; the optimizer step is skipped "
+                    f"({skipped} skipped in this update)",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                optimizer.zero_grad(set_to_none=True)
+                continue
+            lr = float(optimizer.param_groups[0]["lr"])
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            grad_norms.append(grad_norm)
+            steps += 1
+    warn_oversized(oversized, cfg.ppo_max_token_len_per_gpu, "update_policy")
+
+    def mean(values: list[float]) -> float:
+        return sum(values) / len(values) if values else 0.0
+
+    metrics = {
+        "actor/pg_loss": mean(pg_losses),
+        **{f"actor/{name}": value / max(total_tokens, 1) for name, value in token_sums.items()},
+        "actor/grad_norm": mean(grad_norms),
+        "actor/lr": lr,
+        "actor/num_optimizer_steps": float(steps),
+        "actor/num_skipped_steps": float(skipped),
+        "actor/num_micro_batches": float(micro_batches),
+        "actor/num_oversized_samples": float(oversized),
+    }
+    if cfg.use_kl_loss:
+        metrics["actor/kl_loss"] = mean(kl_losses)
+    return metrics

@@ -1,0 +1,68 @@
+"""Builders for the actor tests: tiny randomly-initialised causal LMs, random (seeded) train batches, configs."""
+
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from dapo.actor.batch import TrainBatch
+from dapo.config import ActorConfig
+
+VOCAB = 40
+
+
+def tiny_qwen2(seed: int = 0, attn: str = "sdpa") -> Qwen2ForCausalLM:
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False, attn_implementation=attn,
+    )
+    return Qwen2ForCausalLM(config).float()
+
+
+def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True,
+    )
+    return LlamaForCausalLM(config).float()
+
+
+def random_batch(
+    num_groups: int,
+    group_size: int,
+    *,
+    seed: int = 0,
+    max_prompt: int = 6,
+    max_response: int = 8,
+    masked: tuple[int, ...] = (),
+) -> TrainBatch:
+    """Random prompts/responses (lengths >= 1), N(0, 1) advantages, samples in ``masked`` excluded from the loss."""
+    g = torch.Generator().manual_seed(seed)
+    n = num_groups * group_size
+
+    def tokens(max_len: int) -> torch.Tensor:
+        length = int(torch.randint(1, max_len + 1, (1,), generator=g))
+        return torch.randint(0, VOCAB, (length,), generator=g)
+
+    prompts = [tokens(max_prompt) for _ in range(n)]
+    responses = [tokens(max_response) for _ in range(n)]
+    sample_mask = torch.ones(n, dtype=torch.bool)
+    sample_mask[list(masked)] = False
+    return TrainBatch(
+        prompt_ids=prompts,
+        response_ids=responses,
+        advantages=torch.randn(n, generator=g),
+        sample_mask=sample_mask,
+        group_index=torch.arange(num_groups).repeat_interleave(group_size),
+    )
+
+
+def actor_config(**overrides: object) -> ActorConfig:
+    """A small fp32 actor config; defaults are the DAPO recipe's loss settings."""
+    base: dict[str, object] = dict(
+        ppo_mini_batch_size=2, ppo_max_token_len_per_gpu=64, logprob_chunk_size=16, clip_ratio_c=10.0,
+    )
+    base.update(overrides)
+    return ActorConfig(**base)

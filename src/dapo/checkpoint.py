@@ -1,0 +1,569 @@
+"""Atomic, resumable training checkpoints.
+
+Layout written under ``ckpt_root`` (normally ``run_dir/checkpoints``)::
+
+    ckpt_root/
+      latest_checkpointed_iteration.txt   # step of the newest complete checkpoint (verl convention)
+      global_step_{N}/
+        hf/                  # model.save_pretrained (safetensors) + tokenizer.save_pretrained:
+                             # loadable by AutoModelForCausalLM.from_pretrained and by vLLM
+        optimizer.pt         # optimizer.state_dict()
+        scheduler.pt         # scheduler.state_dict() (absent when there is no scheduler)
+        rng.pt               # python `random`, numpy, torch CPU and (when available) CUDA RNG states
+        trainer_state.json   # the JSON-exact part of the trainer's opaque state dict
+        trainer_state.pt     # the rest of it (tensors, tuples, int-keyed dicts ...), absent when empty
+        manifest.json        # written LAST: every other file with its size in bytes
+
+Why it is crash safe: everything is first written into a hidden temp folder next to the final one,
+every file and folder is fsynced, and only then is the temp folder ``os.replace``-d onto
+``global_step_{N}`` (one atomic rename). A checkpoint counts as *complete* only when its manifest is
+present and every file it lists has the recorded size, so a folder left by a crash, a full disk or a
+half-copied directory is never picked for resuming. The manifest records sizes, not hashes: hashing
+tens of GB of weights and optimizer state at every save would cost minutes, and the guard we need is
+against partial writes, not against bit rot.
+
+Resume equality: ``load_checkpoint`` restores parameters, optimizer and scheduler state and every RNG
+stream exactly, so continuing training after a load gives bit-identical parameters to a run that was
+never interrupted (on CPU; CUDA kernels may add their own non-determinism).
+
+Security: every ``.pt`` file is read with ``torch.load(weights_only=True)``, so loading a checkpoint
+never runs pickled code. ``save_checkpoint`` checks at save time that ``scheduler.pt`` and
+``trainer_state.pt`` can be read back that way, so an unrestorable state fails on save, not on resume.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import random
+import re
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+__all__ = [
+    "LATEST_FILE_NAME",
+    "MANIFEST_NAME",
+    "CheckpointError",
+    "checkpoint_dir_name",
+    "find_latest_checkpoint",
+    "is_complete_checkpoint",
+    "load_checkpoint",
+    "save_checkpoint",
+]
+
+logger = logging.getLogger(__name__)
+
+MANIFEST_NAME = "manifest.json"
+LATEST_FILE_NAME = "latest_checkpointed_iteration.txt"
+MANIFEST_FORMAT = "dapo-checkpoint/1"
+
+_STEP_DIR_RE = re.compile(r"^global_step_(\d+)$")
+_TEMP_PREFIX = ".tmp-"
+_TRASH_PREFIX = ".old-"
+_OS_ERROR_IN_TEXT_RE = re.compile(r"os error (\d+)")
+
+_ERRNO_REASONS: dict[int, str] = {
+    errno.ENOSPC: "no space left on device",
+    errno.EFBIG: "file size limit exceeded (file too large)",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EIO: "input/output error",
+}
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be saved or loaded; the message says what happened and what is intact."""
+
+
+def checkpoint_dir_name(step: int) -> str:
+    """Folder name of the checkpoint taken after optimizer step ``step``."""
+    return f"global_step_{step}"
+
+
+# --------------------------------------------------------------------------------------------------
+# Saving
+# --------------------------------------------------------------------------------------------------
+
+
+def save_checkpoint(
+    ckpt_root: Path,
+    step: int,
+    *,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase | None,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+    trainer_state: dict[str, Any],
+    keep_last: int | None = None,
+) -> Path:
+    """Write ``ckpt_root/global_step_{step}`` atomically and return its path.
+
+    ``trainer_state`` is the trainer's opaque resume state (step, data-loader position, dynamic
+    sampling carry-over ...). Values that survive a JSON round trip unchanged go to
+    ``trainer_state.json`` (human readable); all others (tensors, tuples, NaN, int-keyed dicts) go to
+    ``trainer_state.pt``. ``load_checkpoint`` returns the merged dict, equal to the one saved.
+
+    On any failure (full disk, I/O error, unrestorable state) the temp folder is removed, earlier
+    checkpoints are untouched and :class:`CheckpointError` says what failed and which checkpoint is
+    still intact. ``keep_last`` (>= 1) deletes older complete checkpoints beyond the newest
+    ``keep_last`` (this one included), only after this one is complete; checkpoints with a higher step
+    than ``step`` are never deleted.
+    """
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"save_checkpoint: step must be an int >= 0, got {step!r}")
+    if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
+        raise ValueError(f"save_checkpoint: keep_last must be None or an int >= 1, got {keep_last!r}")
+    json_state, tensor_state = _split_trainer_state(trainer_state)
+
+    ckpt_root = Path(ckpt_root)
+    try:
+        ckpt_root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CheckpointError(f"{_describe_failure(exc)} while creating {ckpt_root} for step {step}") from exc
+    _remove_leftovers(ckpt_root)
+    previous = find_latest_checkpoint(ckpt_root)
+    name = checkpoint_dir_name(step)
+    final_dir = ckpt_root / name
+    temp_dir = ckpt_root / f"{_TEMP_PREFIX}{name}-{os.getpid()}"
+
+    current = "the temp folder"
+    try:
+        temp_dir.mkdir()
+        current = "hf/ (model weights and config)"
+        model.save_pretrained(temp_dir / "hf", safe_serialization=True)
+        if tokenizer is not None:
+            current = "hf/ (tokenizer files)"
+            tokenizer.save_pretrained(temp_dir / "hf")
+        current = "optimizer.pt"
+        _write_file(temp_dir / "optimizer.pt", lambda f: torch.save(optimizer.state_dict(), f))
+        if scheduler is not None:
+            current = "scheduler.pt"
+            _write_file(temp_dir / "scheduler.pt", lambda f: torch.save(scheduler.state_dict(), f))
+            _check_weights_only_loadable(temp_dir / "scheduler.pt")
+        current = "rng.pt"
+        rng_state = _capture_rng_state()
+        _write_file(temp_dir / "rng.pt", lambda f: torch.save(rng_state, f))
+        current = "trainer_state.json"
+        _write_file(temp_dir / "trainer_state.json", lambda f: f.write(_json_bytes(json_state)))
+        if tensor_state:
+            current = "trainer_state.pt"
+            _write_file(temp_dir / "trainer_state.pt", lambda f: torch.save(tensor_state, f))
+            _check_weights_only_loadable(temp_dir / "trainer_state.pt")
+        current = "fsync of the written files"
+        for file in _files_under(temp_dir):
+            _fsync_file(file)
+        current = MANIFEST_NAME
+        manifest = {
+            "format": MANIFEST_FORMAT,
+            "step": step,
+            "created_unix": time.time(),
+            "files": {rel: {"size": (temp_dir / rel).stat().st_size} for rel in _relative_files(temp_dir)},
+        }
+        _write_file(temp_dir / MANIFEST_NAME, lambda f: f.write(_json_bytes(manifest)))
+        for folder in _dirs_under(temp_dir):
+            _fsync_dir(folder)
+        current = f"the rename of the temp folder onto {name}"
+        _move_into_place(temp_dir, final_dir)
+        _fsync_dir(ckpt_root)
+    except BaseException as exc:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        if not isinstance(exc, Exception):  # KeyboardInterrupt / SystemExit: clean up, then let it through
+            raise
+        intact = (
+            f"previous checkpoint {previous.name} is intact"
+            if previous is not None
+            else "there is no previous checkpoint"
+        )
+        raise CheckpointError(
+            f"{_describe_failure(exc)} while writing {current} for step {step}; {intact} "
+            f"(partial folder {temp_dir.name} removed)"
+        ) from exc
+
+    complete = _complete_checkpoints(ckpt_root)
+    _update_latest_file(ckpt_root, max(complete) if complete else step)
+    if keep_last is not None:
+        _rotate(complete, step, keep_last)
+    return final_dir
+
+
+def _split_trainer_state(trainer_state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split the trainer state into a JSON-exact part and a torch.save part (by top-level key)."""
+    if not isinstance(trainer_state, dict):
+        raise TypeError(f"save_checkpoint: trainer_state must be a dict, got {type(trainer_state).__name__}")
+    json_part: dict[str, Any] = {}
+    tensor_part: dict[str, Any] = {}
+    for key, value in trainer_state.items():
+        if not isinstance(key, str):
+            raise TypeError(f"save_checkpoint: trainer_state keys must be str, got {key!r} ({type(key).__name__})")
+        (json_part if _json_round_trips(value) else tensor_part)[key] = value
+    return json_part, tensor_part
+
+
+def _json_round_trips(value: Any) -> bool:
+    """True when ``json.loads(json.dumps(value)) == value`` with the same types (strict, no NaN)."""
+    try:
+        restored = json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError):
+        return False
+    return _same_json_value(value, restored)
+
+
+def _same_json_value(a: Any, b: Any) -> bool:
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same_json_value(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same_json_value(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+def _json_bytes(obj: Any) -> bytes:
+    return (json.dumps(obj, indent=2, allow_nan=False) + "\n").encode("utf-8")
+
+
+def _capture_rng_state() -> dict[str, Any]:
+    """Every RNG stream training may draw from, in a form ``torch.load(weights_only=True)`` accepts."""
+    state: dict[str, Any] = {"python": random.getstate(), "torch_cpu": torch.get_rng_state()}
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover - numpy ships with pandas, a hard dependency
+        pass
+    else:
+        kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+        keys_tensor = torch.from_numpy(np.asarray(keys, dtype=np.int64))  # uint32 -> int64: a weights_only type
+        state["numpy"] = (kind, keys_tensor, int(pos), int(has_gauss), float(cached))
+    if torch.cuda.is_available():
+        state["torch_cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _restore_rng_state(state: dict[str, Any], where: Path) -> None:
+    random.setstate(_as_tuples(state["python"]))
+    torch.set_rng_state(state["torch_cpu"])
+    if "numpy" in state:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    if "torch_cuda" in state:
+        if not torch.cuda.is_available():
+            logger.warning("%s holds CUDA RNG states but CUDA is not available here; CUDA RNG not restored", where)
+        elif len(state["torch_cuda"]) != torch.cuda.device_count():
+            logger.warning(
+                "%s holds CUDA RNG states for %d devices but %d are visible; CUDA RNG not restored",
+                where,
+                len(state["torch_cuda"]),
+                torch.cuda.device_count(),
+            )
+        else:
+            torch.cuda.set_rng_state_all(state["torch_cuda"])
+
+
+def _as_tuples(value: Any) -> Any:
+    """``random.setstate`` needs nested tuples; torch.load may hand back lists."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_as_tuples(v) for v in value)
+    return value
+
+
+def _write_file(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
+    """Create ``path``, let ``write`` fill it through a Python file object, flush and fsync it.
+
+    A Python file object (rather than a path handed to C++/Rust writers) keeps the real ``OSError``
+    (ENOSPC, EFBIG ...) in the exception chain, so the failure message can name it.
+    """
+    with open(path, "xb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _check_weights_only_loadable(path: Path) -> None:
+    try:
+        torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise ValueError(
+            f"{path.name} cannot be restored with torch.load(weights_only=True): {exc}. "
+            "Keep resume state to tensors, numbers, strings and plain containers."
+        ) from exc
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    """Persist a folder's entries (new files, renames) - the other half of a durable rename."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    except OSError as exc:  # some file systems refuse fsync on folders; the data itself is synced
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
+            raise
+    finally:
+        os.close(fd)
+
+
+def _files_under(root: Path) -> Iterator[Path]:
+    for dirpath, _dirnames, filenames in os.walk(root):
+        for filename in filenames:
+            yield Path(dirpath) / filename
+
+
+def _dirs_under(root: Path) -> list[Path]:
+    """All folders under ``root``, deepest first, ``root`` last."""
+    found = [Path(dirpath) for dirpath, _dirnames, _filenames in os.walk(root)]
+    return sorted(found, key=lambda p: len(p.parts), reverse=True)
+
+
+def _relative_files(root: Path) -> list[str]:
+    return sorted(path.relative_to(root).as_posix() for path in _files_under(root))
+
+
+def _move_into_place(temp_dir: Path, final_dir: Path) -> None:
+    """Rename ``temp_dir`` onto ``final_dir``; an existing ``final_dir`` (same step saved again) is replaced."""
+    if not final_dir.exists():
+        os.replace(temp_dir, final_dir)
+        return
+    logger.warning("checkpoint %s already exists; replacing it with the new save", final_dir)
+    trash = final_dir.with_name(f"{_TRASH_PREFIX}{final_dir.name}-{os.getpid()}")
+    os.replace(final_dir, trash)
+    os.replace(temp_dir, final_dir)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _describe_failure(exc: BaseException) -> str:
+    """A short human reason, using the errno of an ``OSError`` anywhere in the exception chain.
+
+    torch.save reports write failures as RuntimeError with the OSError as context; safetensors (Rust)
+    reports them as text ending in "(os error N)".
+    """
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if isinstance(link, OSError) and link.errno is not None:
+            return _ERRNO_REASONS.get(link.errno, f"{link.strerror or type(link).__name__} (errno {link.errno})")
+        match = _OS_ERROR_IN_TEXT_RE.search(str(link))
+        if match:
+            code = int(match.group(1))
+            return _ERRNO_REASONS.get(code, f"{os.strerror(code)} (errno {code})")
+        link = link.__cause__ or link.__context__
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _remove_leftovers(ckpt_root: Path) -> None:
+    """Delete temp/trash entries left behind by a save that was killed (they are never complete)."""
+    for entry in ckpt_root.iterdir():
+        if not entry.name.startswith((_TEMP_PREFIX, _TRASH_PREFIX)):
+            continue
+        logger.warning("removing %s left behind by an interrupted checkpoint save", entry)
+        if entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+
+
+def _update_latest_file(ckpt_root: Path, step: int) -> None:
+    """Atomically point ``latest_checkpointed_iteration.txt`` at ``step`` (best effort: the scan is authoritative)."""
+    target = ckpt_root / LATEST_FILE_NAME
+    temp = ckpt_root / f"{_TEMP_PREFIX}{LATEST_FILE_NAME}-{os.getpid()}"
+    try:
+        _write_file_replacing(temp, f"{step}\n".encode())
+        os.replace(temp, target)
+        _fsync_dir(ckpt_root)
+    except OSError as exc:
+        temp.unlink(missing_ok=True)
+        logger.warning(
+            "checkpoint global_step_%d is complete but %s could not be updated (%s); "
+            "find_latest_checkpoint scans the folders and still finds it",
+            step,
+            target,
+            _describe_failure(exc),
+        )
+
+
+def _write_file_replacing(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _rotate(complete: dict[int, Path], new_step: int, keep_last: int) -> None:
+    older = sorted(s for s in complete if s < new_step)
+    keep_older = keep_last - 1
+    doomed = older[: len(older) - keep_older] if keep_older > 0 else older
+    for step in doomed:
+        logger.info("keep_last=%d: deleting old checkpoint %s", keep_last, complete[step])
+        try:
+            shutil.rmtree(complete[step])
+        except OSError as exc:
+            logger.warning("could not delete old checkpoint %s: %s", complete[step], exc)
+    newer = sorted(s for s in complete if s > new_step)
+    if newer:
+        logger.warning(
+            "checkpoints %s are newer than the one just saved (step %d); find_latest_checkpoint will prefer them",
+            [complete[s].name for s in newer],
+            new_step,
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# Finding and validating
+# --------------------------------------------------------------------------------------------------
+
+
+def _manifest_problem(path: Path) -> str | None:
+    """None when ``path`` is a complete checkpoint, else why not."""
+    if not path.is_dir():
+        return "not a folder"
+    manifest_path = path / MANIFEST_NAME
+    if not manifest_path.is_file():
+        return f"no {MANIFEST_NAME} (the save never finished)"
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return f"unreadable {MANIFEST_NAME}: {exc}"
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        return f"{MANIFEST_NAME} is not a {MANIFEST_FORMAT} manifest"
+    match = _STEP_DIR_RE.match(path.name)
+    if match and manifest.get("step") != int(match.group(1)):
+        return f"{MANIFEST_NAME} says step {manifest.get('step')!r} but the folder is {path.name}"
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        return f"{MANIFEST_NAME} lists no files"
+    for rel, meta in files.items():
+        file = path / rel
+        if not file.is_file():
+            return f"{rel} is missing"
+        size = file.stat().st_size
+        if not isinstance(meta, dict) or size != meta.get("size"):
+            return f"{rel} has {size} bytes, the manifest says {meta.get('size') if isinstance(meta, dict) else meta!r}"
+    return None
+
+
+def is_complete_checkpoint(path: Path) -> bool:
+    """True when ``path`` has a valid manifest and every listed file has its recorded size."""
+    return _manifest_problem(Path(path)) is None
+
+
+def _complete_checkpoints(ckpt_root: Path, *, log_skipped: bool = False) -> dict[int, Path]:
+    found: dict[int, Path] = {}
+    if not ckpt_root.is_dir():
+        return found
+    for entry in sorted(ckpt_root.iterdir()):
+        if not entry.is_dir():
+            continue
+        if entry.name.startswith((_TEMP_PREFIX, _TRASH_PREFIX)):
+            if log_skipped:
+                logger.warning("skipping %s: partial folder of an interrupted checkpoint save", entry)
+            continue
+        match = _STEP_DIR_RE.match(entry.name)
+        if not match:
+            continue
+        problem = _manifest_problem(entry)
+        if problem is not None:
+            if log_skipped:
+                logger.warning("skipping incomplete checkpoint %s: %s", entry, problem)
+            continue
+        found[int(match.group(1))] = entry
+    return found
+
+
+def find_latest_checkpoint(ckpt_root: Path) -> Path | None:
+    """The complete checkpoint with the highest step under ``ckpt_root``, or None.
+
+    Temp folders and checkpoints whose manifest is missing or does not match the files are skipped
+    (each one logged as a warning with the reason).
+    """
+    complete = _complete_checkpoints(Path(ckpt_root), log_skipped=True)
+    return complete[max(complete)] if complete else None
+
+
+# --------------------------------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------------------------------
+
+
+def load_checkpoint(
+    path: Path,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+) -> dict[str, Any]:
+    """Restore model weights, optimizer, scheduler and RNG states from ``path``; return the trainer state.
+
+    ``optimizer``/``scheduler`` may be None to restore weights only (e.g. for evaluation). Raises
+    :class:`CheckpointError` when ``path`` is not a complete checkpoint or does not fit the objects.
+    """
+    path = Path(path)
+    problem = _manifest_problem(path)
+    if problem is not None:
+        raise CheckpointError(f"cannot load {path}: not a complete checkpoint ({problem})")
+
+    _load_model_weights(path / "hf", model)
+    if optimizer is not None:
+        optimizer.load_state_dict(_torch_load(path / "optimizer.pt"))
+    if scheduler is not None:
+        scheduler_file = path / "scheduler.pt"
+        if not scheduler_file.is_file():
+            raise CheckpointError(f"cannot load {path}: a scheduler was given but the checkpoint has no scheduler.pt")
+        scheduler.load_state_dict(_torch_load(scheduler_file))
+
+    trainer_state: dict[str, Any] = json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
+    if (path / "trainer_state.pt").is_file():
+        trainer_state.update(_torch_load(path / "trainer_state.pt"))
+    _restore_rng_state(_torch_load(path / "rng.pt"), path / "rng.pt")  # last: nothing above may draw from it
+    return trainer_state
+
+
+def _torch_load(path: Path) -> Any:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise CheckpointError(f"cannot read {path}: {exc}") from exc
+
+
+def _load_model_weights(hf_dir: Path, model: torch.nn.Module) -> None:
+    """Copy the safetensors weights in ``hf_dir`` into ``model`` in place (any device / dtype).
+
+    ``save_pretrained`` omits tied parameters (e.g. ``lm_head.weight`` tied to the embeddings); a
+    missing key is accepted only when that parameter shares storage with one that was loaded.
+    """
+    from safetensors.torch import load_file
+
+    shards = sorted(hf_dir.glob("*.safetensors"))
+    if not shards:
+        raise CheckpointError(f"cannot load {hf_dir}: no *.safetensors weight files")
+    state: dict[str, torch.Tensor] = {}
+    for shard in shards:
+        state.update(load_file(shard))
+    result = model.load_state_dict(state, strict=False)
+    if result.unexpected_keys:
+        raise CheckpointError(
+            f"cannot load {hf_dir}: weights not in the model: {sorted(result.unexpected_keys)[:5]} "
+            "(was the checkpoint saved from a different architecture?)"
+        )
+    model_state = model.state_dict()
+    loaded_storage = {model_state[k].data_ptr() for k in state if k in model_state}
+    untied = [k for k in result.missing_keys if model_state[k].data_ptr() not in loaded_storage]
+    if untied:
+        raise CheckpointError(f"cannot load {hf_dir}: weights missing from the checkpoint: {sorted(untied)[:5]}")

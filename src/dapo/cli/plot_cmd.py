@@ -1,0 +1,55 @@
+"""``dapo plot RUN_DIR [RUN_DIR...] --out FILE.png [--label NAME ...]``: monitoring panels of runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from dapo.tracking import METRICS_FILE_NAME
+
+__all__ = ["plot_command"]
+
+
+@click.command("plot")
+@click.argument(
+    "run_dirs",
+    nargs=-1,
+    required=True,
+    type=click.Path(exists=True, file_okay=False, dir_okay=True, path_type=Path),
+    metavar="RUN_DIR [RUN_DIR...]",
+)
+@click.option(
+    "--out",
+    "out",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="PNG file to write (folders are created).",
+)
+@click.option(
+    "--label",
+    "labels",
+    multiple=True,
+    help="Legend name of each run, in RUN_DIR order (default: the folder names).",
+)
+def plot_command(run_dirs: tuple[Path, ...], out: Path, labels: tuple[str, ...]) -> None:
+    """Plot response length, reward, entropy, mean probability and accuracies of one or more runs.
+
+    Several RUN_DIRs are overlaid, one colour each, to compare ablations.
+    """
+    for run_dir in run_dirs:
+        if not (run_dir / METRICS_FILE_NAME).is_file():
+            raise click.BadParameter(
+                f"{run_dir} has no {METRICS_FILE_NAME} (is it a dapo run directory?)", param_hint="RUN_DIR"
+            )
+    if labels and len(labels) != len(run_dirs):
+        raise click.BadParameter(
+            f"got {len(labels)} --label for {len(run_dirs)} RUN_DIR; give one per run or none", param_hint="--label"
+        )
+    if out.suffix.lower() != ".png":
+        raise click.BadParameter(f"{out} must end in .png", param_hint="--out")
+
+    from dapo.plot import plot_runs  # matplotlib import only when the command runs
+
+    written = plot_runs(run_dirs, out, labels=list(labels) if labels else None)
+    click.echo(f"wrote {written}")

@@ -1,0 +1,66 @@
+"""Tiny randomly initialised models and tokenizers for the checkpoint tests (built from configs, never downloaded).
+
+Also imported by ``checkpoint_worker.py``, which the crash / full-disk tests run as a subprocess.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+VOCAB_WORDS = 60
+
+
+def tiny_qwen2(seed: int, *, hidden: int = 16, vocab: int = 64, layers: int = 2) -> Qwen2ForCausalLM:
+    """A Qwen2ForCausalLM with a few thousand parameters; attention dropout on so training uses the RNG."""
+    config = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        attention_dropout=0.1,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(config)
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """A word-level tokenizer over ``w0 .. w59`` plus ``<unk>`` and ``<eos>``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {f"w{i}": i for i in range(VOCAB_WORDS)}
+    vocab["<unk>"] = VOCAB_WORDS
+    vocab["<eos>"] = VOCAB_WORDS + 1
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>")
+
+
+def make_optimizer(model: torch.nn.Module) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW + a warmup LambdaLR, the pair the trainer checkpoints."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, 0.99), weight_decay=0.01)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 3))
+    return optimizer, scheduler
+
+
+def train_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler
+) -> None:
+    """One update whose data, dropout masks and noise all come from the torch CPU RNG."""
+    import random
+
+    import numpy as np
+
+    model.train()
+    input_ids = torch.randint(0, model.config.vocab_size, (2, 8))
+    loss = model(input_ids=input_ids, labels=input_ids).loss
+    # python and numpy RNG draws too, so resume must restore those streams as well
+    loss = loss * (1.0 + 0.1 * random.random()) + 0.01 * float(np.random.rand()) * loss
+    loss.backward()
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)

@@ -1,0 +1,117 @@
+"""dapo.plot and `dapo plot`: a real PNG overlaying two runs written from synthetic metrics.jsonl files."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from matplotlib.colors import to_rgb
+from matplotlib.image import imread
+
+from dapo.cli.plot_cmd import plot_command
+from dapo.plot import PANELS, make_figure, plot_runs
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _write_run(run_dir: Path, *, scale: float, with_val: bool, with_mean_prob: bool = False) -> Path:
+    run_dir.mkdir(parents=True)
+    lines = []
+    for step in range(1, 11):
+        record: dict[str, float | int | None] = {
+            "step": step,
+            "response_length/mean": 100.0 * scale + 10 * step,
+            "critic/score/mean": -1.0 + 0.1 * step * scale,
+            "actor/entropy": 1.0 / (step * scale),
+            "acc/mean": 0.05 * step * scale,
+        }
+        if with_mean_prob:
+            record["actor/mean_prob"] = 0.5 + 0.01 * step
+        if step == 4:
+            record["acc/mean"] = None  # a non-finite value logged as null: skipped, not plotted as 0
+        if with_val and step % 5 == 0:
+            record["val/acc/mean@8"] = 0.1 * step * scale
+        lines.append(json.dumps(record))
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    return run_dir
+
+
+@pytest.fixture
+def two_runs(tmp_path: Path) -> list[Path]:
+    return [
+        _write_run(tmp_path / "baseline", scale=1.0, with_val=True),
+        _write_run(tmp_path / "no_clip_higher", scale=2.0, with_val=False),
+    ]
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE and data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_figure_overlays_both_runs_and_marks_missing_panels(two_runs: list[Path]) -> None:
+    fig = make_figure(two_runs, labels=["DAPO", "w/o clip-higher"])
+    axes = {ax.get_title(): ax for ax in fig.axes}
+    assert set(axes) == {title for title, _key in PANELS}
+    for title in ("response length", "reward score", "generation entropy", "training accuracy"):
+        lines = axes[title].get_lines()
+        assert [line.get_label() for line in lines] == ["DAPO", "w/o clip-higher"]
+        assert lines[0].get_color() != lines[1].get_color()
+    acc_steps = axes["training accuracy"].get_lines()[0].get_xdata()
+    assert list(acc_steps) == [1, 2, 3, 5, 6, 7, 8, 9, 10]  # the null at step 4 is skipped, not drawn as 0
+    entropy = axes["generation entropy"].get_lines()[1].get_ydata()
+    np.testing.assert_allclose(entropy, [1.0 / (2 * s) for s in range(1, 11)])
+
+    val_lines = axes["validation accuracy"].get_lines()
+    assert [line.get_label() for line in val_lines] == ["DAPO"]  # only the first run validated
+    assert list(val_lines[0].get_xdata()) == [5, 10]
+    assert axes["validation accuracy"].get_ylabel() == "val/acc/mean@8"
+
+    mean_prob = axes["mean probability"]
+    assert mean_prob.get_lines() == [] and [t.get_text() for t in mean_prob.texts] == ["no data"]
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["DAPO", "w/o clip-higher"]
+
+
+def test_plot_runs_writes_a_png_with_both_runs_colours(two_runs: list[Path], tmp_path: Path) -> None:
+    out = plot_runs(two_runs, tmp_path / "plots" / "runs.png")
+    assert out == tmp_path / "plots" / "runs.png"
+    assert _png_size(out) == (1500, 850)  # figsize (15, 8.5) at 100 dpi
+    assert out.stat().st_size > 20_000
+    pixels = imread(out)[..., :3]
+    for colour in ("C0", "C1"):  # each run's line colour is really drawn
+        distance = np.abs(pixels - np.array(to_rgb(colour))).max(axis=-1)
+        assert (distance < 0.02).sum() > 200, colour
+    assert sorted(p.name for p in out.parent.iterdir()) == ["runs.png"]  # no temp file left
+
+
+def test_plot_runs_rejects_bad_input(two_runs: list[Path], tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="2 run directories"):
+        plot_runs(two_runs, tmp_path / "x.png", labels=["only one"])
+    with pytest.raises(ValueError, match=r"must be a \.png file"):
+        plot_runs(two_runs, tmp_path / "x.pdf")
+    with pytest.raises(FileNotFoundError, match=r"no metrics\.jsonl"):
+        plot_runs([tmp_path], tmp_path / "x.png")
+
+
+def test_cli_plot_command(two_runs: list[Path], tmp_path: Path) -> None:
+    runner = CliRunner()
+    out = tmp_path / "cli.png"
+    args = [str(d) for d in two_runs] + ["--out", str(out), "--label", "a", "--label", "b"]
+    result = runner.invoke(plot_command, args)
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == f"wrote {out}"
+    assert _png_size(out) == (1500, 850)
+
+    empty = tmp_path / "empty_run"
+    empty.mkdir()
+    result = runner.invoke(plot_command, [str(two_runs[0]), str(empty), "--out", str(tmp_path / "e.png")])
+    assert result.exit_code == 2
+    assert f"{empty} has no metrics.jsonl" in result.output
+    result = runner.invoke(plot_command, [*map(str, two_runs), "--out", str(tmp_path / "l.png"), "--label", "a"])
+    assert result.exit_code == 2 and "got 1 --label for 2 RUN_DIR" in result.output
+    assert not (tmp_path / "e.png").exists() and not (tmp_path / "l.png").exists()

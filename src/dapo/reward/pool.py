@@ -1,0 +1,289 @@
+"""A process pool for scoring that survives scorers that hang or crash.
+
+``concurrent.futures`` and ``multiprocessing.Pool`` cannot stop one stuck task: the only remedy is to
+tear the whole pool down. Here each worker owns a pipe and a shared progress counter (the index, within
+its current chunk, of the item it is scoring). The parent polls the counters; a worker whose counter has
+not moved for ``timeout_s`` is SIGKILLed, that one item gets ``RewardResult.failed()`` (-1, wrong), the
+rest of its chunk is queued again, and a fresh worker takes its place. (Before the first item of a
+chunk, while the worker warms up its scorers, e.g. starts a math-verify child, ``start_timeout_s``
+applies instead.) A worker that dies by itself
+(out of memory, a segfault in a C extension) is handled the same way. Results keep input order.
+
+Workers are spawned (safe beside torch and tokenizer threads), receive a pickled copy of the scorer
+registry and load the custom reward function themselves, and are SIGKILLed by the kernel if the parent
+dies. Scoring errors (a custom function raising) are not swallowed: they stop the pool and re-raise in
+the parent as ``RewardScoringError`` naming the item.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import pickle
+import time
+import traceback
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from dapo.reward.child_process import SPAWN, die_with_parent, kill_and_reap
+from dapo.reward.item_scorer import ItemScorer
+from dapo.reward.records import RewardInput, RewardResult
+from dapo.reward.registry import ScorerRegistry
+
+MAX_CHUNK = 1024
+"""Upper bound of the automatic chunk size (items sent to a worker in one message). The automatic size
+gives each worker about four chunks (load balance when costs vary) up to this bound; on cheap items larger
+chunks were faster (benchmarks/bench_reward.py: chunk 64 / 256 / 1024 -> 0.58x / 0.62x / 0.77x of
+in-process speed on 2 cores)."""
+
+
+class RewardScoringError(RuntimeError):
+    """A scorer raised (rather than returning -1) while scoring an item in a worker."""
+
+
+@dataclass
+class _Worker:
+    process: Any
+    conn: Connection
+    progress: Any  # multiprocessing RawValue("q"): index in the current chunk, -1 before the first item
+    ready: bool = False
+    started_at: float = field(default_factory=time.monotonic)
+    job: list[int] | None = None  # item indices of the chunk being scored
+    seen_progress: int = -1
+    since: float = 0.0  # when seen_progress last changed
+
+
+class RewardWorkerPool:
+    """``num_workers`` scoring processes; ``score(items)`` returns one ``RewardResult`` per item, in order.
+
+    Use as a context manager (or call ``close``). Reusable across calls, so a trainer can keep one for
+    the whole run and pay the worker start-up (a fraction of a second each) once.
+    """
+
+    def __init__(
+        self,
+        num_workers: int,
+        *,
+        timeout_s: float = 10.0,
+        registry: ScorerRegistry | None = None,
+        custom_fn_spec: str | None = None,
+        chunk_size: int | None = None,
+        start_timeout_s: float = 120.0,
+    ) -> None:
+        if not isinstance(num_workers, int) or num_workers < 1:
+            raise ValueError(f"RewardWorkerPool num_workers must be an int >= 1, got {num_workers!r}")
+        if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
+            raise ValueError(f"RewardWorkerPool timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+            raise ValueError(f"RewardWorkerPool chunk_size must be an int >= 1 or None, got {chunk_size!r}")
+        # Validate in the parent, where the error is readable: the scorer setup must load and pickle.
+        self._item_scorer = ItemScorer(registry, custom_fn_spec)
+        try:
+            self._payload = pickle.dumps(self._item_scorer)
+        except Exception as e:
+            raise TypeError(
+                f"the reward scorers cannot be sent to worker processes ({type(e).__name__}: {e}); register "
+                "module-level functions (not lambdas or closures) or use num_workers=0"
+            ) from e
+        self.num_workers = num_workers
+        self.timeout_s = float(timeout_s)
+        self.chunk_size = chunk_size
+        self.start_timeout_s = float(start_timeout_s)
+        self.kills = 0  # workers killed for hanging or found dead
+        self._workers: list[_Worker | None] = [self._start_worker() for _ in range(num_workers)]
+        self._closed = False
+
+    # ------------------------------------------------------------------------------------------ public
+    def score(self, items: Sequence[RewardInput]) -> list[RewardResult]:
+        """Score ``items`` across the workers; a hung or crashed item yields ``RewardResult.failed()``."""
+        if self._closed:
+            raise RuntimeError("RewardWorkerPool.score called after close()")
+        self._item_scorer.prepare(items, warm_up=False)  # an unknown data_source fails here, before any work
+        n = len(items)
+        results: list[RewardResult | None] = [None] * n
+        chunk = self.chunk_size or max(1, min(MAX_CHUNK, math.ceil(n / (4 * self.num_workers))))
+        pending: deque[list[int]] = deque(list(range(s, min(n, s + chunk))) for s in range(0, n, chunk))
+        poll_s = min(0.05, self.timeout_s / 4)
+        try:
+            while pending or any(w is not None and w.job is not None for w in self._workers):
+                self._dispatch(pending, items)
+                conns = [w.conn for w in self._workers if w is not None]
+                for conn in wait(conns, timeout=poll_s):
+                    self._receive(self._slot_of(conn), items, results, pending)
+                self._reap_hung(results, pending)
+        except BaseException:
+            self.close()
+            raise
+        assert all(r is not None for r in results)
+        return results  # type: ignore[return-value]
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """Process ids of the current workers (they change when a worker is replaced)."""
+        return [w.process.pid for w in self._workers if w is not None]
+
+    def close(self) -> None:
+        """Stop every worker. Idempotent."""
+        self._closed = True
+        for k, w in enumerate(self._workers):
+            if w is None:
+                continue
+            try:
+                w.conn.send(None)
+            except OSError:
+                pass
+            w.process.join(timeout=1)
+            kill_and_reap(w.process)
+            w.conn.close()
+            self._workers[k] = None
+
+    def __enter__(self) -> RewardWorkerPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            for w in self._workers:
+                if w is not None:
+                    kill_and_reap(w.process)
+        except Exception:
+            pass
+
+    # ----------------------------------------------------------------------------------------- parent
+    def _start_worker(self) -> _Worker:
+        parent_conn, child_conn = SPAWN.Pipe()
+        progress = SPAWN.RawValue("q", -1)
+        process = SPAWN.Process(
+            target=_worker_main,
+            args=(child_conn, progress, os.getpid(), self._payload),
+            name="dapo-reward-worker",
+            daemon=True,  # terminated with the parent; it re-enables child processes for itself
+        )
+        process.start()
+        child_conn.close()
+        return _Worker(process, parent_conn, progress)
+
+    def _slot_of(self, conn: Connection) -> int:
+        return next(k for k, w in enumerate(self._workers) if w is not None and w.conn is conn)
+
+    def _dispatch(self, pending: deque[list[int]], items: Sequence[RewardInput]) -> None:
+        for slot, w in enumerate(self._workers):
+            if not pending:
+                return
+            if w is None or not w.ready or w.job is not None:
+                continue
+            job = pending.popleft()
+            w.progress.value = -1
+            # Plain tuples pickle several times faster than dataclass instances.
+            chunk = [(items[i].data_source, items[i].solution_str, items[i].ground_truth, items[i].extra_info)
+                     for i in job]
+            try:
+                w.conn.send(chunk)
+            except OSError:  # it died while idle (e.g. the OOM killer): no item is to blame
+                pending.appendleft(job)
+                self._replace(slot, [], pending, why="died")
+                continue
+            w.job, w.seen_progress, w.since = job, -1, time.monotonic()
+
+    def _receive(
+        self, slot: int, items: Sequence[RewardInput], results: list[RewardResult | None], pending: deque[list[int]]
+    ) -> None:
+        w = self._workers[slot]
+        assert w is not None
+        try:
+            message = w.conn.recv()
+        except (EOFError, OSError):
+            self._replace(slot, results, pending, why="died")
+            return
+        kind = message[0]
+        if kind == "ready":
+            w.ready = True
+        elif kind == "done":
+            assert w.job is not None and len(message[1]) == len(w.job)
+            for i, (score, acc, pred) in zip(w.job, message[1]):
+                results[i] = RewardResult(score, acc, pred)
+            w.job = None
+        elif kind == "error":
+            _, k, text = message
+            i = w.job[k] if w.job is not None and 0 <= k < len(w.job) else -1
+            where = f"item {i} (data_source={items[i].data_source!r})" if i >= 0 else "worker start-up"
+            raise RewardScoringError(f"scoring {where} raised in a reward worker:\n{text}")
+
+    def _reap_hung(self, results: list[RewardResult | None], pending: deque[list[int]]) -> None:
+        now = time.monotonic()
+        for slot, w in enumerate(self._workers):
+            if w is None:
+                continue
+            if not w.ready:
+                if now - w.started_at > self.start_timeout_s:
+                    raise RuntimeError(f"a reward worker did not start within {self.start_timeout_s:.0f} s")
+                if not w.process.is_alive():
+                    raise RuntimeError(f"a reward worker died while starting (exit code {w.process.exitcode})")
+                continue
+            if w.job is None:
+                continue
+            progress = w.progress.value
+            if progress != w.seen_progress:
+                w.seen_progress, w.since = progress, now
+            elif now - w.since > (self.start_timeout_s if progress < 0 else self.timeout_s):
+                self._replace(slot, results, pending, why="hung")
+
+    def _replace(self, slot: int, results: list[RewardResult | None], pending: deque[list[int]], why: str) -> None:
+        """Kill the worker in ``slot``; its current item fails, the rest of its chunk is queued again."""
+        w = self._workers[slot]
+        assert w is not None
+        if not w.ready:
+            raise RuntimeError(f"a reward worker {why} while starting (exit code {w.process.exitcode})")
+        kill_and_reap(w.process)
+        w.conn.close()
+        self.kills += 1
+        if w.job is not None:
+            k = max(0, w.progress.value)
+            results[w.job[k]] = RewardResult.failed()
+            rest = w.job[:k] + w.job[k + 1 :]
+            if rest:
+                pending.appendleft(rest)
+        self._workers[slot] = self._start_worker()
+
+
+# -------------------------------------------------------------------------------------------- worker
+def _worker_main(conn: Connection, progress: Any, parent_pid: int, payload: bytes) -> None:
+    """A worker: receive a chunk of ``RewardInput``, score it item by item, send the results back."""
+    die_with_parent(parent_pid)
+    multiprocessing.current_process().daemon = False  # may start its own child (the symbolic verifier)
+    try:
+        item_scorer: ItemScorer = pickle.loads(payload)
+    except BaseException:
+        conn.send(("error", -1, traceback.format_exc()))
+        return
+    conn.send(("ready",))
+    while True:
+        try:
+            chunk = conn.recv()
+        except (EOFError, OSError):
+            return
+        if chunk is None:
+            return
+        chunk = [RewardInput(*fields) for fields in chunk]
+        try:
+            item_scorer.prepare(chunk)  # progress is still -1: this runs under start_timeout_s
+        except Exception:
+            conn.send(("error", 0, traceback.format_exc()))
+            continue
+        out: list[tuple[float, bool, str]] = []
+        for k, item in enumerate(chunk):
+            progress.value = k
+            try:
+                r = item_scorer(item)
+            except Exception:
+                conn.send(("error", k, traceback.format_exc()))
+                break
+            out.append((r.score, r.acc, r.pred))
+        else:
+            conn.send(("done", out))

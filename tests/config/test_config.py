@@ -106,3 +106,11 @@ def test_paper_recipe_values():
     assert cfg.data.train_batch_size // cfg.actor.ppo_mini_batch_size == 16  # 16 gradient updates per step
     assert cfg.reward_model.overlong_buffer.len == 4096 and cfg.data.max_response_length == 20480
     assert cfg.actor.optim.lr == 1e-6 and cfg.rollout.val_kwargs.n == 32 and cfg.rollout.val_kwargs.top_p == 0.7
+
+
+def test_config_reference_doc_is_current(tmp_path):
+    import runpy
+
+    out = tmp_path / "config.md"
+    runpy.run_path(str(REPO / "scripts" / "write_config_doc.py"), run_name="not_main")["main"](out)
+    assert out.read_text() == (REPO / "docs" / "config.md").read_text(), "run: python scripts/write_config_doc.py"

@@ -1,0 +1,149 @@
+"""The rollout-engine interface: what the trainer asks for and what it gets back.
+
+Any generator (the hand-written Hugging Face engine in :mod:`dapo.rollout.hf_engine`, a vLLM engine later) implements
+:class:`RolloutEngine`. The contract the trainer relies on:
+
+* **Ordering.** ``RolloutOutput`` holds one entry per sample. Prompts appear in input order and each prompt's ``n``
+  samples are contiguous: entry ``i * n + j`` is sample ``j`` of prompt ``i``. DAPO's group statistics (group-mean
+  advantage, dynamic sampling of all-right/all-wrong groups) read groups off this layout.
+* **Termination.** A response ends with its stop token *included* (``finish_reason == "stop"``; the stop token is one of
+  the engine's EOS ids or ``SamplingParams.stop_token_ids``), or after exactly ``max_tokens`` tokens
+  (``finish_reason == "length"``). A response whose ``max_tokens``-th token is a stop token is "stop". Overlong reward
+  shaping (DAPO Sec. 3.4) keys on "length".
+* **Log-probabilities.** ``logprobs[k][t]`` is the log-probability of the sampled token ``response_ids[k][t]`` under
+
+      softmax(logits / temperature)   over the FULL vocabulary,
+
+  i.e. temperature-scaled but *before* top-k / top-p truncation. This is exactly the distribution the actor's
+  teacher-forced log-prob pass computes (it divides logits by the rollout temperature and never truncates), so
+  ``exp(actor_logprob - rollout_logprob)`` is ~1 and any gap measures train/inference mismatch (kernels, precision,
+  batching), not a different definition. With ``temperature == 0`` (greedy) the log-prob is taken at temperature 1.
+  In vLLM terms this is neither the untempered "raw" log-probs nor log-probs renormalised over the truncated
+  top-k/top-p set; a vLLM engine must report the same quantity for the mismatch metric to mean anything.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
+
+import torch
+
+FinishReason = Literal["stop", "length"]
+FINISH_REASONS: tuple[str, ...] = ("stop", "length")
+
+
+def _is_int(value: object) -> bool:
+    """True for a real integer (``bool`` is an ``int`` subclass in Python but never a valid count or id here)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample responses. Ranges are checked on construction.
+
+    Attributes:
+        n: samples per prompt (DAPO's group size G), >= 1.
+        temperature: softmax temperature, >= 0; 0 means greedy decoding.
+        top_p: nucleus truncation, in (0, 1]; 1 disables it.
+        top_k: keep the k most likely tokens; -1 or 0 disables it.
+        max_tokens: response length cap L_max, >= 1.
+        stop_token_ids: extra stop ids, on top of the engine's EOS ids.
+        seed: seeds a private generator, so the same seed and inputs give the same output; None uses torch's global RNG.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 256
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.n) or self.n < 1:
+            raise ValueError(f"SamplingParams.n must be an integer >= 1, got {self.n!r}")
+        if (
+            isinstance(self.temperature, bool)
+            or not isinstance(self.temperature, (int, float))
+            or not math.isfinite(self.temperature)
+            or self.temperature < 0
+        ):
+            raise ValueError(f"SamplingParams.temperature must be a finite number >= 0, got {self.temperature!r}")
+        if (
+            isinstance(self.top_p, bool)
+            or not isinstance(self.top_p, (int, float))
+            or not (0.0 < self.top_p <= 1.0)
+        ):
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p!r}")
+        if not _is_int(self.top_k) or self.top_k < -1:
+            raise ValueError(f"SamplingParams.top_k must be an integer >= 1, or -1/0 for off, got {self.top_k!r}")
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise ValueError(f"SamplingParams.max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if isinstance(self.stop_token_ids, (str, bytes)) or not isinstance(self.stop_token_ids, Iterable):
+            raise ValueError(f"SamplingParams.stop_token_ids must be a sequence of ints, got {self.stop_token_ids!r}")
+        stop_ids = tuple(self.stop_token_ids)
+        for position, token_id in enumerate(stop_ids):
+            if not _is_int(token_id) or token_id < 0:
+                raise ValueError(
+                    f"SamplingParams.stop_token_ids[{position}] must be an integer >= 0, got {token_id!r}"
+                )
+        object.__setattr__(self, "stop_token_ids", stop_ids)
+        if self.seed is not None and (not _is_int(self.seed) or self.seed < 0):
+            raise ValueError(f"SamplingParams.seed must be None or an integer >= 0, got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        """True when decoding is deterministic argmax (temperature 0)."""
+        return self.temperature == 0
+
+
+@dataclass
+class RolloutOutput:
+    """Sampled responses, one entry per sample: prompts in input order, each prompt's ``n`` samples contiguous.
+
+    Attributes:
+        prompt_index: which input prompt each sample answers.
+        response_ids: generated token ids, stop token included when ``finish_reason`` is "stop".
+        logprobs: per-token log-probabilities under softmax(logits / temperature) over the full vocabulary
+            (see the module docstring); same lengths as ``response_ids``.
+        finish_reason: "stop" (ended on a stop token) or "length" (hit ``max_tokens``).
+    """
+
+    prompt_index: list[int]
+    response_ids: list[list[int]]
+    logprobs: list[list[float]]
+    finish_reason: list[str]
+
+    def __post_init__(self) -> None:
+        count = len(self.prompt_index)
+        for name in ("response_ids", "logprobs", "finish_reason"):
+            if len(getattr(self, name)) != count:
+                raise ValueError(
+                    f"RolloutOutput.{name} has {len(getattr(self, name))} entries but prompt_index has {count}"
+                )
+        for k, (ids, lps, reason) in enumerate(zip(self.response_ids, self.logprobs, self.finish_reason)):
+            if len(ids) != len(lps):
+                raise ValueError(f"RolloutOutput sample {k}: {len(ids)} response ids but {len(lps)} logprobs")
+            if reason not in FINISH_REASONS:
+                raise ValueError(
+                    f"RolloutOutput sample {k}: finish_reason must be one of {FINISH_REASONS}, got {reason!r}"
+                )
+
+    def __len__(self) -> int:
+        return len(self.prompt_index)
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """Generates responses for token-id prompts and follows the actor's weights."""
+
+    def generate(self, prompt_token_ids: Sequence[Sequence[int]], params: SamplingParams) -> RolloutOutput:
+        """Sample ``params.n`` responses per prompt; see the module docstring for ordering and log-prob semantics."""
+        ...
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load the actor's current weights (by parameter name). A no-op for engines that share the actor's module."""
+        ...

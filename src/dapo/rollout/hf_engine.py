@@ -1,0 +1,261 @@
+"""A hand-written, KV-cached, batch-shrinking sampler over a Hugging Face causal LM (CPU or one GPU).
+
+Why not ``model.generate``: it keeps finished sequences in the batch (padding them until the longest one ends), so a
+group where most answers are short still pays for the longest one on every row, and it runs a stack of generic logits
+processors and stopping criteria per step. RL rollouts have wildly varying lengths, so this engine instead
+
+1. left-pads the prompts (attention mask + explicit position ids, so padding changes nothing),
+2. prefills each *distinct* prompt once and copies its KV cache to its ``n`` samples,
+3. decodes one token per step for the rows still running, and
+4. drops a row from the batch and from the KV cache (``DynamicCache.batch_select_indices``) the step it emits a stop
+   token, so compute shrinks with the number of unfinished sequences.
+
+The engine shares the actor's ``nn.Module``: the actor's optimizer step *is* the weight update, so
+:meth:`HFRolloutEngine.update_weights` has nothing to do when handed the module's own tensors (it copies in any other
+tensors, e.g. from a separate training copy). Generation runs under ``torch.inference_mode`` with the module in eval
+mode (dropout off); its previous train/eval state is restored afterwards.
+
+Log-prob semantics are those of :mod:`dapo.rollout.base`: full-vocabulary log_softmax(logits / temperature).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable, Sequence
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from dapo.rollout.base import RolloutOutput, SamplingParams
+from dapo.rollout.sampler import sample_next_tokens
+
+
+class HFRolloutEngine:
+    """Rollout engine over a (shared) Hugging Face causal LM. Implements :class:`dapo.rollout.base.RolloutEngine`.
+
+    Args:
+        model: the causal LM (the actor's module; not copied, not moved).
+        eos_token_ids: id(s) that end a response; ``SamplingParams.stop_token_ids`` are added per request.
+        pad_token_id: id put in left-padding positions (masked out, so its value only has to be a valid id).
+        device: where inputs go; must be the model's device (default: the device of its parameters).
+        max_batch_size: most sequences (prompt x sample rows) decoded at once; larger requests run in chunks of this
+            many rows, in order. None: one batch.
+        drop_finished: drop finished rows from the batch and KV cache (default). False keeps them until the whole batch
+            is done, like ``model.generate``; it exists to measure what shrinking buys (benchmarks/bench_rollout.py).
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        *,
+        eos_token_ids: int | Sequence[int],
+        pad_token_id: int,
+        device: torch.device | str | None = None,
+        max_batch_size: int | None = None,
+        drop_finished: bool = True,
+    ) -> None:
+        self.model = model
+        self.vocab_size = model.get_input_embeddings().num_embeddings
+        eos = (eos_token_ids,) if isinstance(eos_token_ids, int) else tuple(eos_token_ids)
+        for token_id in eos:
+            if isinstance(token_id, bool) or not isinstance(token_id, int) or token_id < 0:
+                raise ValueError(f"HFRolloutEngine: eos_token_ids must be non-negative ints, got {eos_token_ids!r}")
+        self.eos_token_ids: tuple[int, ...] = eos
+        pad_ok = isinstance(pad_token_id, int) and not isinstance(pad_token_id, bool)
+        if not pad_ok or not 0 <= pad_token_id < self.vocab_size:
+            raise ValueError(
+                f"HFRolloutEngine: pad_token_id must be an int in [0, {self.vocab_size}), got {pad_token_id!r}"
+            )
+        self.pad_token_id = pad_token_id
+        model_device = next(model.parameters()).device
+        if device is not None:
+            wanted = torch.device(device)
+            if wanted.type != model_device.type or (wanted.index is not None and wanted.index != model_device.index):
+                raise ValueError(
+                    f"HFRolloutEngine: device {wanted} differs from the model's device {model_device}; the engine "
+                    "shares the actor's module and never moves it, so move the model instead"
+                )
+        self.device = model_device
+        if max_batch_size is not None and (
+            isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1
+        ):
+            raise ValueError(f"HFRolloutEngine: max_batch_size must be None or an int >= 1, got {max_batch_size!r}")
+        self.max_batch_size = max_batch_size
+        self.drop_finished = drop_finished
+        forward_params = inspect.signature(model.forward).parameters
+        # transformers >= 5 names the KV cache argument `cache`; 4.x calls it `past_key_values`.
+        self._cache_kwarg = "cache" if "cache" in forward_params else "past_key_values"
+        self._has_logits_to_keep = "logits_to_keep" in forward_params
+
+    # ------------------------------------------------------------------------------------------------ public API
+    def generate(self, prompt_token_ids: Sequence[Sequence[int]], params: SamplingParams) -> RolloutOutput:
+        """Sample ``params.n`` responses for each prompt; one entry per sample, each prompt's samples contiguous."""
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"HFRolloutEngine.generate: params must be SamplingParams, got {type(params).__name__}")
+        prompts = self._validate_prompts(prompt_token_ids)
+        rows = [index for index in range(len(prompts)) for _ in range(params.n)]
+        stop_ids = torch.tensor(sorted(set(self.eos_token_ids) | set(params.stop_token_ids)), device=self.device)
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(params.seed)
+        chunk_size = self.max_batch_size or max(len(rows), 1)
+
+        response_ids: list[list[int]] = []
+        logprobs: list[list[float]] = []
+        finish_reason: list[str] = []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.inference_mode():
+                for start in range(0, len(rows), chunk_size):
+                    ids, lps, reasons = self._generate_rows(
+                        prompts, rows[start : start + chunk_size], params, stop_ids, generator
+                    )
+                    response_ids += ids
+                    logprobs += lps
+                    finish_reason += reasons
+        finally:
+            self.model.train(was_training)
+        return RolloutOutput(rows, response_ids, logprobs, finish_reason)
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy the given tensors into the model's parameters/buffers of the same name.
+
+        When the engine shares the actor's module (the normal case) every tensor *is* the parameter and this is a
+        no-op; tensors living elsewhere (another copy of the weights) are copied in place.
+        """
+        targets = dict(self.model.named_parameters(remove_duplicate=False))
+        targets.update(self.model.named_buffers(remove_duplicate=False))
+        with torch.no_grad():
+            for name, tensor in named_tensors:
+                if name not in targets:
+                    raise KeyError(f"HFRolloutEngine.update_weights: the model has no parameter or buffer {name!r}")
+                target = targets[name]
+                if target.shape != tensor.shape:
+                    raise ValueError(
+                        f"HFRolloutEngine.update_weights: {name!r} has shape {tuple(target.shape)} in the model but "
+                        f"{tuple(tensor.shape)} was given"
+                    )
+                if target.data_ptr() == tensor.data_ptr() and target.device == tensor.device:
+                    continue
+                target.copy_(tensor)
+
+    # ------------------------------------------------------------------------------------------------ internals
+    def _validate_prompts(self, prompt_token_ids: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """Turn prompts into 1-D int64 tensors, rejecting empty prompts, non-integers and out-of-vocab ids."""
+        if isinstance(prompt_token_ids, torch.Tensor) or isinstance(prompt_token_ids, (str, bytes)):
+            raise TypeError("HFRolloutEngine.generate: prompt_token_ids must be a sequence of token-id sequences")
+        prompts = []
+        for index, prompt in enumerate(prompt_token_ids):
+            ids = torch.as_tensor(prompt)
+            if ids.dim() != 1 or ids.numel() == 0:
+                raise ValueError(f"HFRolloutEngine.generate: prompt {index} must be a non-empty 1-D token-id sequence")
+            if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+                raise ValueError(f"HFRolloutEngine.generate: prompt {index} has non-integer token ids ({ids.dtype})")
+            low, high = int(ids.min()), int(ids.max())
+            if low < 0 or high >= self.vocab_size:
+                bad = low if low < 0 else high
+                raise ValueError(
+                    f"HFRolloutEngine.generate: prompt {index} has token id {bad} outside the vocabulary "
+                    f"[0, {self.vocab_size})"
+                )
+            prompts.append(ids.to(dtype=torch.long))
+        return prompts
+
+    def _next_token_logits(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        position_ids: torch.Tensor,
+        cache: DynamicCache,
+    ) -> torch.Tensor:
+        """One forward pass appending to ``cache``; returns the logits at the last position, ``[batch, vocab]``."""
+        kwargs = {self._cache_kwarg: cache, "use_cache": True}
+        if self._has_logits_to_keep:
+            kwargs["logits_to_keep"] = 1
+        output = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs)
+        return output.logits[:, -1, :]
+
+    def _generate_rows(
+        self,
+        prompts: list[torch.Tensor],
+        rows: list[int],
+        params: SamplingParams,
+        stop_ids: torch.Tensor,
+        generator: torch.Generator | None,
+    ) -> tuple[list[list[int]], list[list[float]], list[str]]:
+        """Generate one response per entry of ``rows`` (a prompt index each) as one shrinking batch."""
+        device = self.device
+        # Prefill each distinct prompt once, left-padded; then give every row a copy of its prompt's cache.
+        position_of = {p: i for i, p in enumerate(dict.fromkeys(rows))}
+        distinct = list(position_of)
+        row_to_distinct = None
+        if len(distinct) < len(rows):
+            row_to_distinct = torch.tensor([position_of[p] for p in rows], device=device)
+        width = max(prompts[p].numel() for p in distinct)
+        input_ids = torch.full((len(distinct), width), self.pad_token_id, dtype=torch.long, device=device)
+        attention_mask = torch.zeros((len(distinct), width), dtype=torch.long, device=device)
+        for i, p in enumerate(distinct):
+            length = prompts[p].numel()
+            input_ids[i, width - length :] = prompts[p].to(device)
+            attention_mask[i, width - length :] = 1
+        position_ids = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
+        padded = not bool(attention_mask.all())
+
+        cache = DynamicCache(config=self.model.config)
+        logits = self._next_token_logits(input_ids, attention_mask if padded else None, position_ids, cache)
+        next_position = position_ids[:, -1] + 1
+        if row_to_distinct is not None:
+            logits = logits[row_to_distinct]
+            cache.batch_select_indices(row_to_distinct)
+            attention_mask = attention_mask[row_to_distinct]
+            next_position = next_position[row_to_distinct]
+
+        num_rows, max_tokens = len(rows), params.max_tokens
+        out_tokens = torch.full((num_rows, max_tokens), self.pad_token_id, dtype=torch.long, device=device)
+        out_logprobs = torch.zeros((num_rows, max_tokens), dtype=torch.float32, device=device)
+        alive = torch.arange(num_rows, device=device)  # batch position -> row, for the rows still decoding
+        done = torch.zeros(num_rows, dtype=torch.bool, device=device)  # only used when not dropping rows
+        for step in range(max_tokens):
+            tokens, token_logprobs = sample_next_tokens(
+                logits, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, generator=generator
+            )
+            out_tokens[alive, step] = tokens
+            out_logprobs[alive, step] = token_logprobs
+            if step == max_tokens - 1:
+                break
+            hit_stop = torch.isin(tokens, stop_ids)
+            if self.drop_finished:
+                if bool(hit_stop.any()):
+                    keep = (~hit_stop).nonzero().squeeze(-1)
+                    if keep.numel() == 0:
+                        break
+                    alive, tokens, next_position = alive[keep], tokens[keep], next_position[keep]
+                    cache.batch_select_indices(keep)
+                    if padded:
+                        attention_mask = attention_mask[keep]
+                        padded = not bool(attention_mask.all())
+            else:
+                done |= hit_stop
+                if bool(done.all()):
+                    break
+            if padded:
+                attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(alive), 1)], dim=-1)
+            logits = self._next_token_logits(
+                tokens.unsqueeze(-1), attention_mask if padded else None, next_position.unsqueeze(-1), cache
+            )
+            next_position = next_position + 1
+
+        # A response ends at its first stop token (kept) or after max_tokens tokens.
+        is_stop = torch.isin(out_tokens, stop_ids)
+        stopped = is_stop.any(dim=-1)
+        lengths = torch.where(stopped, is_stop.int().argmax(dim=-1) + 1, max_tokens)
+        token_lists = out_tokens.tolist()
+        logprob_lists = out_logprobs.tolist()
+        response_ids, logprobs, finish_reason = [], [], []
+        for k, (length, was_stopped) in enumerate(zip(lengths.tolist(), stopped.tolist())):
+            response_ids.append(token_lists[k][:length])
+            logprobs.append(logprob_lists[k][:length])
+            finish_reason.append("stop" if was_stopped else "length")
+        return response_ids, logprobs, finish_reason

@@ -1,0 +1,94 @@
+"""Next-token sampling from a batch of logits: temperature, top-k, top-p, and the log-prob the trainer needs.
+
+The returned log-prob is always taken from log_softmax(logits / temperature) over the full vocabulary (temperature 1
+when greedy), never from the truncated distribution that is actually sampled from; see :mod:`dapo.rollout.base`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def truncate_logits(scaled_logits: torch.Tensor, *, top_k: int, top_p: float) -> torch.Tensor:
+    """Mask (set to -inf) every token outside the top-k set and outside the top-p nucleus.
+
+    Top-k keeps the ``top_k`` largest logits (ties at the k-th value are all kept); ``top_k`` <= 0 disables it.
+    Top-p keeps the smallest set of most likely tokens whose probability mass reaches ``top_p``: a token is dropped when
+    the mass of the tokens strictly more likely than it already reaches ``top_p``, so the most likely token always
+    survives. Top-p is applied after top-k, on the renormalised top-k distribution. Returns a new tensor.
+
+    Args:
+        scaled_logits: ``[batch, vocab]`` float logits, already divided by the temperature.
+        top_k: number of tokens to keep, or -1/0 for no top-k.
+        top_p: nucleus mass in (0, 1]; 1 means no top-p.
+    """
+    logits = scaled_logits
+    vocab = logits.shape[-1]
+    if 0 < top_k < vocab:
+        kth_largest = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth_largest, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, sorted_index = torch.sort(logits, dim=-1, descending=True)
+        sorted_probs = torch.softmax(sorted_logits, dim=-1)
+        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        drop_sorted = mass_before >= top_p
+        drop_sorted[..., 0] = False
+        drop = torch.zeros_like(drop_sorted).scatter_(-1, sorted_index, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def draw_from(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Draw one index per row of ``probs`` ([batch, vocab], rows summing to ~1) by inverse-CDF sampling.
+
+    One uniform per row, located in the row's cumulative sum: exact in distribution up to float64 rounding, never a
+    zero-probability index, and ~7x faster on CPU than ``torch.multinomial`` at a 64 x 8192 batch (multinomial was a
+    third of the whole decode step in benchmarks/bench_rollout.py). The cumulative sum is taken in float64 so that
+    rounding over a 150k-token vocabulary cannot visibly shift the probability of rare tokens.
+    """
+    cdf = probs.to(torch.float64).cumsum(dim=-1)
+    total = cdf[..., -1:].contiguous()
+    uniform = torch.rand(total.shape, generator=generator, device=probs.device, dtype=torch.float64)
+    tokens = torch.searchsorted(cdf, uniform * total, right=True)
+    # uniform * total can round up to total itself; the first index reaching the total is the last non-zero one.
+    last_nonzero = torch.searchsorted(cdf, total, right=False)
+    return torch.minimum(tokens, last_nonzero).squeeze(-1)
+
+
+def sample_next_tokens(
+    logits: torch.Tensor,
+    *,
+    temperature: float,
+    top_k: int = -1,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row and return ``(token_ids [batch] int64, logprobs [batch] float32)``.
+
+    ``temperature == 0`` is greedy argmax, with the log-prob taken at temperature 1. Otherwise the token is drawn from
+    softmax(truncate(logits / temperature)) and its log-prob read from log_softmax(logits / temperature) over the full,
+    untruncated vocabulary.
+
+    Args:
+        logits: ``[batch, vocab]`` next-token logits (any float dtype; computed in float32).
+        temperature: >= 0.
+        top_k: -1/0 for off.
+        top_p: in (0, 1].
+        generator: source of randomness; None uses torch's global RNG for the logits' device.
+    """
+    if logits.dim() != 2:
+        raise ValueError(f"sample_next_tokens expects [batch, vocab] logits, got shape {tuple(logits.shape)}")
+    logits = logits.float()
+    if temperature == 0:
+        tokens = logits.argmax(dim=-1)
+        full_logprobs = torch.log_softmax(logits, dim=-1)
+    else:
+        scaled = logits / temperature
+        full_logprobs = torch.log_softmax(scaled, dim=-1)
+        if 0 < top_k < logits.shape[-1] or top_p < 1.0:
+            probs = torch.softmax(truncate_logits(scaled, top_k=top_k, top_p=top_p), dim=-1)
+        else:
+            probs = full_logprobs.exp()
+        tokens = draw_from(probs, generator)
+    logprobs = full_logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    return tokens, logprobs

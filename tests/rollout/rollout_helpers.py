@@ -1,0 +1,62 @@
+"""Test helpers for dapo.rollout: tiny random Qwen2 models (never downloaded), a teacher-forced log-prob reference,
+and a forward hook that counts the rows each forward pass computes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+VOCAB = 64
+EOS = 1
+PAD = 0
+
+
+def build_tiny_qwen2(seed: int = 0, *, attention_dropout: float = 0.0) -> Qwen2ForCausalLM:
+    """A 2-layer, hidden-32 Qwen2 with a 64-token vocabulary, in eval mode, fp32, deterministic for ``seed``."""
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        initializer_range=0.3,
+        attention_dropout=attention_dropout,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+    )
+    return Qwen2ForCausalLM(config).eval()
+
+
+def teacher_forced_logprobs(
+    model: Qwen2ForCausalLM, prompt: Sequence[int], response: Sequence[int], temperature: float
+) -> torch.Tensor:
+    """log_softmax(logits / temperature) of each response token, from one unpadded forward over prompt + response."""
+    ids = torch.tensor([list(prompt) + list(response)])
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        logits = model(ids).logits[0].float() / temperature
+    model.train(was_training)
+    logprobs = torch.log_softmax(logits, dim=-1)[len(prompt) - 1 : -1]
+    return logprobs.gather(-1, torch.tensor(response).unsqueeze(-1)).squeeze(-1)
+
+
+class ForwardRowCounter:
+    """Forward hook recording the batch size (rows) and sequence length of every forward pass of a model."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.calls: list[tuple[int, int]] = []
+        self._handle = model.register_forward_hook(self._record, with_kwargs=True)
+
+    def _record(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: object) -> None:
+        input_ids = kwargs["input_ids"] if "input_ids" in kwargs else args[0]
+        self.calls.append((int(input_ids.shape[0]), int(input_ids.shape[1])))
+
+    def remove(self) -> None:
+        self._handle.remove()

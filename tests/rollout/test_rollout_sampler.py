@@ -1,0 +1,143 @@
+"""Top-k / top-p truncation and next-token sampling, with hand-computed cases and property tests."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dapo.rollout import draw_from, sample_next_tokens, truncate_logits
+
+PROBS = [0.5, 0.3, 0.15, 0.05]
+
+
+def _kept(logits: torch.Tensor) -> list[int]:
+    return torch.isfinite(logits[0]).nonzero().squeeze(-1).tolist()
+
+
+def test_no_truncation_returns_the_logits_unchanged() -> None:
+    logits = torch.tensor([[0.3, -1.0, 2.0]])
+    assert torch.equal(truncate_logits(logits, top_k=-1, top_p=1.0), logits)
+    assert torch.equal(truncate_logits(logits, top_k=0, top_p=1.0), logits)
+    assert torch.equal(truncate_logits(logits, top_k=3, top_p=1.0), logits)
+
+
+@pytest.mark.parametrize(
+    ("top_k", "top_p", "expected"),
+    [
+        (2, 1.0, [0, 1]),
+        (1, 1.0, [0]),
+        (-1, 0.7, [0, 1]),  # mass before token 2 is 0.8 >= 0.7 -> dropped
+        (-1, 0.85, [0, 1, 2]),  # mass before token 3 is 0.95 >= 0.85 -> dropped
+        (-1, 0.99, [0, 1, 2, 3]),
+        (-1, 0.01, [0]),  # the most likely token always survives
+        (3, 0.7, [0, 1]),
+        (2, 0.99, [0, 1]),
+    ],
+)
+def test_hand_computed_truncation(top_k: int, top_p: float, expected: list[int]) -> None:
+    logits = torch.tensor([PROBS]).log()
+    assert _kept(truncate_logits(logits, top_k=top_k, top_p=top_p)) == expected
+
+
+def test_top_p_after_top_k_uses_the_renormalised_top_k_mass() -> None:
+    # top-k=2 leaves {0.5, 0.3} -> renormalised {0.625, 0.375}; top_p=0.6 keeps only token 0.
+    logits = torch.tensor([PROBS]).log()
+    assert _kept(truncate_logits(logits, top_k=2, top_p=0.6)) == [0]
+
+
+def test_truncation_is_per_row() -> None:
+    logits = torch.tensor([PROBS, PROBS[::-1]]).log()
+    kept = torch.isfinite(truncate_logits(logits, top_k=-1, top_p=0.7))
+    assert kept.tolist() == [[True, True, False, False], [False, False, True, True]]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    logits=st.lists(st.floats(-8, 8, allow_nan=False), min_size=2, max_size=24),
+    top_p=st.floats(0.01, 1.0),
+    top_k=st.integers(-1, 30),
+)
+def test_truncation_keeps_argmax_reaches_top_p_and_is_minimal(logits: list[float], top_p: float, top_k: int) -> None:
+    row = torch.tensor([logits], dtype=torch.float64)
+    kept = torch.isfinite(truncate_logits(row, top_k=top_k, top_p=top_p))[0]
+    assert kept[row[0].argmax()]
+    after_top_k = torch.isfinite(truncate_logits(row, top_k=top_k, top_p=1.0))[0]
+    assert not (kept & ~after_top_k).any(), "top-p must only remove tokens that top-k kept"
+    probs = torch.softmax(row[0].masked_fill(~after_top_k, -math.inf), dim=-1)
+    kept_mass = probs[kept].sum().item()
+    assert kept_mass >= min(top_p, 1.0) - 1e-9 or kept.sum() == after_top_k.sum()
+    # Minimal: without its least likely token the kept set would fall short of top_p (ties aside).
+    if kept.sum() > 1 and top_p < 1.0:
+        smallest = probs[kept].min().item()
+        if (probs[kept] == smallest).sum() == 1:
+            assert kept_mass - smallest < top_p + 1e-9
+
+
+def test_sampled_logprob_is_the_full_vocabulary_temperature_scaled_one() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(64, 10) * 3
+    generator = torch.Generator().manual_seed(0)
+    for temperature, top_k, top_p in [(1.0, -1, 1.0), (0.7, -1, 1.0), (1.3, 3, 0.5)]:
+        tokens, logprobs = sample_next_tokens(
+            logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
+        )
+        expected = torch.log_softmax(logits / temperature, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        torch.testing.assert_close(logprobs, expected)
+        assert tokens.dtype == torch.int64 and logprobs.dtype == torch.float32
+
+
+def test_greedy_is_argmax_with_temperature_one_logprob() -> None:
+    logits = torch.tensor([[1.0, 3.0, 2.0], [0.0, -1.0, 5.0]])
+    tokens, logprobs = sample_next_tokens(logits, temperature=0.0)
+    assert tokens.tolist() == [1, 2]
+    torch.testing.assert_close(logprobs, torch.log_softmax(logits, -1)[[0, 1], [1, 2]])
+
+
+def test_samples_stay_inside_the_truncated_set_and_follow_its_distribution() -> None:
+    logits = torch.tensor([PROBS]).log().expand(20000, 4)
+    generator = torch.Generator().manual_seed(1)
+    tokens, _ = sample_next_tokens(logits, temperature=1.0, top_k=3, top_p=1.0, generator=generator)
+    counts = torch.bincount(tokens, minlength=4).double() / tokens.numel()
+    assert counts[3] == 0
+    expected = torch.tensor([0.5, 0.3, 0.15], dtype=torch.float64) / 0.95
+    assert torch.allclose(counts[:3], expected, atol=0.015)
+
+
+def test_same_generator_seed_same_tokens() -> None:
+    logits = torch.randn(8, 50)
+    first, _ = sample_next_tokens(logits, temperature=1.0, generator=torch.Generator().manual_seed(5))
+    second, _ = sample_next_tokens(logits, temperature=1.0, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(first, second)
+
+
+def test_rejects_non_2d_logits() -> None:
+    with pytest.raises(ValueError, match=r"\[batch, vocab\]"):
+        sample_next_tokens(torch.zeros(3), temperature=1.0)
+
+
+def test_draw_from_follows_the_distribution_including_rare_tokens() -> None:
+    probs = torch.tensor([[0.6, 0.0, 0.3, 0.09, 0.01, 0.0]]).expand(40000, 6)
+    draws = draw_from(probs, torch.Generator().manual_seed(2))
+    frequencies = torch.bincount(draws, minlength=6).double() / draws.numel()
+    assert frequencies[1] == 0 and frequencies[5] == 0
+    torch.testing.assert_close(frequencies, probs[0].double(), atol=0.01, rtol=0)
+    assert frequencies[4] > 0.005
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    weights=st.lists(st.sampled_from([0.0, 1e-9, 1e-3, 0.2, 1.0, 7.0]), min_size=1, max_size=16).filter(
+        lambda w: sum(w) > 0
+    ),
+    seed=st.integers(0, 2**31),
+)
+def test_draw_from_never_returns_a_zero_probability_index(weights: list[float], seed: int) -> None:
+    probs = torch.tensor([weights]).expand(64, len(weights))
+    probs = probs / probs.sum(dim=-1, keepdim=True)
+    draws = draw_from(probs, torch.Generator().manual_seed(seed))
+    assert draws.shape == (64,)
+    assert bool((probs[0][draws] > 0).all())

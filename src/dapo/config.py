@@ -203,8 +203,10 @@ class TrainerConfig(_Section):
     max_ckpt_to_keep: int | None = Field(2, gt=0)
     resume_mode: str = Field("auto", description="'auto' (latest complete checkpoint), 'disable', or a checkpoint path")
     logger: list[Literal["console", "jsonl", "tensorboard", "wandb"]] = Field(
-        default_factory=lambda: ["console", "jsonl", "tensorboard"]
+        default_factory=lambda: ["jsonl", "tensorboard"],
+        description="metric sinks; 'console' prints every metric each step (the progress line is always shown)",
     )
+    progress: bool = Field(True, description="live status line: step, reward, accuracy, entropy, length, time left")
     project_name: str = "dapo"
     experiment_name: str = "tiny-synth"
     default_local_dir: str = Field("runs", description="run directories live at default_local_dir/experiment_name")

@@ -260,7 +260,7 @@ def train(cfg: DapoConfig) -> TrainResult:
     step = start_step
     with Tracker(run_dir, backends=cfg.trainer.logger, project=cfg.trainer.project_name,
                  experiment=cfg.trainer.experiment_name, config=config_to_dict(cfg)) as tracker, \
-            TrainingProgress(total_steps, enabled="console" in cfg.trainer.logger, initial_step=start_step) as progress:
+            TrainingProgress(total_steps, enabled=cfg.trainer.progress, initial_step=start_step) as progress:
         if cfg.trainer.val_before_train and start_step == 0 and task.val:
             tracker.log(validate(0), step=0)
         for step in range(start_step + 1, total_steps + 1):

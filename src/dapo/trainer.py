@@ -296,8 +296,8 @@ def train(cfg: DapoConfig) -> TrainResult:
                                              temperature=cfg.rollout.temperature,
                                              norm_length=cfg.data.max_response_length))
             except NonFiniteLossError as exc:
-                raise TrainingError(f"step {step}: {exc}. The last complete checkpoint is untouched; lower "
-                                    f"actor.optim.lr or use actor.dtype=fp32") from exc
+                raise TrainingError(f"step {step}: {str(exc).rstrip('.')}. The last complete checkpoint is "
+                                    f"untouched; lower actor.optim.lr or use actor.dtype=fp32") from exc
             timing["update_actor"] = time.perf_counter() - t0
             engine.update_weights(())  # the HF engine shares the actor's module: nothing to copy
 

@@ -1,0 +1,8 @@
+import pytest
+
+from tests.trainer.cli_helpers import FAST
+
+
+@pytest.fixture
+def fast_args() -> list[str]:
+    return list(FAST)

@@ -1,0 +1,105 @@
+"""Each bad input gets a clear message (no traceback), and the run directory is never left corrupt."""
+
+from __future__ import annotations
+
+import json
+import resource
+import shutil
+import signal
+
+from dapo.checkpoint import find_latest_checkpoint
+from dapo.model_loading import EMBEDDED_MODEL_DIR
+from tests.trainer.cli_helpers import run_dapo
+
+
+def _clean_failure(proc, *needles: str) -> None:
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    for needle in needles:
+        assert needle in proc.stderr, f"{needle!r} not in:\n{proc.stderr[-3000:]}"
+
+
+def test_missing_model_path(tmp_path, fast_args):
+    proc = run_dapo(["train", *fast_args, f"model.path={tmp_path / 'no-such-model'}"], tmp_path)
+    _clean_failure(proc, "model.path", "no-such-model", "does not exist")
+
+
+def test_tokenizer_without_chat_template(tmp_path, fast_args):
+    model_dir = tmp_path / "model"
+    shutil.copytree(EMBEDDED_MODEL_DIR, model_dir)
+    (model_dir / "chat_template.jinja").unlink(missing_ok=True)
+    cfg_path = model_dir / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.pop("chat_template", None)
+    cfg_path.write_text(json.dumps(cfg))
+    proc = run_dapo(["train", *fast_args, f"model.path={model_dir}"], tmp_path)
+    _clean_failure(proc, "no chat template", str(model_dir))
+
+
+def _write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _row(problem: str, answer: str) -> dict:
+    return {"data_source": "synth_arith", "prompt": [{"role": "user", "content": problem}], "ability": "math",
+            "reward_model": {"ground_truth": answer, "style": "rule"}, "extra_info": {}}
+
+
+def test_prompt_longer_than_max_prompt_length_error_names_the_row(tmp_path, fast_args):
+    rows = [_row("What is 2 + 3?", "5")] * 3 + [_row("What is 2 + 3? " * 200, "5")]
+    data = _write_jsonl(tmp_path / "train.jsonl", rows)
+    proc = run_dapo(["train", *fast_args, f"data.train_files=[{data}]", f"data.val_files=[{data}]",
+                     "data.filter_overlong_prompts=error"], tmp_path)
+    _clean_failure(proc, "row 3", "data.max_prompt_length")
+
+
+def test_prompt_longer_than_max_prompt_length_dropped_with_a_count(tmp_path, fast_args):
+    rows = [_row(f"What is {i} + 3?", str(i + 3)) for i in range(8)] + [_row("What is 2 + 3? " * 200, "5")]
+    data = _write_jsonl(tmp_path / "train.jsonl", rows)
+    proc = run_dapo(["train", *fast_args, f"data.train_files=[{data}]", "trainer.total_training_steps=1"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "dropped 1 prompts longer than data.max_prompt_length" in proc.stderr
+
+
+def test_bad_record_names_file_row_and_field(tmp_path, fast_args):
+    rows = [_row("What is 2 + 3?", "5"), {**_row("What is 1 + 1?", "2"), "reward_model": {"style": "rule"}}]
+    data = _write_jsonl(tmp_path / "bad.jsonl", rows)
+    proc = run_dapo(["train", *fast_args, f"data.train_files=[{data}]"], tmp_path)
+    _clean_failure(proc, "bad.jsonl", "row 1", "ground_truth")
+
+
+def test_every_group_filtered_stops_with_the_cause(tmp_path, fast_args):
+    # Ground truths the model never produces: every group is all-wrong, so dynamic sampling can never fill a batch.
+    rows = [_row(f"What is {i} + 3?", "987654321") for i in range(16)]
+    data = _write_jsonl(tmp_path / "impossible.jsonl", rows)
+    proc = run_dapo(["train", *fast_args, f"data.train_files=[{data}]", "algorithm.filter_groups.on_exhausted=error",
+                     "algorithm.filter_groups.max_num_gen_batches=2"], tmp_path)
+    _clean_failure(proc, "all-wrong", "max_num_gen_batches")
+
+
+def test_non_finite_loss_or_weights_stop_cleanly(tmp_path, fast_args):
+    # An absurd learning rate drives the weights to inf/NaN after the first update; the run must stop with a clear
+    # message, and the last complete checkpoint must stay loadable.
+    proc = run_dapo(["train", *fast_args, "trainer.total_training_steps=4", "trainer.save_freq=1",
+                     "actor.optim.lr=1e30", "actor.grad_clip=1e30", "trainer.experiment_name=nan"], tmp_path)
+    _clean_failure(proc, "loss is", "actor.optim.lr")
+    latest = find_latest_checkpoint(tmp_path / "nan" / "checkpoints")
+    assert latest is None or (latest / "hf" / "model.safetensors").exists()
+
+
+def test_full_disk_at_checkpoint_time_keeps_the_previous_checkpoint(tmp_path, fast_args):
+    first = run_dapo(["train", *fast_args, "trainer.experiment_name=disk"], tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    run_dir = tmp_path / "disk"
+    assert find_latest_checkpoint(run_dir / "checkpoints").name == "global_step_2"
+
+    def small_file_limit():  # a real write failure (EFBIG) in the child, like a full disk
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024, 256 * 1024))
+
+    proc = run_dapo(["train", *fast_args, "trainer.experiment_name=disk", "trainer.total_training_steps=3"],
+                    tmp_path, preexec_fn=small_file_limit)
+    _clean_failure(proc, "global_step_2 is intact")
+    assert find_latest_checkpoint(run_dir / "checkpoints").name == "global_step_2"
+    assert not [p for p in (run_dir / "checkpoints").iterdir() if "tmp" in p.name]

@@ -1,0 +1,55 @@
+"""Checkpoint -> kill -> resume ends with exactly the parameters of an uninterrupted run (CPU, fixed threads)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import torch
+from safetensors.torch import load_file
+
+from dapo.checkpoint import find_latest_checkpoint, is_complete_checkpoint
+from tests.trainer.cli_helpers import run_dapo
+
+STEPS = ["trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.test_freq=0",
+         "trainer.val_before_train=false"]
+
+
+def _final_weights(run_dir):
+    return load_file(run_dir / "checkpoints" / "global_step_4" / "hf" / "model.safetensors")
+
+
+def test_kill_then_resume_equals_uninterrupted(tmp_path, fast_args):
+    args = ["train", *fast_args, *STEPS]
+    straight = run_dapo([*args, "trainer.experiment_name=straight"], tmp_path)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+
+    # A real run, killed with SIGKILL once its step-2 checkpoint is complete (mid step 3).
+    run_dir = tmp_path / "killed"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "dapo.cli.main", *args, "trainer.experiment_name=killed",
+                             f"trainer.default_local_dir={tmp_path}"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    ckpt2 = run_dir / "checkpoints" / "global_step_2"
+    deadline = time.monotonic() + 300
+    while not is_complete_checkpoint(ckpt2) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run ended before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert find_latest_checkpoint(run_dir / "checkpoints").name == "global_step_2"
+
+    resumed = run_dapo([*args, "trainer.experiment_name=killed"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stdout
+    a, b = _final_weights(tmp_path / "straight"), _final_weights(run_dir)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    steps = [int(line.split('"step": ')[1].split(",")[0].rstrip("}")) for line in
+             (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(set(steps)), "a resumed run must not duplicate metric steps"

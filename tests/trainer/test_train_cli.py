@@ -1,0 +1,47 @@
+"""`dapo train` end to end through the real CLI: metrics, checkpoint, plot, and the printed summary."""
+
+from __future__ import annotations
+
+import json
+
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tests.trainer.cli_helpers import run_dapo
+
+REQUIRED_STEP_KEYS = {
+    "response_length/mean", "response_length/max", "response_length/min", "response_length/clip_ratio",
+    "critic/score/mean", "critic/rewards/mean", "acc/mean", "actor/entropy", "actor/mean_prob", "actor/pg_loss",
+    "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl", "actor/grad_norm", "actor/lr",
+    "train/num_gen_batches", "train/kept_group_ratio", "train/wasted_tokens", "timing_s/gen", "timing_s/reward",
+    "timing_s/old_log_prob", "timing_s/update_actor", "timing_s/step", "perf/throughput",
+}
+
+
+def test_short_train_through_the_cli(tmp_path, fast_args):
+    proc = run_dapo(["train", *fast_args, "trainer.experiment_name=short"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = tmp_path / "short"
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in records]
+    assert steps == [0, 1, 2]
+    assert "val/acc/mean@2" in records[0] and "val/pass@2" in records[0]
+    for record in records[1:]:
+        missing = REQUIRED_STEP_KEYS - record.keys()
+        assert not missing, f"step {record['step']} lacks {sorted(missing)}"
+        assert 0.0 < record["actor/mean_prob"] <= 1.0
+        assert record["response_length/min"] <= record["response_length/mean"] <= record["response_length/max"]
+    assert "val/acc/mean@2" in records[-1]
+    # The final checkpoint is a Hugging Face folder that from_pretrained loads.
+    hf = run_dir / "checkpoints" / "global_step_2" / "hf"
+    AutoModelForCausalLM.from_pretrained(hf)
+    assert AutoTokenizer.from_pretrained(hf).chat_template
+    assert (run_dir / "plots" / "training.png").stat().st_size > 10_000
+    assert "validation val/acc/mean@2: first" in proc.stdout and "plots:" in proc.stdout
+
+
+def test_print_config_and_bad_override(tmp_path):
+    proc = run_dapo(["train", "--print-config", "algorithm.clip_ratio_high=0.3"], tmp_path)
+    assert proc.returncode == 0 and "clip_ratio_high: 0.3" in proc.stdout
+    proc = run_dapo(["train", "algorithm.clip_ratio_hgh=0.3"], tmp_path)
+    assert proc.returncode != 0
+    assert "algorithm.clip_ratio_hgh" in proc.stderr and "Traceback" not in proc.stderr

@@ -28,12 +28,3 @@ def row_counter() -> Iterator[Callable[[torch.nn.Module], ForwardRowCounter]]:
     yield attach
     for counter in counters:
         counter.remove()
-
-
-@pytest.fixture(autouse=True)
-def single_thread() -> Iterator[None]:
-    """Run each test on one intra-op thread: the shapes are tiny, and on a shared CPU extra threads only contend."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)

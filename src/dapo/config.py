@@ -60,6 +60,7 @@ class SynthDataConfig(_Section):
     min_operands: int | None = Field(None, description="difficulty knob; None = the tiny model's training value")
     max_operands: int | None = Field(None, description="difficulty knob; None = the tiny model's training value")
     max_value: int | None = Field(None, description="difficulty knob; None = the tiny model's training value")
+    word_problems: bool | None = Field(None, description="stories (true) or bare expressions (false); None = as trained")
 
 
 class DataConfig(_Section):

@@ -24,8 +24,8 @@ class Task:
 
 
 def _synth(cfg: DataConfig, split: str) -> list[DapoRecord]:
-    knobs = {k: v for k, v in (("min_operands", cfg.synth.min_operands), ("max_operands", cfg.synth.max_operands),
-                               ("max_value", cfg.synth.max_value)) if v is not None}
+    knobs = {k: v for k in ("min_operands", "max_operands", "max_value", "word_problems")
+             if (v := getattr(cfg.synth, k)) is not None}
     synth_cfg = dataclasses.replace(default_synth_config(), **knobs)
     num, seed = (cfg.synth.num_train, cfg.synth.train_seed) if split == "train" else (cfg.synth.num_val, cfg.synth.val_seed)
     rows = synth_records(generate_synth_problems(num, seed, synth_cfg), split=split)

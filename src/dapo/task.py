@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from dapo.config import DataConfig
 from dapo.data.loaders import load_dataset
-from dapo.data.schema import DapoRecord
+from dapo.data.schema import DapoRecord, DataError
 from dapo.data.synth import default_synth_config, generate_synth_problems, synth_records
 from dapo.prompts import PromptItem, encode_prompts
 
@@ -36,18 +36,16 @@ def load_task(cfg: DataConfig, tokenizer) -> Task:
     """Read and validate every record (all problems reported at once), then tokenise with the chat template."""
     if cfg.train_files:
         train_records = load_dataset(cfg.train_files)
+        val_records = load_dataset(cfg.val_files) if cfg.val_files else []
         description = ", ".join(cfg.train_files)
     else:
-        train_records = _synth(cfg, "train")
-        description = f"synthetic arithmetic ({cfg.synth.num_train} problems, seed {cfg.synth.train_seed})"
-    if cfg.val_files:
-        val_records = load_dataset(cfg.val_files)
-    elif not cfg.train_files:
-        # Two seeded streams can draw the same small problem: keep validation free of training problems.
-        seen = {r.extra_info.get("raw_problem") for r in train_records}
-        val_records = [r for r in _synth(cfg, "val") if r.extra_info.get("raw_problem") not in seen]
-    else:
-        val_records = []
+        # Held-out problems are drawn first and never trained on: two seeded streams can draw the same small problem.
+        val_records = load_dataset(cfg.val_files) if cfg.val_files else _synth(cfg, "val")
+        held_out = {r.extra_info.get("raw_problem") for r in val_records}
+        train_records = [r for r in _synth(cfg, "train") if r.extra_info.get("raw_problem") not in held_out]
+        removed = cfg.synth.num_train - len(train_records)
+        description = (f"synthetic arithmetic ({len(train_records)} problems, seed {cfg.synth.train_seed}, after "
+                       f"removing {removed} that are validation problems)")
     if cfg.val_max_samples is not None:
         val_records = val_records[: cfg.val_max_samples]
     train = encode_prompts(train_records, tokenizer, max_prompt_length=cfg.max_prompt_length,
@@ -59,6 +57,9 @@ def load_task(cfg: DataConfig, tokenizer) -> Task:
         log.warning("dropped %d prompts longer than data.max_prompt_length=%d (longest: %d tokens)", dropped,
                     cfg.max_prompt_length, max(train.longest_dropped, val.longest_dropped))
     if not train.items:
-        raise ValueError(f"no training prompts left: all {len(train_records)} are longer than "
-                         f"data.max_prompt_length={cfg.max_prompt_length}")
+        why = (f"all {len(train_records)} are longer than data.max_prompt_length={cfg.max_prompt_length}"
+               if train_records else "every synthetic problem is also a validation problem; raise data.synth.max_value")
+        raise DataError(f"no training prompts left: {why}")
+    if not val.items:
+        log.warning("no validation prompts: validation accuracy will not be measured (set data.val_files)")
     return Task(train.items, val.items, description, dropped)

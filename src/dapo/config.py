@@ -128,7 +128,11 @@ class ActorConfig(_Section):
     ppo_epochs: int = Field(1, gt=0, description="mu: passes over the batch")
     shuffle: bool = Field(False, description="shuffle groups between ppo epochs")
     use_dynamic_bsz: bool = Field(True, description="micro-batches bounded by a token budget (padding-free)")
-    ppo_max_token_len_per_gpu: int = Field(16384, gt=0, description="token budget of one micro-batch")
+    ppo_max_token_len_per_gpu: int = Field(
+        1024, gt=0,
+        description="token budget of one packed micro-batch; without FlashAttention's varlen kernels (CPU, sdpa) a "
+        "packed row's attention is quadratic in its length, so keep it near 1024 there (GPU recipes use ~22k)",
+    )
     ppo_micro_batch_size_per_gpu: int | None = Field(None, gt=0, description="samples per micro-batch if not dynamic")
     clip_ratio_low: float = Field(0.2, ge=0.0, description="epsilon_low of Clip-Higher (Eq. 10)")
     clip_ratio_high: float = Field(0.28, ge=0.0, description="epsilon_high of Clip-Higher (Eq. 10)")

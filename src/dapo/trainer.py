@@ -177,6 +177,35 @@ def build_train_batch(groups: list[ScoredGroup], cfg: DapoConfig) -> TrainBatch:
     )
 
 
+def train_on_groups(groups: list[ScoredGroup], policy: Policy, optimizer, scheduler, cfg: DapoConfig, step: int,
+                    timing: dict[str, float]) -> dict[str, float]:
+    """Algorithm 1, lines 10-12: advantages, old log-probs, then mu passes of mini-batch updates."""
+    # Line 10: group-relative advantages (Eq. 9).
+    batch = build_train_batch(groups, cfg)
+
+    # pi_theta_old: the actor recomputes the log-probs of the sampled tokens before updating.
+    t0 = time.perf_counter()
+    old_log_probs, entropies = compute_log_probs_and_entropy_batch(
+        policy.model, batch, cfg.actor, temperature=cfg.rollout.temperature
+    )
+    batch = batch.with_old_log_probs(old_log_probs)
+    timing["old_log_prob"] = time.perf_counter() - t0
+
+    # Lines 11-12: mu passes of mini-batch updates maximising J_DAPO (Eq. 8).
+    t0 = time.perf_counter()
+    try:
+        metrics = update_policy(policy.model, optimizer, scheduler, batch, cfg.actor,
+                                temperature=cfg.rollout.temperature, norm_length=cfg.data.max_response_length)
+    except NonFiniteLossError as exc:
+        raise TrainingError(f"step {step}: {str(exc).rstrip('.')}. The last complete checkpoint is "
+                            f"untouched; lower actor.optim.lr or use actor.dtype=fp32") from exc
+    timing["update_actor"] = time.perf_counter() - t0
+
+    metrics.update(batch_metrics(groups, batch.advantages, max_response_length=cfg.data.max_response_length))
+    metrics.update(policy_metrics(old_log_probs, entropies, batch.rollout_log_probs))
+    return metrics
+
+
 # ------------------------------------------------------------------------------------------------ run state
 def save_run_state(run_dir: Path, step: int, policy: Policy, optimizer, scheduler, sampler: PromptSampler,
                    accumulator: DynamicSamplingAccumulator, val_history: list, cfg: DapoConfig) -> Path:
@@ -241,7 +270,8 @@ def train(cfg: DapoConfig) -> TrainResult:
     start_step, val_history = resume_if_asked(run_dir, cfg, policy, optimizer, scheduler, sampler, accumulator)
     if start_step >= total_steps:
         print(f"nothing to do: the checkpoint is at step {start_step} of {total_steps}", flush=True)
-    truncate_metrics_after(run_dir, start_step)
+    # A resumed run keeps the metrics up to its checkpoint; a fresh run in an old run dir starts a fresh record.
+    truncate_metrics_after(run_dir, start_step if start_step > 0 else -1)
     if policy.model.training is False:
         policy.model.train()
 
@@ -272,37 +302,12 @@ def train(cfg: DapoConfig) -> TrainResult:
             groups, ds_metrics = generate_and_filter(engine, sampler, accumulator, policy, cfg, step, timing)
             metrics.update(ds_metrics)
 
-            if not groups:  # train_on_partial after rounds that kept nothing: there is no gradient to take
+            if groups:
+                metrics.update(train_on_groups(groups, policy, optimizer, scheduler, cfg, step, timing))
+            else:  # train_on_partial after rounds that kept nothing: there is no gradient to take
                 log.warning("step %d: no informative group after %d rounds; skipping the update", step,
                             int(metrics["train/num_gen_batches"]))
-                tracker.log(metrics, step=step)
-                continue
-
-            # Line 10: group-relative advantages (Eq. 9).
-            batch = build_train_batch(groups, cfg)
-
-            # pi_theta_old: the actor recomputes the log-probs of the sampled tokens before updating.
-            t0 = time.perf_counter()
-            old_log_probs, entropies = compute_log_probs_and_entropy_batch(
-                policy.model, batch, cfg.actor, temperature=cfg.rollout.temperature
-            )
-            batch = batch.with_old_log_probs(old_log_probs)
-            timing["old_log_prob"] = time.perf_counter() - t0
-
-            # Lines 11-12: mu passes of mini-batch updates maximising J_DAPO (Eq. 8).
-            t0 = time.perf_counter()
-            try:
-                metrics.update(update_policy(policy.model, optimizer, scheduler, batch, cfg.actor,
-                                             temperature=cfg.rollout.temperature,
-                                             norm_length=cfg.data.max_response_length))
-            except NonFiniteLossError as exc:
-                raise TrainingError(f"step {step}: {str(exc).rstrip('.')}. The last complete checkpoint is "
-                                    f"untouched; lower actor.optim.lr or use actor.dtype=fp32") from exc
-            timing["update_actor"] = time.perf_counter() - t0
             engine.update_weights(())  # the HF engine shares the actor's module: nothing to copy
-
-            metrics.update(batch_metrics(groups, batch.advantages, max_response_length=cfg.data.max_response_length))
-            metrics.update(policy_metrics(old_log_probs, entropies, batch.rollout_log_probs))
             timing["step"] = time.perf_counter() - t_step
             metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
             metrics["perf/throughput"] = metrics["rollout/num_tokens"] / max(timing["step"], 1e-9)

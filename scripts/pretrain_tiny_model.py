@@ -27,6 +27,7 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse
+import dataclasses
 import inspect
 import json
 import math
@@ -67,7 +68,7 @@ CHAT_TEMPLATE = (
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (replaced atomically)")
-    p.add_argument("--steps", type=int, default=600, help="optimizer steps (the under-training knob)")
+    p.add_argument("--steps", type=int, default=1000, help="optimizer steps (the under-training knob)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup-steps", type=int, default=30)
@@ -86,6 +87,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=8, help="samples per validation prompt for pass@k")
     p.add_argument("--eval-every", type=int, default=0, help="quick validation every K steps (0 = only at the end)")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--unrewarded-format-fraction", type=float, default=0.6,
+                   help="share of SFT solutions whose last line is 'The answer is N.' instead of 'Answer: N'")
     return p.parse_args(argv)
 
 
@@ -388,6 +391,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     synth_config = default_synth_config()
     train_problems = generate_synth_problems(args.num_train, args.train_seed, synth_config)
     val_problems = generate_synth_problems(args.num_val, args.val_seed, synth_config)
+    # The SFT data teaches two ways to state the result, and only the DAPO one ("Answer: N") is rewarded. The model
+    # thus starts out stating its (mostly right) result in the rewarded format only some of the time: a behaviour that
+    # RL with the rule-based reward must discover, as real DAPO runs first learn the answer format.
+    format_rng = random.Random(args.train_seed + 7)
+    train_problems = [
+        dataclasses.replace(p, solution=p.solution.rsplit("\n", 1)[0] + f"\nThe answer is {p.answer}.")
+        if format_rng.random() < args.unrewarded_format_fraction else p
+        for p in train_problems
+    ]
     train_texts = {p.problem for p in train_problems}
     print(f"[data] {len(train_problems)} train / {len(val_problems)} val problems "
           f"({sum(p.problem in train_texts for p in val_problems)} val statements also in train)", flush=True)
@@ -482,6 +494,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "num_train_problems": args.num_train,
         "num_val_problems": args.num_val,
         "steps": args.steps,
+        "unrewarded_format_fraction": args.unrewarded_format_fraction,
         "batch_size": args.batch_size,
         "problems_seen": args.steps * args.batch_size,
         "lr": args.lr,

@@ -69,7 +69,7 @@ class DataConfig(_Section):
     synth: SynthDataConfig = Field(default_factory=SynthDataConfig)
     max_prompt_length: int = Field(256, gt=0, description="prompt tokens (after the chat template)")
     max_response_length: int = Field(64, gt=0, description="L_max: generation stops here (finish reason 'length')")
-    train_batch_size: int = Field(16, gt=0, description="prompt groups per training step (after dynamic sampling)")
+    train_batch_size: int = Field(32, gt=0, description="prompt groups per training step (after dynamic sampling)")
     gen_batch_size: int | None = Field(None, gt=0, description="prompts per generation round; default = train_batch_size")
     val_max_samples: int | None = Field(None, gt=0, description="cap on validation prompts (None = all)")
     shuffle: bool = Field(True, description="reshuffle training prompts every epoch")
@@ -116,15 +116,15 @@ class RolloutConfig(_Section):
 
 # -------------------------------------------------------------------------------------------- actor
 class OptimConfig(_Section):
-    lr: float = Field(1e-6, gt=0.0)
-    lr_warmup_steps: int = Field(0, ge=0, description="linear warm-up in optimizer steps, then constant")
+    lr: float = Field(1e-4, gt=0.0, description="1e-4 suits the embedded 1M-parameter model; the paper uses 1e-6 at 32B")
+    lr_warmup_steps: int = Field(3, ge=0, description="linear warm-up in optimizer steps, then constant")
     weight_decay: float = Field(0.1, ge=0.0)
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = Field(1e-8, gt=0.0)
 
 
 class ActorConfig(_Section):
-    ppo_mini_batch_size: int = Field(16, gt=0, description="prompt groups per optimizer step")
+    ppo_mini_batch_size: int = Field(8, gt=0, description="prompt groups per optimizer step")
     ppo_epochs: int = Field(1, gt=0, description="mu: passes over the batch")
     shuffle: bool = Field(False, description="shuffle groups between ppo epochs")
     use_dynamic_bsz: bool = Field(True, description="micro-batches bounded by a token budget (padding-free)")
@@ -200,7 +200,7 @@ class CustomRewardFunctionConfig(_Section):
 
 # ------------------------------------------------------------------------------------------ trainer
 class TrainerConfig(_Section):
-    total_training_steps: int | None = Field(40, gt=0, description="steps to train (None = total_epochs passes)")
+    total_training_steps: int | None = Field(30, gt=0, description="steps to train (None = total_epochs passes)")
     total_epochs: int = Field(1, gt=0)
     test_freq: int = Field(5, description="validate every N steps (<= 0: never, except at the end)")
     val_before_train: bool = True

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import json
 from pathlib import Path
 
@@ -103,6 +105,9 @@ def test_model_greedily_solves_some_easy_problems(tokenizer, model) -> None:  # 
         out = model.generate(**batch, do_sample=False, max_new_tokens=48)
     responses = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
     finals = [r.strip().splitlines()[-1] if r.strip() else "" for r in responses]
-    assert sum(f.startswith("Answer: ") for f in finals) >= 14, responses  # the format is learned
-    correct = sum(f == f"Answer: {p.answer}" for f, p in zip(finals, problems))
-    assert correct >= 3, list(zip(finals, [p.answer for p in problems]))
+    # The SFT data states the result in two formats, only "Answer: N" being rewarded (see the pretraining script):
+    # greedy decoding follows the majority format, so check the formats are learned and the arithmetic is right.
+    stated = [re.fullmatch(r"(?:Answer: |The answer is )(-?\d+)\.?", f) for f in finals]
+    assert sum(m is not None for m in stated) >= 14, responses
+    correct = sum(m is not None and int(m.group(1)) == p.answer for m, p in zip(stated, problems))
+    assert correct >= 8, list(zip(finals, [p.answer for p in problems]))

@@ -36,6 +36,8 @@ def summarize(run_dir: Path) -> dict:
         "entropy_first5": _mean(records, "actor/entropy", slice(0, 5)),
         "entropy_last5": _mean(records, "actor/entropy", slice(-5, None)),
         "length_last5": _mean(records, "response_length/mean", slice(-5, None)),
+        "truncated_first5": _mean(records, "response_length/clip_ratio", slice(0, 5)),
+        "truncated_last5": _mean(records, "response_length/clip_ratio", slice(-5, None)),
         "kept_ratio": _mean(records, "train/kept_group_ratio", slice(None)),
         "gen_batches": _mean(records, "train/num_gen_batches", slice(None)),
         "wall_s": wall, "peak_mb": peak, "steps": last_step,
@@ -51,15 +53,16 @@ def main() -> None:
     rows = [summarize(r) for r in sorted(args.runs)]
     lines = [
         "| run | val acc@8 first → last (best) | entropy first 5 → last 5 steps | response length (last 5) | "
-        "kept-group ratio | gen rounds/step | wall time | peak RSS |",
-        "|---|---|---|---|---|---|---|---|",
+        "truncated share first 5 → last 5 | kept-group ratio | gen rounds/step | wall time | peak RSS |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         wall = f"{r['wall_s']} s" if r["wall_s"] is not None else "?"
         peak = f"{r['peak_mb']:.0f} MB" if r["peak_mb"] is not None else "?"
         lines.append(
             f"| {r['run']} | {r['val_first']:.3f} → {r['val_last']:.3f} ({r['val_best']:.3f}) | "
-            f"{r['entropy_first5']:.4f} → {r['entropy_last5']:.4f} | {r['length_last5']:.1f} | {r['kept_ratio']:.2f} | "
+            f"{r['entropy_first5']:.4f} → {r['entropy_last5']:.4f} | {r['length_last5']:.1f} | "
+            f"{r['truncated_first5']:.2f} → {r['truncated_last5']:.2f} | {r['kept_ratio']:.2f} | "
             f"{r['gen_batches']:.2f} | {wall} | {peak} |"
         )
     table = "\n".join(lines)

@@ -103,10 +103,12 @@ def generate_and_filter(
     cfg: DapoConfig, step: int, timing: dict[str, float],
 ) -> tuple[list[ScoredGroup], dict[str, float]]:
     """Algorithm 1, lines 3-9: generate rounds of gen_batch_size prompts until train_batch_size groups are kept."""
-    params_of = lambda rnd: SamplingParams(  # noqa: E731 - one line that reads as the formula it is
-        n=cfg.rollout.n, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
-        max_tokens=cfg.data.max_response_length, seed=derive_seed(cfg.trainer.seed, "rollout", step, rnd),
-    )
+    def params_of(rnd: int) -> SamplingParams:  # every round has its own seed, so a resumed run samples the same
+        return SamplingParams(
+            n=cfg.rollout.n, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
+            max_tokens=cfg.data.max_response_length, seed=derive_seed(cfg.trainer.seed, "rollout", step, rnd),
+        )
+
     generated_acc: list[float] = []
     generated_tokens = 0
     rnd = 0

@@ -38,6 +38,7 @@ from dapo.groups import ScoredGroup, score_rollout
 from dapo.model_loading import Policy, load_policy
 from dapo.progress import TrainingProgress
 from dapo.prompts import PromptSampler
+from dapo.reward.custom_fn import load_custom_reward_fn
 from dapo.rollout.base import SamplingParams
 from dapo.rollout.hf_engine import HFRolloutEngine
 from dapo.step_metrics import batch_metrics, policy_metrics
@@ -253,6 +254,13 @@ def train(cfg: DapoConfig) -> TrainResult:
     run_dir = run_dir_of(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+
+    custom = cfg.custom_reward_function
+    if custom.path is not None:  # fail now, not at the first generation round, if the function cannot be loaded
+        try:
+            load_custom_reward_fn(f"{custom.path}:{custom.name}")
+        except (OSError, ImportError, AttributeError, TypeError, ValueError) as exc:
+            raise TrainingError(f"custom_reward_function: {exc}") from exc
 
     policy = load_policy(cfg.model, device=device)
     task: Task = load_task(cfg.data, policy.tokenizer)

@@ -103,3 +103,25 @@ def test_full_disk_at_checkpoint_time_keeps_the_previous_checkpoint(tmp_path, fa
     _clean_failure(proc, "global_step_2 is intact")
     assert find_latest_checkpoint(run_dir / "checkpoints").name == "global_step_2"
     assert not [p for p in (run_dir / "checkpoints").iterdir() if "tmp" in p.name]
+
+
+def test_custom_reward_function_missing_or_raising(tmp_path, fast_args):
+    proc = run_dapo(["train", *fast_args, f"custom_reward_function.path={tmp_path / 'nope.py'}"], tmp_path)
+    _clean_failure(proc, "custom_reward_function", "nope.py", "not found")
+    broken = tmp_path / "broken_reward.py"
+    broken.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      "    raise ValueError('this scorer is broken')\n")
+    proc = run_dapo(["train", *fast_args, f"custom_reward_function.path={broken}"], tmp_path)
+    _clean_failure(proc, "this scorer is broken")
+
+
+def test_custom_reward_function_is_used(tmp_path, fast_args):
+    # A real custom function that rewards every response: every group is all-correct, so with dynamic sampling
+    # on and on_exhausted=error the run must stop and say so -- proof that the custom function decided the reward.
+    always = tmp_path / "always_right.py"
+    always.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      "    return 1.0\n")
+    proc = run_dapo(["train", *fast_args, f"custom_reward_function.path={always}",
+                     "algorithm.filter_groups.on_exhausted=error", "algorithm.filter_groups.max_num_gen_batches=1"],
+                    tmp_path)
+    _clean_failure(proc, "all-correct")

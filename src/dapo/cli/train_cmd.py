@@ -32,11 +32,14 @@ def train_command(config_path: str | None, print_config: bool, overrides: tuple[
     from dapo.model_loading import ModelLoadError
     from dapo.plot import plot_runs
     from dapo.prompts import PromptTooLongError
+    from dapo.reward.pool import RewardScoringError
+    from dapo.reward.registry import UnknownDataSourceError
     from dapo.trainer import TrainingError, train
 
     try:
         result = train(cfg)
-    except (TrainingError, ModelLoadError, DataError, PromptTooLongError) as exc:
+    except (TrainingError, ModelLoadError, DataError, PromptTooLongError, RewardScoringError,
+            UnknownDataSourceError) as exc:
         raise click.ClickException(str(exc)) from None
     except RuntimeError as exc:  # e.g. DynamicSamplingExhausted: its message names the cause
         if type(exc).__name__ == "DynamicSamplingExhausted":

@@ -14,7 +14,7 @@ from dapo.core.masked import check_same_shape
 LOG_RATIO_CLAMP = 20.0
 """``|log ref - log pi|`` is clamped to this before ``exp`` in k3."""
 K3_CLAMP = 10.0
-"""The k3 estimate is clamped to ``[-10, 10]`` so one far-off token cannot dominate the penalty."""
+"""The k3 estimate (>= 0) is capped at 10 so one far-off token cannot dominate the penalty."""
 
 
 def _k1(log_prob: Tensor, ref_log_prob: Tensor) -> Tensor:
@@ -35,7 +35,9 @@ def _k2(log_prob: Tensor, ref_log_prob: Tensor) -> Tensor:
 def _k3(log_prob: Tensor, ref_log_prob: Tensor) -> Tensor:
     """k3: ``exp(log ref - log pi) - (log ref - log pi) - 1`` >= 0, unbiased and low variance (Schulman); clamped."""
     log_ratio = (ref_log_prob - log_prob).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    return (torch.exp(log_ratio) - log_ratio - 1.0).clamp(-K3_CLAMP, K3_CLAMP)
+    # expm1 avoids the cancellation of exp(x) - 1 for tiny x, and the floor at 0 removes the rounding residue that
+    # could make a mathematically non-negative estimate negative (found by a property test at x = 3.6e-10).
+    return (torch.expm1(log_ratio) - log_ratio).clamp(0.0, K3_CLAMP)
 
 
 KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {

@@ -239,8 +239,6 @@ class DapoConfig(_Section):
                 f"actor.ppo_mini_batch_size ({self.actor.ppo_mini_batch_size}) must divide "
                 f"data.train_batch_size ({d.train_batch_size})"
             )
-        if d.effective_gen_batch_size < 1:
-            problems.append("data.gen_batch_size must be positive")
         ob = self.reward_model.overlong_buffer
         if ob.enable and ob.len > d.max_response_length:
             problems.append(

@@ -57,6 +57,12 @@ class ScoredGroup:
                    state["acc"], state["overlong_penalty"], state["preds"])
 
 
+def group_index_of(groups: Sequence[ScoredGroup]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(group sizes, per-sample group id) of groups laid out one after another, as the core functions take them."""
+    sizes = torch.tensor([len(g.acc) for g in groups], dtype=torch.long)
+    return sizes, torch.repeat_interleave(torch.arange(len(groups)), sizes)
+
+
 def score_rollout(
     prompts: Sequence[PromptItem], rollout: RolloutOutput, tokenizer, cfg: DapoConfig
 ) -> list[ScoredGroup]:

@@ -34,13 +34,14 @@ def _synth(cfg: DataConfig, split: str) -> list[DapoRecord]:
 
 def load_task(cfg: DataConfig, tokenizer) -> Task:
     """Read and validate every record (all problems reported at once), then tokenise with the chat template."""
+    val_records = load_dataset(cfg.val_files) if cfg.val_files else []
     if cfg.train_files:
         train_records = load_dataset(cfg.train_files)
-        val_records = load_dataset(cfg.val_files) if cfg.val_files else []
         description = ", ".join(cfg.train_files)
     else:
         # Held-out problems are drawn first and never trained on: two seeded streams can draw the same small problem.
-        val_records = load_dataset(cfg.val_files) if cfg.val_files else _synth(cfg, "val")
+        if not cfg.val_files:
+            val_records = _synth(cfg, "val")
         held_out = {r.extra_info.get("raw_problem") for r in val_records}
         train_records = [r for r in _synth(cfg, "train") if r.extra_info.get("raw_problem") not in held_out]
         removed = cfg.synth.num_train - len(train_records)

@@ -34,7 +34,7 @@ from dapo.config import DapoConfig, config_to_dict
 from dapo.core.advantages import get_adv_estimator
 from dapo.core.dynamic_sampling import DynamicSamplingAccumulator, group_accuracy_stats, select_informative_groups
 from dapo.core.overlong import overlong_filter_mask
-from dapo.groups import ScoredGroup, score_rollout
+from dapo.groups import ScoredGroup, group_index_of, score_rollout
 from dapo.model_loading import Policy, load_policy
 from dapo.progress import TrainingProgress
 from dapo.prompts import PromptSampler
@@ -44,7 +44,7 @@ from dapo.rollout.hf_engine import HFRolloutEngine
 from dapo.step_metrics import batch_metrics, policy_metrics
 from dapo.task import Task, load_task
 from dapo.tracking import Tracker, truncate_metrics_after
-from dapo.validation import run_validation
+from dapo.validation import run_validation, val_acc_key
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class TrainResult:
         if not self.val_history:
             return None
         metrics = self.val_history[index][1]
-        key = next((k for k in metrics if k.startswith("val/acc/mean@")), None)
+        key = val_acc_key(metrics)
         return metrics[key] if key else None
 
 
@@ -123,8 +123,7 @@ def generate_and_filter(
         timing["gen"] += t1 - t0
         timing["reward"] += t2 - t1
         acc = torch.tensor([float(a) for g in groups for a in g.acc])
-        sizes = torch.tensor([len(g.acc) for g in groups])
-        group_index = torch.repeat_interleave(torch.arange(len(groups)), sizes)
+        sizes, group_index = group_index_of(groups)
         if cfg.algorithm.filter_groups.enable:
             kept_mask = select_informative_groups(acc, group_index)  # Eq. 11, on raw accuracy
             keep = kept_mask[torch.cumsum(sizes, 0) - sizes].tolist()  # a group's first sample speaks for it
@@ -164,8 +163,7 @@ def generate_and_filter(
 def build_train_batch(groups: list[ScoredGroup], cfg: DapoConfig) -> TrainBatch:
     """Group-relative advantages (Eq. 9) on the shaped reward, and the overlong-filter mask."""
     rewards = torch.tensor([r for g in groups for r in g.rewards], dtype=torch.float32)
-    sizes = torch.tensor([len(g.acc) for g in groups])
-    group_index = torch.repeat_interleave(torch.arange(len(groups)), sizes)
+    _, group_index = group_index_of(groups)
     estimator = get_adv_estimator(cfg.algorithm.adv_estimator)
     advantages = estimator(rewards, group_index, norm_adv_by_std=cfg.algorithm.norm_adv_by_std_in_grpo)
     truncated = torch.tensor([t for g in groups for t in g.truncated], dtype=torch.bool)
@@ -282,8 +280,7 @@ def train(cfg: DapoConfig) -> TrainResult:
         print(f"nothing to do: the checkpoint is at step {start_step} of {total_steps}", flush=True)
     # A resumed run keeps the metrics up to its checkpoint; a fresh run in an old run dir starts a fresh record.
     truncate_metrics_after(run_dir, start_step if start_step > 0 else -1)
-    if policy.model.training is False:
-        policy.model.train()
+    policy.model.train()
 
     print(f"dapo: model {policy.source}; task {task.description}; {len(task.train)} train / {len(task.val)} val "
           f"prompts; run dir {run_dir}", flush=True)

@@ -14,6 +14,11 @@ from dapo.prompts import PromptItem
 from dapo.rollout.base import RolloutEngine, SamplingParams
 
 
+def val_acc_key(metrics: dict[str, float]) -> str | None:
+    """The ``val/acc/mean@k`` key among logged metrics (k is rollout.val_kwargs.n), or None."""
+    return next((k for k in metrics if k.startswith("val/acc/mean@")), None)
+
+
 def summarize_validation(groups: Sequence[ScoredGroup], k: int) -> dict[str, float]:
     """mean@k: accuracy averaged over all k samples of all prompts; pass@k: share of prompts solved at least once."""
     if not groups:

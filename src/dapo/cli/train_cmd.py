@@ -35,6 +35,7 @@ def train_command(config_path: str | None, print_config: bool, overrides: tuple[
     from dapo.reward.pool import RewardScoringError
     from dapo.reward.registry import UnknownDataSourceError
     from dapo.trainer import TrainingError, train
+    from dapo.validation import val_acc_key
 
     try:
         result = train(cfg)
@@ -49,7 +50,7 @@ def train_command(config_path: str | None, print_config: bool, overrides: tuple[
     first, last = result.val_acc(0), result.val_acc(-1)
     click.echo(f"done: {result.steps_done} steps in {result.wall_s:.0f} s, peak memory {result.peak_rss_mb:.0f} MB")
     if first is not None and last is not None:
-        k_key = next(k for k in result.val_history[-1][1] if k.startswith("val/acc/mean@"))
+        k_key = val_acc_key(result.val_history[-1][1])
         click.echo(f"validation {k_key}: first {first:.3f} (step {result.val_history[0][0]}) -> "
                    f"last {last:.3f} (step {result.val_history[-1][0]}), {100 * (last - first):+.1f} points")
     click.echo(f"metrics: {result.run_dir / 'metrics.jsonl'}; plots: {plot_path}")

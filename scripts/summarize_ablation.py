@@ -9,8 +9,8 @@ import argparse
 import re
 from pathlib import Path
 
-from dapo.plot import plot_runs
-from dapo.tracking import read_metrics
+from dapo.infra.plot import plot_runs
+from dapo.infra.tracking import read_metrics
 
 
 def _mean(records: list[dict], key: str, steps: slice) -> float:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from dapo.config import DapoConfig, _KEY_ALIASES, _PREFIX_ALIASES, _section_type
+from dapo.config import DapoConfig
+from dapo.config.loading import _KEY_ALIASES, _PREFIX_ALIASES, _section_type
 
 VERL_NAMES = {
     "actor.": "actor_rollout_ref.actor.",

@@ -17,6 +17,7 @@ from dapo.actor.update import (
     accumulate_mini_batch_gradients,
     configure_model_for_training,
     update_policy,
+    uses_activation_checkpointing,
 )
 from dapo.config import ActorConfig, OptimConfig
 from dapo.core.kl import kl_penalty
@@ -49,7 +50,8 @@ def uncut_gradient(model: nn.Module, batch: TrainBatch, cfg: ActorConfig, norm_l
         log_prob, old, advantages, mask,
         clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
     )
-    loss = aggregate_loss(out.loss_mat, mask, cfg.loss_agg_mode, norm_length=norm_length)
+    loss_mat = out.loss_mat if batch.is_weights is None else out.loss_mat * pad_per_token(batch.is_weights)
+    loss = aggregate_loss(loss_mat, mask, cfg.loss_agg_mode, norm_length=norm_length)
     entropy = aggregate_loss(pad_per_token(entropies), mask, cfg.loss_agg_mode, norm_length=norm_length)
     loss = loss - cfg.entropy_coeff * entropy
     if cfg.use_kl_loss:
@@ -118,6 +120,30 @@ def test_accumulated_micro_batch_gradient_equals_uncut_mini_batch_gradient(loss_
         assert_same_gradients(got, want)
 
 
+def test_importance_weights_scale_each_token_loss_under_any_micro_batch_cut() -> None:
+    """Rollout correction: the per-token PPO loss times w_t (detached), exact under every cut; w = 1 changes nothing."""
+    model = tiny_qwen2(seed=8)
+    model.train()
+    batch = off_policy_batch(model, seed=22)
+    cfg = actor_config(loss_agg_mode="token-mean")
+    norm_length = max(batch.response_lengths)
+    plain = uncut_gradient(model, batch, cfg, norm_length)
+    ones = batch.with_is_weights([torch.ones_like(lp) for lp in batch.old_log_probs])
+    model.zero_grad(set_to_none=True)
+    accumulate_mini_batch_gradients(model, ones, cfg, temperature=TEMPERATURE, norm_length=norm_length)
+    assert_same_gradients({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, plain)
+
+    g = torch.Generator().manual_seed(5)
+    weighted = batch.with_is_weights([torch.rand(lp.shape, generator=g) * 2.0 for lp in batch.old_log_probs])
+    want = uncut_gradient(model, weighted, cfg, norm_length)
+    assert not torch.allclose(next(iter(want.values())), next(iter(plain.values())))
+    for seed in range(2):
+        model.zero_grad(set_to_none=True)
+        accumulate_mini_batch_gradients(model, weighted, cfg, temperature=TEMPERATURE, norm_length=norm_length,
+                                        micro_batches=random_cut(len(weighted), seed))
+        assert_same_gradients({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, want)
+
+
 def test_clipping_is_exercised_by_the_gradient_test() -> None:
     """Guards the key test above: its off-policy batch really has clipped tokens, so it tests the clipped loss."""
     model = tiny_qwen2(seed=8)
@@ -135,7 +161,7 @@ def test_gradient_checkpointing_gives_the_same_gradient() -> None:
     want = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
     configure_model_for_training(model, actor_config(gradient_checkpointing=True))
-    assert model.is_activation_checkpointing
+    assert uses_activation_checkpointing(model)
     accumulate_mini_batch_gradients(model, batch, cfg, temperature=TEMPERATURE, norm_length=8)
     assert_same_gradients({n: p.grad.clone() for n, p in model.named_parameters()}, want)
 
@@ -250,4 +276,4 @@ def test_bf16_update_keeps_fp32_master_weights_and_learns() -> None:
     metrics = update_policy(model, optimizer, scheduler, batch, cfg, temperature=1.0)
     assert metrics["actor/num_optimizer_steps"] == 1.0
     assert all(p.dtype == torch.float32 for p in model.parameters())
-    assert model.is_activation_checkpointing
+    assert uses_activation_checkpointing(model)

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from infra_helpers import make_optimizer, tiny_qwen2, tiny_tokenizer, train_step
 
-from dapo.checkpoint import CheckpointError, save_checkpoint
+from dapo.infra.checkpoint import CheckpointError, save_checkpoint
 
 
 def _wait_for(ready: Callable[[], bool], *, what: str, limit_s: float = 300.0) -> None:

@@ -19,7 +19,7 @@ import pytest
 import torch
 from infra_helpers import make_optimizer, tiny_qwen2, tiny_tokenizer, train_step
 
-from dapo.checkpoint import find_latest_checkpoint, is_complete_checkpoint, load_checkpoint, save_checkpoint
+from dapo.infra.checkpoint import find_latest_checkpoint, is_complete_checkpoint, load_checkpoint, save_checkpoint
 
 WORKER = Path(__file__).with_name("checkpoint_worker.py")
 SRC = Path(__file__).resolve().parents[2] / "src"

@@ -1,4 +1,4 @@
-"""Save / load / resume / rotation of dapo.checkpoint with a real tiny Qwen2 model and AdamW."""
+"""Save / load / resume / rotation of dapo.infra.checkpoint with a real tiny Qwen2 model and AdamW."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 from infra_helpers import make_optimizer, tiny_qwen2, tiny_tokenizer, train_step
 from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
-from dapo.checkpoint import (
+from dapo.infra.checkpoint import (
     LATEST_FILE_NAME,
     CheckpointError,
     find_latest_checkpoint,
@@ -178,7 +178,7 @@ def test_find_latest_skips_partial_and_corrupt_folders(tmp_path: Path, caplog: p
     temp = tmp_path / ".tmp-global_step_3-12345"
     (temp / "hf").mkdir(parents=True)
 
-    with caplog.at_level(logging.WARNING, logger="dapo.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="dapo.infra.checkpoint"):
         assert find_latest_checkpoint(tmp_path) == first
     assert "global_step_2" in caplog.text and "optimizer.pt has 10 bytes" in caplog.text
     assert ".tmp-global_step_3-12345" in caplog.text

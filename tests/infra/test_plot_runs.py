@@ -1,4 +1,4 @@
-"""dapo.plot and `dapo plot`: a real PNG overlaying two runs written from synthetic metrics.jsonl files."""
+"""dapo.infra.plot and `dapo plot`: a real PNG overlaying two runs written from synthetic metrics.jsonl files."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from matplotlib.colors import to_rgb
 from matplotlib.image import imread
 
 from dapo.cli.plot_cmd import plot_command
-from dapo.plot import PANELS, make_figure, plot_runs
+from dapo.infra.plot import PANELS, make_figure, plot_runs
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

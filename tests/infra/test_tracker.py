@@ -1,4 +1,4 @@
-"""dapo.tracking: JSONL round trip, crash-truncated lines, resume truncation, TensorBoard, console, wandb error."""
+"""dapo.infra.tracking: JSONL round trip, crash-truncated lines, resume truncation, TensorBoard, console, wandb error."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dapo.tracking import METRICS_FILE_NAME, Tracker, read_metrics, truncate_metrics_after
+from dapo.infra.tracking import METRICS_FILE_NAME, Tracker, read_metrics, truncate_metrics_after
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -70,7 +70,7 @@ def test_truncated_last_line_is_skipped_then_trimmed_on_append(
     path = tmp_path / METRICS_FILE_NAME
     with open(path, "a") as f:
         f.write('{"step": 3, "a": 3.')  # what a crash mid-write leaves
-    with caplog.at_level(logging.WARNING, logger="dapo.tracking"):
+    with caplog.at_level(logging.WARNING, logger="dapo.infra.tracking"):
         assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
     assert "truncated last line 3" in caplog.text
 
@@ -168,7 +168,7 @@ def test_wandb_missing_gives_install_hint(tmp_path: Path) -> None:
 _WANDB_SCRIPT = """
 import sys
 from pathlib import Path
-from dapo.tracking import Tracker
+from dapo.infra.tracking import Tracker
 run_dir, mode, step = Path(sys.argv[1]), sys.argv[2] or None, int(sys.argv[3])
 with Tracker(run_dir, backends=["wandb"], project="p", experiment="e", config={"lr": 1e-6}, wandb_mode=mode) as t:
     t.log({"critic/score/mean": 0.5}, step=step)

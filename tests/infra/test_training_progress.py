@@ -1,4 +1,4 @@
-"""dapo.progress: plain lines when stdout is not a TTY, a live rich bar on a TTY, silence when disabled."""
+"""dapo.infra.progress: plain lines when stdout is not a TTY, a live rich bar on a TTY, silence when disabled."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from dapo.progress import TrainingProgress, format_duration
+from dapo.infra.progress import TrainingProgress, format_duration
 
 METRICS = {
     "critic/score/mean": 0.25,

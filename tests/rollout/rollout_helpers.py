@@ -8,6 +8,8 @@ from collections.abc import Callable, Sequence
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from dapo.rollout.sampler import truncate_logits
+
 VOCAB = 64
 EOS = 1
 PAD = 0
@@ -34,15 +36,18 @@ def build_tiny_qwen2(seed: int = 0, *, attention_dropout: float = 0.0) -> Qwen2F
 
 
 def teacher_forced_logprobs(
-    model: Qwen2ForCausalLM, prompt: Sequence[int], response: Sequence[int], temperature: float
+    model: Qwen2ForCausalLM, prompt: Sequence[int], response: Sequence[int], temperature: float,
+    top_k: int = -1, top_p: float = 1.0,
 ) -> torch.Tensor:
-    """log_softmax(logits / temperature) of each response token, from one unpadded forward over prompt + response."""
+    """log_softmax(truncate(logits / temperature)) of each response token (the distribution it was sampled from),
+    from one unpadded forward over prompt + response; no truncation with the defaults."""
     ids = torch.tensor([list(prompt) + list(response)])
     was_training = model.training
     model.eval()
     with torch.no_grad():
         logits = model(ids).logits[0].float() / temperature
     model.train(was_training)
+    logits = truncate_logits(logits, top_k=top_k, top_p=top_p)
     logprobs = torch.log_softmax(logits, dim=-1)[len(prompt) - 1 : -1]
     return logprobs.gather(-1, torch.tensor(response).unsqueeze(-1)).squeeze(-1)
 

@@ -77,7 +77,7 @@ def test_truncation_keeps_argmax_reaches_top_p_and_is_minimal(logits: list[float
             assert kept_mass - smallest < top_p + 1e-9
 
 
-def test_sampled_logprob_is_the_full_vocabulary_temperature_scaled_one() -> None:
+def test_sampled_logprob_is_that_of_the_distribution_sampled_from() -> None:
     torch.manual_seed(0)
     logits = torch.randn(64, 10) * 3
     generator = torch.Generator().manual_seed(0)
@@ -85,8 +85,12 @@ def test_sampled_logprob_is_the_full_vocabulary_temperature_scaled_one() -> None
         tokens, logprobs = sample_next_tokens(
             logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
         )
-        expected = torch.log_softmax(logits / temperature, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        processed = truncate_logits(logits / temperature, top_k=top_k, top_p=top_p)
+        expected = torch.log_softmax(processed, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
         torch.testing.assert_close(logprobs, expected)
+        if top_k == -1 and top_p == 1.0:  # no truncation: the full vocabulary at the temperature
+            full = torch.log_softmax(logits / temperature, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+            assert torch.equal(logprobs, full)
         assert tokens.dtype == torch.int64 and logprobs.dtype == torch.float32
 
 

@@ -53,6 +53,8 @@ class TrainBatch:
             (the actor then recomputes them before the update).
         rollout_log_probs: per-response log-probs reported by the inference engine, carried for diagnostics.
         ref_log_probs: per-response log-probs under the reference policy; needed only for the optional KL loss.
+        is_weights: per-response, per-token truncated importance weights pi_old / mu (rollout correction) that scale
+            each token's policy-gradient loss, or None (weight 1).
     """
 
     prompt_ids: list[Tensor]
@@ -63,6 +65,7 @@ class TrainBatch:
     old_log_probs: list[Tensor] | None = None
     rollout_log_probs: list[Tensor] | None = None
     ref_log_probs: list[Tensor] | None = None
+    is_weights: list[Tensor] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.prompt_ids)
@@ -93,7 +96,7 @@ class TrainBatch:
             if distinct_runs != int(torch.unique(self.group_index).numel()):
                 raise ValueError("TrainBatch.group_index: the samples of each group must be contiguous")
 
-        for name in ("old_log_probs", "rollout_log_probs", "ref_log_probs"):
+        for name in ("old_log_probs", "rollout_log_probs", "ref_log_probs", "is_weights"):
             values = getattr(self, name)
             if values is None:
                 continue
@@ -157,6 +160,7 @@ class TrainBatch:
             old_log_probs=pick(self.old_log_probs),
             rollout_log_probs=pick(self.rollout_log_probs),
             ref_log_probs=pick(self.ref_log_probs),
+            is_weights=pick(self.is_weights),
         )
 
     def split_into_mini_batches(
@@ -182,6 +186,10 @@ class TrainBatch:
     def with_old_log_probs(self, old_log_probs: list[Tensor]) -> TrainBatch:
         """A copy of the batch carrying ``old_log_probs`` (validated like the constructor's)."""
         return dataclasses.replace(self, old_log_probs=old_log_probs)
+
+    def with_is_weights(self, is_weights: list[Tensor]) -> TrainBatch:
+        """A copy of the batch carrying per-token importance weights (validated like the constructor's)."""
+        return dataclasses.replace(self, is_weights=is_weights)
 
     def loss_mask(self) -> Tensor:
         """[B, T_max] bool: True on response tokens of samples kept by ``sample_mask`` (T_max = longest response)."""

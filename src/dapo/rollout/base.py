@@ -1,7 +1,8 @@
 """The rollout-engine interface: what the trainer asks for and what it gets back.
 
-Any generator (the hand-written Hugging Face engine in :mod:`dapo.rollout.hf_engine`, a vLLM engine later) implements
-:class:`RolloutEngine`. The contract the trainer relies on:
+Every generator (the hand-written Hugging Face engine in :mod:`dapo.rollout.hf_engine`, the vLLM engine in
+:mod:`dapo.rollout.vllm_engine`) implements :class:`RolloutEngine`; callers above this layer build one through
+:func:`dapo.rollout.factory.build_rollout_engine` and never name a concrete class. The contract they rely on:
 
 * **Ordering.** ``RolloutOutput`` holds one entry per sample. Prompts appear in input order and each prompt's ``n``
   samples are contiguous: entry ``i * n + j`` is sample ``j`` of prompt ``i``. DAPO's group statistics (group-mean
@@ -11,15 +12,15 @@ Any generator (the hand-written Hugging Face engine in :mod:`dapo.rollout.hf_eng
   (``finish_reason == "length"``). A response whose ``max_tokens``-th token is a stop token is "stop". Overlong reward
   shaping (DAPO Sec. 3.4) keys on "length".
 * **Log-probabilities.** ``logprobs[k][t]`` is the log-probability of the sampled token ``response_ids[k][t]`` under
+  the distribution it was drawn from:
 
-      softmax(logits / temperature)   over the FULL vocabulary,
+      log_softmax(truncate_top_k_top_p(logits / temperature))
 
-  i.e. temperature-scaled but *before* top-k / top-p truncation. This is exactly the distribution the actor's
-  teacher-forced log-prob pass computes (it divides logits by the rollout temperature and never truncates), so
-  ``exp(actor_logprob - rollout_logprob)`` is ~1 and any gap measures train/inference mismatch (kernels, precision,
-  batching), not a different definition. With ``temperature == 0`` (greedy) the log-prob is taken at temperature 1.
-  In vLLM terms this is neither the untempered "raw" log-probs nor log-probs renormalised over the truncated
-  top-k/top-p set; a vLLM engine must report the same quantity for the mismatch metric to mean anything.
+  vLLM's ``logprobs_mode="processed_logprobs"``. With top-k and top-p off (every DAPO training recipe: temperature
+  1.0, top-p 1.0) this is log_softmax(logits / temperature) over the full vocabulary, exactly what the actor's
+  teacher-forced pass computes, so ``exp(actor_logprob - rollout_logprob)`` is ~1 and any gap measures train/inference
+  mismatch (kernels, precision, stale weights). With truncation on it is the behaviour policy's true probability, the
+  denominator an importance weight needs. Greedy decoding (``temperature == 0``) reports temperature 1, full vocabulary.
 """
 
 from __future__ import annotations
@@ -145,5 +146,23 @@ class RolloutEngine(Protocol):
         ...
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load the actor's current weights (by parameter name). A no-op for engines that share the actor's module."""
+        """Load the actor's current weights (Hugging Face parameter names, the actor's ``named_parameters()``).
+
+        Called by the trainer after every optimizer update. Tensors that already *are* the engine's parameters (an
+        engine sharing the actor's module) are skipped; every other tensor is copied in. After it returns, the next
+        ``generate`` samples from the new weights (caches that depend on the weights, e.g. a prefix cache, are reset).
+        """
+        ...
+
+    def log_probs_of(self, prompt_token_ids: Sequence[int], response_ids: Sequence[int]) -> list[float]:
+        """Teacher-forced log-probabilities of ``response_ids`` after ``prompt_token_ids`` under the engine's current
+        weights, at temperature 1 over the full vocabulary: one float per response token.
+
+        The trainer's weight-sync probe compares this with the actor's own forward pass after every weight push; a
+        gap means the engine is sampling from other (stale) weights than the ones being trained.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release what the engine holds (processes, device memory). Idempotent; a no-op for in-process engines."""
         ...

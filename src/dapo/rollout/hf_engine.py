@@ -141,6 +141,26 @@ class HFRolloutEngine:
                     continue
                 target.copy_(tensor)
 
+    def log_probs_of(self, prompt_token_ids: Sequence[int], response_ids: Sequence[int]) -> list[float]:
+        """Teacher-forced log-probs of ``response_ids`` after the prompt (temperature 1, full vocabulary)."""
+        prompt = self._validate_prompts([prompt_token_ids])[0]
+        response = torch.as_tensor(list(response_ids), dtype=torch.long)
+        if response.numel() == 0:
+            return []
+        ids = torch.cat([prompt, response]).to(self.device).unsqueeze(0)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.inference_mode():
+                logits = self.model(input_ids=ids).logits[0, prompt.numel() - 1 : -1].float()
+        finally:
+            self.model.train(was_training)
+        logprobs = torch.log_softmax(logits, dim=-1)
+        return logprobs.gather(-1, response.to(self.device).unsqueeze(-1)).squeeze(-1).tolist()
+
+    def close(self) -> None:
+        """Nothing to release: the engine holds no process or memory of its own."""
+
     # ------------------------------------------------------------------------------------------------ internals
     def _validate_prompts(self, prompt_token_ids: Sequence[Sequence[int]]) -> list[torch.Tensor]:
         """Turn prompts into 1-D int64 tensors, rejecting empty prompts, non-integers and out-of-vocab ids."""

@@ -1,7 +1,8 @@
 """Next-token sampling from a batch of logits: temperature, top-k, top-p, and the log-prob the trainer needs.
 
-The returned log-prob is always taken from log_softmax(logits / temperature) over the full vocabulary (temperature 1
-when greedy), never from the truncated distribution that is actually sampled from; see :mod:`dapo.rollout.base`.
+The returned log-prob is that of the distribution the token was actually drawn from: log_softmax of the temperature-
+scaled logits after top-k / top-p truncation (vLLM's "processed" log-probs); with no truncation that is the full
+vocabulary at the temperature, and greedy decoding reports temperature 1. See :mod:`dapo.rollout.base`.
 """
 
 from __future__ import annotations
@@ -65,9 +66,10 @@ def sample_next_tokens(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row and return ``(token_ids [batch] int64, logprobs [batch] float32)``.
 
-    ``temperature == 0`` is greedy argmax, with the log-prob taken at temperature 1. Otherwise the token is drawn from
-    softmax(truncate(logits / temperature)) and its log-prob read from log_softmax(logits / temperature) over the full,
-    untruncated vocabulary.
+    ``temperature == 0`` is greedy argmax, with the log-prob taken at temperature 1 over the full vocabulary. Otherwise
+    the token is drawn from softmax(truncate(logits / temperature)) and its log-prob is read from that same
+    distribution, log_softmax(truncate(logits / temperature)): the behaviour policy's probability, which is what an
+    importance weight against the actor needs.
 
     Args:
         logits: ``[batch, vocab]`` next-token logits (any float dtype; computed in float32).
@@ -84,10 +86,12 @@ def sample_next_tokens(
         full_logprobs = torch.log_softmax(logits, dim=-1)
     else:
         scaled = logits / temperature
-        full_logprobs = torch.log_softmax(scaled, dim=-1)
         if 0 < top_k < logits.shape[-1] or top_p < 1.0:
-            probs = torch.softmax(truncate_logits(scaled, top_k=top_k, top_p=top_p), dim=-1)
+            truncated = truncate_logits(scaled, top_k=top_k, top_p=top_p)
+            probs = torch.softmax(truncated, dim=-1)
+            full_logprobs = torch.log_softmax(truncated, dim=-1)
         else:
+            full_logprobs = torch.log_softmax(scaled, dim=-1)
             probs = full_logprobs.exp()
         tokens = draw_from(probs, generator)
     logprobs = full_logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

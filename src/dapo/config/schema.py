@@ -1,24 +1,17 @@
 """The typed configuration tree of a DAPO run.
 
-One `DapoConfig` is built at the edge (YAML file + dotted command-line overrides), validated once,
-and passed down; nothing below the CLI reads files or environment variables for configuration.
+One `DapoConfig` is built at the edge (``dapo.config.loading``: YAML file + dotted command-line overrides), validated
+once, and passed down; nothing below the CLI reads files or environment variables for configuration.
 
-Section and key names follow verl's so that published recipes translate one to one
-(see docs/config.md for the full mapping). verl's nested paths are accepted as aliases:
-``actor_rollout_ref.actor.clip_ratio_high`` is ``actor.clip_ratio_high`` here, and the DAPO
-technique switches can also be reached under ``algorithm.*`` (``algorithm.clip_ratio_high``).
+Section and key names follow verl's so that published recipes translate one to one (see docs/config.md for the full
+mapping).
 """
 
 from __future__ import annotations
 
-import difflib
-import types
-import typing
-from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
+from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
     "ActorConfig",
@@ -35,8 +28,8 @@ __all__ = [
     "RolloutConfig",
     "SynthDataConfig",
     "TrainerConfig",
+    "RolloutCorrectionConfig",
     "ValSamplingConfig",
-    "load_config",
 ]
 
 
@@ -105,13 +98,49 @@ class ValSamplingConfig(_Section):
 
 
 class RolloutConfig(_Section):
-    name: Literal["hf"] = Field("hf", description="rollout engine (vLLM arrives with the scale-out work)")
+    name: Literal["hf", "vllm"] = Field(
+        "hf", description="rollout engine: 'hf' (hand-written KV-cached Transformers engine) or 'vllm'"
+    )
     n: int = Field(8, gt=0, description="G: responses sampled per prompt")
     temperature: float = Field(1.0, gt=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(-1, ge=-1, description="-1 = off")
-    max_batch_size: int | None = Field(None, gt=0, description="sequences per engine call (None = all at once)")
+    max_batch_size: int | None = Field(None, gt=0, description="hf: sequences per engine call (None = all at once)")
     val_kwargs: ValSamplingConfig = Field(default_factory=ValSamplingConfig)
+    weight_sync_probe: bool = Field(
+        True, description="after every weight push compare the engine's and the actor's log-probs of a probe sequence"
+    )
+    probe_logprob_threshold: float | None = Field(
+        0.05, gt=0.0,
+        description="stop the run when the probe's mean |engine - actor| log-prob gap exceeds this (stale weights); "
+        "None = only log rollout/probe_logprob_diff",
+    )
+    # vLLM engine (rollout.name=vllm); verl's names
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="vllm: weights/activations dtype; auto = float32 on CPU, bfloat16 on GPU"
+    )
+    gpu_memory_utilization: float = Field(
+        0.5, gt=0.0, le=1.0,
+        description="vllm: share of device memory for weights + KV cache (on CPU: of host memory, see cpu_kvcache_space_gb)",
+    )
+    tensor_model_parallel_size: int = Field(1, gt=0, description="vllm: tensor-parallel ranks per engine")
+    enforce_eager: bool = Field(True, description="vllm: no CUDA graphs (faster start, slower decode on GPU)")
+    free_cache_engine: bool = Field(
+        False, description="vllm: sleep (free weights and KV cache) while the actor trains; GPU only"
+    )
+    max_num_batched_tokens: int | None = Field(None, gt=0, description="vllm: tokens per scheduler step (None = vLLM's)")
+    max_num_seqs: int | None = Field(None, gt=0, description="vllm: sequences decoded at once (None = vLLM's)")
+    max_model_len: int | None = Field(
+        None, gt=0, description="vllm: context length; None = max_prompt_length + max_response_length"
+    )
+    cpu_kvcache_space_gb: float | None = Field(
+        1.0, gt=0.0, description="vllm on CPU: KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE); None = vLLM's default"
+    )
+    enable_prefix_caching: bool = Field(True, description="vllm: share the KV cache of a prompt's n samples")
+    calculate_log_probs: bool = Field(
+        True, description="engines return the sampled tokens' log-probs (needed for rollout/log_prob_diff and "
+        "algorithm.rollout_correction); always on here, accepted for verl recipes"
+    )
 
 
 # -------------------------------------------------------------------------------------------- actor
@@ -170,11 +199,21 @@ class FilterGroupsConfig(_Section):
     carry_over_surplus: bool = Field(False, description="keep surplus groups for the next step instead of dropping them")
 
 
+class RolloutCorrectionConfig(_Section):
+    """Truncated importance sampling between the rollout engine and the actor (verl's names)."""
+
+    rollout_is: Literal["token", "sequence"] | None = Field(
+        None, description="weight the PPO loss by min(pi_old/mu, C) per token or per sequence; None = off"
+    )
+    rollout_is_threshold: float = Field(2.0, gt=0.0, description="C, the truncation bound of the weight")
+
+
 class AlgorithmConfig(_Section):
     adv_estimator: Literal["grpo"] = "grpo"
     norm_adv_by_std_in_grpo: bool = Field(True, description="False = Dr. GRPO (no std division)")
     filter_groups: FilterGroupsConfig = Field(default_factory=FilterGroupsConfig)
     overlong_filter: bool = Field(False, description="mask truncated samples out of the loss (overlong filtering)")
+    rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig)
 
 
 # ------------------------------------------------------------------------------------------- reward
@@ -249,164 +288,3 @@ class DapoConfig(_Section):
         if problems:
             raise ValueError("; ".join(problems))
         return self
-
-
-# ------------------------------------------------------------------------------------------ loading
-# verl's nested paths -> ours, so a verl/DAPO recipe's overrides apply unchanged.
-_PREFIX_ALIASES: dict[str, str] = {
-    "actor_rollout_ref.actor.": "actor.",
-    "actor_rollout_ref.rollout.": "rollout.",
-    "actor_rollout_ref.model.": "model.",
-}
-# DAPO's technique switches, reachable where a reader of the paper looks for them.
-_KEY_ALIASES: dict[str, str] = {
-    "algorithm.clip_ratio_low": "actor.clip_ratio_low",
-    "algorithm.clip_ratio_high": "actor.clip_ratio_high",
-    "algorithm.clip_ratio_c": "actor.clip_ratio_c",
-    "algorithm.loss_agg_mode": "actor.loss_agg_mode",
-}
-
-
-def canonical_key(dotted: str) -> str:
-    """Map a verl-style or alias key to this tree's key."""
-    for alias, target in _PREFIX_ALIASES.items():
-        if dotted.startswith(alias):
-            dotted = target + dotted[len(alias) :]
-            break
-    return _KEY_ALIASES.get(dotted, dotted)
-
-
-def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    # No leaf of the tree is a mapping, so every non-empty mapping is a section to descend into.
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            flat.update(_flatten(value, dotted + "."))
-        else:
-            flat[dotted] = value
-    return flat
-
-
-def _section_type(annotation: Any) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
-        for arg in typing.get_args(annotation):
-            found = _section_type(arg)
-            if found is not None:
-                return found
-    return None
-
-
-def _check_known_key(dotted: str) -> None:
-    """Reject an unknown dotted key with the allowed keys of its section and a close match."""
-    parts = dotted.split(".")
-    model: type[BaseModel] = DapoConfig
-    for depth, part in enumerate(parts):
-        allowed = list(model.model_fields)
-        section = ".".join(parts[:depth])
-        allowed += [a.rsplit(".", 1)[1] + f" (alias of {t})" for a, t in _KEY_ALIASES.items() if a.rsplit(".", 1)[0] == section]
-        if part not in model.model_fields:
-            where = ".".join(parts[:depth]) or "<top level>"
-            close = difflib.get_close_matches(part, [a.split(" ")[0] for a in allowed], n=1)
-            hint = f" Did you mean '{close[0]}'?" if close else ""
-            if dotted == "actor.optim.lr_warmup_steps_ratio":
-                hint = " Use actor.optim.lr_warmup_steps (an absolute number of optimizer steps)."
-            raise ConfigError(f"unknown config key '{dotted}': section '{where}' has no '{part}'.{hint} "
-                              f"Allowed keys there: {', '.join(allowed)}")
-        sub = _section_type(model.model_fields[part].annotation)
-        if sub is None:
-            if depth != len(parts) - 1:
-                raise ConfigError(f"config key '{dotted}': '{'.'.join(parts[: depth + 1])}' is a value, not a section")
-            return
-        model = sub
-
-
-def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
-    node = tree
-    parts = dotted.split(".")
-    for part in parts[:-1]:
-        child = node.get(part)
-        if not isinstance(child, dict):
-            child = {}
-            node[part] = child
-        node = child
-    node[parts[-1]] = value
-
-
-def parse_override(text: str) -> tuple[str, Any]:
-    """Parse ``key.path=value``; the value is read as YAML (so 0.28, true, null, [a, b] work)."""
-    if "=" not in text:
-        raise ConfigError(f"override '{text}' is not of the form key.path=value")
-    key, raw = text.split("=", 1)
-    key = key.strip().lstrip("+")  # hydra's '+key=value' means the same here
-    if not key:
-        raise ConfigError(f"override '{text}' has an empty key")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"override '{text}': cannot parse the value: {exc}") from None
-    return key, value
-
-
-def _format_validation_error(exc: ValidationError, origin: str) -> str:
-    lines = [f"invalid configuration ({origin}):"]
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "<top level>"
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key"
-        got = err.get("input")
-        got_txt = "" if isinstance(got, dict) else f" (got {got!r})"
-        lines.append(f"  {loc}: {msg}{got_txt}")
-    return "\n".join(lines)
-
-
-def build_config(tree: Mapping[str, Any] | None = None, overrides: Sequence[str] = (), *, origin: str = "config") -> DapoConfig:
-    """Build and validate a config from a nested mapping plus dotted overrides."""
-    flat: dict[str, Any] = {}
-    for key, value in _flatten(tree or {}).items():
-        canon = canonical_key(key)
-        _check_known_key(canon)
-        flat[canon] = value
-    for text in overrides:
-        key, value = parse_override(text)
-        canon = canonical_key(key)
-        _check_known_key(canon)
-        flat[canon] = value
-    nested: dict[str, Any] = {}
-    for key, value in flat.items():
-        _set_dotted(nested, key, value)
-    try:
-        return DapoConfig.model_validate(nested)
-    except ValidationError as exc:
-        raise ConfigError(_format_validation_error(exc, origin)) from None
-
-
-def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> DapoConfig:
-    """Load a YAML config file (or the defaults when None) and apply dotted overrides."""
-    tree: dict[str, Any] = {}
-    origin = "defaults"
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file not found: {p}")
-        try:
-            loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{p}: not valid YAML: {exc}") from None
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{p}: the top level must be a mapping of sections, got {type(loaded).__name__}")
-        tree = loaded
-        origin = str(p)
-    if overrides:
-        origin += " + overrides"
-    return build_config(tree, overrides, origin=origin)
-
-
-def config_to_dict(cfg: DapoConfig) -> dict[str, Any]:
-    """A plain, YAML-safe dict of the whole tree (for run directories and trackers)."""
-    return cfg.model_dump(mode="json")

@@ -10,7 +10,7 @@ from dapo.config import DataConfig
 from dapo.data.loaders import load_dataset
 from dapo.data.schema import DapoRecord, DataError
 from dapo.data.synth import default_synth_config, generate_synth_problems, synth_records
-from dapo.prompts import PromptItem, encode_prompts
+from dapo.data.prompts import PromptItem, encode_prompts
 
 log = logging.getLogger(__name__)
 

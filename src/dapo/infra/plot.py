@@ -11,7 +11,6 @@ backend switch); the PNG is written atomically.
 from __future__ import annotations
 
 import math
-import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,7 +20,8 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from dapo.tracking import read_metrics
+from dapo.infra.atomic import atomic_write
+from dapo.infra.tracking import read_metrics
 
 __all__ = ["PANELS", "VAL_ACC_PATTERN", "make_figure", "plot_runs"]
 
@@ -143,14 +143,5 @@ def plot_runs(run_dirs: Sequence[Path], out: Path, *, labels: Sequence[str] | No
     if out.suffix.lower() != ".png":
         raise ValueError(f"plot_runs: output must be a .png file, got {out}")
     fig = make_figure(run_dirs, labels=labels)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    temp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    try:
-        with open(temp, "wb") as f:
-            fig.savefig(f, format="png", dpi=100)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, out)
-    finally:
-        temp.unlink(missing_ok=True)
+    atomic_write(out, lambda f: fig.savefig(f, format="png", dpi=100))
     return out

@@ -10,7 +10,7 @@ from typing import Sequence
 
 import torch
 
-from dapo.groups import ScoredGroup
+from dapo.reward.scored_groups import ScoredGroup
 
 
 def _mean(values: Sequence[float]) -> float:

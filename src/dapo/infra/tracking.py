@@ -25,6 +25,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO
 
+from dapo.infra.atomic import atomic_write
+
 __all__ = [
     "BACKENDS",
     "METRICS_FILE_NAME",
@@ -251,15 +253,7 @@ def truncate_metrics_after(run_dir: Path, step: int) -> int:
     records = _read_lines(path)
     kept = [line for line, record in records if record["step"] <= step]
     dropped = len(records) - len(kept)
-    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(temp, "wb") as f:
-            f.write(b"".join(line + b"\n" for line in kept))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, path)
-    finally:
-        temp.unlink(missing_ok=True)
+    atomic_write(path, b"".join(line + b"\n" for line in kept))
     if dropped:
         logger.info("%s: dropped %d records after step %d (resumed run)", path, dropped, step)
     return dropped

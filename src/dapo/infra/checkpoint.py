@@ -41,11 +41,13 @@ import random
 import re
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+from dapo.infra.atomic import atomic_write, fsync_tree, is_temp_name, replace_directory, write_new_file
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -146,23 +148,20 @@ def save_checkpoint(
             current = "hf/ (tokenizer files)"
             tokenizer.save_pretrained(temp_dir / "hf")
         current = "optimizer.pt"
-        _write_file(temp_dir / "optimizer.pt", lambda f: torch.save(optimizer.state_dict(), f))
+        write_new_file(temp_dir / "optimizer.pt", lambda f: torch.save(optimizer.state_dict(), f))
         if scheduler is not None:
             current = "scheduler.pt"
-            _write_file(temp_dir / "scheduler.pt", lambda f: torch.save(scheduler.state_dict(), f))
+            write_new_file(temp_dir / "scheduler.pt", lambda f: torch.save(scheduler.state_dict(), f))
             _check_weights_only_loadable(temp_dir / "scheduler.pt")
         current = "rng.pt"
         rng_state = _capture_rng_state()
-        _write_file(temp_dir / "rng.pt", lambda f: torch.save(rng_state, f))
+        write_new_file(temp_dir / "rng.pt", lambda f: torch.save(rng_state, f))
         current = "trainer_state.json"
-        _write_file(temp_dir / "trainer_state.json", lambda f: f.write(_json_bytes(json_state)))
+        write_new_file(temp_dir / "trainer_state.json", lambda f: f.write(_json_bytes(json_state)))
         if tensor_state:
             current = "trainer_state.pt"
-            _write_file(temp_dir / "trainer_state.pt", lambda f: torch.save(tensor_state, f))
+            write_new_file(temp_dir / "trainer_state.pt", lambda f: torch.save(tensor_state, f))
             _check_weights_only_loadable(temp_dir / "trainer_state.pt")
-        current = "fsync of the written files"
-        for file in _files_under(temp_dir):
-            _fsync_file(file)
         current = MANIFEST_NAME
         manifest = {
             "format": MANIFEST_FORMAT,
@@ -170,12 +169,13 @@ def save_checkpoint(
             "created_unix": time.time(),
             "files": {rel: {"size": (temp_dir / rel).stat().st_size} for rel in _relative_files(temp_dir)},
         }
-        _write_file(temp_dir / MANIFEST_NAME, lambda f: f.write(_json_bytes(manifest)))
-        for folder in _dirs_under(temp_dir):
-            _fsync_dir(folder)
+        write_new_file(temp_dir / MANIFEST_NAME, lambda f: f.write(_json_bytes(manifest)))
+        current = "fsync of the written files"
+        fsync_tree(temp_dir)
         current = f"the rename of the temp folder onto {name}"
-        _move_into_place(temp_dir, final_dir)
-        _fsync_dir(ckpt_root)
+        if final_dir.exists():
+            logger.warning("checkpoint %s already exists; replacing it with the new save", final_dir)
+        replace_directory(temp_dir, final_dir)
     except BaseException as exc:
         shutil.rmtree(temp_dir, ignore_errors=True)
         if not isinstance(exc, Exception):  # KeyboardInterrupt / SystemExit: clean up, then let it through
@@ -278,18 +278,6 @@ def _as_tuples(value: Any) -> Any:
     return value
 
 
-def _write_file(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
-    """Create ``path``, let ``write`` fill it through a Python file object, flush and fsync it.
-
-    A Python file object (rather than a path handed to C++/Rust writers) keeps the real ``OSError``
-    (ENOSPC, EFBIG ...) in the exception chain, so the failure message can name it.
-    """
-    with open(path, "xb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def _check_weights_only_loadable(path: Path) -> None:
     try:
         torch.load(path, map_location="cpu", weights_only=True)
@@ -300,52 +288,14 @@ def _check_weights_only_loadable(path: Path) -> None:
         ) from exc
 
 
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    """Persist a folder's entries (new files, renames) - the other half of a durable rename."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    except OSError as exc:  # some file systems refuse fsync on folders; the data itself is synced
-        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
-            raise
-    finally:
-        os.close(fd)
-
-
 def _files_under(root: Path) -> Iterator[Path]:
     for dirpath, _dirnames, filenames in os.walk(root):
         for filename in filenames:
             yield Path(dirpath) / filename
 
 
-def _dirs_under(root: Path) -> list[Path]:
-    """All folders under ``root``, deepest first, ``root`` last."""
-    found = [Path(dirpath) for dirpath, _dirnames, _filenames in os.walk(root)]
-    return sorted(found, key=lambda p: len(p.parts), reverse=True)
-
-
 def _relative_files(root: Path) -> list[str]:
     return sorted(path.relative_to(root).as_posix() for path in _files_under(root))
-
-
-def _move_into_place(temp_dir: Path, final_dir: Path) -> None:
-    """Rename ``temp_dir`` onto ``final_dir``; an existing ``final_dir`` (same step saved again) is replaced."""
-    if not final_dir.exists():
-        os.replace(temp_dir, final_dir)
-        return
-    logger.warning("checkpoint %s already exists; replacing it with the new save", final_dir)
-    trash = final_dir.with_name(f"{_TRASH_PREFIX}{final_dir.name}-{os.getpid()}")
-    os.replace(final_dir, trash)
-    os.replace(temp_dir, final_dir)
-    shutil.rmtree(trash, ignore_errors=True)
 
 
 def _describe_failure(exc: BaseException) -> str:
@@ -371,7 +321,7 @@ def _describe_failure(exc: BaseException) -> str:
 def _remove_leftovers(ckpt_root: Path) -> None:
     """Delete temp/trash entries left behind by a save that was killed (they are never complete)."""
     for entry in ckpt_root.iterdir():
-        if not entry.name.startswith((_TEMP_PREFIX, _TRASH_PREFIX)):
+        if not (entry.name.startswith((_TEMP_PREFIX, _TRASH_PREFIX)) or is_temp_name(entry.name)):
             continue
         logger.warning("removing %s left behind by an interrupted checkpoint save", entry)
         if entry.is_dir():
@@ -383,13 +333,9 @@ def _remove_leftovers(ckpt_root: Path) -> None:
 def _update_latest_file(ckpt_root: Path, step: int) -> None:
     """Atomically point ``latest_checkpointed_iteration.txt`` at ``step`` (best effort: the scan is authoritative)."""
     target = ckpt_root / LATEST_FILE_NAME
-    temp = ckpt_root / f"{_TEMP_PREFIX}{LATEST_FILE_NAME}-{os.getpid()}"
     try:
-        _write_file_replacing(temp, f"{step}\n".encode())
-        os.replace(temp, target)
-        _fsync_dir(ckpt_root)
+        atomic_write(target, f"{step}\n")
     except OSError as exc:
-        temp.unlink(missing_ok=True)
         logger.warning(
             "checkpoint global_step_%d is complete but %s could not be updated (%s); "
             "find_latest_checkpoint scans the folders and still finds it",
@@ -397,13 +343,6 @@ def _update_latest_file(ckpt_root: Path, step: int) -> None:
             target,
             _describe_failure(exc),
         )
-
-
-def _write_file_replacing(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def _rotate(complete: dict[int, Path], new_step: int, keep_last: int) -> None:

@@ -6,7 +6,7 @@ import json
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.trainer.cli_helpers import run_dapo
+from tests.cli.cli_helpers import run_dapo
 
 REQUIRED_STEP_KEYS = {
     "response_length/mean", "response_length/max", "response_length/min", "response_length/clip_ratio",

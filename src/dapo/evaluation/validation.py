@@ -9,8 +9,8 @@ from collections import defaultdict
 from typing import Sequence
 
 from dapo.config import DapoConfig
-from dapo.groups import ScoredGroup, score_rollout
-from dapo.prompts import PromptItem
+from dapo.reward.scored_groups import ScoredGroup, score_rollout
+from dapo.data.prompts import PromptItem
 from dapo.rollout.base import RolloutEngine, SamplingParams
 
 

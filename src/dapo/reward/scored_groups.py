@@ -14,7 +14,7 @@ import torch
 
 from dapo.config import DapoConfig
 from dapo.core.overlong import compute_soft_overlong_penalty
-from dapo.prompts import PromptItem
+from dapo.data.prompts import PromptItem
 from dapo.reward.batch import RewardInput, score_batch
 from dapo.rollout.base import RolloutOutput
 
@@ -57,10 +57,10 @@ class ScoredGroup:
                    state["acc"], state["overlong_penalty"], state["preds"])
 
 
-def group_index_of(groups: Sequence[ScoredGroup]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(group sizes, per-sample group id) of groups laid out one after another, as the core functions take them."""
+def group_index_of(groups: Sequence[ScoredGroup]) -> torch.Tensor:
+    """Per-sample group id (0, 0, ..., 1, 1, ...) of groups laid out one after another, as core functions take it."""
     sizes = torch.tensor([len(g.acc) for g in groups], dtype=torch.long)
-    return sizes, torch.repeat_interleave(torch.arange(len(groups)), sizes)
+    return torch.repeat_interleave(torch.arange(len(groups)), sizes)
 
 
 def score_rollout(

@@ -6,18 +6,17 @@ import hashlib
 import importlib.util
 import logging
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from dapo.config import ModelConfig
+from dapo.infra.atomic import atomic_directory
 
 log = logging.getLogger(__name__)
 
-EMBEDDED_MODEL_DIR = Path(__file__).resolve().parent / "assets" / "tiny-qwen2"
+EMBEDDED_MODEL_DIR = Path(__file__).resolve().parents[1] / "assets" / "tiny-qwen2"
 
 
 class ModelLoadError(RuntimeError):
@@ -31,6 +30,7 @@ class Policy:
     eos_token_ids: tuple[int, ...]
     pad_token_id: int
     source: str
+    hf_dir: Path | None = None  # a Hugging Face folder holding these weights (for engines that load their own copy)
 
 
 PACKAGE_SCHEME = "pkg://"
@@ -89,14 +89,11 @@ def _gguf_cache_dir(gguf: Path) -> Path:
 
 
 def _save_atomically(model, tokenizer, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
     try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        os.replace(tmp, target)
+        with atomic_directory(target) as tmp:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
     except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
         log.warning("could not cache the dequantized GGUF model at %s: %s", target, exc)
 
 
@@ -142,5 +139,6 @@ def load_policy(cfg: ModelConfig, *, dtype: torch.dtype = torch.float32, device:
     eos_ids = _eos_ids(model, tokenizer)
     if not eos_ids:
         raise ModelLoadError(f"'{path}': neither the generation config nor the tokenizer names an EOS token")
+    hf_dir = path if (path / "config.json").is_file() else (cache if cache and (cache / "config.json").is_file() else None)
     return Policy(model=model, tokenizer=tokenizer, eos_token_ids=eos_ids, pad_token_id=int(tokenizer.pad_token_id),
-                  source=source)
+                  source=source, hf_dir=hf_dir)

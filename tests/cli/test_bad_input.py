@@ -7,9 +7,9 @@ import resource
 import shutil
 import signal
 
-from dapo.checkpoint import find_latest_checkpoint
-from dapo.model_loading import EMBEDDED_MODEL_DIR
-from tests.trainer.cli_helpers import run_dapo
+from dapo.infra.checkpoint import find_latest_checkpoint
+from dapo.model.loading import EMBEDDED_MODEL_DIR
+from tests.cli.cli_helpers import run_dapo
 
 
 def _clean_failure(proc, *needles: str) -> None:

@@ -1,6 +1,6 @@
 import pytest
 
-from tests.trainer.cli_helpers import FAST
+from tests.cli.cli_helpers import FAST
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ import time
 import torch
 from safetensors.torch import load_file
 
-from dapo.checkpoint import find_latest_checkpoint, is_complete_checkpoint
-from tests.trainer.cli_helpers import run_dapo
+from dapo.infra.checkpoint import find_latest_checkpoint, is_complete_checkpoint
+from tests.cli.cli_helpers import run_dapo
 
 STEPS = ["trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.test_freq=0",
          "trainer.val_before_train=false"]

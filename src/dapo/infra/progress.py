@@ -109,6 +109,16 @@ class TrainingProgress:
             parts.append(f"ETA {format_duration(per_step * max(0, self.total_steps - step))}")
         return " | ".join(parts)
 
+    def note(self, message: str) -> None:
+        """Print a message line: above the live bar while one is shown, plainly otherwise (also outside ``with``).
+
+        Messages are shown even when the status display is disabled; they are the run's one output channel.
+        """
+        if self._mode == "live":
+            self._progress.console.print(message, highlight=False, markup=False)
+        else:
+            print(message, file=self._file if self._file is not None else sys.stdout, flush=True)
+
     def update(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Show that ``step`` (1-based count of finished steps) is done, with its metrics."""
         if self._mode is None:

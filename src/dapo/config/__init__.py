@@ -1,0 +1,45 @@
+"""The run's configuration: the typed tree (``schema``) and how it is built from YAML and overrides (``loading``)."""
+
+from dapo.config.loading import build_config, canonical_key, config_to_dict, load_config, parse_override
+from dapo.config.schema import (
+    ActorConfig,
+    AlgorithmConfig,
+    ConfigError,
+    CustomRewardFunctionConfig,
+    DapoConfig,
+    DataConfig,
+    FilterGroupsConfig,
+    ModelConfig,
+    OptimConfig,
+    OverlongBufferConfig,
+    RewardModelConfig,
+    RolloutConfig,
+    RolloutCorrectionConfig,
+    SynthDataConfig,
+    TrainerConfig,
+    ValSamplingConfig,
+)
+
+__all__ = [
+    "ActorConfig",
+    "AlgorithmConfig",
+    "ConfigError",
+    "CustomRewardFunctionConfig",
+    "DapoConfig",
+    "DataConfig",
+    "FilterGroupsConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "OverlongBufferConfig",
+    "RewardModelConfig",
+    "RolloutConfig",
+    "RolloutCorrectionConfig",
+    "SynthDataConfig",
+    "TrainerConfig",
+    "ValSamplingConfig",
+    "build_config",
+    "canonical_key",
+    "config_to_dict",
+    "load_config",
+    "parse_override",
+]

@@ -1,0 +1,1 @@
+"""Evaluating a policy: validation metrics (mean@k, pass@k) over held-out prompts."""

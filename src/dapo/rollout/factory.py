@@ -1,0 +1,62 @@
+"""One place that turns ``rollout.name`` into an engine; everything above this layer sees only ``RolloutEngine``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dapo.rollout.base import RolloutEngine
+
+if TYPE_CHECKING:
+    from dapo.config import DapoConfig
+    from dapo.model.loading import Policy
+
+ENGINE_NAMES: tuple[str, ...] = ("hf", "vllm")
+
+
+class EngineUnavailableError(RuntimeError):
+    """The chosen engine cannot be built here; the message says what to install or change."""
+
+
+def build_rollout_engine(cfg: DapoConfig, policy: Policy) -> RolloutEngine:
+    """The engine ``cfg.rollout.name`` names, loaded with the policy's weights.
+
+    ``hf`` shares the actor's module (the optimizer step is the weight update; pushes are no-ops). ``vllm`` loads the
+    policy's Hugging Face folder in its own runtime and receives every update through ``update_weights``.
+    """
+    r = cfg.rollout
+    if r.name == "hf":
+        from dapo.rollout.hf_engine import HFRolloutEngine
+
+        return HFRolloutEngine(policy.model, eos_token_ids=policy.eos_token_ids, pad_token_id=policy.pad_token_id,
+                               max_batch_size=r.max_batch_size)
+    if r.name == "vllm":
+        from dapo.rollout.vllm_engine import vllm_available
+
+        ok, reason = vllm_available()
+        if not ok:
+            raise EngineUnavailableError(f"rollout.name=vllm: {reason}")
+        if policy.hf_dir is None:
+            raise EngineUnavailableError(
+                "rollout.name=vllm needs the policy as a Hugging Face folder; a GGUF model is converted to one when "
+                "model.save_pretrained_cache=true"
+            )
+        from dapo.rollout.vllm_engine import VLLMRolloutEngine
+
+        device_type = next(policy.model.parameters()).device.type
+        dtype = r.dtype if r.dtype != "auto" else ("bfloat16" if device_type == "cuda" else "float32")
+        return VLLMRolloutEngine(
+            str(policy.hf_dir),
+            eos_token_ids=policy.eos_token_ids,
+            dtype=dtype,
+            seed=cfg.trainer.seed,
+            gpu_memory_utilization=r.gpu_memory_utilization,
+            tensor_parallel_size=r.tensor_model_parallel_size,
+            enforce_eager=r.enforce_eager,
+            max_num_batched_tokens=r.max_num_batched_tokens,
+            max_num_seqs=r.max_num_seqs,
+            max_model_len=r.max_model_len or cfg.data.max_prompt_length + cfg.data.max_response_length,
+            free_cache_engine=r.free_cache_engine,
+            cpu_kvcache_space_gb=r.cpu_kvcache_space_gb,
+            enable_prefix_caching=r.enable_prefix_caching,
+        )
+    raise EngineUnavailableError(f"rollout.name: unknown engine {r.name!r}; choose one of {ENGINE_NAMES}")

@@ -1,0 +1,77 @@
+"""Algorithm 1, lines 3-9: sample prompts, generate G responses each, score them, keep informative groups (Eq. 11),
+and repeat until the batch is full."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+
+import torch
+
+from dapo.config import DapoConfig
+from dapo.core.dynamic_sampling import filter_informative_groups
+from dapo.infra.timing import PhaseTimer
+from dapo.reward.scored_groups import ScoredGroup, group_index_of, score_rollout
+from dapo.rollout.base import RolloutEngine, SamplingParams
+from dapo.training.run_state import RunState
+
+log = logging.getLogger(__name__)
+
+
+def derive_seed(*parts: object) -> int:
+    """A stable 31-bit seed from (run seed, step, round, ...): rollouts reproduce exactly across resumes."""
+    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+def rollout_params(cfg: DapoConfig, step: int, rnd: int) -> SamplingParams:
+    """Training sampling; every round has its own seed, so a resumed run samples the same."""
+    r = cfg.rollout
+    return SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                          max_tokens=cfg.data.max_response_length,
+                          seed=derive_seed(cfg.trainer.seed, "rollout", step, rnd))
+
+
+def generate_and_filter(engine: RolloutEngine, state: RunState, tokenizer, cfg: DapoConfig, step: int,
+                        timer: PhaseTimer) -> tuple[list[ScoredGroup], dict[str, float]]:
+    """Generation rounds of gen_batch_size prompts until train_batch_size informative groups are held."""
+    buffer = state.buffer
+    generated_acc: list[float] = []
+    generated_tokens = 0
+    rnd = 0
+    while buffer.should_generate_more():
+        prompts = state.sampler.next_batch(cfg.data.effective_gen_batch_size)
+        with timer("gen"):
+            rollout = engine.generate([p.input_ids for p in prompts], rollout_params(cfg, step, rnd))
+        with timer("reward"):
+            groups = score_rollout(prompts, rollout, tokenizer, cfg)
+        acc = torch.tensor([float(a) for g in groups for a in g.acc])
+        decision = filter_informative_groups(acc, group_index_of(groups))  # Eq. 11, on raw accuracy
+        keep = decision.keep.tolist() if cfg.algorithm.filter_groups.enable else [True] * len(groups)
+        buffer.add_round(
+            [g for g, k in zip(groups, keep) if k],
+            num_groups_generated=len(groups),
+            num_all_correct=decision.num_all_correct,
+            num_all_wrong=decision.num_all_wrong,
+            wasted_tokens=sum(g.num_response_tokens for g, k in zip(groups, keep) if not k),
+        )
+        generated_acc.extend(acc.tolist())
+        generated_tokens += sum(g.num_response_tokens for g in groups)
+        rnd += 1
+        if rnd % 10 == 0:  # unlimited rounds (max_num_gen_batches <= 0) must still show that they are running
+            log.info("step %d: %d generation rounds so far, %d of %d groups kept", step, rnd, buffer.num_groups,
+                     cfg.data.train_batch_size)
+    kept, report = buffer.pop_batch()
+    if report.partial:
+        log.warning("step %d: dynamic sampling gave up after %d rounds; training on %d of %d groups", step,
+                    report.num_gen_batches, len(kept), cfg.data.train_batch_size)
+    return kept, {
+        "train/num_gen_batches": float(report.num_gen_batches),
+        "train/kept_group_ratio": float(report.kept_group_ratio),
+        "train/wasted_tokens": float(report.wasted_tokens),
+        "train/num_all_correct_groups": float(report.num_all_correct),
+        "train/num_all_wrong_groups": float(report.num_all_wrong),
+        "train/partial_batch": float(report.partial),
+        "rollout/acc/mean": sum(generated_acc) / max(1, len(generated_acc)),
+        "rollout/num_tokens": float(generated_tokens),
+    }

@@ -1,0 +1,182 @@
+"""The DAPO training loop: Algorithm 1 of the paper, and nothing else.
+
+    for step = 1..M:
+        sample a batch of prompts; the old policy samples G outputs for each          (generate)
+        compute rewards: rule-based +1/-1 plus soft overlong punishment (Eq. 13)      (reward)
+        keep groups with 0 < #correct < G (Eq. 11); repeat until the batch is full   (dynamic sampling)
+        compute group-relative advantages (Eq. 9)
+        for mu iterations: update the policy on mini-batches, maximising J_DAPO (Eq. 8, token-level Eq. 12)
+        push the new weights into the rollout engine (and probe that they arrived)
+        log metrics; validate every test_freq steps; checkpoint every save_freq steps
+
+Each piece is a function from a lower layer or a sibling module of this package; this file only calls them in order.
+The engine is whatever ``rollout.name`` chose: the loop sees only the ``RolloutEngine`` interface.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import resource
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import yaml
+
+from dapo.actor.optim import build_lr_scheduler, build_optimizer
+from dapo.config import DapoConfig, config_to_dict
+from dapo.data.prompt_sampler import PromptSampler
+from dapo.data.task import load_task
+from dapo.evaluation.validation import run_validation, val_acc_key
+from dapo.infra.atomic import atomic_write
+from dapo.infra.checkpoint import CheckpointError
+from dapo.infra.progress import TrainingProgress
+from dapo.infra.timing import PhaseTimer
+from dapo.infra.tracking import Tracker, truncate_metrics_after
+from dapo.model.loading import load_policy
+from dapo.reward.custom_fn import load_custom_reward_fn
+from dapo.rollout.factory import build_rollout_engine
+from dapo.training.actor_step import update_actor
+from dapo.training.dynamic_sampling_buffer import DynamicSamplingBuffer
+from dapo.training.errors import TrainingError
+from dapo.training.generation import derive_seed, generate_and_filter
+from dapo.training.run_state import RunState, find_resume_checkpoint, resume_run, save_run
+from dapo.training.weight_sync import WeightSync
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    steps_done: int
+    wall_s: float
+    peak_rss_mb: float
+    val_history: list[tuple[int, dict[str, float]]] = field(default_factory=list)
+
+    def val_acc(self, index: int) -> float | None:
+        if not self.val_history:
+            return None
+        metrics = self.val_history[index][1]
+        key = val_acc_key(metrics)
+        return metrics[key] if key else None
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise TrainingError("trainer.device=cuda but no CUDA device is available")
+    return torch.device(name)
+
+
+def run_dir_of(cfg: DapoConfig) -> Path:
+    return Path(cfg.trainer.default_local_dir) / cfg.trainer.experiment_name
+
+
+def total_steps_of(cfg: DapoConfig, num_train_prompts: int) -> int:
+    if cfg.trainer.total_training_steps is not None:
+        return cfg.trainer.total_training_steps
+    return max(1, cfg.trainer.total_epochs * num_train_prompts // cfg.data.train_batch_size)
+
+
+def check_custom_reward(cfg: DapoConfig) -> None:
+    """Fail now, not at the first generation round, if the custom reward function cannot be loaded."""
+    custom = cfg.custom_reward_function
+    if custom.path is not None:
+        try:
+            load_custom_reward_fn(f"{custom.path}:{custom.name}")
+        except (OSError, ImportError, AttributeError, TypeError, ValueError) as exc:
+            raise TrainingError(f"custom_reward_function: {exc}") from exc
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def train(cfg: DapoConfig) -> TrainResult:
+    wall0 = time.perf_counter()
+    if cfg.trainer.num_threads is not None:
+        torch.set_num_threads(cfg.trainer.num_threads)
+    random.seed(cfg.trainer.seed)
+    torch.manual_seed(cfg.trainer.seed)
+    run_dir = run_dir_of(cfg)
+    atomic_write(run_dir / "config.yaml", yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+    check_custom_reward(cfg)
+
+    policy = load_policy(cfg.model, device=pick_device(cfg.trainer.device))
+    task = load_task(cfg.data, policy.tokenizer)
+    optimizer = build_optimizer(policy.model, cfg.actor.optim)
+    scheduler = build_lr_scheduler(optimizer, cfg.actor.optim)
+    state = RunState(PromptSampler(task.train, seed=cfg.data.seed, shuffle=cfg.data.shuffle),
+                     DynamicSamplingBuffer.from_config(cfg))
+    total_steps = total_steps_of(cfg, len(task.train))
+    resume_from = find_resume_checkpoint(run_dir, cfg)
+    if resume_from is not None:
+        if not resume_from.exists():
+            raise TrainingError(f"trainer.resume_mode: checkpoint '{resume_from}' does not exist")
+        resume_run(resume_from, state, policy, optimizer, scheduler)
+    # A resumed run keeps the metrics up to its checkpoint; a fresh run in an old run dir starts a fresh record.
+    truncate_metrics_after(run_dir, state.step if state.step > 0 else -1)
+    policy.model.train()
+
+    engine = build_rollout_engine(cfg, policy)
+    sync = WeightSync(engine, policy.model, task.train[0].input_ids, threshold=cfg.rollout.probe_logprob_threshold,
+                      enabled=cfg.rollout.weight_sync_probe)
+
+    def validate(step: int) -> dict[str, float]:
+        t0 = time.perf_counter()
+        metrics, _ = run_validation(engine, task.val, policy.tokenizer, cfg, seed=derive_seed(cfg.trainer.seed, "val"))
+        metrics["timing_s/val"] = time.perf_counter() - t0
+        state.val_history.append((step, metrics))
+        return metrics
+
+    progress = TrainingProgress(total_steps, enabled=cfg.trainer.progress, initial_step=state.step)
+    if resume_from is not None:
+        progress.note(f"resumed from {resume_from} (step {state.step})")
+    if state.step >= total_steps:
+        progress.note(f"nothing to do: the checkpoint is at step {state.step} of {total_steps}")
+    progress.note(f"dapo: model {policy.source}; engine {cfg.rollout.name}; task {task.description}; "
+                  f"{len(task.train)} train / {len(task.val)} val prompts; run dir {run_dir}")
+    try:
+        with Tracker(run_dir, backends=cfg.trainer.logger, project=cfg.trainer.project_name,
+                     experiment=cfg.trainer.experiment_name, config=config_to_dict(cfg)) as tracker, progress:
+            pending = sync.push(state.step)  # the engine may have loaded other weights (a resumed run's are newer)
+            if cfg.trainer.val_before_train and state.step == 0 and task.val:
+                tracker.log({**pending, **validate(0)}, step=0)
+                pending = {}
+            for step in range(state.step + 1, total_steps + 1):
+                timer = PhaseTimer("gen", "reward")
+                metrics, pending = pending, {}
+                with timer("step"):
+                    # Lines 3-9: sample, generate G outputs per prompt, reward, dynamic sampling until full.
+                    groups, generated = generate_and_filter(engine, state, policy.tokenizer, cfg, step, timer)
+                    metrics.update(generated)
+                    if groups:  # lines 10-12, then the new weights go to the engine
+                        metrics.update(update_actor(groups, policy, optimizer, scheduler, cfg, step, timer))
+                        with timer("sync_weights"):
+                            metrics.update(sync.push(step))
+                    else:  # train_on_partial after rounds that kept nothing: there is no gradient to take
+                        log.warning("step %d: no informative group after %d rounds; skipping the update", step,
+                                    int(metrics["train/num_gen_batches"]))
+                metrics.update(timer.metrics())
+                metrics["perf/throughput"] = metrics["rollout/num_tokens"] / max(timer.seconds["step"], 1e-9)
+                state.step = step
+
+                is_last = step == total_steps
+                if task.val and ((cfg.trainer.test_freq > 0 and step % cfg.trainer.test_freq == 0) or is_last):
+                    metrics.update(validate(step))
+                if (cfg.trainer.save_freq > 0 and step % cfg.trainer.save_freq == 0) or is_last:
+                    t0 = time.perf_counter()
+                    try:
+                        save_run(run_dir, state, policy, optimizer, scheduler, cfg)
+                    except CheckpointError as exc:
+                        raise TrainingError(str(exc)) from exc
+                    metrics["timing_s/save_checkpoint"] = time.perf_counter() - t0
+                tracker.log(metrics, step=step)
+                progress.update(step, metrics)
+    finally:
+        engine.close()
+    return TrainResult(run_dir, state.step, time.perf_counter() - wall0, peak_rss_mb(), state.val_history)

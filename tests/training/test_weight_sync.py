@@ -1,0 +1,98 @@
+"""Weight push and the stale-weights probe: an engine on its own copy of the weights follows every push (gap ~0),
+an engine that drops pushes is caught after one real update, and the probe's numbers are the actual log-prob gap."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from dapo.rollout.hf_engine import HFRolloutEngine
+from dapo.training.errors import TrainingError
+from dapo.training.weight_sync import WeightSync, actor_log_probs_of
+from tests.rollout.rollout_helpers import EOS, PAD, build_tiny_qwen2, teacher_forced_logprobs
+
+PROBE = list(range(2, 40))
+
+
+class PushDroppingEngine(HFRolloutEngine):
+    """The failure the probe exists for: an engine that keeps generating from the weights it started with."""
+
+    def update_weights(self, named_tensors) -> None:  # noqa: D102 - deliberately ignores the push
+        for _ in named_tensors:
+            pass
+
+
+def perturb(model: torch.nn.Module, scale: float = 0.05, seed: int = 0) -> None:
+    """A stand-in for one optimizer step: every weight moves a little."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * scale)
+
+
+def test_actor_log_probs_equal_a_teacher_forced_pass() -> None:
+    model = build_tiny_qwen2(1)
+    expected = teacher_forced_logprobs(model, PROBE[:10], PROBE[10:20], 1.0)
+    torch.testing.assert_close(actor_log_probs_of(model, PROBE[:10], PROBE[10:20]), expected)
+
+
+def test_shared_module_engine_has_no_gap() -> None:
+    actor = build_tiny_qwen2(1)
+    sync = WeightSync(HFRolloutEngine(actor, eos_token_ids=EOS, pad_token_id=PAD), actor, PROBE, threshold=1e-4)
+    perturb(actor)
+    metrics = sync.push(step=1)
+    assert metrics["rollout/probe_logprob_diff"] < 1e-5
+    assert metrics["rollout/probe_logprob_diff_max"] >= metrics["rollout/probe_logprob_diff"]
+
+
+def test_engine_on_its_own_copy_follows_every_push() -> None:
+    actor = build_tiny_qwen2(1)
+    engine = HFRolloutEngine(copy.deepcopy(actor), eos_token_ids=EOS, pad_token_id=PAD)
+    sync = WeightSync(engine, actor, PROBE, threshold=1e-4)
+    for step in range(1, 4):
+        perturb(actor, seed=step)
+        assert sync.push(step)["rollout/probe_logprob_diff"] < 1e-5
+        # the copy really holds the new weights, not just the same log-probs by chance
+        for (name, p), q in zip(actor.named_parameters(), engine.model.parameters()):
+            assert torch.equal(p, q), name
+
+
+def test_stale_engine_stops_the_run_with_a_message_naming_stale_weights() -> None:
+    actor = build_tiny_qwen2(1)
+    engine = PushDroppingEngine(copy.deepcopy(actor), eos_token_ids=EOS, pad_token_id=PAD)
+    sync = WeightSync(engine, actor, PROBE, threshold=0.01)
+    assert sync.push(step=0)["rollout/probe_logprob_diff"] < 1e-5  # identical weights before any update
+    perturb(actor)
+    expected_gap = (actor_log_probs_of(actor, sync.prompt, sync.response)
+                    - teacher_forced_logprobs(engine.model, sync.prompt, sync.response, 1.0)).abs().mean()
+    assert expected_gap > 0.01  # the update is visible in the probe
+    with pytest.raises(TrainingError, match=r"step 1: .*rollout.probe_logprob_threshold=0.01.*stale weights"):
+        sync.push(step=1)
+
+
+def test_without_a_threshold_the_gap_is_only_logged() -> None:
+    actor = build_tiny_qwen2(1)
+    engine = PushDroppingEngine(copy.deepcopy(actor), eos_token_ids=EOS, pad_token_id=PAD)
+    sync = WeightSync(engine, actor, PROBE, threshold=None)
+    perturb(actor)
+    gap = sync.push(step=1)["rollout/probe_logprob_diff"]
+    expected = (actor_log_probs_of(actor, sync.prompt, sync.response)
+                - teacher_forced_logprobs(engine.model, sync.prompt, sync.response, 1.0)).abs().mean()
+    assert gap == pytest.approx(float(expected), rel=1e-5)
+
+
+def test_disabled_probe_still_pushes() -> None:
+    actor = build_tiny_qwen2(1)
+    engine = HFRolloutEngine(copy.deepcopy(actor), eos_token_ids=EOS, pad_token_id=PAD)
+    sync = WeightSync(engine, actor, PROBE, threshold=1e-4, enabled=False)
+    perturb(actor)
+    assert sync.push(step=1) == {}
+    assert all(torch.equal(p, q) for p, q in zip(actor.parameters(), engine.model.parameters()))
+
+
+def test_probe_needs_two_tokens() -> None:
+    actor = build_tiny_qwen2(1)
+    with pytest.raises(ValueError, match="at least 2 tokens"):
+        WeightSync(HFRolloutEngine(actor, eos_token_ids=EOS, pad_token_id=PAD), actor, [5], threshold=None)

@@ -131,7 +131,7 @@ class RolloutConfig(_Section):
     max_num_batched_tokens: int | None = Field(None, gt=0, description="vllm: tokens per scheduler step (None = vLLM's)")
     max_num_seqs: int | None = Field(None, gt=0, description="vllm: sequences decoded at once (None = vLLM's)")
     max_model_len: int | None = Field(
-        None, gt=0, description="vllm: context length; None = max_prompt_length + max_response_length"
+        None, gt=0, description="vllm: context length; None = max_prompt_length + max_response_length + 1"
     )
     cpu_kvcache_space_gb: float | None = Field(
         1.0, gt=0.0, description="vllm on CPU: KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE); None = vLLM's default"

@@ -86,7 +86,8 @@ def atomic_write_via_path(path: str | Path, write_to: Callable[[Path], Any]) -> 
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    temp = _temp_sibling(path).with_suffix(path.suffix or ".tmp")
+    sibling = _temp_sibling(path)
+    temp = sibling.with_name(sibling.name + (path.suffix or ".tmp"))  # unique name, and the target's suffix last
     try:
         write_to(temp)
         fsync_file(temp)

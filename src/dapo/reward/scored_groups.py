@@ -43,7 +43,8 @@ class ScoredGroup:
         """JSON-able form, so carried-over groups survive a checkpoint."""
         return {
             "prompt": {"uid": self.prompt.uid, "input_ids": list(self.prompt.input_ids),
-                       "ground_truth": self.prompt.ground_truth, "data_source": self.prompt.data_source},
+                       "ground_truth": self.prompt.ground_truth, "data_source": self.prompt.data_source,
+                       "extra_info": dict(self.prompt.extra_info)},
             "response_ids": self.response_ids, "rollout_log_probs": self.rollout_log_probs,
             "truncated": self.truncated, "scores": self.scores, "acc": self.acc,
             "overlong_penalty": self.overlong_penalty, "preds": self.preds,
@@ -52,7 +53,8 @@ class ScoredGroup:
     @classmethod
     def from_state(cls, state: dict) -> "ScoredGroup":
         p = state["prompt"]
-        prompt = PromptItem(p["uid"], tuple(p["input_ids"]), p["ground_truth"], p["data_source"])
+        prompt = PromptItem(p["uid"], tuple(p["input_ids"]), p["ground_truth"], p["data_source"],
+                            dict(p.get("extra_info", {})))  # checkpoints before extra_info was saved have none
         return cls(prompt, state["response_ids"], state["rollout_log_probs"], state["truncated"], state["scores"],
                    state["acc"], state["overlong_penalty"], state["preds"])
 

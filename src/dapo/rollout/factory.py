@@ -54,7 +54,8 @@ def build_rollout_engine(cfg: DapoConfig, policy: Policy) -> RolloutEngine:
             enforce_eager=r.enforce_eager,
             max_num_batched_tokens=r.max_num_batched_tokens,
             max_num_seqs=r.max_num_seqs,
-            max_model_len=r.max_model_len or cfg.data.max_prompt_length + cfg.data.max_response_length,
+            # +1: vLLM must be able to generate one token after a teacher-forced probe of full length
+            max_model_len=r.max_model_len or cfg.data.max_prompt_length + cfg.data.max_response_length + 1,
             free_cache_engine=r.free_cache_engine,
             cpu_kvcache_space_gb=r.cpu_kvcache_space_gb,
             enable_prefix_caching=r.enable_prefix_caching,

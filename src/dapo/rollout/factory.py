@@ -17,6 +17,22 @@ class EngineUnavailableError(RuntimeError):
     """The chosen engine cannot be built here; the message says what to install or change."""
 
 
+def engine_available(name: str) -> tuple[bool, str]:
+    """Whether engine ``name`` can be built here, and if not, why (for callers choosing a backend)."""
+    if name == "hf":
+        return True, ""
+    if name == "vllm":
+        from dapo.rollout.vllm_engine import vllm_available
+
+        return vllm_available()
+    return False, f"unknown engine {name!r}; choose one of {ENGINE_NAMES}"
+
+
+def default_engine_name(device_type: str) -> str:
+    """``auto``: vLLM on a GPU where it imports, the Transformers engine otherwise (CPU vLLM is a choice, not a default)."""
+    return "vllm" if device_type == "cuda" and engine_available("vllm")[0] else "hf"
+
+
 def build_rollout_engine(cfg: DapoConfig, policy: Policy) -> RolloutEngine:
     """The engine ``cfg.rollout.name`` names, loaded with the policy's weights.
 
@@ -30,9 +46,7 @@ def build_rollout_engine(cfg: DapoConfig, policy: Policy) -> RolloutEngine:
         return HFRolloutEngine(policy.model, eos_token_ids=policy.eos_token_ids, pad_token_id=policy.pad_token_id,
                                max_batch_size=r.max_batch_size)
     if r.name == "vllm":
-        from dapo.rollout.vllm_engine import vllm_available
-
-        ok, reason = vllm_available()
+        ok, reason = engine_available("vllm")
         if not ok:
             raise EngineUnavailableError(f"rollout.name=vllm: {reason}")
         if policy.hf_dir is None:

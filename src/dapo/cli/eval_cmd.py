@@ -1,0 +1,173 @@
+"""``dapo eval``: avg@K / pass@k / maj@K of a model on a benchmark, with a local engine or an OpenAI-compatible server.
+
+    dapo eval --test-file ../shared/data/aime-2024.parquet --max-tokens 20480        # the published AIME avg@32
+    dapo eval --model runs/x/checkpoints/global_step_30/hf --test-file synth --n 8
+    dapo eval --base-url http://127.0.0.1:8000/v1 --test-file aime-2024.parquet --concurrency 64
+
+See docs/evaluation.md.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from dapo.evaluation.backends import EvalError
+from dapo.evaluation.problems import SYNTH_NAME, TEMPLATES
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "model"
+
+
+def model_display_name(model: str | None) -> str:
+    """The name a model is reported (and served) under: its folder name; the embedded model is ``tiny-qwen2``."""
+    if not model:
+        return "tiny-qwen2"
+    return Path(model.rstrip("/")).name or model
+
+
+def default_output(model: str | None, test_files: tuple[str, ...]) -> Path:
+    stem = "+".join(Path(f).stem for f in test_files)
+    return Path("runs") / "eval" / f"{_slug(model_display_name(model))}__{_slug(stem)}.jsonl"
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else f"{value:.3f}"
+    return str(value)
+
+
+def print_table(summary: dict[str, Any], console: Console) -> None:
+    metrics = summary.get("metrics") or {}
+    if not metrics:
+        console.print("no samples")
+        return
+    names: list[str] = []
+    for block in metrics.values():
+        for key in block:
+            if key not in names and key not in ("k", "samples_per_problem"):
+                names.append(key)
+    table = Table(title=f"dapo eval: {summary['settings']['model']} ({summary['status']})")
+    table.add_column("metric")
+    for source in metrics:
+        table.add_column(source, justify="right", style="bold" if source == "overall" else None)
+    for name in names:
+        table.add_row(name, *[_fmt(block.get(name, "")) for block in metrics.values()])
+    console.print(table)
+
+
+def build_local_backend(model: str | None, backend: str, device: str, max_tokens: int, max_batch_size: int | None,
+                        max_prompt_length: int | None, seed: int, tensor_parallel_size: int = 1):
+    """Load the policy and build the engine through the rollout factory (HF or vLLM); returns a LocalBackend."""
+    import torch
+
+    from dapo.config import DapoConfig, DataConfig, ModelConfig, RolloutConfig, TrainerConfig
+    from dapo.evaluation.backends import LocalBackend
+    from dapo.model.loading import load_policy
+    from dapo.rollout.factory import build_rollout_engine, default_engine_name
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if backend == "auto":
+        backend = default_engine_name(device)
+    policy = load_policy(ModelConfig(path=model), device=device)
+    prompt_len = max_prompt_length or 4096
+    cfg = DapoConfig(
+        model=ModelConfig(path=model),
+        # max_response_length only has to pass the training-config checks; the engine gets max_tokens per call.
+        data=DataConfig(max_prompt_length=prompt_len, max_response_length=max(max_tokens, 64)),
+        rollout=RolloutConfig(name=backend, max_batch_size=max_batch_size, max_model_len=prompt_len + max_tokens,
+                              tensor_model_parallel_size=tensor_parallel_size),
+        trainer=TrainerConfig(seed=seed),
+    )
+    engine = build_rollout_engine(cfg, policy)
+    return LocalBackend(engine, policy.tokenizer, max_prompt_length=max_prompt_length), backend
+
+
+@click.command("eval")
+@click.option("--model", default=None, help="HF model folder (default: the embedded tiny Qwen2); with --base-url the "
+              "served model name (default: the first one the server lists)")
+@click.option("--test-file", "test_files", multiple=True, required=True,
+              help=f"DAPO parquet/JSONL, raw problem/answer or question/answer JSONL, or '{SYNTH_NAME}' (repeatable)")
+@click.option("--n", "n", type=click.IntRange(min=1), default=1, show_default=True,
+              help="samples per row; rows repeating a problem add theirs (the AIME file: 32 rows x n)")
+@click.option("--temperature", type=click.FloatRange(min=0.0), default=1.0, show_default=True)
+@click.option("--top-p", type=click.FloatRange(min=0.0, min_open=True, max=1.0), default=0.7, show_default=True)
+@click.option("--top-k", type=click.IntRange(min=-1), default=-1, show_default=True, help="-1 = off")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=1024, show_default=True,
+              help="response length cap (the paper: 20480)")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--template", type=click.Choice(TEMPLATES), default="dapo", show_default=True,
+              help="raw problem files: wrap problems in the DAPO prompt template, or send them as they are")
+@click.option("--max-problems", type=click.IntRange(min=1), default=None, help="evaluate only the first N problems")
+@click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="samples JSONL (default runs/eval/MODEL__FILE.jsonl); its .summary.json sits beside it; "
+                   "re-running with the same file resumes")
+@click.option("--base-url", default=None, help="an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1")
+@click.option("--concurrency", type=click.IntRange(min=1), default=64, show_default=True,
+              help="--base-url: requests in flight at most")
+@click.option("--max-retries", type=click.IntRange(min=0), default=6, show_default=True,
+              help="--base-url: retries of a 408/429/5xx/connection failure, with exponential back-off")
+@click.option("--request-timeout", type=click.FloatRange(min=0.1), default=600.0, show_default=True,
+              help="--base-url: seconds per request")
+@click.option("--backend", type=click.Choice(["auto", "hf", "vllm"]), default="auto", show_default=True,
+              help="local engine: auto = vLLM on a GPU when installed, else HF")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True,
+              help="local engine: problems per engine call (part of the sampling order: keep it to resume)")
+@click.option("--max-prompt-length", type=click.IntRange(min=1), default=None, help="refuse longer prompts")
+@click.option("--tensor-parallel-size", type=click.IntRange(min=1), default=1, show_default=True,
+              help="vLLM backend only")
+@click.option("--reward-workers", type=click.IntRange(min=0), default=0, show_default=True,
+              help="reward processes (0 = in-process)")
+@click.option("--quiet", is_flag=True, help="no progress line")
+def eval_command(model, test_files, n, temperature, top_p, top_k, max_tokens, seed, template, max_problems, output,
+                 base_url, concurrency, max_retries, request_timeout, backend, device, batch_size, max_prompt_length,
+                 tensor_parallel_size, reward_workers, quiet) -> None:
+    """Evaluate a model: avg@K, pass@k, maj@K, response length and truncation rate per data_source and overall."""
+    from dapo.data.schema import DataError
+    from dapo.evaluation.problems import load_problems
+    from dapo.evaluation.runner import EvalSettings, ProgressLine, run_eval, summary_path
+    from dapo.model.loading import ModelLoadError
+    from dapo.rollout.factory import EngineUnavailableError
+
+    console = Console()
+    try:
+        problems = load_problems(list(test_files), template=template, max_problems=max_problems)
+        output = output or default_output(model, test_files)
+        if base_url:
+            from dapo.evaluation.backends import OpenAIBackend
+
+            eval_backend = OpenAIBackend(base_url, model, concurrency=concurrency, max_retries=max_retries,
+                                         timeout_s=request_timeout)
+            engine_name = "openai"
+            model_name = model or "<served>"
+        else:
+            eval_backend, engine_name = build_local_backend(model, backend, device, max_tokens, None,
+                                                            max_prompt_length, seed, tensor_parallel_size)
+            model_name = model or "tiny-qwen2 (embedded)"
+        settings = EvalSettings(model=model_name, test_files=tuple(str(f) for f in test_files), n=n,
+                                temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens, seed=seed,
+                                template=template, max_problems=max_problems, backend=engine_name,
+                                batch_size=batch_size)
+        total = sum(p.repeats for p in problems) * n
+        console.print(f"dapo eval: {len(problems)} problems, {total} samples "
+                      f"({engine_name}{' at ' + eval_backend.base_url if base_url else ''}) -> {output}",
+                      highlight=False)
+        try:
+            summary = run_eval(problems, eval_backend, settings, output, reward_workers=reward_workers,
+                               progress=None if quiet else ProgressLine())
+        finally:
+            if not base_url:
+                eval_backend.close()
+    except (EvalError, DataError, ModelLoadError, EngineUnavailableError, OSError) as e:
+        raise click.ClickException(str(e)) from None
+    print_table(summary, console)
+    console.print(f"samples: {output}; summary: {summary_path(output)}", highlight=False)

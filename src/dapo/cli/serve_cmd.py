@@ -1,0 +1,65 @@
+"""``dapo serve MODEL``: the model behind an OpenAI-compatible API on Ray Serve (loopback unless told otherwise).
+
+    dapo serve                                    # the embedded tiny model on http://127.0.0.1:8000/v1
+    dapo serve runs/x/checkpoints/global_step_30/hf --backend vllm --tensor-parallel-size 8
+
+The same application is ``serve run dapo.serve:build_app model=PATH tensor-parallel-size=N``. See docs/serving.md.
+"""
+
+from __future__ import annotations
+
+import time
+
+import click
+
+from dapo.serve.config import BACKENDS
+
+
+@click.command("serve")
+@click.argument("model", required=False)
+@click.option("--host", default="127.0.0.1", show_default=True, help="address to bind (0.0.0.0 exposes the server)")
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
+@click.option("--backend", type=click.Choice(BACKENDS), default="auto", show_default=True,
+              help="auto = vLLM on a GPU when installed, else the project's HF engine")
+@click.option("--tensor-parallel-size", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--num-replicas", type=click.IntRange(min=1), default=None,
+              help="default: GPUs // tensor-parallel size, or 1 without GPUs")
+@click.option("--served-model-name", default=None, help="the name clients use (default: the model folder's name)")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--max-model-len", type=click.IntRange(min=2), default=None, help="prompt + response tokens at most")
+@click.option("--max-tokens-limit", type=click.IntRange(min=1), default=32768, show_default=True)
+@click.option("--max-n", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--num-cpus", type=click.FloatRange(min=0), default=1.0, show_default=True,
+              help="CPUs reserved per replica")
+@click.option("--num-threads", type=click.IntRange(min=1), default=None, help="torch threads per replica")
+@click.option("--ray-address", default=None, help="an existing Ray cluster (default: start a local one)")
+def serve_command(model, host, port, backend, tensor_parallel_size, num_replicas, served_model_name, device,
+                  max_model_len, max_tokens_limit, max_n, num_cpus, num_threads, ray_address) -> None:
+    """Serve MODEL (default: the embedded tiny Qwen2) with /v1/chat/completions, /v1/completions, /v1/models."""
+    from dapo.serve import ServeConfig, ServeConfigError, build_app, ray_serve_available
+
+    ok, reason = ray_serve_available()
+    if not ok:
+        raise click.ClickException(reason)
+    try:
+        cfg = ServeConfig(model=model, served_model_name=served_model_name, backend=backend,
+                          tensor_parallel_size=tensor_parallel_size, num_replicas=num_replicas, device=device,
+                          max_model_len=max_model_len, max_tokens_limit=max_tokens_limit, max_n=max_n,
+                          num_cpus=num_cpus, num_threads=num_threads)
+    except ServeConfigError as e:
+        raise click.ClickException(str(e)) from None
+    import ray
+    from ray import serve
+
+    ray.init(address=ray_address, include_dashboard=False, ignore_reinit_error=True)
+    try:
+        serve.start(http_options={"host": host, "port": port})
+        serve.run(build_app(cfg.to_dict()), name="dapo", route_prefix="/")
+        click.echo(f"dapo serve: '{cfg.model_name}' at http://{host}:{port}/v1 (Ctrl-C stops)")
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        click.echo("dapo serve: stopping")
+    finally:
+        serve.shutdown()
+        ray.shutdown()

@@ -1,0 +1,256 @@
+"""The OpenAI-compatible server logic, independent of how it is hosted (a Ray Serve replica, or plain FastAPI).
+
+:class:`OpenAIServer` loads the model, builds the engine through :func:`dapo.rollout.factory.build_rollout_engine`
+(HF, or vLLM), wraps it in a :class:`dapo.serve.batching.BatchingEngine`, and answers
+
+* ``POST /v1/chat/completions`` and ``POST /v1/completions`` (``stream``, ``n``, ``logprobs``, ``stop``, ``seed``,
+  ``max_tokens`` / ``max_completion_tokens``, ``usage``),
+* ``GET /v1/models`` and ``GET /health``.
+
+Nothing a client sends can crash it: every handler turns a bad request into a 4xx and any other failure into a 500
+with an OpenAI-style error body, and the next request is served as usual.
+"""
+
+import logging
+import os
+import time
+from typing import Any
+
+from dapo.rollout.base import SamplingParams
+from dapo.rollout.factory import default_engine_name
+from dapo.serve.batching import BatchingEngine
+from dapo.serve.config import ServeConfig
+from dapo.serve.protocol import (
+    APIError,
+    Choice,
+    GenerationRequest,
+    bad,
+    new_id,
+    parse_json,
+    parse_request,
+    response_body,
+    stream_events,
+)
+
+log = logging.getLogger(__name__)
+
+
+def resolve_backend(cfg: ServeConfig, device: str) -> str:
+    if cfg.backend != "auto":
+        return cfg.backend
+    return default_engine_name(device)
+
+
+def load_engine(cfg: ServeConfig):
+    """(engine, tokenizer, max_model_len, backend name) for a config."""
+    import torch
+
+    from dapo.config import DapoConfig, DataConfig, ModelConfig, RolloutConfig, TrainerConfig
+    from dapo.model.loading import load_policy
+    from dapo.rollout.factory import build_rollout_engine
+
+    if cfg.num_threads:
+        torch.set_num_threads(cfg.num_threads)
+    device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    backend = resolve_backend(cfg, device)
+    policy = load_policy(ModelConfig(path=cfg.model), device=device)
+    max_len = cfg.max_model_len or int(getattr(policy.model.config, "max_position_embeddings", 0) or 4096)
+    dapo_cfg = DapoConfig(
+        model=ModelConfig(path=cfg.model),
+        data=DataConfig(max_prompt_length=max_len, max_response_length=max(64, min(cfg.max_tokens_limit, max_len))),
+        rollout=RolloutConfig(name=backend, tensor_model_parallel_size=cfg.tensor_parallel_size,
+                              max_batch_size=cfg.max_batch_rows, max_model_len=max_len),
+        trainer=TrainerConfig(seed=cfg.seed),
+    )
+    engine = build_rollout_engine(dapo_cfg, policy)
+    return engine, policy.tokenizer, max_len, backend
+
+
+class OpenAIServer:
+    """Answers OpenAI API requests for one model. ``engine``/``tokenizer`` may be given (tests), else loaded."""
+
+    def __init__(self, cfg: ServeConfig, *, engine=None, tokenizer=None, max_model_len: int | None = None) -> None:
+        self.cfg = cfg
+        if engine is None:
+            engine, tokenizer, max_model_len, self.backend = load_engine(cfg)
+        else:
+            self.backend = "custom"
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len or cfg.max_model_len or 4096
+        self.batcher = BatchingEngine(engine, max_batch_rows=cfg.max_batch_rows, batch_wait_s=cfg.batch_wait_ms / 1000)
+        self.created = int(time.time())
+        self.names = {cfg.model_name}
+        if cfg.model:
+            self.names.add(cfg.model)
+        self.vocab_size = len(tokenizer)
+
+    # ------------------------------------------------------------------------------------------------ routes
+    async def health(self, request=None):
+        from starlette.responses import JSONResponse
+
+        return JSONResponse({"status": "ok", "model": self.cfg.model_name, "backend": self.backend,
+                             "pid": os.getpid()})
+
+    async def models(self, request=None):
+        from starlette.responses import JSONResponse
+
+        return JSONResponse({"object": "list", "data": [{
+            "id": self.cfg.model_name, "object": "model", "created": self.created, "owned_by": "dapo",
+            "root": self.cfg.model or self.cfg.model_name, "max_model_len": self.max_model_len}]})
+
+    async def chat(self, request):
+        return await self._handle("chat", request)
+
+    async def completions(self, request):
+        return await self._handle("completion", request)
+
+    # ------------------------------------------------------------------------------------------------ internals
+    async def _handle(self, kind: str, request):
+        from starlette.responses import JSONResponse, StreamingResponse
+
+        try:
+            body = await self._read_body(request)
+            req = parse_request(kind, parse_json(body), max_n=self.cfg.max_n)
+            if req.model not in self.names:
+                raise APIError(404, f"The model '{req.model}' does not exist; this server serves "
+                                    f"'{self.cfg.model_name}'", param="model", code="model_not_found")
+            prompts = self._encode(req)
+            params = self._params(req, max(len(p) for p in prompts))
+            outputs = await self.batcher.generate(prompts, params)
+            choices = [self._choice(req, ids, lps, reason) for per_prompt in outputs for ids, lps, reason in per_prompt]
+            prompt_tokens = sum(len(p) for p in prompts)
+            rid = new_id(kind)
+            if req.stream:
+                events = stream_events(req, self.cfg.model_name, rid, choices, prompt_tokens)
+
+                async def gen():
+                    for event in events:
+                        yield event
+
+                return StreamingResponse(gen(), media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache"})
+            return JSONResponse(response_body(req, self.cfg.model_name, rid, choices, prompt_tokens))
+        except APIError as e:
+            return JSONResponse(e.body(), status_code=e.status)
+        except Exception as e:  # never let a request take the server down
+            log.exception("request failed")
+            err = APIError(500, f"internal error: {type(e).__name__}: {e}", code="internal_error")
+            return JSONResponse(err.body(), status_code=500)
+
+    async def _read_body(self, request) -> bytes:
+        limit = self.cfg.max_body_bytes
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            raise APIError(413, f"request body of {length} bytes is over the limit of {limit} bytes",
+                           code="request_too_large")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise APIError(413, f"request body is over the limit of {limit} bytes", code="request_too_large")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _encode(self, req: GenerationRequest) -> list[list[int]]:
+        if req.kind == "chat":
+            try:
+                ids = self.tokenizer.apply_chat_template(req.messages, add_generation_prompt=True, tokenize=True)
+            except Exception as e:
+                raise bad(f"the messages cannot be put through the model's chat template: {e}", "messages") from None
+            if hasattr(ids, "input_ids") or isinstance(ids, dict):
+                ids = ids["input_ids"]
+            prompts = [[int(t) for t in ids]]
+        else:
+            prompts = []
+            for i, p in enumerate(req.prompts):
+                if isinstance(p, str):
+                    ids = self.tokenizer(p, add_special_tokens=False)["input_ids"]
+                else:
+                    if any(t < 0 or t >= self.vocab_size for t in p):
+                        raise bad(f"'prompt' {i} has a token id outside the vocabulary [0, {self.vocab_size})",
+                                  "prompt")
+                    ids = p
+                prompts.append([int(t) for t in ids])
+        for i, ids in enumerate(prompts):
+            if not ids:
+                raise bad(f"prompt {i} is empty after tokenisation", "prompt" if req.kind != "chat" else "messages")
+            if len(ids) >= self.max_model_len:
+                raise bad(f"prompt {i} has {len(ids)} tokens; this model's maximum context length is "
+                          f"{self.max_model_len} tokens", "messages" if req.kind == "chat" else "prompt",
+                          "context_length_exceeded")
+        return prompts
+
+    def _params(self, req: GenerationRequest, longest_prompt: int) -> SamplingParams:
+        room = self.max_model_len - longest_prompt
+        if req.max_tokens is None:
+            max_tokens = max(1, min(self.cfg.default_max_tokens, room))
+        else:
+            max_tokens = req.max_tokens
+            if max_tokens > self.cfg.max_tokens_limit:
+                raise bad(f"'max_tokens' is {max_tokens}; this server allows at most {self.cfg.max_tokens_limit}",
+                          "max_tokens")
+            if max_tokens > room:
+                raise bad(f"this model's maximum context length is {self.max_model_len} tokens; the prompt has "
+                          f"{longest_prompt} and max_tokens asks for {max_tokens}", "max_tokens",
+                          "context_length_exceeded")
+        return SamplingParams(n=req.n, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
+                              max_tokens=max_tokens, seed=req.seed)
+
+    def _choice(self, req: GenerationRequest, ids: list[int], logprobs: list[float], reason: str) -> Choice:
+        decode = self.tokenizer.decode
+        text = decode(ids, skip_special_tokens=True)
+        if req.stop:
+            hits = [i for i in (text.find(s) for s in req.stop) if i >= 0]
+            if hits:
+                cut = min(hits)
+                keep = len(ids)
+                for t in range(1, len(ids) + 1):  # fewest tokens whose text reaches the stop sequence
+                    if len(decode(ids[:t], skip_special_tokens=True)) > cut:
+                        keep = t - 1 if len(decode(ids[: t - 1], skip_special_tokens=True)) >= cut else t
+                        break
+                ids, logprobs, text, reason = ids[:keep], logprobs[:keep], text[:cut], "stop"
+        token_texts = [decode([t], skip_special_tokens=True) for t in ids] if (req.logprobs or req.stream) else []
+        return Choice(text, reason, list(ids), token_texts, list(logprobs))
+
+    def close(self) -> None:
+        self.batcher.close()
+        self.engine.close()
+
+
+def create_app(server: OpenAIServer):
+    """A plain FastAPI app over ``server`` (for uvicorn, in-process tests); Ray Serve hosts the same handlers."""
+    from fastapi import FastAPI, Request
+
+    app = FastAPI(title="dapo serve")
+    install_error_handlers(app)
+
+    @app.get("/health")
+    async def health(request: Request):
+        return await server.health(request)
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        return await server.models(request)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        return await server.chat(request)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await server.completions(request)
+
+    return app
+
+
+def install_error_handlers(app) -> None:
+    """Unknown routes and wrong methods answer in the OpenAI error format too."""
+    from starlette.exceptions import HTTPException
+    from starlette.responses import JSONResponse
+
+    async def http_error(request, exc: HTTPException):
+        err = APIError(exc.status_code, str(exc.detail), code="not_found" if exc.status_code == 404 else None)
+        return JSONResponse(err.body(), status_code=exc.status_code)
+
+    app.add_exception_handler(HTTPException, http_error)

@@ -153,7 +153,7 @@ def eval_command(model, test_files, n, temperature, top_p, top_k, max_tokens, se
             eval_backend, engine_name = build_local_backend(model, backend, device, max_tokens, None,
                                                             max_prompt_length, seed, tensor_parallel_size)
             model_name = model or "tiny-qwen2 (embedded)"
-        settings = EvalSettings(model=model_name, test_files=tuple(str(f) for f in test_files), n=n,
+        settings = EvalSettings(model=model_name, test_files=tuple(f if f == SYNTH_NAME else str(Path(f).resolve()) for f in test_files), n=n,
                                 temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens, seed=seed,
                                 template=template, max_problems=max_problems, backend=engine_name,
                                 batch_size=batch_size)

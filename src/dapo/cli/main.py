@@ -7,6 +7,8 @@ import os
 # Before torch is imported: OpenMP threads that spin while waiting make a 2-thread step ~20x slower whenever another
 # process holds a core (measured on the 2-core CI machine); passive waiting costs nothing when the CPU is free.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# A progress bar per weight load would interleave with the commands' own progress lines.
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 import click  # noqa: E402
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import sys
 
 import click
@@ -27,7 +26,6 @@ def train_command(config_path: str | None, print_config: bool, overrides: tuple[
         click.echo(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
         return
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # a bar per weight load would interleave with ours
 
     # Imported here so `dapo --help` and config errors stay instant.
     from dapo.data.prompts import PromptTooLongError

@@ -9,6 +9,8 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # A progress bar per weight load would interleave with the commands' own progress lines.
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+# vLLM logs every scheduler event and weight push at INFO; a training run pushes weights every step.
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 import click  # noqa: E402
 

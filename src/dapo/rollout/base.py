@@ -151,6 +151,7 @@ class RolloutEngine(Protocol):
         Called by the trainer after every optimizer update. Tensors that already *are* the engine's parameters (an
         engine sharing the actor's module) are skipped; every other tensor is copied in. After it returns, the next
         ``generate`` samples from the new weights (caches that depend on the weights, e.g. a prefix cache, are reset).
+        A partial push must cover whole layers (every tensor of a module, e.g. q/k/v together with their biases).
         """
         ...
 

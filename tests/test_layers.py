@@ -71,6 +71,8 @@ PEER_IMPORTS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("reward",), "dapo.rollout.base"),  # scoring reads a RolloutOutput
     (("rollout",), "dapo.model.loading"),  # the factory takes the loaded Policy
     (("training",), "dapo.evaluation.validation"),  # the loop validates every test_freq steps
+    (("actor",), "dapo.distributed.world"),  # the update sums gradients over the ranks of the World
+    (("actor",), "dapo.distributed.data_parallel"),  # ...and trains on its share of whole groups
 )
 
 

@@ -32,6 +32,8 @@ from dapo.actor.precision import autocast_context
 from dapo.core.kl import kl_penalty
 from dapo.core.loss_aggregation import aggregate_loss, count_loss_normalizers
 from dapo.core.policy_loss import compute_policy_loss
+from dapo.distributed.data_parallel import balanced_group_shares, sum_gradients
+from dapo.distributed.world import World
 
 if TYPE_CHECKING:
     from dapo.config import ActorConfig
@@ -67,11 +69,47 @@ class MiniBatchResult:
     token_sums: dict[str, float] = field(default_factory=dict)
 
 
+class NonFiniteWeightsError(NonFiniteLossError):
+    """An optimizer step left NaN or infinite weights; the next rollout would sample from garbage."""
+
+
+def first_non_finite_parameter(model: nn.Module) -> str | None:
+    """The name of the first parameter holding a NaN or inf, or None (one host sync for the whole model)."""
+    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    if not named:
+        return None
+    finite = torch.stack([torch.isfinite(p).all() for _, p in named])
+    if bool(finite.all()):
+        return None
+    return named[int((~finite).nonzero()[0])][0]
+
+
 def uses_activation_checkpointing(model: nn.Module) -> bool:
     """Whether Hugging Face gradient (activation) checkpointing is on, under either transformers name."""
     if hasattr(model, "is_activation_checkpointing"):
         return bool(model.is_activation_checkpointing)
     return bool(getattr(model, "is_gradient_checkpointing", False))
+
+
+TOKEN_METRICS: tuple[str, ...] = ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "ratio_mean", "entropy")
+
+
+def rank_share(mini_batch: TrainBatch, world: World) -> TrainBatch:
+    """This rank's whole groups of ``mini_batch``, balanced by tokens across ranks (the same plan on every rank)."""
+    bounds = mini_batch.group_boundaries()
+    lengths = mini_batch.sequence_lengths
+    shares = balanced_group_shares([sum(lengths[start:end]) for start, end in bounds], world.world_size)
+    return mini_batch.select([i for g in shares[world.rank] for i in range(*bounds[g])])
+
+
+def reduce_metrics(result: MiniBatchResult, world: World) -> None:
+    """Sum a share's loss and token-weighted metric sums over ranks (the counts are global already)."""
+    names = TOKEN_METRICS  # the same list on every rank, whatever its share held
+    values = torch.tensor([result.pg_loss, result.kl_loss, float(result.num_micro_batches)]
+                          + [result.token_sums.get(n, 0.0) for n in names], dtype=torch.float64)
+    world.all_reduce_sum(values)
+    result.pg_loss, result.kl_loss, result.num_micro_batches = float(values[0]), float(values[1]), int(values[2])
+    result.token_sums = {n: float(v) for n, v in zip(names, values[3:].tolist())}
 
 
 def configure_model_for_training(model: nn.Module, cfg: ActorConfig) -> None:
@@ -102,19 +140,22 @@ def accumulate_mini_batch_gradients(
     norm_length: int,
     micro_batches: list[list[int]] | None = None,
     where: str = "mini-batch",
+    normalizers: tuple[int, int] | None = None,
 ) -> MiniBatchResult:
     """Forward and backward every micro-batch of ``mini_batch``; the parameters' ``.grad`` gain the mini-batch gradient.
 
     ``micro_batches`` (lists of indices into ``mini_batch``) overrides the plan from ``cfg``; whatever the cut, the
     accumulated gradient is that of the uncut mini-batch loss. Needs ``mini_batch.old_log_probs`` (and
     ``ref_log_probs`` when ``cfg.use_kl_loss``). Raises ``NonFiniteLossError`` when a loss term is NaN/inf.
+    ``normalizers`` (valid tokens, valid sequences) of the whole mini-batch, when ``mini_batch`` is only this rank's
+    share of it (data parallel): the loss is then divided by the global counts, as Eq. 12 wants.
     """
     if mini_batch.old_log_probs is None:
         raise ValueError("accumulate_mini_batch_gradients: the batch has no old_log_probs (compute them first)")
     if cfg.use_kl_loss and mini_batch.ref_log_probs is None:
         raise ValueError("actor.use_kl_loss is set but the batch has no ref_log_probs")
     result = MiniBatchResult()
-    result.num_tokens, result.num_seqs = count_loss_normalizers(mini_batch.loss_mask())
+    result.num_tokens, result.num_seqs = normalizers or count_loss_normalizers(mini_batch.loss_mask())
     if result.num_tokens == 0:
         return result
 
@@ -206,8 +247,13 @@ def update_policy(
     temperature: float,
     norm_length: int | None = None,
     generator: torch.Generator | None = None,
+    world: World | None = None,
 ) -> dict[str, float]:
     """Run ``cfg.ppo_epochs`` PPO passes over ``batch`` and return verl-named metrics.
+
+    With a distributed ``world`` every rank passes the same whole ``batch``; each trains on a token-balanced share of
+    whole groups of every mini-batch (``dapo.distributed.data_parallel``), divides by the mini-batch's global counts,
+    and the gradients are summed over ranks before clipping, so the update equals the single-process one.
 
     Args:
         model: the policy, a Hugging Face causal LM (see ``dapo.actor.log_probs``).
@@ -251,13 +297,20 @@ def update_policy(
         mini_batches = batch.split_into_mini_batches(cfg.ppo_mini_batch_size, shuffle=cfg.shuffle, generator=generator)
         for index, mini_batch in enumerate(mini_batches):
             where = f"epoch {epoch}, mini-batch {index}"
+            share, normalizers = mini_batch, None
+            if world is not None and world.distributed:
+                share, normalizers = rank_share(mini_batch, world), count_loss_normalizers(mini_batch.loss_mask())
             try:
                 result = accumulate_mini_batch_gradients(
-                    model, mini_batch, cfg, temperature=temperature, norm_length=norm_length, where=where
+                    model, share, cfg, temperature=temperature, norm_length=norm_length, where=where,
+                    normalizers=normalizers,
                 )
             except NonFiniteLossError:
                 optimizer.zero_grad(set_to_none=True)
                 raise
+            if world is not None and world.distributed and result.num_tokens > 0:
+                sum_gradients(model, world)
+                reduce_metrics(result, world)
             micro_batches += result.num_micro_batches
             oversized += result.num_oversized
             if result.num_tokens == 0:
@@ -281,6 +334,13 @@ def update_policy(
                 continue
             lr = float(optimizer.param_groups[0]["lr"])
             optimizer.step()
+            bad_param = first_non_finite_parameter(model)
+            if bad_param is not None:
+                optimizer.zero_grad(set_to_none=True)
+                raise NonFiniteWeightsError(
+                    f"actor weights became non-finite in the optimizer step at {where} (first: {bad_param}; "
+                    f"lr {lr:g}, gradient norm {grad_norm:.4g}). Usual cause: a learning rate too high for the model."
+                )
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             grad_norms.append(grad_norm)

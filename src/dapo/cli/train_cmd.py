@@ -45,6 +45,10 @@ def train_command(config_path: str | None, print_config: bool, overrides: tuple[
     except (TrainingError, ModelLoadError, DataError, PromptTooLongError, RewardScoringError,
             UnknownDataSourceError, EngineUnavailableError, DynamicSamplingExhausted) as exc:
         raise click.ClickException(str(exc)) from None
+    if result.steps_run == 0:
+        click.echo(f"nothing to do: {result.run_dir} is already trained to step {result.steps_done} "
+                   "(raise trainer.total_training_steps to train further)")
+        return
     plot_path = plot_runs([result.run_dir], result.run_dir / "plots" / "training.png")
     first, last = result.val_acc(0), result.val_acc(-1)
     click.echo(f"done: {result.steps_done} steps in {result.wall_s:.0f} s, peak memory {result.peak_rss_mb:.0f} MB")

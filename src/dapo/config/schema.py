@@ -38,8 +38,8 @@ class ConfigError(ValueError):
 
 
 class _Section(BaseModel):
-    # Unknown keys are errors (a typo must never silently fall back to a default).
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+    # Unknown keys are errors (a typo must never silently fall back to a default); no float key takes inf or NaN.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, allow_inf_nan=False)
 
 
 # --------------------------------------------------------------------------------------------- data
@@ -148,8 +148,14 @@ class OptimConfig(_Section):
     lr: float = Field(1e-4, gt=0.0, description="1e-4 suits the embedded 1M-parameter model; the paper uses 1e-6 at 32B")
     lr_warmup_steps: int = Field(3, ge=0, description="linear warm-up in optimizer steps, then constant")
     weight_decay: float = Field(0.1, ge=0.0)
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas, each in [0, 1)")
     eps: float = Field(1e-8, gt=0.0)
+
+    @model_validator(mode="after")
+    def _betas_in_range(self) -> "OptimConfig":
+        if not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"actor.optim.betas must each be in [0, 1), got {list(self.betas)}")
+        return self
 
 
 class ActorConfig(_Section):
@@ -163,9 +169,11 @@ class ActorConfig(_Section):
         "packed row's attention is quadratic in its length, so keep it near 1024 there (GPU recipes use ~22k)",
     )
     ppo_micro_batch_size_per_gpu: int | None = Field(None, gt=0, description="samples per micro-batch if not dynamic")
-    clip_ratio_low: float = Field(0.2, ge=0.0, description="epsilon_low of Clip-Higher (Eq. 10)")
-    clip_ratio_high: float = Field(0.28, ge=0.0, description="epsilon_high of Clip-Higher (Eq. 10)")
-    clip_ratio_c: float | None = Field(10.0, gt=1.0, description="dual-clip bound for negative advantages; None = off")
+    clip_ratio_low: float = Field(0.2, ge=0.0, lt=1.0, description="epsilon_low of Clip-Higher (Eq. 10), in [0, 1)")
+    clip_ratio_high: float = Field(0.28, ge=0.0, le=1e6, description="epsilon_high of Clip-Higher (Eq. 10); <= 1e6 "
+                                   "(1 + epsilon_high must stay a float32 number)")
+    clip_ratio_c: float | None = Field(10.0, gt=1.0, le=1e6,
+                                       description="dual-clip bound for negative advantages, <= 1e6; None = off")
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = Field(
         "token-mean", description="token-mean is DAPO's token-level loss (Eq. 12)"
     )
@@ -229,7 +237,19 @@ class OverlongBufferConfig(_Section):
 class RewardModelConfig(_Section):
     overlong_buffer: OverlongBufferConfig = Field(default_factory=OverlongBufferConfig)
     num_workers: int = Field(0, ge=0, description="reward process-pool size (0 = in-process)")
-    timeout_s: float = Field(10.0, gt=0.0, description="hard per-sample limit in the pool")
+    timeout_s: float = Field(
+        10.0, gt=0.0, description="hard per-sample limit of a reward call, in every mode (a custom reward function "
+        "runs in a worker process even with num_workers=0)"
+    )
+    on_failure: Literal["score_as_failed", "stop"] = Field(
+        "score_as_failed", description="a reward call that times out, crashes its worker or raises: score it -1 / "
+        "wrong and continue (counted in reward/timeouts, reward/worker_crashes, reward/errors), or stop the run; "
+        "a batch where every call fails always stops"
+    )
+    max_failures: int | None = Field(
+        100, ge=0, description="with on_failure=score_as_failed: stop once more than this many reward calls of the "
+        "run failed (None = no limit)"
+    )
 
 
 class CustomRewardFunctionConfig(_Section):

@@ -12,15 +12,18 @@ Layout written under ``ckpt_root`` (normally ``run_dir/checkpoints``)::
         rng.pt               # python `random`, numpy, torch CPU and (when available) CUDA RNG states
         trainer_state.json   # the JSON-exact part of the trainer's opaque state dict
         trainer_state.pt     # the rest of it (tensors, tuples, int-keyed dicts ...), absent when empty
-        manifest.json        # written LAST: every other file with its size in bytes
+        manifest.json        # written LAST: every other file with its size in bytes and its SHA-256
 
 Why it is crash safe: everything is first written into a hidden temp folder next to the final one,
 every file and folder is fsynced, and only then is the temp folder ``os.replace``-d onto
 ``global_step_{N}`` (one atomic rename). A checkpoint counts as *complete* only when its manifest is
 present and every file it lists has the recorded size, so a folder left by a crash, a full disk or a
-half-copied directory is never picked for resuming. The manifest records sizes, not hashes: hashing
-tens of GB of weights and optimizer state at every save would cost minutes, and the guard we need is
-against partial writes, not against bit rot.
+half-copied directory is never picked for resuming. A checkpoint *verifies* when, in addition, every file
+has its recorded SHA-256: ``find_latest_checkpoint`` returns the newest checkpoint that verifies (logging
+each newer one it skips, and why) and ``load_checkpoint`` refuses one that does not, so a file that kept
+its size but not its content (bit rot, a stray write) never reaches ``json.loads`` or safetensors.
+Hashing reads every file once more (about 1 GB/s), a cost paid at save and at resume, not per step.
+Manifests written before checksums were recorded are verified by size only.
 
 Resume equality: ``load_checkpoint`` restores parameters, optimizer and scheduler state and every RNG
 stream exactly, so continuing training after a load gives bit-identical parameters to a run that was
@@ -34,6 +37,7 @@ never runs pickled code. ``save_checkpoint`` checks at save time that ``schedule
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -57,6 +61,7 @@ __all__ = [
     "MANIFEST_NAME",
     "CheckpointError",
     "checkpoint_dir_name",
+    "checkpoint_problems",
     "find_latest_checkpoint",
     "is_complete_checkpoint",
     "load_checkpoint",
@@ -167,7 +172,8 @@ def save_checkpoint(
             "format": MANIFEST_FORMAT,
             "step": step,
             "created_unix": time.time(),
-            "files": {rel: {"size": (temp_dir / rel).stat().st_size} for rel in _relative_files(temp_dir)},
+            "files": {rel: {"size": (temp_dir / rel).stat().st_size, "sha256": _sha256(temp_dir / rel)}
+                      for rel in _relative_files(temp_dir)},
         }
         write_new_file(temp_dir / MANIFEST_NAME, lambda f: f.write(_json_bytes(manifest)))
         current = "fsync of the written files"
@@ -369,8 +375,13 @@ def _rotate(complete: dict[int, Path], new_step: int, keep_last: int) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-def _manifest_problem(path: Path) -> str | None:
-    """None when ``path`` is a complete checkpoint, else why not."""
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _manifest_problem(path: Path, *, verify: bool = False) -> str | None:
+    """None when ``path`` is a complete checkpoint (and, with ``verify``, every checksum matches), else why not."""
     if not path.is_dir():
         return "not a folder"
     manifest_path = path / MANIFEST_NAME
@@ -395,7 +406,26 @@ def _manifest_problem(path: Path) -> str | None:
         size = file.stat().st_size
         if not isinstance(meta, dict) or size != meta.get("size"):
             return f"{rel} has {size} bytes, the manifest says {meta.get('size') if isinstance(meta, dict) else meta!r}"
+    if verify:
+        for rel, meta in files.items():
+            expected = meta.get("sha256")
+            if expected is not None and _sha256(path / rel) != expected:
+                return f"{rel} does not match its checksum in {MANIFEST_NAME} (its content changed after the save)"
     return None
+
+
+def checkpoint_problems(ckpt_root: Path) -> dict[Path, str]:
+    """Every ``global_step_N`` folder under ``ckpt_root`` that does not verify, with the reason."""
+    ckpt_root = Path(ckpt_root)
+    if not ckpt_root.is_dir():
+        return {}
+    problems = {}
+    for entry in sorted(ckpt_root.iterdir()):
+        if _STEP_DIR_RE.match(entry.name):
+            problem = _manifest_problem(entry, verify=True)
+            if problem is not None:
+                problems[entry] = problem
+    return problems
 
 
 def is_complete_checkpoint(path: Path) -> bool:
@@ -426,14 +456,19 @@ def _complete_checkpoints(ckpt_root: Path, *, log_skipped: bool = False) -> dict
     return found
 
 
-def find_latest_checkpoint(ckpt_root: Path) -> Path | None:
-    """The complete checkpoint with the highest step under ``ckpt_root``, or None.
+def find_latest_checkpoint(ckpt_root: Path, *, verify: bool = True) -> Path | None:
+    """The checkpoint with the highest step under ``ckpt_root`` that verifies (``verify=False``: that is complete).
 
-    Temp folders and checkpoints whose manifest is missing or does not match the files are skipped
-    (each one logged as a warning with the reason).
+    Temp folders and checkpoints whose manifest is missing or does not match the files (sizes, checksums) are
+    skipped, each one logged as a warning naming it and the reason.
     """
     complete = _complete_checkpoints(Path(ckpt_root), log_skipped=True)
-    return complete[max(complete)] if complete else None
+    for step in sorted(complete, reverse=True):
+        problem = _manifest_problem(complete[step], verify=True) if verify else None
+        if problem is None:
+            return complete[step]
+        logger.warning("skipping checkpoint %s: %s; falling back to an older one", complete[step], problem)
+    return None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -454,7 +489,7 @@ def load_checkpoint(
     :class:`CheckpointError` when ``path`` is not a complete checkpoint or does not fit the objects.
     """
     path = Path(path)
-    problem = _manifest_problem(path)
+    problem = _manifest_problem(path, verify=True)
     if problem is not None:
         raise CheckpointError(f"cannot load {path}: not a complete checkpoint ({problem})")
 
@@ -467,7 +502,10 @@ def load_checkpoint(
             raise CheckpointError(f"cannot load {path}: a scheduler was given but the checkpoint has no scheduler.pt")
         scheduler.load_state_dict(_torch_load(scheduler_file))
 
-    trainer_state: dict[str, Any] = json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
+    try:
+        trainer_state: dict[str, Any] = json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"cannot read {path / 'trainer_state.json'}: {exc}") from exc
     if (path / "trainer_state.pt").is_file():
         trainer_state.update(_torch_load(path / "trainer_state.pt"))
     _restore_rng_state(_torch_load(path / "rng.pt"), path / "rng.pt")  # last: nothing above may draw from it
@@ -494,7 +532,10 @@ def _load_model_weights(hf_dir: Path, model: torch.nn.Module) -> None:
         raise CheckpointError(f"cannot load {hf_dir}: no *.safetensors weight files")
     state: dict[str, torch.Tensor] = {}
     for shard in shards:
-        state.update(load_file(shard))
+        try:
+            state.update(load_file(shard))
+        except Exception as exc:  # SafetensorError: a damaged header or body
+            raise CheckpointError(f"cannot read {shard}: {exc}") from exc
     result = model.load_state_dict(state, strict=False)
     if result.unexpected_keys:
         raise CheckpointError(

@@ -210,8 +210,12 @@ def _trim_partial_last_line(path: Path) -> None:
         f.truncate(keep)
 
 
-def _read_lines(path: Path) -> list[tuple[bytes, dict[str, Any]]]:
-    """(raw line, parsed record) for each record; a malformed LAST line is skipped with a warning."""
+def _read_lines(path: Path, bad: list[bytes] | None = None) -> list[tuple[bytes, dict[str, Any]]]:
+    """(raw line, parsed record) for each record; a malformed line is skipped with a warning (and added to ``bad``).
+
+    A malformed last line is what a crash mid-write leaves; one in the middle is damage (a stray write, a bad copy):
+    neither may block reading or resuming.
+    """
     raw = path.read_bytes()
     lines = raw.split(b"\n")
     records: list[tuple[bytes, dict[str, Any]]] = []
@@ -228,7 +232,10 @@ def _read_lines(path: Path) -> list[tuple[bytes, dict[str, Any]]]:
             if index == last_index:
                 logger.warning("%s: skipping truncated last line %d (%s)", path, index + 1, exc)
                 continue
-            raise ValueError(f"{path}: line {index + 1} is not a metrics record: {exc}") from exc
+            logger.warning("%s: skipping line %d, not a metrics record (%s): %r", path, index + 1, exc, line[:80])
+            if bad is not None:
+                bad.append(line)
+            continue
         records.append((line, record))
     return records
 
@@ -245,12 +252,19 @@ def truncate_metrics_after(run_dir: Path, step: int) -> int:
     """Drop records with ``step`` greater than ``step`` (atomic rewrite); return how many were dropped.
 
     Call it when resuming from the checkpoint of ``step``, before opening a :class:`Tracker`. A missing
-    file is not an error (returns 0). Kept records are written back byte for byte.
+    file is not an error (returns 0). Kept records are written back byte for byte; malformed lines in the middle of
+    the file are moved to ``metrics.jsonl.bad`` (appended), not lost.
     """
     path = Path(run_dir) / METRICS_FILE_NAME
     if not path.is_file():
         return 0
-    records = _read_lines(path)
+    bad: list[bytes] = []
+    records = _read_lines(path, bad)
+    if bad:
+        quarantine = path.with_name(METRICS_FILE_NAME + ".bad")
+        old = quarantine.read_bytes() if quarantine.is_file() else b""
+        atomic_write(quarantine, old + b"".join(line + b"\n" for line in bad))
+        logger.warning("%s: moved %d malformed lines to %s", path, len(bad), quarantine)
     kept = [line for line, record in records if record["step"] <= step]
     dropped = len(records) - len(kept)
     atomic_write(path, b"".join(line + b"\n" for line in kept))

@@ -11,8 +11,10 @@ applies instead.) A worker that dies by itself
 
 Workers are spawned (safe beside torch and tokenizer threads), receive a pickled copy of the scorer
 registry and load the custom reward function themselves, and are SIGKILLed by the kernel if the parent
-dies. Scoring errors (a custom function raising) are not swallowed: they stop the pool and re-raise in
-the parent as ``RewardScoringError`` naming the item.
+dies. Each failed item's ``RewardResult`` says why (``failure`` "timeout" or "worker_crash", and ``error``).
+Scoring errors (a custom function raising) stop the pool and re-raise in the parent as ``RewardScoringError``
+naming the item, unless ``capture_errors`` is set: then that item is scored as failed (``failure`` "error") and the
+worker carries on. An invalid return value (``InvalidRewardError``) always stops: it is a bug, not bad luck.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Any
 
 from dapo.reward.child_process import SPAWN, die_with_parent, kill_and_reap
 from dapo.reward.item_scorer import ItemScorer
-from dapo.reward.records import RewardInput, RewardResult
+from dapo.reward.records import InvalidRewardError, RewardInput, RewardResult
 from dapo.reward.registry import ScorerRegistry
 
 MAX_CHUNK = 1024
@@ -73,6 +75,7 @@ class RewardWorkerPool:
         custom_fn_spec: str | None = None,
         chunk_size: int | None = None,
         start_timeout_s: float = 120.0,
+        capture_errors: bool = False,
     ) -> None:
         if not isinstance(num_workers, int) or num_workers < 1:
             raise ValueError(f"RewardWorkerPool num_workers must be an int >= 1, got {num_workers!r}")
@@ -93,7 +96,11 @@ class RewardWorkerPool:
         self.timeout_s = float(timeout_s)
         self.chunk_size = chunk_size
         self.start_timeout_s = float(start_timeout_s)
+        self.capture_errors = bool(capture_errors)
         self.kills = 0  # workers killed for hanging or found dead
+        # Deaths before a worker said "ready" that are tolerated (a worker can be killed while idle before its ready
+        # message was read, e.g. by the OOM killer between batches); a start-up that keeps failing is an error.
+        self._start_deaths_left = 2 * num_workers
         self._workers: list[_Worker | None] = [self._start_worker() for _ in range(num_workers)]
         self._closed = False
 
@@ -109,6 +116,9 @@ class RewardWorkerPool:
         pending: deque[list[int]] = deque(list(range(s, min(n, s + chunk))) for s in range(0, n, chunk))
         poll_s = min(0.05, self.timeout_s / 4)
         try:
+            for slot, w in enumerate(self._workers):  # died between batches: replaced now, no item is to blame
+                if w is not None and w.job is None and not w.process.is_alive():
+                    self._replace(slot, results, pending, why="died")
             while pending or any(w is not None and w.job is not None for w in self._workers):
                 self._dispatch(pending, items)
                 conns = [w.conn for w in self._workers if w is not None]
@@ -161,7 +171,7 @@ class RewardWorkerPool:
         progress = SPAWN.RawValue("q", -1)
         process = SPAWN.Process(
             target=_worker_main,
-            args=(child_conn, progress, os.getpid(), self._payload),
+            args=(child_conn, progress, os.getpid(), self._payload, self.capture_errors),
             name="dapo-reward-worker",
             daemon=True,  # terminated with the parent; it re-enables child processes for itself
         )
@@ -206,14 +216,14 @@ class RewardWorkerPool:
             w.ready = True
         elif kind == "done":
             assert w.job is not None and len(message[1]) == len(w.job)
-            for i, (score, acc, pred) in zip(w.job, message[1]):
-                results[i] = RewardResult(score, acc, pred)
+            for i, fields in zip(w.job, message[1]):
+                results[i] = RewardResult(*fields)
             w.job = None
         elif kind == "error":
-            _, k, text = message
+            _, k, summary, text = message
             i = w.job[k] if w.job is not None and 0 <= k < len(w.job) else -1
             where = f"item {i} (data_source={items[i].data_source!r})" if i >= 0 else "worker start-up"
-            raise RewardScoringError(f"scoring {where} raised in a reward worker:\n{text}")
+            raise RewardScoringError(f"scoring {where} raised {summary} (in a reward worker)" + (f"\n{text}" if text else ""))
 
     def _reap_hung(self, results: list[RewardResult | None], pending: deque[list[int]]) -> None:
         now = time.monotonic()
@@ -224,7 +234,7 @@ class RewardWorkerPool:
                 if now - w.started_at > self.start_timeout_s:
                     raise RuntimeError(f"a reward worker did not start within {self.start_timeout_s:.0f} s")
                 if not w.process.is_alive():
-                    raise RuntimeError(f"a reward worker died while starting (exit code {w.process.exitcode})")
+                    self._replace(slot, results, pending, why="died")
                 continue
             if w.job is None:
                 continue
@@ -239,13 +249,19 @@ class RewardWorkerPool:
         w = self._workers[slot]
         assert w is not None
         if not w.ready:
-            raise RuntimeError(f"a reward worker {why} while starting (exit code {w.process.exitcode})")
+            if self._start_deaths_left <= 0 or w.job is not None:
+                raise RuntimeError(f"a reward worker {why} while starting (exit code {w.process.exitcode})")
+            self._start_deaths_left -= 1
         kill_and_reap(w.process)
         w.conn.close()
         self.kills += 1
         if w.job is not None:
             k = max(0, w.progress.value)
-            results[w.job[k]] = RewardResult.failed()
+            if why == "hung":
+                failure, error = "timeout", f"no result within reward_model.timeout_s={self.timeout_s:g} s"
+            else:
+                failure, error = "worker_crash", f"the reward worker died (exit code {w.process.exitcode})"
+            results[w.job[k]] = RewardResult.failed(failure=failure, error=error)
             rest = w.job[:k] + w.job[k + 1 :]
             if rest:
                 pending.appendleft(rest)
@@ -253,14 +269,14 @@ class RewardWorkerPool:
 
 
 # -------------------------------------------------------------------------------------------- worker
-def _worker_main(conn: Connection, progress: Any, parent_pid: int, payload: bytes) -> None:
+def _worker_main(conn: Connection, progress: Any, parent_pid: int, payload: bytes, capture_errors: bool) -> None:
     """A worker: receive a chunk of ``RewardInput``, score it item by item, send the results back."""
     die_with_parent(parent_pid)
     multiprocessing.current_process().daemon = False  # may start its own child (the symbolic verifier)
     try:
         item_scorer: ItemScorer = pickle.loads(payload)
-    except BaseException:
-        conn.send(("error", -1, traceback.format_exc()))
+    except BaseException as e:
+        conn.send(("error", -1, _summary(e), traceback.format_exc()))
         return
     conn.send(("ready",))
     while True:
@@ -273,17 +289,26 @@ def _worker_main(conn: Connection, progress: Any, parent_pid: int, payload: byte
         chunk = [RewardInput(*fields) for fields in chunk]
         try:
             item_scorer.prepare(chunk)  # progress is still -1: this runs under start_timeout_s
-        except Exception:
-            conn.send(("error", 0, traceback.format_exc()))
+        except Exception as e:
+            conn.send(("error", 0, _summary(e), traceback.format_exc()))
             continue
-        out: list[tuple[float, bool, str]] = []
+        out: list[tuple[float, bool, str, str, str]] = []
         for k, item in enumerate(chunk):
             progress.value = k
             try:
                 r = item_scorer(item)
-            except Exception:
-                conn.send(("error", k, traceback.format_exc()))
+            except Exception as e:
+                if capture_errors and not isinstance(e, InvalidRewardError):
+                    out.append((-1.0, False, "", "error", _summary(e)))
+                    continue
+                # An invalid return value is described in full by its message; a raise needs its traceback.
+                conn.send(("error", k, _summary(e), "" if isinstance(e, InvalidRewardError) else traceback.format_exc()))
                 break
-            out.append((r.score, r.acc, r.pred))
+            out.append((r.score, r.acc, r.pred, "", ""))
         else:
             conn.send(("done", out))
+
+
+def _summary(e: BaseException) -> str:
+    text = f"{type(e).__name__}: {e}"
+    return text if len(text) <= 500 else text[:497] + "..."

@@ -15,7 +15,7 @@ import torch
 from dapo.config import DapoConfig
 from dapo.core.overlong import compute_soft_overlong_penalty
 from dapo.data.prompts import PromptItem
-from dapo.reward.batch import RewardInput, score_batch
+from dapo.reward.batch import RewardInput, RewardScorer
 from dapo.rollout.base import RolloutOutput
 
 
@@ -65,22 +65,33 @@ def group_index_of(groups: Sequence[ScoredGroup]) -> torch.Tensor:
     return torch.repeat_interleave(torch.arange(len(groups)), sizes)
 
 
+def reward_scorer_of(cfg: DapoConfig) -> RewardScorer:
+    """The ``RewardScorer`` that ``cfg.reward_model`` and ``cfg.custom_reward_function`` describe (close it after use)."""
+    rm, custom = cfg.reward_model, cfg.custom_reward_function
+    return RewardScorer(num_workers=rm.num_workers, timeout_s=rm.timeout_s,
+                        custom_fn_spec=f"{custom.path}:{custom.name}" if custom.path else None,
+                        on_failure=rm.on_failure, max_failures=rm.max_failures)
+
+
 def score_rollout(
-    prompts: Sequence[PromptItem], rollout: RolloutOutput, tokenizer, cfg: DapoConfig
+    prompts: Sequence[PromptItem], rollout: RolloutOutput, tokenizer, cfg: DapoConfig,
+    scorer: RewardScorer | None = None,
 ) -> list[ScoredGroup]:
-    """Decode, score with the rule reward, add the soft overlong punishment, and regroup by prompt."""
+    """Decode, score with the rule reward, add the soft overlong punishment, and regroup by prompt.
+
+    ``scorer`` (kept across calls by a trainer) applies the failure policy; without one a scorer is built from ``cfg``
+    for this call only.
+    """
     texts = tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
     inputs = [
         RewardInput(prompts[p].data_source, text, prompts[p].ground_truth, prompts[p].extra_info)
         for p, text in zip(rollout.prompt_index, texts)
     ]
-    custom = cfg.custom_reward_function
-    results = score_batch(
-        inputs,
-        num_workers=cfg.reward_model.num_workers,
-        timeout_s=cfg.reward_model.timeout_s,
-        custom_fn_spec=f"{custom.path}:{custom.name}" if custom.path else None,
-    )
+    if scorer is not None:
+        results = scorer.score(inputs)
+    else:
+        with reward_scorer_of(cfg) as one_off:
+            results = one_off.score(inputs)
     lengths = torch.tensor([len(r) for r in rollout.response_ids], dtype=torch.long)
     ob = cfg.reward_model.overlong_buffer
     if ob.enable:

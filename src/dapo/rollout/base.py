@@ -28,9 +28,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 FinishReason = Literal["stop", "length"]
 FINISH_REASONS: tuple[str, ...] = ("stop", "length")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
+
 from dapo.actor.batch import TrainBatch, pad_per_token
 from dapo.actor.log_probs import compute_log_probs_and_entropy_batch
 from dapo.actor.update import NonFiniteLossError, update_policy
@@ -16,6 +18,7 @@ from dapo.reward.scored_groups import ScoredGroup
 from dapo.training.errors import TrainingError
 from dapo.training.step_metrics import batch_metrics, policy_metrics
 from dapo.training.train_batch import build_train_batch
+from dapo.training.weight_sync import actor_log_probs_of
 
 
 def with_rollout_correction(batch: TrainBatch, cfg: DapoConfig) -> tuple[TrainBatch, dict[str, float]]:
@@ -37,6 +40,22 @@ def with_rollout_correction(batch: TrainBatch, cfg: DapoConfig) -> tuple[TrainBa
     }
 
 
+def check_actor_logits(policy: Policy, groups: Sequence[ScoredGroup], step: int) -> None:
+    """Stop here, not in the next rollout's sampler, when the updated weights give NaN / inf log-probs (finite but
+    huge weights overflow the logits before any weight is NaN)."""
+    sample = next(((g.prompt.input_ids, r) for g in groups for r in g.response_ids if r), None)
+    if sample is None:
+        return
+    prompt, response = list(sample[0])[-32:], list(sample[1])[:32]
+    if not bool(torch.isfinite(actor_log_probs_of(policy.model, prompt, response)).all()):
+        largest = max(float(p.detach().abs().max()) for p in policy.model.parameters())
+        raise TrainingError(
+            f"step {step}, phase update_actor: after the update the actor's logits are non-finite (largest weight "
+            f"magnitude {largest:.3g}); the next rollout would sample from garbage. The last complete checkpoint is "
+            "untouched; lower actor.optim.lr"
+        )
+
+
 def update_actor(groups: Sequence[ScoredGroup], policy: Policy, optimizer, scheduler, cfg: DapoConfig, step: int,
                  timer: PhaseTimer) -> dict[str, float]:
     batch = build_train_batch(groups, cfg)  # line 10: group-relative advantages (Eq. 9)
@@ -53,9 +72,10 @@ def update_actor(groups: Sequence[ScoredGroup], policy: Policy, optimizer, sched
                                          temperature=cfg.rollout.temperature,
                                          norm_length=cfg.data.max_response_length))
         except NonFiniteLossError as exc:
-            raise TrainingError(f"step {step}: {str(exc).rstrip('.')}. The last complete checkpoint is "
-                                f"untouched; lower actor.optim.lr or use actor.dtype=fp32") from exc
+            raise TrainingError(f"step {step}, phase update_actor: {str(exc).rstrip('.')}. The last complete "
+                                f"checkpoint is untouched; lower actor.optim.lr or use actor.dtype=fp32") from exc
 
+    check_actor_logits(policy, groups, step)
     metrics.update(batch_metrics(groups, batch.advantages, max_response_length=cfg.data.max_response_length))
     metrics.update(policy_metrics(old_log_probs, entropies, batch.rollout_log_probs))
     return metrics

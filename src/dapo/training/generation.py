@@ -11,11 +11,14 @@ import torch
 from dapo.config import DapoConfig
 from dapo.core.dynamic_sampling import filter_informative_groups
 from dapo.infra.timing import PhaseTimer
+from dapo.reward.batch import RewardScorer
 from dapo.reward.scored_groups import ScoredGroup, group_index_of, score_rollout
 from dapo.rollout.base import RolloutEngine, SamplingParams
 from dapo.training.run_state import RunState
 
 log = logging.getLogger(__name__)
+
+FAILURE_METRICS = {"timeout": "reward/timeouts", "worker_crash": "reward/worker_crashes", "error": "reward/errors"}
 
 
 def derive_seed(*parts: object) -> int:
@@ -33,9 +36,14 @@ def rollout_params(cfg: DapoConfig, step: int, rnd: int) -> SamplingParams:
 
 
 def generate_and_filter(engine: RolloutEngine, state: RunState, tokenizer, cfg: DapoConfig, step: int,
-                        timer: PhaseTimer) -> tuple[list[ScoredGroup], dict[str, float]]:
-    """Generation rounds of gen_batch_size prompts until train_batch_size informative groups are held."""
+                        timer: PhaseTimer, scorer: RewardScorer | None = None
+                        ) -> tuple[list[ScoredGroup], dict[str, float]]:
+    """Generation rounds of gen_batch_size prompts until train_batch_size informative groups are held.
+
+    ``scorer`` (kept for the run) applies the reward failure policy; its failed calls of this step are reported as
+    ``reward/timeouts``, ``reward/worker_crashes`` and ``reward/errors``."""
     buffer = state.buffer
+    failures_before = dict(scorer.counts) if scorer is not None else {}
     generated_acc: list[float] = []
     generated_tokens = 0
     rnd = 0
@@ -44,7 +52,7 @@ def generate_and_filter(engine: RolloutEngine, state: RunState, tokenizer, cfg: 
         with timer("gen"):
             rollout = engine.generate([p.input_ids for p in prompts], rollout_params(cfg, step, rnd))
         with timer("reward"):
-            groups = score_rollout(prompts, rollout, tokenizer, cfg)
+            groups = score_rollout(prompts, rollout, tokenizer, cfg, scorer)
         acc = torch.tensor([float(a) for g in groups for a in g.acc])
         decision = filter_informative_groups(acc, group_index_of(groups))  # Eq. 11, on raw accuracy
         keep = decision.keep.tolist() if cfg.algorithm.filter_groups.enable else [True] * len(groups)
@@ -65,7 +73,10 @@ def generate_and_filter(engine: RolloutEngine, state: RunState, tokenizer, cfg: 
     if report.partial:
         log.warning("step %d: dynamic sampling gave up after %d rounds; training on %d of %d groups", step,
                     report.num_gen_batches, len(kept), cfg.data.train_batch_size)
+    failures = {FAILURE_METRICS[kind]: float(n - failures_before[kind])
+                for kind, n in (scorer.counts.items() if scorer is not None else ())}
     return kept, {
+        **failures,
         "train/num_gen_batches": float(report.num_gen_batches),
         "train/kept_group_ratio": float(report.kept_group_ratio),
         "train/wasted_tokens": float(report.wasted_tokens),

@@ -37,6 +37,7 @@ from dapo.infra.timing import PhaseTimer
 from dapo.infra.tracking import Tracker, truncate_metrics_after
 from dapo.model.loading import load_policy
 from dapo.reward.custom_fn import load_custom_reward_fn
+from dapo.reward.scored_groups import reward_scorer_of
 from dapo.rollout.factory import build_rollout_engine
 from dapo.training.actor_step import update_actor
 from dapo.training.dynamic_sampling_buffer import DynamicSamplingBuffer
@@ -55,6 +56,7 @@ class TrainResult:
     wall_s: float
     peak_rss_mb: float
     val_history: list[tuple[int, dict[str, float]]] = field(default_factory=list)
+    steps_run: int = 0  # steps trained by this call (0: the run was already finished)
 
     def val_acc(self, index: int) -> float | None:
         if not self.val_history:
@@ -92,6 +94,11 @@ def check_custom_reward(cfg: DapoConfig) -> None:
             raise TrainingError(f"custom_reward_function: {exc}") from exc
 
 
+def describe_os_error(exc: OSError, operation: str) -> str:
+    """One line naming the operation (and its path) and the reason of a filesystem error; nothing was changed."""
+    return f"{operation} failed: {exc.strerror or exc}; nothing was changed there"
+
+
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
@@ -103,7 +110,6 @@ def train(cfg: DapoConfig) -> TrainResult:
     random.seed(cfg.trainer.seed)
     torch.manual_seed(cfg.trainer.seed)
     run_dir = run_dir_of(cfg)
-    atomic_write(run_dir / "config.yaml", yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
     check_custom_reward(cfg)
 
     policy = load_policy(cfg.model, device=pick_device(cfg.trainer.device))
@@ -115,14 +121,22 @@ def train(cfg: DapoConfig) -> TrainResult:
     total_steps = total_steps_of(cfg, len(task.train))
     resume_from = find_resume_checkpoint(run_dir, cfg)
     if resume_from is not None:
-        if not resume_from.exists():
-            raise TrainingError(f"trainer.resume_mode: checkpoint '{resume_from}' does not exist")
         resume_run(resume_from, state, policy, optimizer, scheduler)
-    # A resumed run keeps the metrics up to its checkpoint; a fresh run in an old run dir starts a fresh record.
-    truncate_metrics_after(run_dir, state.step if state.step > 0 else -1)
     policy.model.train()
 
     engine = build_rollout_engine(cfg, policy)
+    scorer = reward_scorer_of(cfg)
+    steps_before = state.step
+    writing = run_dir / "config.yaml"
+    try:
+        # The run is known to start: only now is its record touched. A resumed run keeps the metrics up to its
+        # checkpoint; a fresh run in an old run dir starts a fresh record.
+        atomic_write(writing, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+        writing = run_dir / "metrics.jsonl"
+        truncate_metrics_after(run_dir, state.step if state.step > 0 else -1)
+    except OSError as exc:
+        engine.close()
+        raise TrainingError(describe_os_error(exc, f"writing the run record {writing}")) from exc
     sync = WeightSync(engine, policy.model, task.train[0].input_ids, threshold=cfg.rollout.probe_logprob_threshold,
                       enabled=cfg.rollout.weight_sync_probe)
 
@@ -152,7 +166,8 @@ def train(cfg: DapoConfig) -> TrainResult:
                 metrics, pending = pending, {}
                 with timer("step"):
                     # Lines 3-9: sample, generate G outputs per prompt, reward, dynamic sampling until full.
-                    groups, generated = generate_and_filter(engine, state, policy.tokenizer, cfg, step, timer)
+                    groups, generated = generate_and_filter(engine, state, policy.tokenizer, cfg, step,
+                                                                timer, scorer)
                     metrics.update(generated)
                     if groups:  # lines 10-12, then the new weights go to the engine
                         metrics.update(update_actor(groups, policy, optimizer, scheduler, cfg, step, timer))
@@ -178,5 +193,7 @@ def train(cfg: DapoConfig) -> TrainResult:
                 tracker.log(metrics, step=step)
                 progress.update(step, metrics)
     finally:
+        scorer.close()
         engine.close()
-    return TrainResult(run_dir, state.step, time.perf_counter() - wall0, peak_rss_mb(), state.val_history)
+    return TrainResult(run_dir, state.step, time.perf_counter() - wall0, peak_rss_mb(), state.val_history,
+                       steps_run=state.step - steps_before)

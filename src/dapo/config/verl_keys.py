@@ -1,0 +1,177 @@
+"""verl's config keys that are not spelled as this tree spells them: what each one does here, and why.
+
+Every key of verl's DAPO recipes (``recipe/dapo/run_dapo_qwen2.5_32b.sh``, ``run_dapo_early_qwen2.5_32b.sh``,
+``test_dapo_7b.sh``, ``test_dapo_7b_math.sh``; their flags are in ``tests/fixtures/verl/``) is one of:
+
+* **honoured** — the same name exists in this tree (after the ``actor_rollout_ref.*`` prefix mapping in
+  ``dapo.config.loading``) and means what it means in verl; not listed here;
+* **renamed** — verl's name for one of our keys, possibly with its value translated (``RENAMED``);
+* **fixed** — a verl setting whose behaviour is the only one here: accepted when it has the value that matches,
+  rejected with the reason otherwise (``FIXED``);
+* **warned** — accepted with a one-line warning that says why it does not apply here (``WARNED``).
+
+``docs/config.md`` renders these tables (``scripts/write_config_doc.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+__all__ = ["FIXED", "MATCHES", "RENAMED", "VALUES", "WARNED", "Fixed", "Matches", "Renamed", "Value", "Warned",
+           "lookup"]
+
+
+@dataclass(frozen=True)
+class Renamed:
+    """verl's ``key`` is our ``target``; ``translate`` maps verl's value to ours (None: unchanged)."""
+
+    key: str
+    target: str
+    why: str
+    translate: Callable[[Any], Any] | None = None
+
+
+@dataclass(frozen=True)
+class Fixed:
+    """A verl key whose only supported value(s) are ``allowed`` (what this trainer always does)."""
+
+    key: str
+    allowed: tuple[Any, ...]
+    why: str
+
+
+@dataclass(frozen=True)
+class Warned:
+    """A verl key (or, ending in '.', a whole verl section) accepted without effect; ``why`` says why."""
+
+    key: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Matches:
+    """A verl key that must equal our key ``other`` (the value this trainer uses for it); rejected otherwise."""
+
+    key: str
+    other: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Value:
+    """One of our keys whose verl spelling of a value is translated (``translate``), e.g. a string for a list."""
+
+    key: str
+    why: str
+    translate: Callable[[Any], Any]
+
+
+def _token_level(value: Any) -> Any:
+    # verl's pre-0.3 switch: True = token-level loss (DAPO Eq. 12), False = per-sample mean (GRPO, "early" DAPO).
+    if isinstance(value, bool):
+        return "token-mean" if value else "seq-mean-token-mean"
+    return value
+
+
+_SINGLE_DEVICE = "dapo trains on one device per run; the distributed (FSDP) trainer is not here yet"
+_NO_REF = ("no reference model is loaded here: DAPO drops the KL term (actor.use_kl_loss=false, "
+           "algorithm.use_kl_in_reward=false)")
+_ACTOR_RECOMPUTES = ("the old-policy log-probs are recomputed by the actor, micro-batched by actor.use_dynamic_bsz "
+                     "and actor.ppo_max_token_len_per_gpu")
+
+RENAMED: tuple[Renamed, ...] = (
+    Renamed("model.enable_gradient_checkpointing", "actor.gradient_checkpointing",
+            "verl keeps gradient checkpointing under the model section"),
+    Renamed("actor.use_token_level_loss", "actor.loss_agg_mode",
+            "verl's older switch: true = token-mean (DAPO Eq. 12), false = seq-mean-token-mean", _token_level),
+    Renamed("actor.ppo_micro_batch_size", "actor.ppo_micro_batch_size_per_gpu",
+            "verl's deprecated global micro-batch size; on one device global = per GPU (null = unset)"),
+    Renamed("custom_reward_function.overlong_buffer.", "reward_model.overlong_buffer.",
+            "where older verl DAPO scripts put the overlong buffer (Eq. 13)"),
+    Renamed("reward_model.reward_kwargs.overlong_buffer_cfg.", "reward_model.overlong_buffer.",
+            "the overlong buffer as verl.trainer.main_ppo's DAPO reward manager takes it"),
+)
+
+FIXED: tuple[Fixed, ...] = (
+    Fixed("data.prompt_key", ("prompt",), "prompts are read from the DAPO schema's 'prompt' column"),
+    Fixed("algorithm.use_kl_in_reward", (False,), "KL-in-reward is not implemented (DAPO removes the KL term)"),
+    Fixed("rollout.val_kwargs.do_sample", (True,),
+          "validation always samples (for greedy decoding set rollout.val_kwargs.temperature=0)"),
+    Fixed("reward_model.reward_manager", ("dapo",),
+          "the reward is always DAPO's: rule reward per data_source plus reward_model.overlong_buffer"),
+    Fixed("model.use_remove_padding", (True,),
+          "the actor always packs sequences without padding (use_remove_padding=false is not available)"),
+)
+
+WARNED: tuple[Warned, ...] = (
+    Warned("data.truncation", "prompts are never truncated here: longer than data.max_prompt_length is dropped or "
+           "an error (data.filter_overlong_prompts)"),
+    Warned("algorithm.kl_ctrl.", "KL-in-reward is off (algorithm.use_kl_in_reward=false), so verl ignores it too"),
+    Warned("actor.fsdp_config.", _SINGLE_DEVICE),
+    Warned("actor_rollout_ref.ref.", _NO_REF),
+    Warned("actor.ulysses_sequence_parallel_size", "no sequence parallelism: " + _SINGLE_DEVICE),
+    Warned("rollout.log_prob_use_dynamic_bsz", _ACTOR_RECOMPUTES),
+    Warned("rollout.log_prob_max_token_len_per_gpu", _ACTOR_RECOMPUTES),
+    Warned("rollout.log_prob_micro_batch_size", _ACTOR_RECOMPUTES),
+    Warned("rollout.log_prob_micro_batch_size_per_gpu", _ACTOR_RECOMPUTES),
+    Warned("rollout.enable_chunked_prefill", "not passed to vLLM; vLLM's own default applies (on in vLLM V1)"),
+    Warned("model.override_config.", "not applied: the model's own config.json is used (Qwen2.5 already has "
+           "attention_dropout=0 and no embd_pdrop/resid_pdrop; for a longer context pick a model whose "
+           "max_position_embeddings covers it)"),
+    Warned("trainer.n_gpus_per_node", _SINGLE_DEVICE),
+    Warned("trainer.nnodes", _SINGLE_DEVICE),
+    Warned("trainer.log_val_generations", "validation samples are not sent to the trackers; `dapo eval` writes "
+           "every sample to JSONL"),
+)
+
+
+def _file_list(value: Any) -> Any:
+    return [value] if isinstance(value, str) else value
+
+
+def _overlong_prompts(value: Any) -> Any:
+    # verl: True = drop prompts over max_prompt_length; False = keep them and truncate (or fail, truncation=error).
+    if isinstance(value, bool):
+        return "drop" if value else "error"
+    return value
+
+
+def _warmup_steps(value: Any) -> Any:
+    # verl: a negative lr_warmup_steps defers to lr_warmup_steps_ratio, whose default (0.0) means no warm-up.
+    if isinstance(value, int) and not isinstance(value, bool) and value < 0:
+        return 0
+    return value
+
+
+def _logger_list(value: Any) -> Any:
+    return [value] if isinstance(value, str) else value
+
+
+VALUES: tuple[Value, ...] = (
+    Value("data.train_files", "a single path, as verl accepts, is a one-file list", _file_list),
+    Value("data.val_files", "a single path, as verl accepts, is a one-file list", _file_list),
+    Value("data.filter_overlong_prompts", "verl's boolean: true = drop, false = error (prompts are never truncated "
+          "here)", _overlong_prompts),
+    Value("actor.optim.lr_warmup_steps", "verl's -1 (defer to lr_warmup_steps_ratio, default 0) = no warm-up",
+          _warmup_steps),
+    Value("trainer.logger", "a single logger name is a one-logger list", _logger_list),
+)
+
+MATCHES: tuple[Matches, ...] = (
+    Matches("reward_model.reward_kwargs.max_resp_len", "data.max_response_length",
+            "the overlong penalty (Eq. 13) is measured against data.max_response_length"),
+)
+
+
+def value_translation(key: str) -> Value | None:
+    return next((v for v in VALUES if v.key == key), None)
+
+
+def lookup(key: str) -> Renamed | Fixed | Matches | Warned | None:
+    """The entry for a (prefix-mapped) dotted key, exact keys before section prefixes; None if not listed."""
+    for table in (RENAMED, FIXED, MATCHES, WARNED):
+        for entry in table:
+            if entry.key == key or (entry.key.endswith(".") and key.startswith(entry.key)):
+                return entry
+    return None

@@ -1,0 +1,81 @@
+"""The World: which process this is among how many, and the few collectives the trainer needs.
+
+Ranks enter the program through one object, built once at the edge (``World.from_env()`` reads torchrun's
+``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` and joins the process group) and passed down; nothing below asks
+``torch.distributed`` who it is. ``World()`` is the single-process default, for which every collective is the
+identity, so single-process code paths never branch on ranks.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one that writes metrics, prints progress and saves the Hugging Face export."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @classmethod
+    def from_env(cls, backend: str | None = None) -> World:
+        """The world torchrun describes in the environment (joined on first call), or the single process."""
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        if world_size <= 1:
+            return cls()
+        rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+        if not dist.is_initialized():
+            backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+            if backend == "nccl":
+                torch.cuda.set_device(local_rank)
+            dist.init_process_group(backend=backend)
+        return cls(rank=rank, world_size=world_size, local_rank=local_rank)
+
+    def device(self) -> torch.device:
+        """This rank's device: its local GPU, or the CPU."""
+        return torch.device("cuda", self.local_rank) if torch.cuda.is_available() else torch.device("cpu")
+
+    # -------------------------------------------------------------------------------------------- collectives
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum ``tensor`` over ranks, in place, and return it."""
+        if self.distributed:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor
+
+    def all_gather_objects(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order, on every rank (pickled; for small control data and scored groups)."""
+        if not self.distributed:
+            return [obj]
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, obj)
+        return gathered
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        """``obj`` of rank ``src`` on every rank."""
+        if not self.distributed:
+            return obj
+        box = [obj if self.rank == src else None]
+        dist.broadcast_object_list(box, src=src)
+        return box[0]
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier()
+
+    def close(self) -> None:
+        if self.distributed and dist.is_initialized():
+            dist.destroy_process_group()

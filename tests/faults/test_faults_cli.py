@@ -1,0 +1,183 @@
+"""Fault injection through the real CLI: hostile reward functions, corrupted checkpoints and metrics, a full disk at
+start-up. Each fault ends in a clean message (no traceback) or a run that carries on, and nothing completed is lost.
+
+One base run (2 steps, a checkpoint after each) is trained once per module and copied for each scenario.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import shutil
+import signal
+import textwrap
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from tests.cli.cli_helpers import FAST, run_dapo
+
+pytestmark = pytest.mark.slow
+
+BASE = [*FAST, "trainer.save_freq=1", "trainer.test_freq=0", "trainer.val_before_train=false",
+        "trainer.progress=false"]
+
+
+def _clean_failure(proc, *needles: str) -> None:
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    for needle in needles:
+        assert needle in proc.stderr, f"{needle!r} not in:\n{proc.stderr[-3000:]}"
+
+
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("base")
+    proc = run_dapo(["train", *BASE, "trainer.experiment_name=base"], root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return root / "base"
+
+
+def _copy(base_run: Path, root: Path) -> Path:
+    shutil.copytree(base_run, root / "run")
+    return root / "run"
+
+
+def _same_length_garbage(path: Path) -> None:
+    path.write_bytes(b"#" * path.stat().st_size)
+
+
+def _overwrite_header(path: Path) -> None:
+    with open(path, "r+b") as f:
+        f.write(b"\xff" * 8)
+
+
+# ------------------------------------------------------------------------------------------- checkpoints
+def test_corrupted_latest_checkpoint_and_metrics_line_fall_back_and_end_bit_identical(base_run, tmp_path) -> None:
+    run = _copy(base_run, tmp_path)
+    _same_length_garbage(run / "checkpoints" / "global_step_2" / "trainer_state.json")
+    lines = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (run / "metrics.jsonl").write_text(lines[0] + "\x00garbage{\n" + "".join(lines[1:]))
+
+    proc = run_dapo(["train", *BASE, "trainer.experiment_name=run"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "skipping checkpoint" in proc.stderr and "global_step_2" in proc.stderr
+    assert "trainer_state.json does not match its checksum" in proc.stderr
+    assert "resumed from" in proc.stdout and "global_step_1" in proc.stdout
+    assert "skipping line 2, not a metrics record" in proc.stderr
+    a = load_file(base_run / "checkpoints" / "global_step_2" / "hf" / "model.safetensors")
+    b = load_file(run / "checkpoints" / "global_step_2" / "hf" / "model.safetensors")
+    assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]
+
+
+def test_every_checkpoint_unusable_refuses_to_start_over_and_keeps_the_record(base_run, tmp_path) -> None:
+    run = _copy(base_run, tmp_path)
+    for step in (1, 2):
+        _overwrite_header(run / "checkpoints" / f"global_step_{step}" / "hf" / "model.safetensors")
+    config_before = (run / "config.yaml").read_bytes()
+    metrics_before = (run / "metrics.jsonl").read_bytes()
+    proc = run_dapo(["train", *BASE, "trainer.experiment_name=run", "actor.optim.lr=0.5"], tmp_path)
+    _clean_failure(proc, "every checkpoint under", "global_step_1", "global_step_2", "trainer.resume_mode=disable")
+    assert (run / "config.yaml").read_bytes() == config_before  # the lr 0.5 of a failed start is not recorded
+    assert (run / "metrics.jsonl").read_bytes() == metrics_before
+
+
+def test_explicit_resume_path_that_fails_verification_names_the_file(base_run, tmp_path) -> None:
+    run = _copy(base_run, tmp_path)
+    ckpt = run / "checkpoints" / "global_step_1"
+    _overwrite_header(ckpt / "hf" / "model.safetensors")
+    proc = run_dapo(["train", *BASE, "trainer.experiment_name=run", f"trainer.resume_mode={ckpt}"], tmp_path)
+    _clean_failure(proc, "cannot resume", "global_step_1", "hf/model.safetensors does not match its checksum")
+
+
+def test_rerun_of_a_finished_run_says_nothing_to_do(base_run, tmp_path) -> None:
+    run = _copy(base_run, tmp_path)
+    proc = run_dapo(["train", *BASE, "trainer.experiment_name=run"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "nothing to do" in proc.stdout and "done:" not in proc.stdout
+
+
+def test_failed_start_up_does_not_overwrite_the_run_config(base_run, tmp_path) -> None:
+    run = _copy(base_run, tmp_path)
+    before = (run / "config.yaml").read_bytes()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"data_source": "x"}\n')
+    proc = run_dapo(["train", *BASE, "trainer.experiment_name=run", "actor.optim.lr=0.5",
+                     f"data.train_files=[{bad}]"], tmp_path)
+    _clean_failure(proc, "bad.jsonl")
+    assert (run / "config.yaml").read_bytes() == before
+
+
+def test_full_disk_at_start_up_is_one_message_naming_the_path(base_run, tmp_path) -> None:
+    run = _copy(base_run, tmp_path)
+    before = (run / "config.yaml").read_bytes()
+
+    def no_writes():  # every write beyond 1 KiB fails with EFBIG, as on a full disk
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
+
+    proc = run_dapo(["train", *BASE, "trainer.experiment_name=run", "trainer.total_training_steps=3"], tmp_path,
+                    preexec_fn=no_writes)
+    _clean_failure(proc, f"writing the run record {run / 'config.yaml'} failed: File too large")
+    assert (run / "config.yaml").read_bytes() == before
+    assert not [p for p in run.iterdir() if ".tmp-" in p.name]
+
+
+# ---------------------------------------------------------------------------------------------- rewards
+ONCE_EACH = """
+import os, time
+from pathlib import Path
+
+MARKS = Path(__file__).with_name("marks")
+
+
+def _first_time(name):
+    MARKS.mkdir(exist_ok=True)
+    try:
+        os.mkdir(MARKS / name)  # atomic: exactly one call ever sees it missing
+        return True
+    except FileExistsError:
+        return False
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    if _first_time("hang"):
+        time.sleep(600)
+    if _first_time("exit"):
+        os._exit(9)
+    if _first_time("raise"):
+        raise RuntimeError("a flaky scorer")
+    return 1.0 if solution_str.strip().endswith(str(ground_truth)) else -1.0
+"""
+
+
+def test_a_hang_an_exit_and_a_raise_are_bounded_counted_and_survived(tmp_path) -> None:
+    fn = tmp_path / "once_each.py"
+    fn.write_text(textwrap.dedent(ONCE_EACH))
+    proc = run_dapo(["train", *BASE, "trainer.save_freq=-1", f"custom_reward_function.path={fn}",
+                     "reward_model.num_workers=0", "reward_model.timeout_s=2"], tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "tiny-synth" / "metrics.jsonl").read_text().splitlines()]
+    totals = {k: sum(r.get(k, 0) for r in records) for k in ("reward/timeouts", "reward/worker_crashes",
+                                                              "reward/errors")}
+    assert totals == {"reward/timeouts": 1, "reward/worker_crashes": 1, "reward/errors": 1}
+    assert "reward timeout for sample" in proc.stderr and "data_source='synth_arith'" in proc.stderr
+    assert "exit code 9" in proc.stderr and "a flaky scorer" in proc.stderr
+
+
+@pytest.mark.parametrize(("body", "needles"), [
+    ('return {"score": -1, "acc": "False"}', ("liar.py:compute_score", "'acc' = str 'False'")),
+    ("return 1e39", ("liar.py:compute_score", "beyond float32 range")),
+    ("import os; os._exit(3)", ("every call to the custom reward function", "worker_crash", "not the data")),
+])
+def test_a_reward_function_that_lies_or_always_dies_stops_the_run_with_its_name(tmp_path, body, needles) -> None:
+    fn = tmp_path / "liar.py"
+    fn.write_text(f"def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    {body}\n")
+    small = ["data.train_batch_size=2", "rollout.n=2"]  # 4 calls: an always-crashing function restarts 4 workers
+    proc = run_dapo(["train", *BASE, *small, f"custom_reward_function.path={fn}", "reward_model.timeout_s=5"],
+                    tmp_path)
+    _clean_failure(proc, *needles)
+    assert "all-correct" not in proc.stderr and "all-wrong" not in proc.stderr

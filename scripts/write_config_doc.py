@@ -8,6 +8,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from dapo.config import DapoConfig
+from dapo.config import verl_keys
 from dapo.config.loading import _KEY_ALIASES, _PREFIX_ALIASES, _section_type
 
 VERL_NAMES = {
@@ -19,7 +20,24 @@ OURS_ONLY = {
     "algorithm.overlong_filter", "algorithm.filter_groups.on_exhausted", "algorithm.filter_groups.carry_over_surplus",
     "data.synth", "data.val_max_samples", "model.gguf_file", "model.save_pretrained_cache", "trainer.num_threads",
     "actor.logprob_chunk_size", "actor.dtype", "reward_model.num_workers", "reward_model.timeout_s",
+    "reward_model.compat", "trainer.resume_with_changes",
 }
+
+
+def verl_rows() -> list[str]:
+    """The table of dapo.config.verl_keys: every verl key that is renamed, fixed or accepted without effect."""
+    out = []
+    for e in verl_keys.RENAMED:
+        out.append(f"| `{e.key}` | renamed: `{e.target}` | {e.why} |")
+    for v in verl_keys.VALUES:
+        out.append(f"| `{v.key}` | value translated | {v.why} |")
+    for f in verl_keys.FIXED:
+        out.append(f"| `{f.key}` | fixed: {' or '.join(repr(a) for a in f.allowed)} | {f.why} |")
+    for m in verl_keys.MATCHES:
+        out.append(f"| `{m.key}` | must equal `{m.other}` | {m.why} |")
+    for w in verl_keys.WARNED:
+        out.append(f"| `{w.key}` | accepted with a warning, no effect | {w.why} |")
+    return out
 
 
 def rows(model: type[BaseModel], prefix: str = ""):
@@ -57,6 +75,19 @@ def main(out: Path) -> None:
         "| alias | key |",
         "|---|---|",
         *[f"| `{a}` | `{t}` |" for a, t in _KEY_ALIASES.items()],
+        "",
+        "verl keys spelled otherwise here, with one possible value, or without effect on one device "
+        "(`dapo.config.verl_keys`; keys after the `actor_rollout_ref.*` prefix mapping above; a key ending in `.` is a whole section; `+key=value` is the same as `key=value`). "
+        "Every key of verl's DAPO scripts is either in the table below or in the key list with its verl name "
+        "(`tests/config/test_verl_recipes.py` runs the scripts' flags, kept in `tests/fixtures/verl/`). All unknown "
+        "or invalid keys of a command are reported in one message, each with a did-you-mean. "
+        "`trainer.total_epochs` without `trainer.total_training_steps` makes the epochs decide the run's length, as "
+        "in verl. `trainer.default_local_dir` differs: the run directory is `default_local_dir/experiment_name` "
+        "(verl writes into `default_local_dir` itself); a value ending in the experiment name is warned about.",
+        "",
+        "| verl key | here | why |",
+        "|---|---|---|",
+        *verl_rows(),
         "",
         "DAPO's four techniques as switches: Clip-Higher = `actor.clip_ratio_high` (0.28); Dynamic Sampling = "
         "`algorithm.filter_groups.enable`; token-level loss = `actor.loss_agg_mode=token-mean`; overlong shaping = "

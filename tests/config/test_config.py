@@ -105,7 +105,8 @@ def test_paper_recipe_values():
     assert cfg.data.train_batch_size == 512 and cfg.data.gen_batch_size == 1536 and cfg.rollout.n == 16
     assert cfg.data.train_batch_size // cfg.actor.ppo_mini_batch_size == 16  # 16 gradient updates per step
     assert cfg.reward_model.overlong_buffer.len == 4096 and cfg.data.max_response_length == 20480
-    assert cfg.actor.optim.lr == 1e-6 and cfg.rollout.val_kwargs.n == 32 and cfg.rollout.val_kwargs.top_p == 0.7
+    assert cfg.actor.optim.lr == 1e-6 and cfg.rollout.val_kwargs.top_p == 0.7
+    assert cfg.rollout.val_kwargs.n == 1  # the official AIME file repeats each problem 32x: n=1 is avg@32
 
 
 def test_config_reference_doc_is_current(tmp_path):
@@ -114,3 +115,131 @@ def test_config_reference_doc_is_current(tmp_path):
     out = tmp_path / "config.md"
     runpy.run_path(str(REPO / "scripts" / "write_config_doc.py"), run_name="not_main")["main"](out)
     assert out.read_text() == (REPO / "docs" / "config.md").read_text(), "run: python scripts/write_config_doc.py"
+
+
+# ---- verl habits (issue 12) ------------------------------------------------------------------------------------------
+
+
+def test_all_problems_in_one_message_each_with_a_suggestion():
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["actor.clip_ratio_hgh=0.3", "rollout.temprature=1.0", "actor.loss_agg_mode=token_mean",
+                           "data.train_batch_size=abc", "actor_rollout_ref.actor.use_remove_padding=True"])
+    msg = str(err.value)
+    assert msg.startswith("invalid configuration (defaults + overrides): 5 problems")
+    assert "Did you mean 'clip_ratio_high'" in msg and "Did you mean 'temperature'" in msg
+    assert "did you mean 'token-mean'" in msg and "data.train_batch_size" in msg
+    assert "'actor_rollout_ref.actor.use_remove_padding' (= 'actor.use_remove_padding')" in msg
+    assert "Did you mean 'model.use_remove_padding'" in msg
+
+
+def test_plain_string_files_plus_keys_and_verl_values():
+    cfg = load_config(None, ["data.train_files=/d/train.parquet", "+data.val_files=/d/val.parquet",
+                             "+trainer.val_before_train=False", "actor_rollout_ref.actor.optim.lr_warmup_steps=-1",
+                             "data.filter_overlong_prompts=True", "trainer.logger=console"])
+    assert cfg.data.train_files == ["/d/train.parquet"] and cfg.data.val_files == ["/d/val.parquet"]
+    assert cfg.trainer.val_before_train is False and cfg.actor.optim.lr_warmup_steps == 0
+    assert cfg.data.filter_overlong_prompts == "drop" and cfg.trainer.logger == ["console"]
+    assert load_config(None, ["data.filter_overlong_prompts=False"]).data.filter_overlong_prompts == "error"
+
+
+def test_renamed_verl_keys():
+    cfg = load_config(None, ["actor_rollout_ref.model.enable_gradient_checkpointing=True",
+                             "actor_rollout_ref.actor.use_token_level_loss=False",
+                             "custom_reward_function.overlong_buffer.len=8",
+                             "actor_rollout_ref.actor.ppo_micro_batch_size=4", "actor.use_dynamic_bsz=false"])
+    assert cfg.actor.gradient_checkpointing and cfg.actor.loss_agg_mode == "seq-mean-token-mean"
+    assert cfg.reward_model.overlong_buffer.len == 8 and cfg.actor.ppo_micro_batch_size_per_gpu == 4
+    cfg = load_config(None, ["+reward_model.reward_kwargs.overlong_buffer_cfg.len=16",
+                             "+reward_model.reward_kwargs.max_resp_len=64"])
+    assert cfg.reward_model.overlong_buffer.len == 16
+
+
+def test_fixed_and_matching_verl_keys_are_checked():
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["data.prompt_key=question", "reward_model.reward_manager=naive",
+                           "algorithm.use_kl_in_reward=True", "+reward_model.reward_kwargs.max_resp_len=100"])
+    msg = str(err.value)
+    assert "4 problems" in msg and "data.prompt_key='question': only 'prompt' is supported" in msg
+    assert "reward_model.reward_manager='naive'" in msg and "algorithm.use_kl_in_reward=True" in msg
+    assert "max_resp_len=100 differs from data.max_response_length=64" in msg
+
+
+def test_warned_verl_keys_are_accepted_with_one_line_each(caplog):
+    from dapo.config.loading import load_config_with_report
+
+    flags = ["actor_rollout_ref.actor.fsdp_config.param_offload=True", "trainer.nnodes=4",
+             "actor_rollout_ref.ref.log_prob_micro_batch_size=null", "actor_rollout_ref.rollout.enable_chunked_prefill=True"]
+    cfg, report = load_config_with_report(None, flags)
+    assert cfg == load_config()
+    assert len(report.warnings) == 3 and all("\n" not in w and "accepted without effect" in w for w in report.warnings)
+    assert any("fsdp_config.param_offload, trainer.nnodes" in w for w in report.warnings)
+    with caplog.at_level("WARNING", logger="dapo.config"):
+        load_config(None, flags)
+    assert len([r for r in caplog.records if r.name == "dapo.config"]) == 3
+
+
+def test_total_epochs_governs_length_without_total_training_steps(tmp_path):
+    assert load_config().trainer.total_training_steps == 30  # the tiny default run
+    cfg = load_config(None, ["trainer.total_epochs=3"])
+    assert cfg.trainer.total_training_steps is None and cfg.trainer.total_epochs == 3
+    cfg = load_config(None, ["trainer.total_epochs=3", "trainer.total_training_steps=7"])
+    assert cfg.trainer.total_training_steps == 7  # as in verl, an explicit step count wins
+    f = tmp_path / "x.yaml"
+    f.write_text("trainer:\n  total_epochs: 2\n")
+    assert load_config(f).trainer.total_training_steps is None
+
+
+def test_default_local_dir_difference_is_warned():
+    from dapo.config.loading import load_config_with_report
+
+    _, report = load_config_with_report(None, ["trainer.default_local_dir=/ck/DAPO/exp", "trainer.experiment_name=exp"])
+    assert any("default_local_dir/experiment_name = /ck/DAPO/exp/exp" in w for w in report.warnings)
+    _, report = load_config_with_report(None, ["trainer.default_local_dir=/ck/DAPO"])
+    assert report.warnings == []
+
+
+def test_run_record_is_written_whatever_the_loggers():
+    from dapo.config.loading import tracker_backends
+
+    assert tracker_backends(load_config(None, ["trainer.logger=[console,wandb]"])) == ["jsonl", "console", "wandb"]
+    assert tracker_backends(load_config()) == ["jsonl", "tensorboard"]
+
+
+def test_resume_refuses_changed_hyper_parameters(tmp_path):
+    import yaml
+
+    from dapo.config.resume import check_resume, resume_conflicts
+
+    old = load_config(None, ["actor.clip_ratio_high=0.28"])
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config_to_dict(old)))
+    check_resume(tmp_path, load_config(None, ["trainer.total_training_steps=60", "trainer.logger=[jsonl]"]))
+    new = load_config(None, ["actor.clip_ratio_high=0.3", "rollout.n=4"])
+    assert resume_conflicts(config_to_dict(old), new) == ["actor.clip_ratio_high: 0.28 -> 0.3", "rollout.n: 8 -> 4"]
+    with pytest.raises(ConfigError, match=r"Changed \(2\):\n  actor.clip_ratio_high: 0.28 -> 0.3") as err:
+        check_resume(tmp_path, new)
+    assert "trainer.resume_with_changes=true" in str(err.value)
+    check_resume(tmp_path, load_config(None, ["actor.clip_ratio_high=0.3", "trainer.resume_with_changes=true"]))
+    check_resume(tmp_path / "fresh", new)  # nothing saved there: nothing to compare
+    saved = config_to_dict(old)
+    del saved["reward_model"]["compat"]  # a run started before the key existed
+    assert resume_conflicts(saved, old) == []
+
+
+@pytest.mark.parametrize("name", ["dapo_qwen2.5_32b.yaml", "dapo_early_qwen2.5_32b.yaml", "dapo_qwen2.5_math_7b.yaml"])
+def test_gpu_recipes_name_the_prepared_files_and_sample_avg32_once(name):
+    cfg = load_config(REPO / "configs" / name)
+    assert cfg.data.train_files == ["data/dapo17k/train.parquet"]  # `dapo data prepare ... --out data/dapo17k`
+    assert cfg.data.val_files == ["data/aime-2024.parquet"]  # the official file, each problem 32 times
+    assert cfg.rollout.val_kwargs.n == 1 and cfg.trainer.total_training_steps is None
+
+
+def test_7b_recipe_is_verls_test_script():
+    cfg = load_config(REPO / "configs" / "dapo_qwen2.5_math_7b.yaml")
+    assert cfg.model.path == "Qwen/Qwen2.5-Math-7B" and cfg.rollout.name == "vllm"
+    assert (cfg.data.max_prompt_length, cfg.data.max_response_length) == (2048, 2048)
+    assert (cfg.data.train_batch_size, cfg.data.gen_batch_size, cfg.actor.ppo_mini_batch_size, cfg.rollout.n) == (
+        512, 1536, 32, 16)
+    assert cfg.reward_model.overlong_buffer.len == 512 and cfg.actor.ppo_max_token_len_per_gpu == 4096
+    assert (cfg.trainer.test_freq, cfg.trainer.save_freq, cfg.trainer.resume_mode) == (2, 2, "disable")
+    header = (REPO / "configs" / "dapo_qwen2.5_math_7b.yaml").read_text()
+    assert "#   dapo train --config configs/dapo_qwen2.5_math_7b.yaml" in header

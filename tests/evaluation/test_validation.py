@@ -43,8 +43,12 @@ GROUPS = [
 ]
 
 
+def _ours(metrics: dict[str, float]) -> dict[str, float]:
+    return {k: v for k, v in metrics.items() if k.startswith("val/")}
+
+
 def test_summary_of_hand_computed_groups() -> None:
-    metrics = summarize_validation(GROUPS, 4)
+    metrics = _ours(summarize_validation(GROUPS, 4))
     assert metrics == pytest.approx({
         "val/acc/mean@4": 4 / 12,  # 1 + 0 + 3 right answers of 12 samples
         "val/pass@4": 2 / 3,  # A and C solved at least once
@@ -56,7 +60,7 @@ def test_summary_of_hand_computed_groups() -> None:
 
 
 def test_one_data_source_has_no_per_source_keys() -> None:
-    metrics = summarize_validation(GROUPS[:2], 4)
+    metrics = _ours(summarize_validation(GROUPS[:2], 4))
     assert set(metrics) == {"val/acc/mean@4", "val/pass@4", "val/score/mean@4", "val/response_length/mean"}
     assert metrics["val/acc/mean@4"] == pytest.approx(1 / 8)
     assert metrics["val/pass@4"] == pytest.approx(1 / 2)
@@ -77,6 +81,46 @@ def test_all_right_and_all_wrong() -> None:
 
 def test_no_groups_no_metrics() -> None:
     assert summarize_validation([], 8) == {}
+
+
+def _problem(uid: int, source: str, prompt: tuple[int, ...], acc: list[bool], lengths: list[int]) -> ScoredGroup:
+    group = _group(uid, source, acc, lengths)
+    group.prompt = PromptItem(uid, prompt, "3", source)
+    return group
+
+
+def test_verl_names_group_samples_by_problem() -> None:
+    # The official AIME layout: each problem repeated as separate rows, sampled once each (n=1).
+    rows = [_problem(i, "math_dapo", (7,), [i < 3], [10]) for i in range(4)]  # problem X: 3 of 4 right
+    rows += [_problem(4 + i, "math_dapo", (8,), [False], [20]) for i in range(4)]  # problem Y: 0 of 4
+    metrics = summarize_validation(rows, 1)
+    assert metrics["val/acc/mean@1"] == pytest.approx(3 / 8)
+    assert metrics["val-core/math_dapo/acc/mean@4"] == pytest.approx(3 / 8)
+    assert metrics["val-aux/math_dapo/score/mean@4"] == pytest.approx((0.5 + -1.0) / 2)
+    assert metrics["val-aux/math_dapo/acc/best@4/mean"] == pytest.approx(1 / 2)
+    assert metrics["val-aux/math_dapo/acc/std@4"] == pytest.approx((0.75 * 0.25) ** 0.5 / 2)
+    assert metrics["val-aux/math_dapo/response_length/mean"] == pytest.approx(15.0)
+    # The same problems as one group of 4 samples each (a de-duplicated file with n=4) give the same verl metrics.
+    dedup = [_problem(0, "math_dapo", (7,), [True, True, True, False], [10] * 4),
+             _problem(1, "math_dapo", (8,), [False] * 4, [20] * 4)]
+    verl_keys = [k for k in metrics if not k.startswith("val/")]
+    assert {k: summarize_validation(dedup, 4)[k] for k in verl_keys} == pytest.approx({k: metrics[k] for k in verl_keys})
+
+
+def test_verl_core_key_per_data_source() -> None:
+    metrics = summarize_validation(GROUPS, 4)
+    assert metrics["val-core/math500/acc/mean@4"] == pytest.approx(3 / 4)
+    assert metrics["val-core/aime/acc/mean@8"] == pytest.approx(1 / 8)  # A and B share a prompt here: one problem
+
+
+def test_repeated_prompt_warning() -> None:
+    from dapo.evaluation.validation import repeated_prompt_warning
+
+    repeated = [PromptItem(i, (5, i % 2), "1", "aime") for i in range(64)]  # 2 problems x 32 rows
+    message = repeated_prompt_warning(repeated, 32)
+    assert message is not None and "32x" in message and "1024" in message and "val_kwargs.n=1" in message
+    assert repeated_prompt_warning(repeated, 1) is None
+    assert repeated_prompt_warning([PromptItem(i, (i,), "1", "aime") for i in range(5)], 32) is None
 
 
 # ---- val_acc_key ---------------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from matplotlib.colors import to_rgb
 from matplotlib.image import imread
 
 from dapo.cli.plot_cmd import plot_command
-from dapo.infra.plot import PANELS, make_figure, plot_runs
+from dapo.infra.plot import PANEL_NAMES, PANELS, make_figure, plot_runs
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -29,6 +29,7 @@ def _write_run(run_dir: Path, *, scale: float, with_val: bool, with_mean_prob: b
             "actor/entropy": 1.0 / (step * scale),
             "acc/mean": 0.05 * step * scale,
         }
+        record["rollout/acc/mean"] = 0.02 * step * scale
         if with_mean_prob:
             record["actor/mean_prob"] = 0.5 + 0.01 * step
         if step == 4:
@@ -56,15 +57,16 @@ def _png_size(path: Path) -> tuple[int, int]:
 
 def test_figure_overlays_both_runs_and_marks_missing_panels(two_runs: list[Path]) -> None:
     fig = make_figure(two_runs, labels=["DAPO", "w/o clip-higher"])
-    axes = {ax.get_title(): ax for ax in fig.axes}
-    assert set(axes) == {title for title, _key in PANELS}
-    for title in ("response length", "reward score", "generation entropy", "training accuracy"):
+    axes = {ax.get_title(): ax for ax in fig.axes if ax.get_title()}
+    assert set(axes) == {p.title for p in PANELS}
+    for title in ("response length (kept groups)", "reward score (kept groups)", "generation entropy (kept groups)",
+                  "training accuracy (kept groups)", "rollout accuracy (all groups, before filtering)"):
         lines = axes[title].get_lines()
         assert [line.get_label() for line in lines] == ["DAPO", "w/o clip-higher"]
         assert lines[0].get_color() != lines[1].get_color()
-    acc_steps = axes["training accuracy"].get_lines()[0].get_xdata()
+    acc_steps = axes["training accuracy (kept groups)"].get_lines()[0].get_xdata()
     assert list(acc_steps) == [1, 2, 3, 5, 6, 7, 8, 9, 10]  # the null at step 4 is skipped, not drawn as 0
-    entropy = axes["generation entropy"].get_lines()[1].get_ydata()
+    entropy = axes["generation entropy (kept groups)"].get_lines()[1].get_ydata()
     np.testing.assert_allclose(entropy, [1.0 / (2 * s) for s in range(1, 11)])
 
     val_lines = axes["validation accuracy"].get_lines()
@@ -72,7 +74,11 @@ def test_figure_overlays_both_runs_and_marks_missing_panels(two_runs: list[Path]
     assert list(val_lines[0].get_xdata()) == [5, 10]
     assert axes["validation accuracy"].get_ylabel() == "val/acc/mean@8"
 
-    mean_prob = axes["mean probability"]
+    assert axes["response length (kept groups)"].get_ylabel() == "tokens"
+    assert axes["generation entropy (kept groups)"].get_ylabel() == "nats per token"
+    for title in ("validation accuracy", "training accuracy (kept groups)", "rollout accuracy (all groups, before filtering)"):
+        assert axes[title].get_ylim() == (0.0, 1.0), title
+    mean_prob = axes["mean probability (kept groups)"]
     assert mean_prob.get_lines() == [] and [t.get_text() for t in mean_prob.texts] == ["no data"]
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["DAPO", "w/o clip-higher"]
 
@@ -80,7 +86,7 @@ def test_figure_overlays_both_runs_and_marks_missing_panels(two_runs: list[Path]
 def test_plot_runs_writes_a_png_with_both_runs_colours(two_runs: list[Path], tmp_path: Path) -> None:
     out = plot_runs(two_runs, tmp_path / "plots" / "runs.png")
     assert out == tmp_path / "plots" / "runs.png"
-    assert _png_size(out) == (1500, 850)  # figsize (15, 8.5) at 100 dpi
+    assert _png_size(out) == (1500, 1275)  # 7 panels, 3 a row: figsize (15, 12.75) at 100 dpi
     assert out.stat().st_size > 20_000
     pixels = imread(out)[..., :3]
     for colour in ("C0", "C1"):  # each run's line colour is really drawn
@@ -105,7 +111,7 @@ def test_cli_plot_command(two_runs: list[Path], tmp_path: Path) -> None:
     result = runner.invoke(plot_command, args)
     assert result.exit_code == 0, result.output
     assert result.output.strip() == f"wrote {out}"
-    assert _png_size(out) == (1500, 850)
+    assert _png_size(out) == (1500, 1275)
 
     empty = tmp_path / "empty_run"
     empty.mkdir()
@@ -115,3 +121,40 @@ def test_cli_plot_command(two_runs: list[Path], tmp_path: Path) -> None:
     result = runner.invoke(plot_command, [*map(str, two_runs), "--out", str(tmp_path / "l.png"), "--label", "a"])
     assert result.exit_code == 2 and "got 1 --label for 2 RUN_DIR" in result.output
     assert not (tmp_path / "e.png").exists() and not (tmp_path / "l.png").exists()
+
+
+def test_runs_with_different_k_get_separate_validation_panels(tmp_path: Path) -> None:
+    a = _write_run(tmp_path / "k8", scale=1.0, with_val=True)
+    b = tmp_path / "k32"
+    _write_run(b, scale=1.0, with_val=False)
+    with (b / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 10, "val/acc/mean@32": 0.4}) + "\n")
+    fig = make_figure([a, b], metrics=["val_acc"])
+    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+    assert titles == ["validation accuracy (mean@8)", "validation accuracy (mean@32)"]
+    by_title = {ax.get_title(): ax for ax in fig.axes}
+    assert [l.get_label() for l in by_title["validation accuracy (mean@8)"].get_lines()] == ["k8"]
+    assert [l.get_label() for l in by_title["validation accuracy (mean@32)"].get_lines()] == ["k32"]
+
+
+def test_metrics_choose_panels_and_smoothing_adds_a_smoothed_line(two_runs: list[Path]) -> None:
+    fig = make_figure(two_runs, metrics=["entropy", "critic/advantages/mean"], smooth=0.6)
+    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+    assert titles == ["generation entropy (kept groups)", "critic/advantages/mean"]
+    entropy_lines = fig.axes[0].get_lines()
+    assert len(entropy_lines) == 4  # raw (faint) + smoothed, per run
+    raw, smoothed = entropy_lines[0].get_ydata(), entropy_lines[1].get_ydata()
+    assert smoothed[0] == pytest.approx(raw[0]) and smoothed[-1] > raw[-1]  # debiased EMA lags a falling curve
+    with pytest.raises(ValueError, match="unknown panel 'bogus'"):
+        make_figure(two_runs, metrics=["bogus"])
+    assert set(PANEL_NAMES) >= {"rollout_acc", "val_acc", "train_acc"}
+
+
+def test_cli_metrics_and_smooth(two_runs: list[Path], tmp_path: Path) -> None:
+    out = tmp_path / "m.png"
+    result = CliRunner().invoke(plot_command, [*map(str, two_runs), "--out", str(out), "--metrics",
+                                               "val_acc,rollout_acc", "--smooth", "0.5"])
+    assert result.exit_code == 0, result.output
+    assert _png_size(out) == (1000, 425)
+    result = CliRunner().invoke(plot_command, [*map(str, two_runs), "--out", str(out), "--metrics", "nope"])
+    assert result.exit_code == 2 and "unknown panel 'nope'" in result.output

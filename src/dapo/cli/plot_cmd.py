@@ -1,4 +1,5 @@
-"""``dapo plot RUN_DIR [RUN_DIR...] --out FILE.png [--label NAME ...]``: monitoring panels of runs."""
+"""``dapo plot RUN_DIR [RUN_DIR...] --out FILE.png [--label NAME ...] [--metrics a,b] [--smooth W]``: monitoring
+panels of runs."""
 
 from __future__ import annotations
 
@@ -32,10 +33,27 @@ __all__ = ["plot_command"]
     multiple=True,
     help="Legend name of each run, in RUN_DIR order (default: the folder names).",
 )
-def plot_command(run_dirs: tuple[Path, ...], out: Path, labels: tuple[str, ...]) -> None:
-    """Plot response length, reward, entropy, mean probability and accuracies of one or more runs.
+@click.option(
+    "--metrics",
+    "metrics",
+    default=None,
+    help="Comma-separated panels: response_length, score, entropy, mean_prob, val_acc, rollout_acc, train_acc, or "
+    "any logged metric key (default: all seven).",
+)
+@click.option(
+    "--smooth",
+    type=click.FloatRange(0.0, 1.0, max_open=True),
+    default=0.0,
+    show_default=True,
+    help="EMA weight of a smoothed line over the raw one (e.g. 0.6); validation points are never smoothed.",
+)
+def plot_command(run_dirs: tuple[Path, ...], out: Path, labels: tuple[str, ...], metrics: str | None,
+                 smooth: float) -> None:
+    """Plot response length (tokens), reward, entropy (nats), mean probability and accuracies of one or more runs.
 
-    Several RUN_DIRs are overlaid, one colour each, to compare ablations.
+    Several RUN_DIRs are overlaid, one colour each, to compare ablations. Panels on the training batch (the groups
+    Dynamic Sampling kept) say so; rollout_acc is the learning curve before filtering. Accuracy axes are [0, 1];
+    validation accuracies with different k get separate panels.
     """
     for run_dir in run_dirs:
         if not (run_dir / METRICS_FILE_NAME).is_file():
@@ -51,5 +69,9 @@ def plot_command(run_dirs: tuple[Path, ...], out: Path, labels: tuple[str, ...])
 
     from dapo.infra.plot import plot_runs  # matplotlib import only when the command runs
 
-    written = plot_runs(run_dirs, out, labels=list(labels) if labels else None)
+    chosen = [m.strip() for m in metrics.split(",") if m.strip()] if metrics else None
+    try:
+        written = plot_runs(run_dirs, out, labels=list(labels) if labels else None, metrics=chosen, smooth=smooth)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--metrics") from None
     click.echo(f"wrote {written}")

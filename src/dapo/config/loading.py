@@ -7,15 +7,20 @@ here, and the DAPO technique switches can also be reached under ``algorithm.*`` 
 from __future__ import annotations
 
 import difflib
+import logging
 import types
 import typing
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from dapo.config import verl_keys
 from dapo.config.schema import ConfigError, DapoConfig
+
+log = logging.getLogger("dapo.config")
 
 # verl's nested paths -> ours, so a verl/DAPO recipe's overrides apply unchanged.
 _PREFIX_ALIASES: dict[str, str] = {
@@ -64,8 +69,16 @@ def _section_type(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def _check_known_key(dotted: str) -> None:
-    """Reject an unknown dotted key with the allowed keys of its section and a close match."""
+def _all_keys(model: type[BaseModel] = DapoConfig, prefix: str = "") -> list[str]:
+    keys: list[str] = []
+    for name, field in model.model_fields.items():
+        sub = _section_type(field.annotation)
+        keys += _all_keys(sub, f"{prefix}{name}.") if sub is not None else [f"{prefix}{name}"]
+    return keys
+
+
+def _unknown_key_problem(dotted: str) -> str | None:
+    """None for a key of this tree; else one line naming the key, its section's allowed keys and a close match."""
     parts = dotted.split(".")
     model: type[BaseModel] = DapoConfig
     for depth, part in enumerate(parts):
@@ -73,19 +86,34 @@ def _check_known_key(dotted: str) -> None:
         section = ".".join(parts[:depth])
         allowed += [a.rsplit(".", 1)[1] + f" (alias of {t})" for a, t in _KEY_ALIASES.items() if a.rsplit(".", 1)[0] == section]
         if part not in model.model_fields:
-            where = ".".join(parts[:depth]) or "<top level>"
+            where = section or "<top level>"
             close = difflib.get_close_matches(part, [a.split(" ")[0] for a in allowed], n=1)
             hint = f" Did you mean '{close[0]}'?" if close else ""
+            if not close:  # maybe a key of another section, or one of verl's spellings
+                anywhere = difflib.get_close_matches(dotted, _all_keys() + _verl_spellings(), n=1, cutoff=0.75)
+                hint = f" Did you mean '{anywhere[0]}'?" if anywhere else ""
             if dotted == "actor.optim.lr_warmup_steps_ratio":
                 hint = " Use actor.optim.lr_warmup_steps (an absolute number of optimizer steps)."
-            raise ConfigError(f"unknown config key '{dotted}': section '{where}' has no '{part}'.{hint} "
-                              f"Allowed keys there: {', '.join(allowed)}")
+            return (f"unknown config key '{dotted}': section '{where}' has no '{part}'.{hint} "
+                    f"Allowed keys there: {', '.join(allowed)}")
         sub = _section_type(model.model_fields[part].annotation)
         if sub is None:
             if depth != len(parts) - 1:
-                raise ConfigError(f"config key '{dotted}': '{'.'.join(parts[: depth + 1])}' is a value, not a section")
-            return
+                return f"config key '{dotted}': '{'.'.join(parts[: depth + 1])}' is a value, not a section"
+            return None
         model = sub
+    return f"config key '{dotted}' is a section, not a value"
+
+
+def _verl_spellings() -> list[str]:
+    return [e.key.rstrip(".") for table in (verl_keys.RENAMED, verl_keys.FIXED, verl_keys.MATCHES) for e in table]
+
+
+def _check_known_key(dotted: str) -> None:
+    """Reject an unknown dotted key with the allowed keys of its section and a close match."""
+    problem = _unknown_key_problem(dotted)
+    if problem is not None:
+        raise ConfigError(problem)
 
 
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -115,8 +143,8 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
-def _format_validation_error(exc: ValidationError, origin: str) -> str:
-    lines = [f"invalid configuration ({origin}):"]
+def _validation_problems(exc: ValidationError) -> list[str]:
+    lines = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"]) or "<top level>"
         msg = err["msg"].removeprefix("Value error, ")
@@ -124,33 +152,135 @@ def _format_validation_error(exc: ValidationError, origin: str) -> str:
             msg = "unknown key"
         got = err.get("input")
         got_txt = "" if isinstance(got, dict) else f" (got {got!r})"
-        lines.append(f"  {loc}: {msg}{got_txt}")
-    return "\n".join(lines)
+        hint = ""
+        if err["type"] == "literal_error" and isinstance(got, str):
+            choices = [c.strip().strip("'") for c in str(err.get("ctx", {}).get("expected", "")).replace(" or ", ",").split(",")]
+            close = difflib.get_close_matches(got, [c for c in choices if c], n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+        lines.append(f"{loc}: {msg}{got_txt}{hint}")
+    return lines
 
 
-def build_config(tree: Mapping[str, Any] | None = None, overrides: Sequence[str] = (), *, origin: str = "config") -> DapoConfig:
-    """Build and validate a config from a nested mapping plus dotted overrides."""
-    flat: dict[str, Any] = {}
-    for key, value in _flatten(tree or {}).items():
-        canon = canonical_key(key)
-        _check_known_key(canon)
-        flat[canon] = value
+def _format_validation_error(exc: ValidationError, origin: str) -> str:
+    return "\n".join([f"invalid configuration ({origin}):", *(f"  {line}" for line in _validation_problems(exc))])
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and a == b or (isinstance(a, float) and isinstance(b, int) and not isinstance(b, bool) and a == b)
+
+
+@dataclass
+class ConfigReport:
+    """What building a config did besides validating it: one line per verl key accepted without effect."""
+
+    warnings: list[str] = field(default_factory=list)
+    renamed: dict[str, str] = field(default_factory=dict)  # verl key as given -> our key
+
+
+def _entries(tree: Mapping[str, Any] | None, overrides: Sequence[str], problems: list[str]) -> list[tuple[str, Any]]:
+    entries = list(_flatten(tree or {}).items())
     for text in overrides:
-        key, value = parse_override(text)
-        canon = canonical_key(key)
-        _check_known_key(canon)
-        flat[canon] = value
+        try:
+            entries.append(parse_override(text))
+        except ConfigError as exc:
+            problems.append(str(exc))
+    return entries
+
+
+def build_config_with_report(
+    tree: Mapping[str, Any] | None = None, overrides: Sequence[str] = (), *, origin: str = "config"
+) -> tuple[DapoConfig, ConfigReport]:
+    """Build and validate a config from a nested mapping plus dotted overrides; every problem in one ConfigError.
+
+    verl keys are mapped as ``dapo.config.verl_keys`` says: renamed (value translated), fixed (accepted when the
+    value is the one behaviour here), or accepted with a warning in the report saying why they do not apply.
+    """
+    report = ConfigReport()
+    problems: list[str] = []
+    warned: dict[str, list[str]] = {}
+    matches: list[tuple[str, Any, verl_keys.Matches]] = []
+    flat: dict[str, Any] = {}
+    for given, value in _entries(tree, overrides, problems):
+        key = canonical_key(given)
+        entry = verl_keys.lookup(key)
+        if isinstance(entry, verl_keys.Renamed):
+            target = entry.target + key[len(entry.key):] if entry.key.endswith(".") else entry.target
+            value = entry.translate(value) if entry.translate else value
+            report.renamed[given] = target
+            if value is None and target == "actor.ppo_micro_batch_size_per_gpu":
+                continue  # verl's null: not set
+            key = target
+        elif isinstance(entry, verl_keys.Fixed):
+            if not any(_same_value(value, a) for a in entry.allowed):
+                allowed = " or ".join(repr(a) for a in entry.allowed)
+                problems.append(f"{given}={value!r}: only {allowed} is supported here: {entry.why}")
+            continue
+        elif isinstance(entry, verl_keys.Matches):
+            matches.append((given, value, entry))
+            continue
+        elif isinstance(entry, verl_keys.Warned):
+            warned.setdefault(entry.why, [])
+            if given not in warned[entry.why]:
+                warned[entry.why].append(given)
+            continue
+        translation = verl_keys.value_translation(key)
+        if translation is not None:
+            value = translation.translate(value)
+        problem = _unknown_key_problem(key)
+        if problem is not None:
+            problems.append(problem if key == given else problem.replace(f"'{key}'", f"'{given}' (= '{key}')", 1))
+            continue
+        flat[key] = value
+    # verl: with no total_training_steps, total_epochs passes over the data set decide the length of the run.
+    if "trainer.total_epochs" in flat and "trainer.total_training_steps" not in flat:
+        flat["trainer.total_training_steps"] = None
     nested: dict[str, Any] = {}
     for key, value in flat.items():
         _set_dotted(nested, key, value)
+    cfg = None
     try:
-        return DapoConfig.model_validate(nested)
+        cfg = DapoConfig.model_validate(nested)
     except ValidationError as exc:
-        raise ConfigError(_format_validation_error(exc, origin)) from None
+        problems.extend(_validation_problems(exc))
+    if cfg is not None:
+        for given, value, entry in matches:
+            ours = _get_dotted(cfg, entry.other)
+            if not _same_value(value, ours):
+                problems.append(f"{given}={value!r} differs from {entry.other}={ours!r}: {entry.why}")
+        run_dir = Path(cfg.trainer.default_local_dir)
+        if run_dir.name == cfg.trainer.experiment_name:
+            report.warnings.append(
+                f"trainer.default_local_dir={cfg.trainer.default_local_dir}: the run directory here is "
+                f"default_local_dir/experiment_name = {run_dir / cfg.trainer.experiment_name} (verl writes "
+                "checkpoints into default_local_dir itself); pass its parent to get verl's layout")
+    if problems:
+        head = f"invalid configuration ({origin}): {len(problems)} problem{'s' if len(problems) > 1 else ''}"
+        raise ConfigError("\n".join([head, *(f"  {p}" for p in problems)]))
+    for why, keys in warned.items():
+        report.warnings.append(f"{', '.join(keys)}: accepted without effect: {why}")
+    assert cfg is not None
+    return cfg, report
 
 
-def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> DapoConfig:
-    """Load a YAML config file (or the defaults when None) and apply dotted overrides."""
+def build_config(tree: Mapping[str, Any] | None = None, overrides: Sequence[str] = (), *, origin: str = "config") -> DapoConfig:
+    """Build and validate a config from a nested mapping plus dotted overrides (warnings go to the log)."""
+    cfg, report = build_config_with_report(tree, overrides, origin=origin)
+    for line in report.warnings:
+        log.warning("%s", line)
+    return cfg
+
+
+def _get_dotted(cfg: BaseModel, dotted: str) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def load_config_with_report(
+    path: str | Path | None = None, overrides: Sequence[str] = ()
+) -> tuple[DapoConfig, ConfigReport]:
+    """``load_config`` that also returns the report (the verl keys accepted without effect, and why)."""
     tree: dict[str, Any] = {}
     origin = "defaults"
     if path is not None:
@@ -169,7 +299,25 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         origin = str(p)
     if overrides:
         origin += " + overrides"
-    return build_config(tree, overrides, origin=origin)
+    return build_config_with_report(tree, overrides, origin=origin)
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> DapoConfig:
+    """Load a YAML config file (or the defaults when None) and apply dotted overrides.
+
+    Every unknown or invalid key is reported in one ``ConfigError``; verl keys accepted without effect are logged
+    as one warning line each (logger ``dapo.config``).
+    """
+    cfg, report = load_config_with_report(path, overrides)
+    for line in report.warnings:
+        log.warning("%s", line)
+    return cfg
+
+
+def tracker_backends(cfg: DapoConfig) -> list[str]:
+    """The metric sinks of a run: ``trainer.logger`` with ``jsonl`` always first, because ``metrics.jsonl`` is the
+    run record (plots, resume truncation and the end-of-run summary read it), not a choice of dashboard."""
+    return ["jsonl", *[b for b in cfg.trainer.logger if b != "jsonl"]]
 
 
 def config_to_dict(cfg: DapoConfig) -> dict[str, Any]:

@@ -250,6 +250,10 @@ class RewardModelConfig(_Section):
         100, ge=0, description="with on_failure=score_as_failed: stop once more than this many reward calls of the "
         "run failed (None = no limit)"
     )
+    compat: Literal["improved", "reference"] = Field(
+        "improved", description="math_dapo/AIME/DAPO-17k scorer: 'improved' (dapo.reward.math_dapo, the fixes in "
+        "docs/reward.md) or 'reference' (the published verl/DAPO scorer exactly, for numbers comparable with the paper)"
+    )
 
 
 class CustomRewardFunctionConfig(_Section):
@@ -277,6 +281,10 @@ class TrainerConfig(_Section):
     seed: int = 42
     device: Literal["auto", "cpu", "cuda"] = "auto"
     num_threads: int | None = Field(None, gt=0, description="torch CPU threads (None = torch's default)")
+    resume_with_changes: bool = Field(
+        False, description="resume a run directory whose config.yaml differs in hyper-parameters (otherwise the run "
+        "stops and lists the changed keys); length, logging and checkpoint-frequency keys may always change"
+    )
 
 
 class DapoConfig(_Section):

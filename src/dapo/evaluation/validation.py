@@ -1,10 +1,21 @@
 """Validation: sample k responses per held-out prompt at the evaluation setting and report mean@k and pass@k.
 
 The paper evaluates AIME 2024 as avg@32 at temperature 1.0, top-p 0.7; `rollout.val_kwargs` holds those values.
+
+Metrics come under two sets of names:
+
+* ours, ``val/acc/mean@k`` (k = rollout.val_kwargs.n, mean over every sample), ``val/pass@k``, ``val/score/mean@k``,
+  ``val/response_length/mean``, and per data_source ``val/<data_source>/acc/mean@k`` when there are several;
+* verl's, computed as verl computes them: samples are grouped by problem (data_source and prompt), so the official
+  AIME file (each problem 32 times) with n=1 gives N=32: ``val-core/<data_source>/acc/mean@N``, and
+  ``val-aux/<data_source>/score/mean@N``, ``val-aux/<data_source>/acc/std@N`` (per-problem std, averaged),
+  ``val-aux/<data_source>/acc/best@N/mean`` (share of problems solved at least once in N),
+  ``val-aux/<data_source>/response_length/mean``.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Sequence
 
@@ -37,7 +48,44 @@ def summarize_validation(groups: Sequence[ScoredGroup], k: int) -> dict[str, flo
         for source, gs in sorted(by_source.items()):
             accs = [a for g in gs for a in g.acc]
             metrics[f"val/{source}/acc/mean@{k}"] = sum(accs) / len(accs)
+    metrics.update(verl_validation_metrics(groups))
     return metrics
+
+
+def verl_validation_metrics(groups: Sequence[ScoredGroup]) -> dict[str, float]:
+    """verl's val-core / val-aux metrics: samples grouped by problem (data_source, prompt), N = samples per problem."""
+    problems: dict[tuple[str, tuple[int, ...]], list[tuple[float, float, int]]] = defaultdict(list)
+    for g in groups:
+        key = (g.prompt.data_source, tuple(g.prompt.input_ids))
+        problems[key].extend((float(a), float(s), len(r)) for a, s, r in zip(g.acc, g.scores, g.response_ids))
+    per_name: dict[str, list[float]] = defaultdict(list)
+    for (source, _), samples in problems.items():
+        n = len(samples)
+        accs = [a for a, _, _ in samples]
+        mean_acc = sum(accs) / n
+        per_name[f"val-core/{source}/acc/mean@{n}"].append(mean_acc)
+        per_name[f"val-aux/{source}/score/mean@{n}"].append(sum(s for _, s, _ in samples) / n)
+        per_name[f"val-aux/{source}/acc/std@{n}"].append(math.sqrt(sum((a - mean_acc) ** 2 for a in accs) / n))
+        per_name[f"val-aux/{source}/acc/best@{n}/mean"].append(max(accs))
+        per_name[f"val-aux/{source}/response_length/mean"].append(sum(r for _, _, r in samples) / n)
+    return {name: sum(values) / len(values) for name, values in sorted(per_name.items())}
+
+
+def repeated_prompt_warning(prompts: Sequence[PromptItem], n: int) -> str | None:
+    """A one-line warning when a validation set repeats its prompts and n > 1 (the official AIME file already holds
+    each problem 32 times: n=32 on it samples 1,024 per problem); None otherwise."""
+    if n <= 1 or not prompts:
+        return None
+    counts: dict[tuple[str, tuple[int, ...]], int] = defaultdict(int)
+    for p in prompts:
+        counts[(p.data_source, tuple(p.input_ids))] += 1
+    repeats = max(counts.values())
+    if repeats <= 1:
+        return None
+    return (f"the validation set repeats its prompts (up to {repeats}x: {len(prompts)} rows, {len(counts)} distinct "
+            f"prompts) and rollout.val_kwargs.n={n}: each problem is sampled up to {repeats * n} times. The published "
+            f"recipe uses n=1 on the repeated AIME file (avg@{repeats}); set rollout.val_kwargs.n=1, or de-duplicate "
+            "the file (dapo data prepare) and keep n")
 
 
 def run_validation(

@@ -1,11 +1,17 @@
 """The DAPO paper's training-monitoring panels, drawn from one or more runs' ``metrics.jsonl``.
 
-Panels (one subplot each, x = training step): response length, reward score, generation entropy,
-mean token probability, validation accuracy and training accuracy - the training-dynamics curves
-the paper monitors to judge the health of an RL run. Several runs are overlaid with one colour each and a shared
-legend, which is how ablations are compared. A metric that no run logged gives an empty panel
-saying "no data". Drawing uses matplotlib's Agg canvas directly (no pyplot, no GUI, no global
-backend switch); the PNG is written atomically.
+Panels (one subplot each, x = training step): the paper's response length (tokens), reward score, generation
+entropy (nats), mean token probability and validation accuracy, plus the policy's own learning curve before the
+Dynamic Sampling filter (``rollout/acc/mean``, every generated response) and the training accuracy. Panels computed on
+the training batch, i.e. on the groups Dynamic Sampling kept, say "(kept groups)" in their title: with the filter on,
+their accuracy is pulled towards 0.5 by construction. Accuracy axes are fixed to [0, 1]. ``smooth`` (an EMA weight in
+[0, 1)) draws a smoothed line over the faint raw one (validation points are never smoothed). ``metrics`` picks the
+panels by name (``PANEL_NAMES``) or by any logged metric key. Validation accuracies with different k
+(``val/acc/mean@k``) are never drawn on one axis: each k gets its own panel.
+
+Several runs are overlaid with one colour each and a shared legend, which is how ablations are compared. A metric
+that no run logged gives an empty panel saying "no data". Drawing uses matplotlib's Agg canvas directly (no pyplot,
+no GUI, no global backend switch); the PNG is written atomically.
 """
 
 from __future__ import annotations
@@ -23,18 +29,31 @@ from matplotlib.figure import Figure
 from dapo.infra.atomic import atomic_write
 from dapo.infra.tracking import read_metrics
 
-__all__ = ["PANELS", "VAL_ACC_PATTERN", "make_figure", "plot_runs"]
+__all__ = ["PANELS", "PANEL_NAMES", "Panel", "VAL_ACC_PATTERN", "make_figure", "plot_runs"]
 
-# (panel title, metric key); the validation key is a pattern resolved per run.
-PANELS: tuple[tuple[str, str], ...] = (
-    ("response length", "response_length/mean"),
-    ("reward score", "critic/score/mean"),
-    ("generation entropy", "actor/entropy"),
-    ("mean probability", "actor/mean_prob"),
-    ("validation accuracy", "val/acc/mean@*"),
-    ("training accuracy", "acc/mean"),
+
+@dataclass(frozen=True)
+class Panel:
+    name: str  # what --metrics calls it
+    title: str
+    key: str  # metric key; "val/acc/mean@*" = one panel per k
+    ylabel: str
+    accuracy: bool = False  # y axis fixed to [0, 1]
+
+
+PANELS: tuple[Panel, ...] = (
+    Panel("response_length", "response length (kept groups)", "response_length/mean", "tokens"),
+    Panel("score", "reward score (kept groups)", "critic/score/mean", "critic/score/mean (+1 / -1)"),
+    Panel("entropy", "generation entropy (kept groups)", "actor/entropy", "nats per token"),
+    Panel("mean_prob", "mean probability (kept groups)", "actor/mean_prob", "actor/mean_prob", accuracy=True),
+    Panel("val_acc", "validation accuracy", "val/acc/mean@*", "val/acc/mean@k", accuracy=True),
+    Panel("rollout_acc", "rollout accuracy (all groups, before filtering)", "rollout/acc/mean", "rollout/acc/mean",
+          accuracy=True),
+    Panel("train_acc", "training accuracy (kept groups)", "acc/mean", "acc/mean", accuracy=True),
 )
+PANEL_NAMES: tuple[str, ...] = tuple(p.name for p in PANELS)
 VAL_ACC_PATTERN = re.compile(r"^val/acc/mean@(\d+)$")
+_VAL = "val/acc/mean@*"
 _LINE_STYLES = ("-", "--", ":", "-.")
 
 
@@ -59,6 +78,15 @@ def _series(records: list[dict[str, Any]], key: str) -> _Series | None:
     return _Series(steps, [by_step[s] for s in steps])
 
 
+def _ema(values: list[float], weight: float) -> list[float]:
+    """TensorBoard-style exponential moving average, debiased so the first points are not pulled towards 0."""
+    out, avg = [], 0.0
+    for i, v in enumerate(values, 1):
+        avg = weight * avg + (1 - weight) * v
+        out.append(avg / (1 - weight**i))
+    return out
+
+
 def _val_keys(records: list[dict[str, Any]]) -> list[str]:
     """The ``val/acc/mean@k`` keys a run logged, ordered by k."""
     keys = {key for record in records for key in record if VAL_ACC_PATTERN.match(key)}
@@ -72,8 +100,38 @@ def _default_labels(run_dirs: Sequence[Path]) -> list[str]:
     return [str(d) for d in run_dirs]
 
 
-def make_figure(run_dirs: Sequence[Path], *, labels: Sequence[str] | None = None) -> Figure:
-    """Build the monitoring figure (2 x 3 panels) for ``run_dirs``; each run is one colour."""
+def _resolve_panels(metrics: Sequence[str] | None, runs: list[list[dict[str, Any]]]) -> list[Panel]:
+    """The chosen panels, with the validation panel split into one panel per k (never two k on one axis)."""
+    by_name = {p.name: p for p in PANELS}
+    chosen: list[Panel] = []
+    for item in metrics or PANEL_NAMES:
+        if item in by_name:
+            chosen.append(by_name[item])
+        elif "/" in item:
+            chosen.append(Panel(item, item, item, item, accuracy=item.split("/")[-1].startswith("acc")
+                                or "/acc/" in item))
+        else:
+            raise ValueError(f"unknown panel '{item}'; choose from {', '.join(PANEL_NAMES)} or give a metric key "
+                             "such as critic/advantages/mean")
+    out: list[Panel] = []
+    for panel in chosen:
+        if panel.key != _VAL:
+            out.append(panel)
+            continue
+        ks = sorted({key for records in runs for key in _val_keys(records)},
+                    key=lambda k: int(VAL_ACC_PATTERN.match(k).group(1)))  # type: ignore[union-attr]
+        if len(ks) <= 1:
+            out.append(Panel(panel.name, panel.title, ks[0] if ks else _VAL, ks[0] if ks else panel.ylabel, True))
+        else:
+            out += [Panel(panel.name, f"validation accuracy ({k.rsplit('/', 1)[-1]})", k, k, True) for k in ks]
+    return out
+
+
+def make_figure(
+    run_dirs: Sequence[Path], *, labels: Sequence[str] | None = None, metrics: Sequence[str] | None = None,
+    smooth: float = 0.0,
+) -> Figure:
+    """Build the monitoring figure (3 panels a row) for ``run_dirs``; each run is one colour."""
     run_dirs = [Path(d) for d in run_dirs]
     if not run_dirs:
         raise ValueError("make_figure: give at least one run directory")
@@ -81,51 +139,50 @@ def make_figure(run_dirs: Sequence[Path], *, labels: Sequence[str] | None = None
         labels = _default_labels(run_dirs)
     elif len(labels) != len(run_dirs):
         raise ValueError(f"make_figure: {len(labels)} labels for {len(run_dirs)} run directories; give one per run")
+    if not 0.0 <= smooth < 1.0:
+        raise ValueError(f"make_figure: smooth is an EMA weight in [0, 1), got {smooth}")
     runs = [read_metrics(d) for d in run_dirs]
+    panels = _resolve_panels(metrics, runs)
 
-    fig = Figure(figsize=(15, 8.5), layout="constrained")
+    ncols = min(3, len(panels))
+    nrows = math.ceil(len(panels) / ncols)
+    fig = Figure(figsize=(5 * ncols, 4.25 * nrows), layout="constrained")
     FigureCanvasAgg(fig)
-    axes = fig.subplots(2, 3).ravel()
+    axes = list(fig.subplots(nrows, ncols, squeeze=False).ravel())
+    for ax in axes[len(panels):]:
+        ax.set_axis_off()
     colors = [f"C{i % 10}" for i in range(len(runs))]
     legend_handles: dict[str, Any] = {}
 
-    for ax, (title, key) in zip(axes, PANELS, strict=True):
-        ax.set_title(title)
+    for ax, panel in zip(axes, panels):
+        ax.set_title(panel.title)
         ax.set_xlabel("step")
+        ax.set_ylabel(panel.ylabel)
+        is_val = panel.key.startswith("val/")
         drawn = 0
         for records, label, color in zip(runs, labels, colors, strict=True):
-            keys = _val_keys(records) if key == "val/acc/mean@*" else [key]
-            for index, metric in enumerate(keys):
-                series = _series(records, metric)
-                if series is None:
-                    continue
-                line_label = label if len(keys) == 1 else f"{label} ({metric.rsplit('/', 1)[-1]})"
-                # validation runs every few steps: mark its points; a lone point needs a marker to show
-                marker = "o" if key == "val/acc/mean@*" or len(series.steps) == 1 else None
-                (line,) = ax.plot(
-                    series.steps,
-                    series.values,
-                    color=color,
-                    linestyle=_LINE_STYLES[index % len(_LINE_STYLES)],
-                    marker=marker,
-                    markersize=4,
-                    label=line_label,
-                )
-                legend_handles.setdefault(label, line)
-                drawn += 1
-        if key == "val/acc/mean@*":
-            found = sorted({m for records in runs for m in _val_keys(records)})
-            ax.set_ylabel(", ".join(found) if found else "val/acc/mean@k")
-            if any(len(_val_keys(records)) > 1 for records in runs):
-                ax.legend(fontsize="small")
-        else:
-            ax.set_ylabel(key)
+            series = _series(records, panel.key)
+            if series is None:
+                continue
+            # validation runs every few steps: mark its points; a lone point needs a marker to show
+            marker = "o" if is_val or len(series.steps) == 1 else None
+            if smooth > 0 and not is_val:
+                ax.plot(series.steps, series.values, color=color, alpha=0.25, linewidth=1)
+                values = _ema(series.values, smooth)
+            else:
+                values = series.values
+            (line,) = ax.plot(series.steps, values, color=color, linestyle=_LINE_STYLES[0], marker=marker,
+                              markersize=4, label=label)
+            legend_handles.setdefault(label, line)
+            drawn += 1
         if drawn == 0:
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="gray", fontsize=14)
             ax.set_xticks([])
             ax.set_yticks([])
-        else:
-            ax.grid(True, alpha=0.3)
+            continue
+        ax.grid(True, alpha=0.3)
+        if panel.accuracy:
+            ax.set_ylim(0.0, 1.0)
 
     if legend_handles:
         fig.legend(
@@ -137,11 +194,14 @@ def make_figure(run_dirs: Sequence[Path], *, labels: Sequence[str] | None = None
     return fig
 
 
-def plot_runs(run_dirs: Sequence[Path], out: Path, *, labels: Sequence[str] | None = None) -> Path:
+def plot_runs(
+    run_dirs: Sequence[Path], out: Path, *, labels: Sequence[str] | None = None, metrics: Sequence[str] | None = None,
+    smooth: float = 0.0,
+) -> Path:
     """Draw the monitoring panels for ``run_dirs`` into the PNG ``out`` (written atomically); return ``out``."""
     out = Path(out)
     if out.suffix.lower() != ".png":
         raise ValueError(f"plot_runs: output must be a .png file, got {out}")
-    fig = make_figure(run_dirs, labels=labels)
+    fig = make_figure(run_dirs, labels=labels, metrics=metrics, smooth=smooth)
     atomic_write(out, lambda f: fig.savefig(f, format="png", dpi=100))
     return out

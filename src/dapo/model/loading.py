@@ -13,6 +13,7 @@ import torch
 
 from dapo.config import ModelConfig
 from dapo.infra.atomic import atomic_directory
+from dapo.model import hub
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,11 @@ def resolve_model_path(cfg: ModelConfig) -> Path:
         path = _package_dir(cfg.path[len(PACKAGE_SCHEME):])
     else:
         path = Path(cfg.path).expanduser() if cfg.path else EMBEDDED_MODEL_DIR
+    if cfg.path and not path.exists() and hub.looks_like_hub_id(cfg.path):  # Qwen/Qwen2.5-Math-7B: the HF cache
+        try:
+            path = hub.resolve_model_path(cfg.path)
+        except hub.HubResolveError as exc:
+            raise ModelLoadError(f"model.path: {exc}") from None
     if not path.exists():
         what = "model.path" if cfg.path else "the embedded model (reinstall dapo)"
         raise ModelLoadError(f"{what}: '{path}' does not exist")

@@ -32,6 +32,7 @@ from typing import Any
 from dapo.reward.custom_fn import load_custom_reward_fn
 from dapo.reward.gsm8k import gsm8k_score
 from dapo.reward.math_dapo import math_dapo_scorer
+from dapo.reward.math_dapo_reference import math_dapo_reference_scorer
 from dapo.reward.math_verify_scorer import SymbolicMathScorer
 from dapo.reward.records import RewardResult, as_reward_result
 from dapo.reward.symbolic import math_verify_available
@@ -48,7 +49,7 @@ SYMBOLIC_PATTERNS: tuple[str, ...] = ("math500*", "MATH*", "*/MATH*")
 
 __all__ = [
     "DEFAULT_REGISTRY", "Scorer", "ScorerRegistry", "UnknownDataSourceError", "builtin_registry", "get_scorer",
-    "load_custom_reward_fn", "register_scorer", "score_one",
+    "load_custom_reward_fn", "register_scorer", "registry_for_compat", "score_one",
 ]
 
 
@@ -105,8 +106,15 @@ class ScorerRegistry:
         )
 
 
-def builtin_registry(*, symbolic_timeout_s: float = 5.0) -> ScorerRegistry:
-    """A fresh registry holding the built-in scorers (see the module docstring's table)."""
+def builtin_registry(*, symbolic_timeout_s: float = 5.0, compat: str = "improved") -> ScorerRegistry:
+    """A fresh registry holding the built-in scorers (see the module docstring's table).
+
+    ``compat="reference"`` (``reward_model.compat``) sends the DAPO patterns to the published scorer exactly
+    (``dapo.reward.math_dapo_reference``) instead of the improved one; the other patterns are unchanged.
+    """
+    if compat not in ("improved", "reference"):
+        raise ValueError(f"compat must be 'improved' or 'reference', got {compat!r}")
+    dapo_rule: Scorer = math_dapo_reference_scorer if compat == "reference" else math_dapo_scorer
     registry = ScorerRegistry()
     symbolic: Scorer = SymbolicMathScorer(symbolic_timeout_s) if math_verify_available() else math_dapo_scorer
     for pattern in SYMBOLIC_PATTERNS:
@@ -114,11 +122,17 @@ def builtin_registry(*, symbolic_timeout_s: float = 5.0) -> ScorerRegistry:
     for pattern in GSM8K_PATTERNS:
         registry.register(pattern, gsm8k_score)
     for pattern in MATH_DAPO_PATTERNS:
-        registry.register(pattern, math_dapo_scorer)
+        registry.register(pattern, dapo_rule)
     return registry
 
 
 DEFAULT_REGISTRY: ScorerRegistry = builtin_registry()
+
+
+def registry_for_compat(compat: str) -> ScorerRegistry | None:
+    """The registry ``reward_model.compat`` asks for: None (the default registry) for 'improved', else a fresh
+    registry whose DAPO patterns use the published scorer."""
+    return None if compat == "improved" else builtin_registry(compat=compat)
 
 
 def register_scorer(pattern: str, fn: Scorer) -> None:

@@ -16,6 +16,7 @@ from dapo.config import DapoConfig
 from dapo.core.overlong import compute_soft_overlong_penalty
 from dapo.data.prompts import PromptItem
 from dapo.reward.batch import RewardInput, RewardScorer
+from dapo.reward.registry import registry_for_compat
 from dapo.rollout.base import RolloutOutput
 
 
@@ -70,7 +71,8 @@ def reward_scorer_of(cfg: DapoConfig) -> RewardScorer:
     rm, custom = cfg.reward_model, cfg.custom_reward_function
     return RewardScorer(num_workers=rm.num_workers, timeout_s=rm.timeout_s,
                         custom_fn_spec=f"{custom.path}:{custom.name}" if custom.path else None,
-                        on_failure=rm.on_failure, max_failures=rm.max_failures)
+                        on_failure=rm.on_failure, max_failures=rm.max_failures,
+                        registry=registry_for_compat(rm.compat))
 
 
 def score_rollout(

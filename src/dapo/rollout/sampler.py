@@ -29,7 +29,8 @@ def truncate_logits(scaled_logits: torch.Tensor, *, top_k: int, top_p: float) ->
         kth_largest = torch.topk(logits, top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth_largest, float("-inf"))
     if top_p < 1.0:
-        sorted_logits, sorted_index = torch.sort(logits, dim=-1, descending=True)
+        # stable: among tied logits the lowest index comes first, so the kept set does not depend on the sort kernel
+        sorted_logits, sorted_index = torch.sort(logits, dim=-1, descending=True, stable=True)
         sorted_probs = torch.softmax(sorted_logits, dim=-1)
         mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
         drop_sorted = mass_before >= top_p

@@ -26,15 +26,18 @@ import torch
 import yaml
 
 from dapo.actor.optim import build_lr_scheduler, build_optimizer
-from dapo.config import DapoConfig, config_to_dict
+from dapo.config import ConfigError, DapoConfig, config_to_dict
+from dapo.config.loading import tracker_backends
+from dapo.config.resume import check_resume
 from dapo.data.prompt_sampler import PromptSampler
 from dapo.data.task import load_task
-from dapo.evaluation.validation import run_validation, val_acc_key
+from dapo.evaluation.validation import repeated_prompt_warning, run_validation, val_acc_key
 from dapo.infra.atomic import atomic_write
 from dapo.infra.checkpoint import CheckpointError
 from dapo.infra.progress import TrainingProgress
 from dapo.infra.timing import PhaseTimer
 from dapo.infra.tracking import Tracker, truncate_metrics_after
+from dapo.model.hub import HubResolveError, resolve_data_config
 from dapo.model.loading import load_policy
 from dapo.reward.custom_fn import load_custom_reward_fn
 from dapo.reward.scored_groups import reward_scorer_of
@@ -113,7 +116,12 @@ def train(cfg: DapoConfig) -> TrainResult:
     check_custom_reward(cfg)
 
     policy = load_policy(cfg.model, device=pick_device(cfg.trainer.device))
-    task = load_task(cfg.data, policy.tokenizer)
+    try:
+        task = load_task(resolve_data_config(cfg.data), policy.tokenizer)
+    except HubResolveError as exc:
+        raise TrainingError(str(exc)) from None
+    if warning := repeated_prompt_warning(task.val, cfg.rollout.val_kwargs.n):
+        log.warning("%s", warning)
     optimizer = build_optimizer(policy.model, cfg.actor.optim)
     scheduler = build_lr_scheduler(optimizer, cfg.actor.optim)
     state = RunState(PromptSampler(task.train, seed=cfg.data.seed, shuffle=cfg.data.shuffle),
@@ -121,6 +129,10 @@ def train(cfg: DapoConfig) -> TrainResult:
     total_steps = total_steps_of(cfg, len(task.train))
     resume_from = find_resume_checkpoint(run_dir, cfg)
     if resume_from is not None:
+        try:
+            check_resume(run_dir, cfg)  # never continue a run silently with other hyper-parameters
+        except ConfigError as exc:
+            raise TrainingError(str(exc)) from None
         resume_run(resume_from, state, policy, optimizer, scheduler)
     policy.model.train()
 
@@ -155,7 +167,7 @@ def train(cfg: DapoConfig) -> TrainResult:
     progress.note(f"dapo: model {policy.source}; engine {cfg.rollout.name}; task {task.description}; "
                   f"{len(task.train)} train / {len(task.val)} val prompts; run dir {run_dir}")
     try:
-        with Tracker(run_dir, backends=cfg.trainer.logger, project=cfg.trainer.project_name,
+        with Tracker(run_dir, backends=tracker_backends(cfg), project=cfg.trainer.project_name,
                      experiment=cfg.trainer.experiment_name, config=config_to_dict(cfg)) as tracker, progress:
             pending = sync.push(state.step)  # the engine may have loaded other weights (a resumed run's are newer)
             if cfg.trainer.val_before_train and state.step == 0 and task.val:

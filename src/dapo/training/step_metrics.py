@@ -2,10 +2,13 @@
 
 Batch metrics (critic/*, acc/mean, response_length/*) describe the training batch after dynamic sampling, as in verl;
 rollout/acc/mean describes every response generated in the step, before the filter (the learning curve of the policy).
+Memory (perf/max_memory_allocated_gb, perf/max_memory_reserved_gb, perf/cpu_memory_used_gb) is logged with the
+batch metrics, under verl's names.
 """
 
 from __future__ import annotations
 
+import resource
 from typing import Sequence
 
 import torch
@@ -24,13 +27,21 @@ def batch_metrics(groups: Sequence[ScoredGroup], advantages: torch.Tensor, *, ma
     rewards = [r for g in groups for r in g.rewards]
     penalties = [p for g in groups for p in g.overlong_penalty]
     acc = [float(a) for g in groups for a in g.acc]
+    prompt_lengths = [len(g.prompt.input_ids) for g in groups for _ in g.acc]  # per sample, as verl counts them
     return {
+        "prompt_length/mean": _mean(prompt_lengths),
+        "prompt_length/max": float(max(prompt_lengths)) if prompt_lengths else float("nan"),
+        "prompt_length/min": float(min(prompt_lengths)) if prompt_lengths else float("nan"),
         "response_length/mean": _mean(lengths),
         "response_length/max": float(max(lengths)) if lengths else float("nan"),
         "response_length/min": float(min(lengths)) if lengths else float("nan"),
         "response_length/clip_ratio": _mean([float(t) for t in truncated]),
         "critic/score/mean": _mean(scores),
+        "critic/score/max": float(max(scores)) if scores else float("nan"),
+        "critic/score/min": float(min(scores)) if scores else float("nan"),
         "critic/rewards/mean": _mean(rewards),
+        "critic/rewards/max": float(max(rewards)) if rewards else float("nan"),
+        "critic/rewards/min": float(min(rewards)) if rewards else float("nan"),
         "critic/overlong_penalty/mean": _mean(penalties),
         "critic/advantages/mean": float(advantages.mean()) if advantages.numel() else float("nan"),
         "critic/advantages/max": float(advantages.max()) if advantages.numel() else float("nan"),
@@ -38,7 +49,23 @@ def batch_metrics(groups: Sequence[ScoredGroup], advantages: torch.Tensor, *, ma
         "acc/mean": _mean(acc),
         "train/num_groups": float(len(groups)),
         "train/max_response_length": float(max_response_length),
+        **memory_metrics(),
     }
+
+
+def memory_metrics() -> dict[str, float]:
+    """Peak device memory since the start (CUDA only) and this process's resident memory, in GB, as verl names them."""
+    out: dict[str, float] = {}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated() / 1024**3
+        out["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved() / 1024**3
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            rss_pages = int(f.read().split()[1])
+        out["perf/cpu_memory_used_gb"] = rss_pages * resource.getpagesize() / 1024**3
+    except (OSError, ValueError, IndexError):  # not Linux: the peak is what getrusage offers
+        out["perf/cpu_memory_used_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+    return out
 
 
 def policy_metrics(

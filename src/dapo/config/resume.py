@@ -1,0 +1,59 @@
+"""Resuming honestly: a run directory is continued only with the hyper-parameters it was started with.
+
+``resume_conflicts`` compares the ``config.yaml`` a run directory holds with the config of the new command and
+lists every changed key except those that may change between invocations of one run (its length, logging,
+checkpoint frequency, threads, the resume switches themselves). ``check_resume`` turns a non-empty list into one
+``ConfigError`` naming the keys, unless ``trainer.resume_with_changes=true``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from dapo.config.loading import _flatten, config_to_dict
+from dapo.config.schema import ConfigError, DapoConfig
+
+__all__ = ["MAY_CHANGE_ON_RESUME", "check_resume", "resume_conflicts"]
+
+MAY_CHANGE_ON_RESUME: frozenset[str] = frozenset({
+    "trainer.total_training_steps", "trainer.total_epochs", "trainer.test_freq", "trainer.save_freq",
+    "trainer.max_ckpt_to_keep", "trainer.resume_mode", "trainer.resume_with_changes", "trainer.logger",
+    "trainer.default_local_dir", "trainer.experiment_name",  # where the run lives: a run directory may be moved
+    "trainer.progress", "trainer.num_threads", "trainer.val_before_train", "trainer.project_name",
+    "data.val_max_samples", "reward_model.num_workers", "reward_model.timeout_s", "rollout.max_batch_size",
+})
+
+
+def resume_conflicts(saved: Mapping[str, Any], cfg: DapoConfig) -> list[str]:
+    """``key: old -> new`` for every key that differs between a saved config dict and ``cfg`` (see the module)."""
+    old, new = _flatten(saved), _flatten(config_to_dict(cfg))
+    lines = []
+    for key in sorted(set(old) | set(new)):
+        if key in MAY_CHANGE_ON_RESUME or old.get(key) == new.get(key):
+            continue
+        if key not in old:  # a key added to dapo after the run started: its default is what the run had
+            continue
+        lines.append(f"{key}: {old.get(key, '<absent>')!r} -> {new.get(key, '<absent>')!r}")
+    return lines
+
+
+def check_resume(run_dir: str | Path, cfg: DapoConfig) -> None:
+    """Raise ``ConfigError`` when ``run_dir/config.yaml`` holds other hyper-parameters than ``cfg`` (and
+    ``trainer.resume_with_changes`` is false). A run directory without a readable config.yaml passes."""
+    path = Path(run_dir) / "config.yaml"
+    try:
+        saved = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return
+    if not isinstance(saved, dict) or cfg.trainer.resume_with_changes:
+        return
+    changed = resume_conflicts(saved, cfg)
+    if changed:
+        raise ConfigError(
+            f"{path.parent} holds a run started with other hyper-parameters; resuming it would mix the two and "
+            f"overwrite its config.yaml. Changed ({len(changed)}):\n  " + "\n  ".join(changed) + "\n"
+            "Use another trainer.experiment_name (or trainer.resume_mode=disable to start over there), or pass "
+            "trainer.resume_with_changes=true to continue with the new values.")

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from dapo.rollout.base import RolloutOutput, SamplingParams
 from dapo.rollout.sampler import truncate_logits
 
 VOCAB = 64
@@ -65,3 +66,21 @@ class ForwardRowCounter:
 
     def remove(self) -> None:
         self._handle.remove()
+
+
+def assert_well_formed(output: RolloutOutput, num_prompts: int, params: SamplingParams, stop_ids: set[int],
+                       vocab_size: int | None = None) -> None:
+    """The engine contract on one output: layout, lengths, log-probs <= 0, stop token last and only last,
+    "length" exactly at max_tokens; token ids inside the vocabulary when ``vocab_size`` is given."""
+    assert len(output) == num_prompts * params.n
+    assert output.prompt_index == [i for i in range(num_prompts) for _ in range(params.n)]
+    for ids, logprobs, reason in zip(output.response_ids, output.logprobs, output.finish_reason):
+        assert len(ids) == len(logprobs) >= 1
+        if vocab_size is not None:
+            assert all(0 <= t < vocab_size for t in ids)
+        assert all(lp <= 0.0 for lp in logprobs)
+        assert not any(t in stop_ids for t in ids[:-1]), "a stop token must end the response"
+        if reason == "stop":
+            assert ids[-1] in stop_ids
+        else:
+            assert reason == "length" and len(ids) == params.max_tokens and ids[-1] not in stop_ids

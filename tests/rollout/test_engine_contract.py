@@ -26,6 +26,7 @@ from dapo.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
 from dapo.rollout.hf_engine import HFRolloutEngine
 from dapo.rollout.sampler import truncate_logits
 from dapo.rollout.vllm_engine import VLLMRolloutEngine, vllm_available
+from tests.rollout.rollout_helpers import assert_well_formed
 
 ASSET = Path(dapo.__file__).parent / "assets" / "tiny-qwen2"
 ATOL = 1e-4
@@ -111,18 +112,6 @@ def max_gap(output: RolloutOutput, model: PreTrainedModel, prompts: list[list[in
         assert torch.isfinite(expected).all(), f"sample {k} has a token outside the truncated set"
         gap = max(gap, (torch.tensor(output.logprobs[k]) - expected).abs().max().item())
     return gap
-
-
-def assert_well_formed(output: RolloutOutput, num_prompts: int, params: SamplingParams, stop_ids: set[int]) -> None:
-    assert output.prompt_index == [i for i in range(num_prompts) for _ in range(params.n)]
-    for ids, logprobs, reason in zip(output.response_ids, output.logprobs, output.finish_reason):
-        assert len(ids) == len(logprobs) >= 1
-        assert all(lp <= 0.0 for lp in logprobs)
-        assert not any(t in stop_ids for t in ids[:-1]), "a stop token must end the response"
-        if reason == "stop":
-            assert ids[-1] in stop_ids
-        else:
-            assert reason == "length" and len(ids) == params.max_tokens and ids[-1] not in stop_ids
 
 
 # ------------------------------------------------------------------------------------------------ (1) log-probs

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dapo.rollout import HFRolloutEngine, RolloutOutput, SamplingParams
-from .rollout_helpers import EOS, PAD, VOCAB, build_tiny_qwen2, teacher_forced_logprobs
+from dapo.rollout import HFRolloutEngine, SamplingParams
+from .rollout_helpers import EOS, PAD, VOCAB, assert_well_formed, build_tiny_qwen2, teacher_forced_logprobs
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14], [3], [20, 21, 22, 23]]
 
@@ -23,20 +23,6 @@ def engine_for(model: torch.nn.Module, **kwargs: object) -> HFRolloutEngine:
     return HFRolloutEngine(model, eos_token_ids=EOS, pad_token_id=PAD, **kwargs)
 
 
-def assert_well_formed(output: RolloutOutput, num_prompts: int, params: SamplingParams, stop_ids: set[int]) -> None:
-    assert len(output) == num_prompts * params.n
-    assert output.prompt_index == [i for i in range(num_prompts) for _ in range(params.n)]
-    for ids, logprobs, reason in zip(output.response_ids, output.logprobs, output.finish_reason):
-        assert len(ids) == len(logprobs) >= 1
-        assert all(0 <= t < VOCAB for t in ids)
-        assert all(lp <= 0.0 for lp in logprobs)
-        assert not any(t in stop_ids for t in ids[:-1]), "a stop token must end the response"
-        if reason == "stop":
-            assert ids[-1] in stop_ids
-        else:
-            assert reason == "length" and len(ids) == params.max_tokens and ids[-1] not in stop_ids
-
-
 @pytest.mark.parametrize(
     ("temperature", "top_p", "top_k"),
     [(1.0, 1.0, -1), (0.7, 1.0, -1), (1.0, 0.7, -1), (0.8, 0.9, 5), (0.0, 1.0, -1)],
@@ -45,7 +31,7 @@ def test_logprobs_equal_a_teacher_forced_pass(temperature: float, top_p: float, 
     model = eos_prone_model()
     params = SamplingParams(n=3, temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=12, seed=3)
     output = engine_for(model).generate(PROMPTS, params)
-    assert_well_formed(output, len(PROMPTS), params, {EOS})
+    assert_well_formed(output, len(PROMPTS), params, {EOS}, vocab_size=VOCAB)
     greedy = temperature == 0  # greedy reports temperature 1 over the full vocabulary
     for k in range(len(output)):
         expected = teacher_forced_logprobs(
@@ -68,7 +54,7 @@ def test_left_padding_does_not_change_greedy_output(tiny_model: torch.nn.Module)
 def test_each_sequence_stops_at_its_own_stop_token() -> None:
     params = SamplingParams(n=4, max_tokens=16, seed=0)
     output = engine_for(eos_prone_model()).generate(PROMPTS, params)
-    assert_well_formed(output, len(PROMPTS), params, {EOS})
+    assert_well_formed(output, len(PROMPTS), params, {EOS}, vocab_size=VOCAB)
     assert "stop" in output.finish_reason and "length" in output.finish_reason
     stopped_lengths = {len(ids) for ids, r in zip(output.response_ids, output.finish_reason) if r == "stop"}
     assert len(stopped_lengths) > 1, "sequences should stop at different steps"
@@ -81,7 +67,7 @@ def test_request_stop_token_ids_add_to_the_eos_ids(tiny_model: torch.nn.Module) 
     stop_token = free.response_ids[0][2]
     params = SamplingParams(temperature=0.0, max_tokens=8, stop_token_ids=(stop_token,))
     stopped = engine.generate(PROMPTS, params)
-    assert_well_formed(stopped, len(PROMPTS), params, {EOS, stop_token})
+    assert_well_formed(stopped, len(PROMPTS), params, {EOS, stop_token}, vocab_size=VOCAB)
     first = free.response_ids[0].index(stop_token)
     assert stopped.response_ids[0] == free.response_ids[0][: first + 1]
     assert stopped.finish_reason[0] == "stop"

@@ -292,13 +292,14 @@ def update_policy(
     grad_norms: list[float] = []
     steps = skipped = micro_batches = oversized = 0
     lr = float(optimizer.param_groups[0]["lr"])
+    data_parallel = world is not None and world.distributed
     optimizer.zero_grad(set_to_none=True)
     for epoch in range(cfg.ppo_epochs):
         mini_batches = batch.split_into_mini_batches(cfg.ppo_mini_batch_size, shuffle=cfg.shuffle, generator=generator)
         for index, mini_batch in enumerate(mini_batches):
             where = f"epoch {epoch}, mini-batch {index}"
             share, normalizers = mini_batch, None
-            if world is not None and world.distributed:
+            if data_parallel:
                 share, normalizers = rank_share(mini_batch, world), count_loss_normalizers(mini_batch.loss_mask())
             try:
                 result = accumulate_mini_batch_gradients(
@@ -308,7 +309,7 @@ def update_policy(
             except NonFiniteLossError:
                 optimizer.zero_grad(set_to_none=True)
                 raise
-            if world is not None and world.distributed and result.num_tokens > 0:
+            if data_parallel and result.num_tokens > 0:
                 sum_gradients(model, world)
                 reduce_metrics(result, world)
             micro_batches += result.num_micro_batches

@@ -20,6 +20,13 @@ def _mean(values: Sequence[float]) -> float:
     return float(sum(values) / len(values)) if values else float("nan")
 
 
+def _mean_max_min(name: str, values: Sequence[float]) -> dict[str, float]:
+    """``name/mean``, ``name/max``, ``name/min`` of ``values`` (NaN when there are none)."""
+    if not values:
+        return {f"{name}/mean": float("nan"), f"{name}/max": float("nan"), f"{name}/min": float("nan")}
+    return {f"{name}/mean": _mean(values), f"{name}/max": float(max(values)), f"{name}/min": float(min(values))}
+
+
 def batch_metrics(groups: Sequence[ScoredGroup], advantages: torch.Tensor, *, max_response_length: int) -> dict[str, float]:
     lengths = [len(r) for g in groups for r in g.response_ids]
     truncated = [t for g in groups for t in g.truncated]
@@ -29,19 +36,11 @@ def batch_metrics(groups: Sequence[ScoredGroup], advantages: torch.Tensor, *, ma
     acc = [float(a) for g in groups for a in g.acc]
     prompt_lengths = [len(g.prompt.input_ids) for g in groups for _ in g.acc]  # per sample, as verl counts them
     return {
-        "prompt_length/mean": _mean(prompt_lengths),
-        "prompt_length/max": float(max(prompt_lengths)) if prompt_lengths else float("nan"),
-        "prompt_length/min": float(min(prompt_lengths)) if prompt_lengths else float("nan"),
-        "response_length/mean": _mean(lengths),
-        "response_length/max": float(max(lengths)) if lengths else float("nan"),
-        "response_length/min": float(min(lengths)) if lengths else float("nan"),
+        **_mean_max_min("prompt_length", prompt_lengths),
+        **_mean_max_min("response_length", lengths),
         "response_length/clip_ratio": _mean([float(t) for t in truncated]),
-        "critic/score/mean": _mean(scores),
-        "critic/score/max": float(max(scores)) if scores else float("nan"),
-        "critic/score/min": float(min(scores)) if scores else float("nan"),
-        "critic/rewards/mean": _mean(rewards),
-        "critic/rewards/max": float(max(rewards)) if rewards else float("nan"),
-        "critic/rewards/min": float(min(rewards)) if rewards else float("nan"),
+        **_mean_max_min("critic/score", scores),
+        **_mean_max_min("critic/rewards", rewards),
         "critic/overlong_penalty/mean": _mean(penalties),
         "critic/advantages/mean": float(advantages.mean()) if advantages.numel() else float("nan"),
         "critic/advantages/max": float(advantages.max()) if advantages.numel() else float("nan"),

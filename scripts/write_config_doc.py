@@ -18,6 +18,7 @@ VERL_NAMES = {
 }
 OURS_ONLY = {
     "algorithm.overlong_filter", "algorithm.filter_groups.on_exhausted", "algorithm.filter_groups.carry_over_surplus",
+    "algorithm.filter_groups.skip_solved_prompts",
     "data.synth", "data.val_max_samples", "model.gguf_file", "model.save_pretrained_cache", "trainer.num_threads",
     "actor.logprob_chunk_size", "actor.dtype", "reward_model.num_workers", "reward_model.timeout_s",
     "reward_model.compat", "trainer.resume_with_changes",

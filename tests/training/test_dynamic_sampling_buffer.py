@@ -44,6 +44,25 @@ def test_buffer_carries_surplus_and_checkpoints_it() -> None:
         restored.load_state_dict({})
 
 
+def test_discarded_surplus_tokens_count_as_wasted_carried_ones_do_not() -> None:
+    # Groups are strings whose length is their token count; the filter dropped 100 tokens in the round.
+    for carry, discarded_tokens in ((False, len("dddd") + len("ee")), (True, 0)):
+        acc = DynamicSamplingBuffer[str](target_num_groups=2, max_num_gen_batches=1, carry_over_surplus=carry)
+        acc.add_round(["a", "bb", "dddd", "ee"], num_groups_generated=5, num_all_correct=1, num_all_wrong=0,
+                      wasted_tokens=100)
+        batch, report = acc.pop_batch(tokens_of=len)
+        assert batch == ["a", "bb"] and report.num_groups_surplus == 2
+        assert report.num_groups_discarded == (0 if carry else 2)
+        assert report.discarded_tokens == discarded_tokens
+        assert report.wasted_tokens == 100 + discarded_tokens
+        assert acc.num_groups == (2 if carry else 0)
+    # Without tokens_of the discarded groups are counted, their tokens not (the caller did not say how).
+    acc = DynamicSamplingBuffer[str](target_num_groups=1, max_num_gen_batches=1)
+    acc.add_round(["a", "bb"], num_groups_generated=2, num_all_correct=0, num_all_wrong=0)
+    report = acc.pop_batch()[1]
+    assert (report.num_groups_discarded, report.discarded_tokens, report.wasted_tokens) == (1, 0, 0)
+
+
 def test_exhausted_raises_with_the_counts_and_advice() -> None:
     acc = DynamicSamplingBuffer[int](target_num_groups=4, max_num_gen_batches=2)
     acc.add_round([1], num_groups_generated=6, num_all_correct=5, num_all_wrong=0, wasted_tokens=10)

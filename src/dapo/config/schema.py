@@ -26,6 +26,7 @@ __all__ = [
     "OverlongBufferConfig",
     "RewardModelConfig",
     "RolloutConfig",
+    "SkipSolvedPromptsConfig",
     "SynthDataConfig",
     "TrainerConfig",
     "RolloutCorrectionConfig",
@@ -195,6 +196,16 @@ class ActorConfig(_Section):
 
 
 # ---------------------------------------------------------------------------------------- algorithm
+class SkipSolvedPromptsConfig(_Section):
+    """Skip prompts before generation that every sample solved in each of their last `epochs` epochs (a per-prompt
+    pass-rate record, saved in checkpoints): their group would likely be all-correct, which Eq. 11 drops."""
+
+    enable: bool = Field(False, description="keep a per-prompt pass-rate record and skip prompts solved by every "
+                         "sample in each of their last `epochs` epochs (an epoch with fewer unsolved prompts than a "
+                         "generation batch skips nothing)")
+    epochs: int = Field(1, ge=1, description="k: epochs (those the prompt was seen in) it must have been fully solved in")
+
+
 class FilterGroupsConfig(_Section):
     """Dynamic Sampling (Eq. 11)."""
 
@@ -205,6 +216,7 @@ class FilterGroupsConfig(_Section):
         "error", description="when max_num_gen_batches is reached: stop with a message, or train on what was kept"
     )
     carry_over_surplus: bool = Field(False, description="keep surplus groups for the next step instead of dropping them")
+    skip_solved_prompts: SkipSolvedPromptsConfig = Field(default_factory=SkipSolvedPromptsConfig)
 
 
 class RolloutCorrectionConfig(_Section):

@@ -6,8 +6,13 @@ constraint ``0 < |{o_i : is_equivalent(a, o_i)}| < G`` on raw accuracy (never on
 penalty could make an all-wrong group look informative) and returns, in one pass, the decision per group and the
 counts the monitoring needs. Collecting kept groups across generation rounds until a batch is full is state, and lives
 in ``dapo.training.dynamic_sampling_buffer``.
+
+``solved_in_recent_epochs`` is the pure rule behind skipping solved prompts before generation (the per-prompt record
+it reads is state, kept by ``dapo.data.prompt_sampler``): a prompt that every sample answered correctly in each of its
+last ``k`` epochs would most likely form an all-correct group again, which Eq. 11 drops after its tokens were paid for.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +27,7 @@ class GroupFilterResult:
         group_ids: ``[G]`` the distinct group ids, ascending.
         keep: ``[G]`` bool, True for a group with ``0 < #correct < size`` (a group of one is never kept).
         keep_sample: ``[B]`` bool, ``keep`` of each sample's group.
+        pass_rate: ``[G]`` float, the fraction of each group's samples that are correct.
         num_all_correct: groups whose answers are all right.
         num_all_wrong: groups whose answers are all wrong.
     """
@@ -29,6 +35,7 @@ class GroupFilterResult:
     group_ids: Tensor
     keep: Tensor
     keep_sample: Tensor
+    pass_rate: Tensor
     num_all_correct: int
     num_all_wrong: int
 
@@ -72,6 +79,24 @@ def filter_informative_groups(acc: Tensor, group_index: Tensor) -> GroupFilterRe
         group_ids=group_ids,
         keep=keep,
         keep_sample=keep[dense_group],
+        pass_rate=num_correct.double() / group_size.double(),
         num_all_correct=int((num_correct == group_size).sum()),
         num_all_wrong=int((num_correct == 0).sum()),
     )
+
+
+def solved_in_recent_epochs(history: Sequence[tuple[int, float]], epochs: int) -> bool:
+    """True when the prompt was solved by every sample (pass rate 1) in each of the last ``epochs`` epochs it was seen.
+
+    ``history`` is the prompt's ``(epoch, pass_rate)`` entries in the order they were recorded; epochs it was not
+    sampled in do not count, and an epoch where it was sampled more than once counts as solved only if every time was.
+    Such a prompt would likely give an all-correct group, which Eq. 11 (``0 < #correct < G``) drops: skipping it before
+    generation saves those tokens. Fewer than ``epochs`` epochs seen is never "solved".
+    """
+    if epochs < 1:
+        raise ValueError(f"solved_in_recent_epochs: epochs must be >= 1, got {epochs}")
+    solved_by_epoch: dict[int, bool] = {}
+    for epoch, rate in history:
+        solved_by_epoch[epoch] = solved_by_epoch.get(epoch, True) and rate >= 1.0
+    recent = sorted(solved_by_epoch)[-epochs:]
+    return len(recent) == epochs and all(solved_by_epoch[e] for e in recent)

@@ -28,13 +28,16 @@ class AccumulatorReport:
         num_groups_generated: prompt groups generated in those rounds.
         num_groups_kept: groups kept among them (the informative ones, when filtering is on).
         kept_group_ratio: ``num_groups_kept / num_groups_generated`` (0 when nothing was generated).
-        wasted_tokens: response tokens of the dropped groups, as reported by the caller.
+        wasted_tokens: response tokens that carry no gradient: those of the groups the filter dropped (as reported by
+            the caller to ``add_round``) plus ``discarded_tokens``.
         num_all_correct: generated groups whose answers were all right.
         num_all_wrong: generated groups whose answers were all wrong.
         partial: True when the batch has fewer groups than asked (``on_exhausted="train_on_partial"``).
         num_groups_returned: groups in the returned batch.
         num_groups_carried_in: groups carried over from the previous step (counted in no other field here).
         num_groups_surplus: kept groups beyond the target, carried to the next step or discarded.
+        num_groups_discarded: surplus groups discarded (0 with ``carry_over_surplus``).
+        discarded_tokens: response tokens of the discarded surplus groups (counted by ``pop_batch``'s ``tokens_of``).
     """
 
     num_gen_batches: int
@@ -48,6 +51,8 @@ class AccumulatorReport:
     num_groups_returned: int
     num_groups_carried_in: int
     num_groups_surplus: int
+    num_groups_discarded: int = 0
+    discarded_tokens: int = 0
 
 
 class DynamicSamplingExhausted(RuntimeError):
@@ -72,7 +77,9 @@ class DynamicSamplingBuffer(Generic[GroupT]):
     Groups are opaque objects (one per prompt group, never split). ``max_num_gen_batches <= 0`` means unlimited
     rounds: the caller then loops until full, which never ends on data that yields no informative group.
     With ``carry_over_surplus`` the kept groups beyond the target start the next step's batch; they were sampled by
-    the previous policy, i.e. slightly off-policy. Otherwise they are discarded.
+    the previous policy, i.e. slightly off-policy. Otherwise they are discarded, and their tokens count as wasted.
+    Carrying works the same with the skip-solved-prompts record (``dapo.data.prompt_sampler``): the record is written
+    when a group is generated and scored, so a carried group is recorded once, in the epoch it was drawn in.
     """
 
     def __init__(
@@ -177,20 +184,23 @@ class DynamicSamplingBuffer(Generic[GroupT]):
         self._num_all_wrong += num_all_wrong
         self._wasted_tokens += wasted_tokens
 
-    def _report(self, num_returned: int, num_surplus: int, partial: bool) -> AccumulatorReport:
+    def _report(self, num_returned: int, num_surplus: int, partial: bool, num_discarded: int = 0,
+                discarded_tokens: int = 0) -> AccumulatorReport:
         generated = self._num_groups_generated
         return AccumulatorReport(
             num_gen_batches=self._num_gen_batches,
             num_groups_generated=generated,
             num_groups_kept=self._num_groups_kept,
             kept_group_ratio=self._num_groups_kept / generated if generated else 0.0,
-            wasted_tokens=self._wasted_tokens,
+            wasted_tokens=self._wasted_tokens + discarded_tokens,
             num_all_correct=self._num_all_correct,
             num_all_wrong=self._num_all_wrong,
             partial=partial,
             num_groups_returned=num_returned,
             num_groups_carried_in=self._num_carried_in,
             num_groups_surplus=num_surplus,
+            num_groups_discarded=num_discarded,
+            discarded_tokens=discarded_tokens,
         )
 
     def _exhausted_message(self, report: AccumulatorReport) -> str:
@@ -211,8 +221,11 @@ class DynamicSamplingBuffer(Generic[GroupT]):
             + "."
         )
 
-    def pop_batch(self) -> tuple[list[GroupT], AccumulatorReport]:
+    def pop_batch(self, tokens_of: Callable[[GroupT], int] | None = None) -> tuple[list[GroupT], AccumulatorReport]:
         """Hand out this step's batch and start the next step.
+
+        ``tokens_of(group)`` (optional) counts a group's response tokens, so that discarded surplus groups (without
+        ``carry_over_surplus``) are reported in ``discarded_tokens`` and ``wasted_tokens``.
 
         Returns exactly ``target_num_groups`` groups (the first ones held, whole groups) when full. When the round
         budget is spent first: raises ``DynamicSamplingExhausted`` (``on_exhausted="error"``, nothing is reset), or
@@ -222,7 +235,10 @@ class DynamicSamplingBuffer(Generic[GroupT]):
         if self.is_full:
             batch = self._groups[: self.target_num_groups]
             surplus = self._groups[self.target_num_groups :]
-            report = self._report(num_returned=len(batch), num_surplus=len(surplus), partial=False)
+            discarded = [] if self.carry_over_surplus else surplus
+            report = self._report(num_returned=len(batch), num_surplus=len(surplus), partial=False,
+                                  num_discarded=len(discarded),
+                                  discarded_tokens=sum(map(tokens_of, discarded)) if tokens_of else 0)
         elif self.rounds_exhausted():
             if self.on_exhausted == "error":
                 report = self._report(num_returned=0, num_surplus=0, partial=True)

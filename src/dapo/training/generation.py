@@ -41,20 +41,29 @@ def generate_and_filter(engine: RolloutEngine, state: RunState, tokenizer, cfg: 
     """Generation rounds of gen_batch_size prompts until train_batch_size informative groups are held.
 
     ``scorer`` (kept for the run) applies the reward failure policy; its failed calls of this step are reported as
-    ``reward/timeouts``, ``reward/worker_crashes`` and ``reward/errors``."""
+    ``reward/timeouts``, ``reward/worker_crashes`` and ``reward/errors``.
+
+    Compute spent without gradient is measured in ``train/wasted_tokens``: the response tokens of groups Eq. 11 dropped
+    plus those of surplus groups discarded (not carried over), against ``train/generated_tokens``; both also as run
+    totals (``*_total``, kept in the checkpoint). Every drawn prompt's pass rate goes to the sampler's record (a no-op
+    unless ``algorithm.filter_groups.skip_solved_prompts.enable``), and the prompts it skipped as solved are counted in
+    ``train/num_skipped_solved_prompts``."""
     buffer = state.buffer
     failures_before = dict(scorer.counts) if scorer is not None else {}
+    skipped_before = state.sampler.num_skipped_solved
     generated_acc: list[float] = []
     generated_tokens = 0
     rnd = 0
     while buffer.should_generate_more():
-        prompts = state.sampler.next_batch(cfg.data.effective_gen_batch_size)
+        draws = state.sampler.next_draws(cfg.data.effective_gen_batch_size)
+        prompts = [d.item for d in draws]
         with timer("gen"):
             rollout = engine.generate([p.input_ids for p in prompts], rollout_params(cfg, step, rnd))
         with timer("reward"):
             groups = score_rollout(prompts, rollout, tokenizer, cfg, scorer)
         acc = torch.tensor([float(a) for g in groups for a in g.acc])
         decision = filter_informative_groups(acc, group_index_of(groups))  # Eq. 11, on raw accuracy
+        state.sampler.record_pass_rates(draws, decision.pass_rate.tolist())  # groups come in prompt order
         keep = decision.keep.tolist() if cfg.algorithm.filter_groups.enable else [True] * len(groups)
         buffer.add_round(
             [g for g, k in zip(groups, keep) if k],
@@ -69,7 +78,9 @@ def generate_and_filter(engine: RolloutEngine, state: RunState, tokenizer, cfg: 
         if rnd % 10 == 0:  # unlimited rounds (max_num_gen_batches <= 0) must still show that they are running
             log.info("step %d: %d generation rounds so far, %d of %d groups kept", step, rnd, buffer.num_groups,
                      cfg.data.train_batch_size)
-    kept, report = buffer.pop_batch()
+    kept, report = buffer.pop_batch(tokens_of=lambda g: g.num_response_tokens)
+    state.generated_tokens_total += generated_tokens
+    state.wasted_tokens_total += report.wasted_tokens
     if report.partial:
         log.warning("step %d: dynamic sampling gave up after %d rounds; training on %d of %d groups", step,
                     report.num_gen_batches, len(kept), cfg.data.train_batch_size)
@@ -80,6 +91,12 @@ def generate_and_filter(engine: RolloutEngine, state: RunState, tokenizer, cfg: 
         "train/num_gen_batches": float(report.num_gen_batches),
         "train/kept_group_ratio": float(report.kept_group_ratio),
         "train/wasted_tokens": float(report.wasted_tokens),
+        "train/wasted_tokens_total": float(state.wasted_tokens_total),
+        "train/generated_tokens": float(generated_tokens),
+        "train/generated_tokens_total": float(state.generated_tokens_total),
+        "train/num_discarded_surplus_groups": float(report.num_groups_discarded),
+        "train/num_skipped_solved_prompts": float(state.sampler.num_skipped_solved - skipped_before),
+        "train/num_skipped_solved_prompts_total": float(state.sampler.num_skipped_solved),
         "train/num_all_correct_groups": float(report.num_all_correct),
         "train/num_all_wrong_groups": float(report.num_all_wrong),
         "train/partial_batch": float(report.partial),

@@ -124,7 +124,7 @@ def train(cfg: DapoConfig) -> TrainResult:
         log.warning("%s", warning)
     optimizer = build_optimizer(policy.model, cfg.actor.optim)
     scheduler = build_lr_scheduler(optimizer, cfg.actor.optim)
-    state = RunState(PromptSampler(task.train, seed=cfg.data.seed, shuffle=cfg.data.shuffle),
+    state = RunState(PromptSampler.from_config(task.train, cfg),
                      DynamicSamplingBuffer.from_config(cfg))
     total_steps = total_steps_of(cfg, len(task.train))
     resume_from = find_resume_checkpoint(run_dir, cfg)

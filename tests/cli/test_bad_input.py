@@ -129,3 +129,21 @@ def test_custom_reward_function_is_used(tmp_path, fast_args):
                      "algorithm.filter_groups.on_exhausted=error", "algorithm.filter_groups.max_num_gen_batches=1"],
                     tmp_path)
     _clean_failure(proc, "all-correct")
+
+
+def test_bad_data_wins_over_a_missing_model_so_it_is_checked_first(tmp_path, fast_args):
+    rows = [_row("What is 2 + 3?", "5"), {**_row("What is 1 + 1?", "2"), "reward_model": {"style": "rule"}}]
+    data = _write_jsonl(tmp_path / "bad.jsonl", rows)
+    proc = run_dapo(["train", *fast_args, f"data.train_files=[{data}]", f"model.path={tmp_path / 'no-such-model'}"],
+                    tmp_path)
+    _clean_failure(proc, "bad.jsonl", "row 1", "ground_truth")
+    assert "no-such-model" not in proc.stderr
+
+
+def test_overlong_prompt_in_a_multi_file_data_set_names_its_file_and_row(tmp_path, fast_args):
+    first = _write_jsonl(tmp_path / "a.jsonl", [_row(f"What is {i} + 3?", str(i + 3)) for i in range(4)])
+    second = _write_jsonl(tmp_path / "b.jsonl", [_row("What is 2 + 3?", "5"), _row("What is 2 + 3? " * 200, "5")])
+    proc = run_dapo(["train", *fast_args, f"data.train_files=[{first},{second}]", "data.filter_overlong_prompts=error"],
+                    tmp_path)
+    # row 5 of the concatenated set is row 1 of b.jsonl, line 2
+    _clean_failure(proc, f"data.train_files: {second}, row 1 (line 2) has a prompt of", "data.max_prompt_length")

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import resource
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -98,3 +102,48 @@ def test_validate_lists_every_problem_and_exits_1(tmp_path: Path) -> None:
     assert "note: 1 prompts are not in the DAPO template" in out
     assert f"{bad}, row 1 (line 2), field 'reward_model.ground_truth': empty" in out
     assert "missing.parquet: no such file" in out
+
+
+# ------------------------------------------------------------------------------------ unwritable outputs
+def test_unwritable_outputs_are_one_message_naming_the_path(tmp_path: Path) -> None:
+    # A file where the output folder should be: a real filesystem error for any user (chmod does not stop root).
+    blocker = tmp_path / "blocker"
+    blocker.write_text("not a folder")
+    src = write_jsonl_rows(tmp_path / "raw.jsonl", [{"problem": f"P{i}", "answer": str(i)} for i in range(4)])
+    code, out = _run("prepare", src, "--out", blocker / "out")
+    assert code == 1 and "Traceback" not in out
+    assert f"writing {blocker / 'out' / 'train.parquet'} failed: a component of the path is a file" in out
+    code, out = _run("synth", "--out", blocker / "s.jsonl", "--num", "4")
+    assert code == 1 and f"writing {blocker / 's.jsonl'} failed: a file of that name is in the way" in out
+    assert blocker.read_text() == "not a folder"
+
+
+def _file_size_limit(limit: int):
+    def apply() -> None:  # a real EFBIG in the child once a file grows past `limit`, as on a full disk
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+def test_full_disk_at_the_second_split_leaves_both_old_splits_and_no_temporary(tmp_path: Path) -> None:
+    rows = [{"problem": f"What is {i} times {i}? " * 3, "answer": str(i * i)} for i in range(60)]
+    src = write_jsonl_rows(tmp_path / "raw.jsonl", rows)
+    args = ["prepare", str(src), "--val-size", "50"]  # val.parquet (50 rows) is larger than train.parquet (10)
+    code, out = _run(*args, "--out", tmp_path / "sizes")
+    assert code == 0, out
+    train_size = (tmp_path / "sizes" / "train.parquet").stat().st_size
+    val_size = (tmp_path / "sizes" / "val.parquet").stat().st_size
+    assert train_size < val_size
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    (out_dir / "train.parquet").write_bytes(b"old train")
+    (out_dir / "val.parquet").write_bytes(b"old val")
+    proc = subprocess.run([sys.executable, "-m", "dapo.cli.main", "data", *args, "--out", str(out_dir)],
+                          capture_output=True, text=True, timeout=120,
+                          preexec_fn=_file_size_limit((train_size + val_size) // 2))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert f"writing {out_dir / 'val.parquet'} failed: file size limit exceeded" in proc.stderr
+    # the train split was written in full, but is not renamed onto the old one without its val split
+    assert (out_dir / "train.parquet").read_bytes() == b"old train"
+    assert (out_dir / "val.parquet").read_bytes() == b"old val"
+    assert sorted(p.name for p in out_dir.iterdir()) == ["train.parquet", "val.parquet"]

@@ -61,14 +61,34 @@ def test_unreadable_content_is_a_clear_error(tmp_path: Path) -> None:
     fake.write_bytes(b"this is not parquet")
     with pytest.raises(DataFileError, match=r"fake\.parquet: cannot read as parquet"):
         load_records(fake)
-    latin1 = tmp_path / "latin1.jsonl"
-    latin1.write_bytes('{"data_source": "caf\xe9"}\n'.encode("latin-1"))
-    with pytest.raises(DataFileError, match="not UTF-8"):
-        load_records(latin1)
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n\n")
     with pytest.raises(DataFileError, match="contains no records"):
         load_records(empty)
+
+
+def test_non_utf8_bytes_are_reported_by_row_and_line_not_byte_offset(tmp_path: Path) -> None:
+    good = json.dumps(good_row(0)) + "\n"
+    latin1 = tmp_path / "latin1.jsonl"
+    # line 1 good, line 2 blank (not a row), line 3 good, line 4 = row 2 holds a latin-1 e-acute (0xe9)
+    latin1.write_bytes((good + "\n" + good).encode() + '{"data_source": "caf\xe9"}\n'.encode("latin-1"))
+    with pytest.raises(DataValidationError) as info:
+        load_records(latin1)
+    assert [(p.row, p.line) for p in info.value.problems] == [(2, 4)]
+    assert "latin1.jsonl, row 2 (line 4), field '<line>': not UTF-8 text: byte 0xe9 at column 21" in str(info.value)
+
+    array = tmp_path / "array.json"  # one JSON array: no row before it parses, so line and column
+    array.write_bytes(b'[\n  {"data_source": "ok"},\n  {"data_source": "caf\xe9"}\n]\n')
+    with pytest.raises(DataFileError, match=r"array\.json, line 3: not UTF-8 text: byte 0xe9 at column 23"):
+        load_records(array)
+
+    parquet = tmp_path / "bad.parquet"  # a writer that does not check UTF-8: the string column holds raw bytes
+    sources = pa.array([b"ok", b"caf\xe9", b"fine", b"\xff"], pa.binary()).view(pa.string())
+    pq.write_table(pa.table({"data_source": sources}), parquet)
+    with pytest.raises(DataValidationError) as info:
+        load_records(parquet)
+    assert [p.row for p in info.value.problems] == [1, 3]
+    assert "bad.parquet, row 1, field '<row>': not UTF-8 text: byte 0xe9" in str(info.value)
 
 
 def test_bad_json_lines_are_reported_with_their_line_numbers(tmp_path: Path) -> None:

@@ -6,10 +6,14 @@ One base run (2 steps, a checkpoint after each) is trained once per module and c
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
 import resource
 import shutil
 import signal
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -121,9 +125,59 @@ def test_full_disk_at_start_up_is_one_message_naming_the_path(base_run, tmp_path
 
     proc = run_dapo(["train", *BASE, "trainer.experiment_name=run", "trainer.total_training_steps=3"], tmp_path,
                     preexec_fn=no_writes)
-    _clean_failure(proc, f"writing the run record {run / 'config.yaml'} failed: File too large")
+    _clean_failure(proc, f"writing the run record {run / 'config.yaml'} failed: file size limit exceeded")
     assert (run / "config.yaml").read_bytes() == before
     assert not [p for p in run.iterdir() if ".tmp-" in p.name]
+
+
+def test_metrics_write_failure_mid_run_is_one_message_and_leaves_whole_records(base_run, tmp_path) -> None:
+    run = _copy(base_run, tmp_path)
+    before = (run / "metrics.jsonl").read_bytes()  # two records of ~2.5 KB; config.yaml is ~2.6 KB
+    limit = len(before) + 1000  # the step-3 record gets its first 1000 bytes written, then EFBIG
+
+    def small_files():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    # save_freq=2: no checkpoint at step 3, so the metrics append is the first write to hit the limit
+    proc = run_dapo(["train", *BASE, "trainer.experiment_name=run", "trainer.total_training_steps=4",
+                     "trainer.save_freq=2", "trainer.logger=[jsonl]"], tmp_path, preexec_fn=small_files)
+    _clean_failure(proc, f"appending the metrics of step 3 to {run / 'metrics.jsonl'} failed: file size limit")
+    assert (run / "metrics.jsonl").read_bytes() == before  # the half-written record is cut off again
+    proc = run_dapo(["train", *BASE, "trainer.experiment_name=run", "trainer.total_training_steps=3"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]
+
+
+def _no_dac_override() -> None:
+    """In the child: lose root's right to write where the mode bits say no (CAP_DAC_OVERRIDE), so a read-only
+    folder is read-only for root too. A non-root user needs nothing."""
+    if os.geteuid() == 0 and ctypes.CDLL(None, use_errno=True).prctl(24, 1, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+        raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP, CAP_DAC_OVERRIDE) failed")
+
+
+def test_read_only_run_directory_is_one_message_naming_the_path(base_run, tmp_path) -> None:
+    run = _copy(base_run, tmp_path)
+    config_before = (run / "config.yaml").read_bytes()
+    _set_folder_modes(run, 0o555)
+    try:
+        probe = subprocess.run([sys.executable, "-c", f"open({str(run / 'probe')!r}, 'w')"], capture_output=True,
+                               preexec_fn=_no_dac_override)
+        if probe.returncode == 0:
+            pytest.skip("cannot make a folder read-only for this user here (no way to drop CAP_DAC_OVERRIDE)")
+        proc = run_dapo(["train", *BASE, "trainer.experiment_name=run", "trainer.total_training_steps=3"],
+                        tmp_path, preexec_fn=_no_dac_override)
+    finally:
+        _set_folder_modes(run, 0o755)
+    _clean_failure(proc, f"writing the run record {run / 'config.yaml'} failed: permission denied")
+    assert (run / "config.yaml").read_bytes() == config_before
+    assert sorted(p.name for p in run.iterdir()) == sorted(p.name for p in base_run.iterdir())
+
+
+def _set_folder_modes(root: Path, mode: int) -> None:
+    for folder, _dirs, _files in os.walk(root):
+        os.chmod(folder, mode)
 
 
 # ---------------------------------------------------------------------------------------------- rewards

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import resource
+import signal
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -158,3 +162,28 @@ def test_cli_metrics_and_smooth(two_runs: list[Path], tmp_path: Path) -> None:
     assert _png_size(out) == (1000, 425)
     result = CliRunner().invoke(plot_command, [*map(str, two_runs), "--out", str(out), "--metrics", "nope"])
     assert result.exit_code == 2 and "unknown panel 'nope'" in result.output
+
+
+def test_unwritable_plot_output_is_one_message_and_leaves_the_old_png(two_runs: list[Path], tmp_path: Path) -> None:
+    blocker = tmp_path / "blocker"  # a file where the output folder should be: fails for root too
+    blocker.write_text("x")
+    result = CliRunner().invoke(plot_command, [*map(str, two_runs), "--out", str(blocker / "p.png")])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
+    assert result.output.strip() == (f"Error: writing the plot {blocker / 'p.png'} failed: a file of that name is "
+                                      "in the way")
+
+    # A full disk mid-write (a real EFBIG in a child process): the old PNG stays, no temporary is left.
+    out_dir = tmp_path / "plots"
+    out_dir.mkdir()
+    (out_dir / "p.png").write_bytes(b"old png")
+
+    def small_files() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))  # the PNG is ~100 KB
+
+    proc = subprocess.run([sys.executable, "-m", "dapo.cli.main", "plot", *map(str, two_runs), "--out",
+                           str(out_dir / "p.png")], capture_output=True, text=True, timeout=120,
+                          preexec_fn=small_files)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert f"writing the plot {out_dir / 'p.png'} failed: file size limit exceeded" in proc.stderr
+    assert [p.name for p in out_dir.iterdir()] == ["p.png"] and (out_dir / "p.png").read_bytes() == b"old png"

@@ -74,4 +74,6 @@ def plot_command(run_dirs: tuple[Path, ...], out: Path, labels: tuple[str, ...],
         written = plot_runs(run_dirs, out, labels=list(labels) if labels else None, metrics=chosen, smooth=smooth)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--metrics") from None
+    except OSError as exc:  # plot_runs names the file and the reason (FileOperationError)
+        raise click.ClickException(str(exc)) from None
     click.echo(f"wrote {written}")

@@ -31,11 +31,13 @@ def train_command(config_path: str | None, print_config: bool, overrides: tuple[
     from dapo.data.prompts import PromptTooLongError
     from dapo.data.schema import DataError
     from dapo.evaluation.validation import val_acc_key
+    from dapo.infra.atomic import FileOperationError
     from dapo.infra.plot import plot_runs
     from dapo.model.loading import ModelLoadError
     from dapo.reward.pool import RewardScoringError
     from dapo.reward.registry import UnknownDataSourceError
     from dapo.rollout.factory import EngineUnavailableError
+    from dapo.rollout.sampler import NonFiniteLogitsError
     from dapo.training.dynamic_sampling_buffer import DynamicSamplingExhausted
     from dapo.training.errors import TrainingError
     from dapo.training.loop import train
@@ -43,17 +45,22 @@ def train_command(config_path: str | None, print_config: bool, overrides: tuple[
     try:
         result = train(cfg)
     except (TrainingError, ModelLoadError, DataError, PromptTooLongError, RewardScoringError,
-            UnknownDataSourceError, EngineUnavailableError, DynamicSamplingExhausted) as exc:
+            UnknownDataSourceError, EngineUnavailableError, DynamicSamplingExhausted, FileOperationError,
+            NonFiniteLogitsError) as exc:
         raise click.ClickException(str(exc)) from None
     if result.steps_run == 0:
         click.echo(f"nothing to do: {result.run_dir} is already trained to step {result.steps_done} "
                    "(raise trainer.total_training_steps to train further)")
         return
-    plot_path = plot_runs([result.run_dir], result.run_dir / "plots" / "training.png")
+    try:
+        plot_path = plot_runs([result.run_dir], result.run_dir / "plots" / "training.png")
+    except FileOperationError as exc:  # the run is trained and saved; a missing picture must not fail it
+        click.echo(f"warning: {exc}", err=True)
+        plot_path = None
     first, last = result.val_acc(0), result.val_acc(-1)
     click.echo(f"done: {result.steps_done} steps in {result.wall_s:.0f} s, peak memory {result.peak_rss_mb:.0f} MB")
     if first is not None and last is not None:
         k_key = val_acc_key(result.val_history[-1][1])
         click.echo(f"validation {k_key}: first {first:.3f} (step {result.val_history[0][0]}) -> "
                    f"last {last:.3f} (step {result.val_history[-1][0]}), {100 * (last - first):+.1f} points")
-    click.echo(f"metrics: {result.run_dir / 'metrics.jsonl'}; plots: {plot_path}")
+    click.echo(f"metrics: {result.run_dir / 'metrics.jsonl'}; plots: {plot_path or 'not written'}")

@@ -20,7 +20,7 @@ record has any ``extra_info`` key the column is left out (reading treats it as `
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dapo.data.schema import DapoRecord, DataFileError, DataProblem, DataValidationError, check_row
-from dapo.infra.atomic import atomic_write, atomic_write_via_path
+from dapo.infra.atomic import atomic_write, atomic_write_files, describe_os_error
 
 PARQUET_SUFFIXES = (".parquet",)
 JSON_SUFFIXES = (".jsonl", ".json")
@@ -49,12 +49,32 @@ def _existing_file(path: str | Path) -> Path:
     return p
 
 
+def _not_utf8(error: UnicodeDecodeError, column: int | None = None) -> str:
+    where = f" at column {column}" if column is not None else ""
+    return f"not UTF-8 text: byte 0x{error.object[error.start]:02x}{where} ({error.reason})"
+
+
 def read_parquet_rows(path: Path) -> list[dict[str, Any]]:
-    """All rows of a parquet file as plain dicts (nested structs become dicts, lists lists)."""
+    """All rows of a parquet file as plain dicts (nested structs become dicts, lists lists).
+
+    A string column holding bytes that are not UTF-8 (parquet writers need not check) is reported by row, not by the
+    offset inside the column that the decoder sees.
+    """
     try:
-        return pq.read_table(path).to_pylist()
+        table = pq.read_table(path)
     except (pa.ArrowException, OSError) as e:
         raise DataFileError(f"{path}: cannot read as parquet: {e}") from e
+    try:
+        return table.to_pylist()
+    except UnicodeDecodeError:
+        pass
+    problems = []
+    for i in range(table.num_rows):  # only on this failure path: row by row, to name every bad row
+        try:
+            table.slice(i, 1).to_pylist()
+        except UnicodeDecodeError as e:
+            problems.append(DataProblem(str(path), i, "<row>", _not_utf8(e)))
+    raise DataValidationError(problems)
 
 
 def iter_json_rows(path: Path) -> Iterator[tuple[int | None, Any, str | None]]:
@@ -64,28 +84,38 @@ def iter_json_rows(path: Path) -> Iterator[tuple[int | None, Any, str | None]]:
     starts with ``[``, in which case it is one JSON array of records (no line numbers then).
     """
     try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise DataFileError(f"{path}: not UTF-8 text ({e})") from e
+        data = path.read_bytes()
     except OSError as e:
-        raise DataFileError(f"{path}: cannot read: {e}") from e
-    if path.suffix.lower() == ".json" and text.lstrip().startswith("["):
+        raise DataFileError(describe_os_error(e, f"reading {path}")) from e
+    if path.suffix.lower() == ".json" and data.lstrip().startswith(b"["):
         try:
-            rows = json.loads(text)
+            rows = json.loads(data.decode("utf-8"))
+        except UnicodeDecodeError as e:  # one array: no rows yet, so the line (and column) is the place
+            line_start = data.rfind(b"\n", 0, e.start) + 1
+            lineno = data.count(b"\n", 0, e.start) + 1
+            raise DataFileError(f"{path}, line {lineno}: {_not_utf8(e, e.start - line_start + 1)}") from None
         except json.JSONDecodeError as e:
             raise DataFileError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from e
         for row in rows:
             yield None, row, None
         return
     # Split on "\n" only: str.splitlines would also split inside a string holding U+0085 or U+2028,
-    # which json.dumps(ensure_ascii=False) writes raw. A "\r" before "\n" is JSON whitespace.
-    for lineno, line in enumerate(text.split("\n"), start=1):
+    # which json.dumps(ensure_ascii=False) writes raw. A "\r" before "\n" is JSON whitespace. The bytes are split
+    # before decoding (0x0A is never inside a UTF-8 sequence) so that a bad byte is reported by row and line.
+    for lineno, raw_line in enumerate(data.split(b"\n"), start=1):
+        try:
+            line = raw_line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            yield lineno, None, _not_utf8(e, e.start + 1)
+            continue
         if not line.strip():
             continue
         try:
             yield lineno, json.loads(line), None
         except json.JSONDecodeError as e:
             yield lineno, None, f"invalid JSON ({e.msg} at column {e.colno})"
+        except RecursionError:  # a line of 100k "[": JSON, but nested deeper than Python parses
+            yield lineno, None, "invalid JSON (nested too deeply)"
 
 
 def read_raw_rows(path: str | Path) -> list[tuple[int, int | None, Any]]:
@@ -183,16 +213,33 @@ def records_to_table(records: Sequence[DapoRecord]) -> pa.Table:
 
 def write_parquet(records: Iterable[DapoRecord], path: str | Path) -> Path:
     """Write records to a parquet file atomically (temp file + os.replace); return the path."""
-    record_list = list(records)
-    if not record_list:
-        raise DataFileError(f"{path}: refusing to write a data set with no records")
-    table = records_to_table(record_list)
-    p = Path(path)
+    return write_parquet_files({Path(path): list(records)})[0]
+
+
+def write_parquet_files(splits: Mapping[Path, Sequence[DapoRecord]]) -> list[Path]:
+    """Write several parquet files together (a train and a val split): a failure at any of them (a full disk, an
+    unwritable folder) leaves none of them changed and no temporary behind; the error names the file."""
+    tables = {}
+    for path, records in splits.items():
+        if not records:
+            raise DataFileError(f"{path}: refusing to write a data set with no records")
+        tables[Path(path)] = records_to_table(records)
+    current = next(iter(tables))
+
+    def writer(path: Path, table: pa.Table) -> Callable[[Path], None]:
+        def write(tmp: Path) -> None:
+            nonlocal current
+            current = path
+            pq.write_table(table, str(tmp))
+        return write
+
     try:
-        atomic_write_via_path(p, lambda tmp: pq.write_table(table, str(tmp)))
+        atomic_write_files([(path, writer(path, table)) for path, table in tables.items()])
+    except OSError as e:  # before ArrowException: arrow's I/O errors are OSErrors too
+        raise DataFileError(describe_os_error(e, f"writing {current}")) from e
     except pa.ArrowException as e:
-        raise DataFileError(f"{p}: cannot write parquet: {e}") from e
-    return p
+        raise DataFileError(f"{current}: cannot write parquet: {e}") from e
+    return list(tables)
 
 
 def write_jsonl(records: Iterable[DapoRecord], path: str | Path) -> Path:
@@ -201,8 +248,10 @@ def write_jsonl(records: Iterable[DapoRecord], path: str | Path) -> Path:
     if not lines:
         raise DataFileError(f"{path}: refusing to write a data set with no records")
     p = Path(path)
-
-    atomic_write(p, "".join(lines))
+    try:
+        atomic_write(p, "".join(lines))
+    except OSError as e:
+        raise DataFileError(describe_os_error(e, f"writing {p}")) from e
     return p
 
 

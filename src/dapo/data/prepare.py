@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from dapo.data.loaders import read_raw_rows, write_parquet
+from dapo.data.loaders import read_raw_rows, write_parquet_files
 from dapo.data.schema import DEFAULT_ABILITY, DEFAULT_STYLE, DapoRecord, DataFileError, Message
 from dapo.data.template import DAPO_PROMPT_TEMPLATE, apply_dapo_template
 
@@ -359,8 +359,12 @@ def prepare_dataset(
 
     out = Path(output_dir)
     summary.train_size = len(splits["train"])
-    summary.train_path = write_parquet(splits["train"], out / "train.parquet")
+    files = {out / "train.parquet": splits["train"]}
     if splits["val"]:
         summary.val_size = len(splits["val"])
-        summary.val_path = write_parquet(splits["val"], out / "val.parquet")
+        files[out / "val.parquet"] = splits["val"]
+    # Both splits or neither: a val.parquet that fails to write must not leave a new train.parquet beside an old val.
+    written = write_parquet_files(files)
+    summary.train_path = written[0]
+    summary.val_path = written[1] if len(written) > 1 else None
     return summary

@@ -43,8 +43,10 @@ def encode_prompts(
         ids = [int(t) for t in ids]
         if len(ids) > max_prompt_length:
             if too_long == "error":
+                # The row in its own file: in a data set of several files the index alone points at the wrong one.
                 raise PromptTooLongError(
-                    f"{where}: row {index} has a prompt of {len(ids)} tokens > data.max_prompt_length="
+                    f"{where}: {record.origin or f'row {index}'} has a prompt of {len(ids)} tokens > "
+                    f"data.max_prompt_length="
                     f"{max_prompt_length} (set data.filter_overlong_prompts=drop to skip such prompts)"
                 )
             dropped += 1

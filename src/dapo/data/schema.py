@@ -58,12 +58,17 @@ class DataProblem:
     line: int | None = None  # 1-based line number, for JSON lines files
 
     def __str__(self) -> str:
-        where = self.source
-        if self.row is not None:
-            where += f", row {self.row}"
-        if self.line is not None:
-            where += f" (line {self.line})"
-        return f"{where}, field '{self.field}': {self.message}"
+        return f"{place(self.source, self.row, self.line)}, field '{self.field}': {self.message}"
+
+
+def place(source: str, row: int | None, line: int | None = None) -> str:
+    """``"train.jsonl, row 3 (line 4)"``: how every message names a row."""
+    where = source
+    if row is not None:
+        where += f", row {row}"
+    if line is not None:
+        where += f" (line {line})"
+    return where
 
 
 class DataValidationError(DataError):
@@ -110,6 +115,9 @@ class DapoRecord:
     ground_truth: str
     style: str = DEFAULT_STYLE
     extra_info: dict[str, Any] = field(default_factory=dict)
+    # Where the row was read ("train.jsonl, row 3 (line 4)"), for messages about it that come later (a prompt too
+    # long for the tokenizer); not part of the data, so not compared and not written.
+    origin: str | None = field(default=None, compare=False, repr=False)
 
     def messages(self) -> list[dict[str, str]]:
         """The prompt as chat messages, ready for a tokenizer's ``apply_chat_template``."""
@@ -264,5 +272,6 @@ def check_row(
         ground_truth=ground_truth,
         style=style,
         extra_info=dict(extra_info),
+        origin=place(source, row_index, line),
     )
     return record, problems

@@ -32,8 +32,18 @@ def _synth(cfg: DataConfig, split: str) -> list[DapoRecord]:
     return [DapoRecord.from_row(row, source=f"<synth {split}>", row_index=i) for i, row in enumerate(rows)]
 
 
-def load_task(cfg: DataConfig, tokenizer) -> Task:
-    """Read and validate every record (all problems reported at once), then tokenise with the chat template."""
+@dataclass(frozen=True)
+class TaskRecords:
+    """The validated records of a task, before tokenisation: everything that can be checked without a tokenizer."""
+
+    train: list[DapoRecord]
+    val: list[DapoRecord]
+    description: str
+
+
+def read_task(cfg: DataConfig) -> TaskRecords:
+    """Read and validate every record (all problems reported at once). Needs no model, so a run checks its data files
+    before it spends seconds loading one."""
     val_records = load_dataset(cfg.val_files) if cfg.val_files else []
     if cfg.train_files:
         train_records = load_dataset(cfg.train_files)
@@ -49,6 +59,12 @@ def load_task(cfg: DataConfig, tokenizer) -> Task:
                        f"removing {removed} that are validation problems)")
     if cfg.val_max_samples is not None:
         val_records = val_records[: cfg.val_max_samples]
+    return TaskRecords(train_records, val_records, description)
+
+
+def encode_task(records: TaskRecords, cfg: DataConfig, tokenizer) -> Task:
+    """Tokenise with the chat template and apply the prompt-length rule (the checks that need the tokenizer)."""
+    train_records, val_records = records.train, records.val
     train = encode_prompts(train_records, tokenizer, max_prompt_length=cfg.max_prompt_length,
                            too_long=cfg.filter_overlong_prompts, where="data.train_files")
     val = encode_prompts(val_records, tokenizer, max_prompt_length=cfg.max_prompt_length,
@@ -63,4 +79,9 @@ def load_task(cfg: DataConfig, tokenizer) -> Task:
         raise DataError(f"no training prompts left: {why}")
     if not val.items:
         log.warning("no validation prompts: validation accuracy will not be measured (set data.val_files)")
-    return Task(train.items, val.items, description, dropped)
+    return Task(train.items, val.items, records.description, dropped)
+
+
+def load_task(cfg: DataConfig, tokenizer) -> Task:
+    """Read and validate every record, then tokenise with the chat template: `read_task`, then `encode_task`."""
+    return encode_task(read_task(cfg), cfg, tokenizer)

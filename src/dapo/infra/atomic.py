@@ -4,6 +4,10 @@ Every writer (checkpoints, the dequantized-model cache, plots, metrics rewrites,
 is written to a temporary sibling, flushed and fsynced, then ``os.replace``-d onto its name and the parent folder is
 fsynced; a folder is filled under a temporary sibling name and renamed onto its final name the same way. A crash, a
 full disk or an exception at any point leaves the old file or folder (if any) untouched and no temporary behind.
+
+When a write (or read) fails, :func:`describe_os_error` is the one way to say so: one line naming the operation, its
+path and the reason (the errno of an ``OSError`` anywhere in the exception chain), so no caller needs a traceback to
+tell a full disk from a read-only folder.
 """
 
 from __future__ import annotations
@@ -11,13 +15,75 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 TEMP_MARK = ".tmp-"
+
+_ERRNO_REASONS: dict[int, str] = {
+    errno.ENOSPC: "no space left on device",
+    errno.EFBIG: "file size limit exceeded (file too large)",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.EIO: "input/output error",
+    errno.ENOTDIR: "a component of the path is a file, not a folder",
+    errno.EEXIST: "a file of that name is in the way",
+}
+_OS_ERROR_IN_TEXT_RE = re.compile(r"os error (\d+)")
+
+
+def os_error_reason(exc: BaseException) -> str:
+    """A short human reason, using the errno of an ``OSError`` anywhere in the exception chain.
+
+    torch.save reports write failures as RuntimeError with the OSError as context; safetensors (Rust) reports them as
+    text ending in "(os error N)". Without any errno the exception's own type and text are the reason.
+    """
+    for link in _chain(exc):
+        if isinstance(link, OSError) and link.errno is not None:
+            return _ERRNO_REASONS.get(link.errno, f"{link.strerror or type(link).__name__} (errno {link.errno})")
+        match = _OS_ERROR_IN_TEXT_RE.search(str(link))
+        if match:
+            code = int(match.group(1))
+            return _ERRNO_REASONS.get(code, f"{os.strerror(code)} (errno {code})")
+    return f"{type(exc).__name__}: {exc}"
+
+
+def describe_os_error(exc: BaseException, operation: str) -> str:
+    """``"<operation> failed: <reason>"``: the one-line message of a filesystem failure. ``operation`` names the path
+    (``"writing the plot runs/x/plots/training.png"``); the reason comes from :func:`os_error_reason`."""
+    return f"{operation} failed: {os_error_reason(exc)}"
+
+
+class FileOperationError(OSError):
+    """A read or write of a file failed; ``str()`` is the one-line message naming the operation, path and reason.
+
+    An ``OSError`` (same errno), so code that handles filesystem errors keeps handling it; the writers of this package
+    raise it after removing whatever they had half-written.
+    """
+
+    def __init__(self, exc: BaseException, operation: str) -> None:
+        code = next((e.errno for e in _chain(exc) if isinstance(e, OSError) and e.errno is not None), None)
+        super().__init__(code, os_error_reason(exc))
+        self.operation = operation
+        self.message = describe_os_error(exc, operation)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        yield link
+        link = link.__cause__ or link.__context__
 
 
 def fsync_file(path: Path) -> None:
@@ -85,19 +151,33 @@ def atomic_write_via_path(path: str | Path, write_to: Callable[[Path], Any]) -> 
     The temporary file keeps the target's suffix so that writers choosing a format by extension choose the right one.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    sibling = _temp_sibling(path)
-    temp = sibling.with_name(sibling.name + (path.suffix or ".tmp"))  # unique name, and the target's suffix last
-    try:
-        write_to(temp)
-        fsync_file(temp)
-        os.replace(temp, path)
-        fsync_dir(path.parent)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            temp.unlink()
-        raise
+    atomic_write_files([(path, write_to)])
     return path
+
+
+def atomic_write_files(writes: Sequence[tuple[Path, Callable[[Path], Any]]]) -> None:
+    """Replace several files together, ``[(path, write_to), ...]``: every temporary is written and fsynced before the
+    first rename, so a failure while writing (a full disk at the second file) leaves every old file as it was and no
+    temporary behind. Only the renames themselves (metadata, not data) can fail between two of them."""
+    temps: list[tuple[Path, Path]] = []
+    try:
+        for path, write_to in writes:
+            path = Path(path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            sibling = _temp_sibling(path)
+            temp = sibling.with_name(sibling.name + (path.suffix or ".tmp"))  # unique, and the target's suffix last
+            temps.append((temp, path))
+            write_to(temp)
+            fsync_file(temp)
+        for temp, path in temps:
+            os.replace(temp, path)
+        for folder in dict.fromkeys(path.parent for _, path in temps):
+            fsync_dir(folder)
+    except BaseException:
+        for temp, _ in temps:
+            with contextlib.suppress(OSError):
+                temp.unlink()
+        raise
 
 
 def replace_directory(temp_dir: Path, final_dir: Path) -> None:

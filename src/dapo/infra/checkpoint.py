@@ -36,7 +36,6 @@ never runs pickled code. ``save_checkpoint`` checks at save time that ``schedule
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import logging
@@ -51,7 +50,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from dapo.infra.atomic import atomic_write, fsync_tree, is_temp_name, replace_directory, write_new_file
+from dapo.infra.atomic import (
+    atomic_write,
+    fsync_tree,
+    is_temp_name,
+    os_error_reason,
+    replace_directory,
+    write_new_file,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -77,16 +83,6 @@ MANIFEST_FORMAT = "dapo-checkpoint/1"
 _STEP_DIR_RE = re.compile(r"^global_step_(\d+)$")
 _TEMP_PREFIX = ".tmp-"
 _TRASH_PREFIX = ".old-"
-_OS_ERROR_IN_TEXT_RE = re.compile(r"os error (\d+)")
-
-_ERRNO_REASONS: dict[int, str] = {
-    errno.ENOSPC: "no space left on device",
-    errno.EFBIG: "file size limit exceeded (file too large)",
-    errno.EDQUOT: "disk quota exceeded",
-    errno.EROFS: "read-only file system",
-    errno.EACCES: "permission denied",
-    errno.EIO: "input/output error",
-}
 
 
 class CheckpointError(RuntimeError):
@@ -137,7 +133,7 @@ def save_checkpoint(
     try:
         ckpt_root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise CheckpointError(f"{_describe_failure(exc)} while creating {ckpt_root} for step {step}") from exc
+        raise CheckpointError(f"{os_error_reason(exc)} while creating {ckpt_root} for step {step}") from exc
     _remove_leftovers(ckpt_root)
     previous = find_latest_checkpoint(ckpt_root)
     name = checkpoint_dir_name(step)
@@ -192,7 +188,7 @@ def save_checkpoint(
             else "there is no previous checkpoint"
         )
         raise CheckpointError(
-            f"{_describe_failure(exc)} while writing {current} for step {step}; {intact} "
+            f"{os_error_reason(exc)} while writing {current} for step {step}; {intact} "
             f"(partial folder {temp_dir.name} removed)"
         ) from exc
 
@@ -304,26 +300,6 @@ def _relative_files(root: Path) -> list[str]:
     return sorted(path.relative_to(root).as_posix() for path in _files_under(root))
 
 
-def _describe_failure(exc: BaseException) -> str:
-    """A short human reason, using the errno of an ``OSError`` anywhere in the exception chain.
-
-    torch.save reports write failures as RuntimeError with the OSError as context; safetensors (Rust)
-    reports them as text ending in "(os error N)".
-    """
-    seen: set[int] = set()
-    link: BaseException | None = exc
-    while link is not None and id(link) not in seen:
-        seen.add(id(link))
-        if isinstance(link, OSError) and link.errno is not None:
-            return _ERRNO_REASONS.get(link.errno, f"{link.strerror or type(link).__name__} (errno {link.errno})")
-        match = _OS_ERROR_IN_TEXT_RE.search(str(link))
-        if match:
-            code = int(match.group(1))
-            return _ERRNO_REASONS.get(code, f"{os.strerror(code)} (errno {code})")
-        link = link.__cause__ or link.__context__
-    return f"{type(exc).__name__}: {exc}"
-
-
 def _remove_leftovers(ckpt_root: Path) -> None:
     """Delete temp/trash entries left behind by a save that was killed (they are never complete)."""
     for entry in ckpt_root.iterdir():
@@ -347,7 +323,7 @@ def _update_latest_file(ckpt_root: Path, step: int) -> None:
             "find_latest_checkpoint scans the folders and still finds it",
             step,
             target,
-            _describe_failure(exc),
+            os_error_reason(exc),
         )
 
 

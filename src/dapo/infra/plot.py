@@ -11,7 +11,8 @@ panels by name (``PANEL_NAMES``) or by any logged metric key. Validation accurac
 
 Several runs are overlaid with one colour each and a shared legend, which is how ablations are compared. A metric
 that no run logged gives an empty panel saying "no data". Drawing uses matplotlib's Agg canvas directly (no pyplot,
-no GUI, no global backend switch); the PNG is written atomically.
+no GUI, no global backend switch); the PNG is written atomically, and a failed write is a ``FileOperationError``
+naming the file.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from dapo.infra.atomic import atomic_write
+from dapo.infra.atomic import FileOperationError, atomic_write
 from dapo.infra.tracking import read_metrics
 
 __all__ = ["PANELS", "PANEL_NAMES", "Panel", "VAL_ACC_PATTERN", "make_figure", "plot_runs"]
@@ -203,5 +204,8 @@ def plot_runs(
     if out.suffix.lower() != ".png":
         raise ValueError(f"plot_runs: output must be a .png file, got {out}")
     fig = make_figure(run_dirs, labels=labels, metrics=metrics, smooth=smooth)
-    atomic_write(out, lambda f: fig.savefig(f, format="png", dpi=100))
+    try:
+        atomic_write(out, lambda f: fig.savefig(f, format="png", dpi=100))
+    except OSError as exc:  # an unwritable folder, a full disk: one line, and no partial PNG is left
+        raise FileOperationError(exc, f"writing the plot {out}") from exc
     return out

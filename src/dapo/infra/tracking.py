@@ -1,9 +1,10 @@
 """Metric tracking: one ``Tracker.log(metrics, step)`` call fans out to JSONL, TensorBoard, W&B, console.
 
 JSONL (``run_dir/metrics.jsonl``) is the source of truth that ``dapo plot`` and the tests read: one
-JSON object per line, ``{"step": N, "<metric>": value, ...}``. Each record is written with a single
-``write`` and flushed, so a crash can at worst leave one truncated last line, which
-:func:`read_metrics` skips with a warning and the next :class:`Tracker` trims before appending.
+JSON object per line, ``{"step": N, "<metric>": value, ...}``. Each record is written unbuffered in one go,
+so a crash can at worst leave one truncated last line, which :func:`read_metrics` skips with a warning and the next
+:class:`Tracker` trims before appending; a write that fails (full disk) is cut back to the last whole record and
+raised as a ``FileOperationError`` naming the file.
 Non-finite values (NaN, +-inf) are written as JSON ``null`` - strict JSON has no NaN - and read back
 as ``None``.
 
@@ -13,6 +14,7 @@ records the crashed run wrote after its last checkpoint are dropped and no step 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -25,7 +27,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO
 
-from dapo.infra.atomic import atomic_write
+from dapo.infra.atomic import FileOperationError, atomic_write
 
 __all__ = [
     "BACKENDS",
@@ -103,7 +105,9 @@ class Tracker:
             if "jsonl" in self.backends:
                 path = self.run_dir / METRICS_FILE_NAME
                 _trim_partial_last_line(path)
-                self._jsonl = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+                # Unbuffered: a record that fails to write is cut off at once, and no buffer is left for close() to
+                # fail on again (that second error would replace the first).
+                self._jsonl = open(path, "ab", buffering=0)  # noqa: SIM115 - closed in close()
             if "tensorboard" in self.backends:
                 from torch.utils.tensorboard import SummaryWriter
 
@@ -160,8 +164,8 @@ class Tracker:
             values[key] = _clean_value(key, value)
 
         if self._jsonl is not None:
-            self._jsonl.write(json.dumps({"step": step, **values}, allow_nan=False) + "\n")
-            self._jsonl.flush()
+            self._append_record((json.dumps({"step": step, **values}, allow_nan=False) + "\n").encode("utf-8"),
+                                step)
         if self._tb is not None:
             for key, value in values.items():
                 self._tb.add_scalar(key, math.nan if value is None else value, global_step=step)
@@ -170,6 +174,21 @@ class Tracker:
             self._wandb_run.log({k: (math.nan if v is None else v) for k, v in values.items()}, step=step)
         if "console" in self.backends:
             print(_format_console(step, values), file=self._console or sys.stdout, flush=True)
+
+    def _append_record(self, record: bytes, step: int) -> None:
+        """Append one record, all of it or nothing: a failed write (full disk, file size limit, a folder gone
+        read-only) is cut back to the last complete record and raised as a ``FileOperationError`` naming the file."""
+        assert self._jsonl is not None
+        path = self.run_dir / METRICS_FILE_NAME
+        start = self._jsonl.seek(0, os.SEEK_END)
+        try:
+            view = memoryview(record)
+            while view:  # a raw write may be short (the last bytes before a size limit)
+                view = view[self._jsonl.write(view):]
+        except OSError as exc:
+            with contextlib.suppress(OSError):  # the file keeps its complete records; a resume trims the rest anyway
+                self._jsonl.truncate(start)
+            raise FileOperationError(exc, f"appending the metrics of step {step} to {path}") from exc
 
     def close(self) -> None:
         """Flush and close every backend; safe to call twice."""

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from dapo.config import DataConfig
 
-__all__ = ["HubResolveError", "looks_like_hub_id", "resolve_data_config", "resolve_data_file", "resolve_model_path"]
+__all__ = ["HubResolveError", "looks_like_hub_id", "looks_like_model_id", "resolve_data_config", "resolve_data_file", "resolve_model_path"]
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*(/.+)?$")
 _DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
@@ -38,6 +38,11 @@ def looks_like_hub_id(path: str) -> bool:
     if Path(parts[0]).is_dir() or (len(parts) == 2 and parts[1].endswith(_DATA_SUFFIXES)):
         return False
     return bool(_HUB_ID.match(path))
+
+
+def looks_like_model_id(path: str) -> bool:
+    """``owner/name`` exactly: a model repo id has no file part, so ``a/b/c`` is a missing local path, not an id."""
+    return looks_like_hub_id(path) and path.count("/") == 1
 
 
 def _snapshot(repo_id: str, repo_type: str, cache_dir: str | Path | None, allow: list[str] | None) -> Path:
@@ -69,7 +74,7 @@ def _snapshot(repo_id: str, repo_type: str, cache_dir: str | Path | None, allow:
 
 def resolve_model_path(path: str, *, cache_dir: str | Path | None = None) -> Path:
     """A local folder for ``model.path``: the path itself, or the cached snapshot of a Hub model id."""
-    if not looks_like_hub_id(path):
+    if not looks_like_model_id(path):
         return Path(path).expanduser()
     return _snapshot(path, "model", cache_dir, None)
 

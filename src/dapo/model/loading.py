@@ -51,7 +51,7 @@ def resolve_model_path(cfg: ModelConfig) -> Path:
         path = _package_dir(cfg.path[len(PACKAGE_SCHEME):])
     else:
         path = Path(cfg.path).expanduser() if cfg.path else EMBEDDED_MODEL_DIR
-    if cfg.path and not path.exists() and hub.looks_like_hub_id(cfg.path):  # Qwen/Qwen2.5-Math-7B: the HF cache
+    if cfg.path and not path.exists() and hub.looks_like_model_id(cfg.path):  # Qwen/Qwen2.5-Math-7B: the HF cache
         try:
             path = hub.resolve_model_path(cfg.path)
         except hub.HubResolveError as exc:
@@ -127,7 +127,14 @@ def load_policy(cfg: ModelConfig, *, dtype: torch.dtype = torch.float32, device:
             kwargs["gguf_file"] = cfg.gguf_file
     tok_path = Path(cfg.tokenizer_path).expanduser() if cfg.tokenizer_path else path
     if cfg.tokenizer_path and not tok_path.exists():
-        raise ModelLoadError(f"model.tokenizer_path: '{tok_path}' does not exist")
+        # Checked here, not left to transformers: it reads any missing path as a Hub id ("Repo id must be in the
+        # form ..."), which hides the typo. A real Hub id is looked up the way model.path is.
+        if not hub.looks_like_model_id(cfg.tokenizer_path):
+            raise ModelLoadError(f"model.tokenizer_path: '{tok_path}' does not exist")
+        try:
+            tok_path = hub.resolve_model_path(cfg.tokenizer_path)
+        except hub.HubResolveError as exc:
+            raise ModelLoadError(f"model.tokenizer_path: {exc}") from None
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(tok_path), **kwargs)
     except Exception as exc:  # transformers raises many types here; report them all the same way

@@ -10,6 +10,27 @@ from __future__ import annotations
 import torch
 
 
+class NonFiniteLogitsError(FloatingPointError):
+    """The next-token logits hold NaN or +inf (or a row is all -inf): there is no distribution to sample from."""
+
+
+def check_finite_logits(scaled_logits: torch.Tensor) -> None:
+    """Raise :class:`NonFiniteLogitsError` unless every row has a usable distribution.
+
+    One reduction covers every case: logsumexp is NaN with a NaN, +inf with a +inf, -inf when every token is -inf;
+    finite otherwise, however large the logits (-inf for a few masked tokens is fine). Without this check such rows
+    reach the inverse-CDF draw as a NaN cumulative sum and come out as "index out of bounds".
+    """
+    norm = torch.logsumexp(scaled_logits, dim=-1)
+    if not bool(torch.isfinite(norm).all()):
+        bad = (~torch.isfinite(norm)).nonzero().flatten().tolist()
+        raise NonFiniteLogitsError(
+            f"phase generation: the policy produced non-finite next-token logits (NaN or inf) for "
+            f"{len(bad)} of {norm.numel()} sequences (first: {bad[:4]}). The weights are NaN/inf or overflow: check "
+            "the model files, lower actor.optim.lr or set actor.grad_clip, and resume from the last checkpoint "
+            "(a very low rollout.temperature can also overflow large logits)")
+
+
 def truncate_logits(scaled_logits: torch.Tensor, *, top_k: int, top_p: float) -> torch.Tensor:
     """Mask (set to -inf) every token outside the top-k set and outside the top-p nucleus.
 
@@ -83,10 +104,12 @@ def sample_next_tokens(
         raise ValueError(f"sample_next_tokens expects [batch, vocab] logits, got shape {tuple(logits.shape)}")
     logits = logits.float()
     if temperature == 0:
+        check_finite_logits(logits)
         tokens = logits.argmax(dim=-1)
         full_logprobs = torch.log_softmax(logits, dim=-1)
     else:
         scaled = logits / temperature
+        check_finite_logits(scaled)  # after the division: a finite logit over a small temperature can overflow
         if 0 < top_k < logits.shape[-1] or top_p < 1.0:
             truncated = truncate_logits(scaled, top_k=top_k, top_p=top_p)
             probs = torch.softmax(truncated, dim=-1)

@@ -30,9 +30,9 @@ from dapo.config import ConfigError, DapoConfig, config_to_dict
 from dapo.config.loading import tracker_backends
 from dapo.config.resume import check_resume
 from dapo.data.prompt_sampler import PromptSampler
-from dapo.data.task import load_task
+from dapo.data.task import encode_task, read_task
 from dapo.evaluation.validation import repeated_prompt_warning, run_validation, val_acc_key
-from dapo.infra.atomic import atomic_write
+from dapo.infra.atomic import atomic_write, describe_os_error
 from dapo.infra.checkpoint import CheckpointError
 from dapo.infra.progress import TrainingProgress
 from dapo.infra.timing import PhaseTimer
@@ -97,9 +97,18 @@ def check_custom_reward(cfg: DapoConfig) -> None:
             raise TrainingError(f"custom_reward_function: {exc}") from exc
 
 
-def describe_os_error(exc: OSError, operation: str) -> str:
-    """One line naming the operation (and its path) and the reason of a filesystem error; nothing was changed."""
-    return f"{operation} failed: {exc.strerror or exc}; nothing was changed there"
+def close_quietly(closers: list[tuple[str, object]]) -> None:
+    """Close each resource (``[(what, close), ...]``, all of them, in order) and log a failure as a warning.
+
+    Called in a ``finally``: an exception from a close would replace the error that ended the run, and that one,
+    not the clean-up's, is what the user must see. A close that fails after a run that succeeded loses nothing (the
+    checkpoints and metrics are written), so it is a warning too.
+    """
+    for what, close in closers:
+        try:
+            close()  # type: ignore[operator]
+        except Exception as exc:  # noqa: BLE001 - any failure to clean up is reported the same way
+            log.warning("closing %s failed (%s: %s); carrying on with the clean-up", what, type(exc).__name__, exc)
 
 
 def peak_rss_mb() -> float:
@@ -114,12 +123,14 @@ def train(cfg: DapoConfig) -> TrainResult:
     torch.manual_seed(cfg.trainer.seed)
     run_dir = run_dir_of(cfg)
     check_custom_reward(cfg)
-
-    policy = load_policy(cfg.model, device=pick_device(cfg.trainer.device))
     try:
-        task = load_task(resolve_data_config(cfg.data), policy.tokenizer)
+        data_cfg = resolve_data_config(cfg.data)
     except HubResolveError as exc:
         raise TrainingError(str(exc)) from None
+    records = read_task(data_cfg)  # every file and row checked before seconds go into loading the model
+
+    policy = load_policy(cfg.model, device=pick_device(cfg.trainer.device))
+    task = encode_task(records, data_cfg, policy.tokenizer)  # only the prompt lengths need the tokenizer
     if warning := repeated_prompt_warning(task.val, cfg.rollout.val_kwargs.n):
         log.warning("%s", warning)
     optimizer = build_optimizer(policy.model, cfg.actor.optim)
@@ -147,7 +158,7 @@ def train(cfg: DapoConfig) -> TrainResult:
         writing = run_dir / "metrics.jsonl"
         truncate_metrics_after(run_dir, state.step if state.step > 0 else -1)
     except OSError as exc:
-        engine.close()
+        close_quietly([("the reward scorer", scorer.close), ("the rollout engine", engine.close)])
         raise TrainingError(describe_os_error(exc, f"writing the run record {writing}")) from exc
     sync = WeightSync(engine, policy.model, task.train[0].input_ids, threshold=cfg.rollout.probe_logprob_threshold,
                       enabled=cfg.rollout.weight_sync_probe)
@@ -205,7 +216,6 @@ def train(cfg: DapoConfig) -> TrainResult:
                 tracker.log(metrics, step=step)
                 progress.update(step, metrics)
     finally:
-        scorer.close()
-        engine.close()
+        close_quietly([("the reward scorer", scorer.close), ("the rollout engine", engine.close)])
     return TrainResult(run_dir, state.step, time.perf_counter() - wall0, peak_rss_mb(), state.val_history,
                        steps_run=state.step - steps_before)

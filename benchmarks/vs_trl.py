@@ -126,19 +126,34 @@ def child_env(threads: int) -> dict[str, str]:
 class ChildResult:
     rc: int
     wall_s: float
-    peak_rss_gb: float  # ru_maxrss of the child (and the descendants it waited for), from wait4
+    # max of wait4's ru_maxrss and VmRSS polled every 50 ms: dapo resets the kernel's high-water mark per phase to
+    # log per-phase peaks, which also resets ru_maxrss, so polling is the measure both programs share
+    peak_rss_gb: float
     log: Path
 
 
+def _rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 def run_child(cmd: list[str], log: Path, env: dict[str, str], timeout_s: float | None) -> ChildResult:
-    """Run ``cmd`` as a fresh process, output to ``log``; its own peak RSS comes from ``os.wait4``."""
+    """Run ``cmd`` as a fresh process, output to ``log``; its peak RSS from polling and ``os.wait4``."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w", encoding="utf-8") as out:
         out.write("$ " + shlex.join(cmd) + "\n")
         out.flush()
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        polled = 0
         while True:
+            polled = max(polled, _rss_bytes(proc.pid))
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid == proc.pid:
                 break
@@ -146,10 +161,11 @@ def run_child(cmd: list[str], log: Path, env: dict[str, str], timeout_s: float |
                 proc.kill()
                 pid, status, usage = os.wait4(proc.pid, 0)
                 break
-            time.sleep(0.2)
+            time.sleep(0.05)
         wall = time.perf_counter() - start
     proc.returncode = os.waitstatus_to_exitcode(status)  # Popen did not reap it; tell it so
-    return ChildResult(proc.returncode, wall, usage.ru_maxrss / 1024**2, log)  # ru_maxrss: KiB on Linux
+    peak = max(polled, usage.ru_maxrss * 1024)  # ru_maxrss: KiB on Linux
+    return ChildResult(proc.returncode, wall, peak / 1024**3, log)
 
 
 def tail(path: Path, lines: int = 25) -> str:

@@ -1,4 +1,5 @@
-"""Packed, chunked log-probs equal those of plain per-sample Hugging Face forwards, in value and in gradient."""
+"""Packed and padded, chunked log-probs equal those of plain per-sample Hugging Face forwards, in value and in
+gradient; the layout ``auto`` resolves to is the fast one for the attention implementation."""
 
 from __future__ import annotations
 
@@ -12,8 +13,11 @@ from dapo.actor.log_probs import (
     compute_log_probs_and_entropy_batch,
     compute_log_probs_batch,
     compute_response_log_probs,
+    LAYOUTS,
     decoder_and_lm_head,
     pack_sequences,
+    pad_sequences,
+    resolve_layout,
 )
 
 
@@ -37,12 +41,37 @@ def test_pack_sequences_by_hand() -> None:
     assert packed.predictor_index.tolist() == [1, 2, 3, 5]  # the token before each response token
     assert packed.targets.tolist() == [4, 5, 6, 7]
     assert packed.response_lengths == [3, 1]
+    assert packed.attention_mask is None
 
 
+def test_pad_sequences_by_hand() -> None:
+    padded = pad_sequences([torch.tensor([1, 2]), torch.tensor([3])], [torch.tensor([4, 5, 6]), torch.tensor([7])])
+    assert padded.input_ids.tolist() == [[1, 2, 4, 5, 6], [3, 7, 0, 0, 0]]
+    assert padded.attention_mask is not None
+    assert padded.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]]
+    assert padded.position_ids.tolist() == [[0, 1, 2, 3, 4]] * 2
+    # Row 0 predicts its response from columns 1, 2, 3; row 1 (flat offset 5) from column 0.
+    assert padded.predictor_index.tolist() == [1, 2, 3, 5]
+    assert padded.targets.tolist() == [4, 5, 6, 7]
+    assert padded.response_lengths == [3, 1]
+
+
+def test_auto_layout_packs_only_under_flash_attention() -> None:
+    assert resolve_layout("auto", tiny_qwen2(attn="sdpa")) == "padded"
+    assert resolve_layout("auto", tiny_qwen2(attn="eager")) == "padded"
+    model = tiny_qwen2()
+    model.config._attn_implementation = "flash_attention_2"  # what from_pretrained sets when flash-attn is chosen
+    assert resolve_layout("auto", model) == "packed"
+    assert resolve_layout("padded", model) == "padded"
+    with pytest.raises(ValueError, match="actor.layout"):
+        resolve_layout("ragged", model)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("chunk_size", [1, 7, 100_000])
 @pytest.mark.parametrize(("build", "attn"), [(tiny_qwen2, "sdpa"), (tiny_qwen2, "eager"), (tiny_llama, None)])
-def test_packed_log_probs_and_entropy_match_per_sample_forwards(
-    chunk_size: int, build: object, attn: str | None
+def test_log_probs_and_entropy_of_each_layout_match_per_sample_forwards(
+    chunk_size: int, build: object, attn: str | None, layout: str
 ) -> None:
     model = build(seed=3) if attn is None else build(seed=3, attn=attn)  # type: ignore[operator]
     model.eval()
@@ -50,7 +79,7 @@ def test_packed_log_probs_and_entropy_match_per_sample_forwards(
     temperature = 0.7
     with torch.no_grad():
         got, got_entropy = compute_response_log_probs(
-            model, batch, temperature=temperature, chunk_size=chunk_size, with_entropy=True
+            model, batch, temperature=temperature, chunk_size=chunk_size, with_entropy=True, layout=layout
         )
         want, want_entropy = reference(model, batch, temperature)
     assert got_entropy is not None
@@ -59,8 +88,9 @@ def test_packed_log_probs_and_entropy_match_per_sample_forwards(
         torch.testing.assert_close(ge, we, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("chunk_size", [1, 7, 100_000])
-def test_chunked_recomputed_gradient_matches_per_sample_gradient(chunk_size: int) -> None:
+def test_chunked_recomputed_gradient_matches_per_sample_gradient(chunk_size: int, layout: str) -> None:
     batch = random_batch(2, 2, seed=7)
     weights = [torch.randn(n, generator=torch.Generator().manual_seed(i)) for i, n in enumerate(batch.response_lengths)]
 
@@ -69,7 +99,7 @@ def test_chunked_recomputed_gradient_matches_per_sample_gradient(chunk_size: int
         model.train()
         if use_packed:
             log_probs, entropy = compute_response_log_probs(
-                model, batch, temperature=1.0, chunk_size=chunk_size, with_entropy=True
+                model, batch, temperature=1.0, chunk_size=chunk_size, with_entropy=True, layout=layout
             )
             assert entropy is not None
         else:
@@ -88,9 +118,9 @@ def test_batch_log_probs_keep_batch_order_across_micro_batches() -> None:
     model = tiny_qwen2(seed=2)
     batch = random_batch(4, 3, seed=11)
     want, _ = reference(model, batch, 1.0)
-    token_budget = actor_config(ppo_max_token_len_per_gpu=16)
-    fixed_size = actor_config(use_dynamic_bsz=False, ppo_micro_batch_size_per_gpu=5)
-    for cfg in (token_budget, fixed_size):
+    configs = [actor_config(layout=layout, ppo_max_token_len_per_gpu=16) for layout in LAYOUTS]
+    configs += [actor_config(layout=layout, use_dynamic_bsz=False, ppo_micro_batch_size_per_gpu=5) for layout in LAYOUTS]
+    for cfg in configs:
         got = compute_log_probs_batch(model, batch, cfg, temperature=1.0)
         assert not any(t.requires_grad for t in got)
         for g, w in zip(got, want, strict=True):

@@ -6,7 +6,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dapo.actor.micro_batching import pack_by_token_budget, plan_micro_batches, split_fixed_size, warn_oversized
+from dapo.actor.micro_batching import (
+    pack_by_token_budget,
+    plan_micro_batches,
+    split_fixed_size,
+    split_sorted_by_length,
+    warn_oversized,
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -26,6 +32,41 @@ def test_token_budget_plan_is_a_partition_within_budget(lengths: list[int], budg
     fitting = [n for n in lengths if n <= budget]
     lower_bound = -(-sum(fitting) // budget) if fitting else 0
     assert len(plan.micro_batches) - plan.num_oversized <= 2 * lower_bound + 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(lengths=st.lists(st.integers(1, 60), max_size=40), budget=st.integers(1, 120))
+def test_padded_plan_is_a_partition_whose_padded_cost_is_within_budget(lengths: list[int], budget: int) -> None:
+    plan = split_sorted_by_length(lengths, budget)
+    flat = [i for mb in plan.micro_batches for i in mb]
+    assert sorted(flat) == list(range(len(lengths)))
+    assert [mb[0] for mb in plan.micro_batches] == sorted(mb[0] for mb in plan.micro_batches)
+    for mb in plan.micro_batches:
+        assert mb == sorted(mb)
+        padded_cost = len(mb) * max(lengths[i] for i in mb)
+        assert padded_cost <= budget or (len(mb) == 1 and lengths[mb[0]] > budget)
+    assert plan.num_oversized == sum(n > budget for n in lengths)
+    # Cut from one longest-first order: no micro-batch holds a sample shorter than one of a later micro-batch's
+    # and longer than another of its own, i.e. the length ranges of micro-batches do not interleave.
+    ranges = sorted((min(lengths[i] for i in mb), max(lengths[i] for i in mb)) for mb in plan.micro_batches)
+    for (_, hi), (lo, _) in zip(ranges, ranges[1:]):
+        assert hi <= lo
+
+
+def test_padded_plan_by_hand() -> None:
+    # Longest first: 9 alone (9 + 9 > 10); then 5 + 5 (2 x 5 = 10); then 3, 2, 2 (3 x 3 = 9).
+    plan = split_sorted_by_length([2, 9, 5, 3, 5, 2], 10)
+    assert plan.micro_batches == [[0, 3, 5], [1], [2, 4]]
+    assert plan.num_oversized == 0
+    plan = split_sorted_by_length([4, 12, 4], 10)
+    assert plan.micro_batches == [[0, 2], [1]]
+    assert plan.num_oversized == 1
+    # Fixed size, padded: samples of similar length share a micro-batch.
+    fixed = plan_micro_batches([2, 9, 5, 3], use_dynamic_bsz=False, max_token_len=1, micro_batch_size=2,
+                               layout="padded")
+    assert fixed.micro_batches == [[0, 3], [1, 2]]
+    with pytest.raises(ValueError, match="layout"):
+        plan_micro_batches([1], use_dynamic_bsz=True, max_token_len=8, micro_batch_size=None, layout="auto")
 
 
 def test_token_budget_by_hand() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -10,9 +11,10 @@ from torch import Tensor, nn
 
 from actor_helpers import actor_config, random_batch, tiny_qwen2
 from dapo.actor.batch import TrainBatch, pad_per_token
-from dapo.actor.log_probs import compute_log_probs_batch
+from dapo.actor.log_probs import LAYOUTS, compute_log_probs_batch
 from dapo.actor.optim import build_lr_scheduler, build_optimizer
 from dapo.actor.update import (
+    FirstPassRecord,
     NonFiniteLossError,
     accumulate_mini_batch_gradients,
     configure_model_for_training,
@@ -106,10 +108,13 @@ def test_accumulated_micro_batch_gradient_equals_uncut_mini_batch_gradient(loss_
     want = uncut_gradient(model, batch, actor_config(**base), norm_length)
 
     plans: list[tuple[ActorConfig, list[list[int]] | None]] = [
-        (actor_config(**base), random_cut(len(batch), seed)) for seed in range(3)
+        (actor_config(**base, layout=layout), random_cut(len(batch), seed)) for seed in range(3) for layout in LAYOUTS
     ]
-    plans += [(actor_config(**base, ppo_max_token_len_per_gpu=budget), None) for budget in (6, 17, 40, 10_000)]
-    plans += [(actor_config(**base, use_dynamic_bsz=False, ppo_micro_batch_size_per_gpu=size), None) for size in (1, 4)]
+    for layout in LAYOUTS:
+        plans += [(actor_config(**base, layout=layout, ppo_max_token_len_per_gpu=budget), None)
+                  for budget in (6, 17, 40, 10_000)]
+        plans += [(actor_config(**base, layout=layout, use_dynamic_bsz=False, ppo_micro_batch_size_per_gpu=size), None)
+                  for size in (1, 4)]
     for cfg, cut in plans:
         model.zero_grad(set_to_none=True)
         result = accumulate_mini_batch_gradients(
@@ -277,3 +282,83 @@ def test_bf16_update_keeps_fp32_master_weights_and_learns() -> None:
     assert metrics["actor/num_optimizer_steps"] == 1.0
     assert all(p.dtype == torch.float32 for p in model.parameters())
     assert uses_activation_checkpointing(model)
+
+
+def _with_zero_advantage_groups(batch: TrainBatch, groups: tuple[int, ...]) -> TrainBatch:
+    advantages = batch.advantages.clone()
+    for g in groups:
+        advantages[batch.group_index == g] = 0.0
+    return TrainBatch(prompt_ids=batch.prompt_ids, response_ids=batch.response_ids, advantages=advantages,
+                      sample_mask=batch.sample_mask, group_index=batch.group_index)
+
+
+def _trained_weights(batch: TrainBatch, cfg: ActorConfig, *, ref: bool) -> tuple[dict[str, Tensor], dict[str, float]]:
+    model = tiny_qwen2(seed=12)
+    optimizer = build_optimizer(model, OptimConfig(lr=1e-2, weight_decay=0.1))
+    scheduler = build_lr_scheduler(optimizer, OptimConfig(lr=1e-2, weight_decay=0.1))
+    if ref:  # a KL term of weight 0: the same loss, but the actor may not leave zero-advantage samples out
+        batch = dataclasses.replace(batch, ref_log_probs=compute_log_probs_batch(model, batch, cfg, 1.0))
+    metrics = update_policy(model, optimizer, scheduler, batch, cfg, temperature=1.0)
+    return {n: p.detach().clone() for n, p in model.named_parameters()}, metrics
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_zero_advantage_samples_cost_no_compute_and_leave_the_update_identical(layout: str) -> None:
+    """Groups 0 and 2 and 3 (all-correct / all-wrong, dynamic sampling off) have advantage 0: left out of every
+    forward and backward, still in the token-mean denominator. Mini-batch 1 (groups 2, 3) is all zero: its step still
+    runs (AdamW momentum and weight decay move the weights), as it would with the samples in. Bit for bit equal."""
+    batch = _with_zero_advantage_groups(random_batch(4, 3, seed=30, masked=(4,)), (0, 2, 3))
+    per_sample = dict(use_dynamic_bsz=False, ppo_micro_batch_size_per_gpu=1, ppo_mini_batch_size=2, layout=layout)
+    skipped, metrics = _trained_weights(batch, actor_config(**per_sample), ref=False)
+    kept, ref_metrics = _trained_weights(batch, actor_config(**per_sample, use_kl_loss=True, kl_loss_coef=0.0),
+                                         ref=True)
+    assert metrics["actor/num_zero_advantage_samples"] == 9.0  # 3 groups x 3; the masked sample 4 is not counted
+    assert ref_metrics["actor/num_zero_advantage_samples"] == 0.0
+    assert metrics["actor/num_micro_batches"] == 2.0  # group 1 minus its masked sample
+    assert ref_metrics["actor/num_micro_batches"] == 11.0
+    assert metrics["actor/num_optimizer_steps"] == ref_metrics["actor/num_optimizer_steps"] == 2.0
+    for name, value in kept.items():
+        assert torch.equal(skipped[name], value), name
+    # Under a token budget the micro-batches differ, so only the rounding of the gradient's sums does.
+    model = tiny_qwen2(seed=12)
+    cfg = actor_config(layout=layout)
+    batch = batch.with_old_log_probs(compute_log_probs_batch(model, batch, cfg, 1.0))
+    gradients = []
+    for cut in (None, [list(range(len(batch)))]):  # the token-budget plan; every sample in one pass
+        model.zero_grad(set_to_none=True)
+        accumulate_mini_batch_gradients(model, batch, cfg, temperature=1.0, norm_length=8, micro_batches=cut)
+        gradients.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert_same_gradients(*gradients)
+
+
+def test_zero_advantage_samples_are_trained_when_an_entropy_term_reads_them() -> None:
+    batch = _with_zero_advantage_groups(random_batch(2, 2, seed=31), (0,))
+    _, metrics = _trained_weights(batch, actor_config(entropy_coeff=0.01), ref=False)
+    assert metrics["actor/num_zero_advantage_samples"] == 0.0
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_on_policy_update_without_the_old_log_prob_pass_equals_the_recomputed_one(layout: str) -> None:
+    """One optimizer step per update: pi_old is the actor itself, so its own detached log-probs give ratio 1 exactly
+    as a recomputed pass does; the first-pass record holds every trained sample once."""
+    batch = random_batch(2, 3, seed=32, masked=(2,))
+    cfg = actor_config(ppo_mini_batch_size=2, layout=layout)
+    results = []
+    for on_policy in (False, True):
+        model = tiny_qwen2(seed=13)
+        optimizer, scheduler = _optimizer_and_scheduler(model, lr=1e-2)
+        record = FirstPassRecord()
+        metrics = update_policy(model, optimizer, scheduler, batch, cfg, temperature=1.0, on_policy=on_policy,
+                                record=record)
+        results.append(({n: p.detach().clone() for n, p in model.named_parameters()}, metrics, record))
+    (recomputed, m0, _), (on_policy_weights, m1, record) = results
+    for name, value in recomputed.items():
+        torch.testing.assert_close(on_policy_weights[name], value, atol=1e-7, rtol=1e-6, msg=name)
+    assert m1["actor/ratio_mean"] == 1.0 and m1["actor/pg_clipfrac"] == 0.0
+    assert m0["actor/pg_loss"] == pytest.approx(m1["actor/pg_loss"], abs=1e-6)
+    assert len(record.log_probs) == len(record.entropies) == 5  # 6 samples, one masked
+    with pytest.raises(ValueError, match="single optimizer step"):
+        model = tiny_qwen2(seed=13)
+        optimizer, scheduler = _optimizer_and_scheduler(model)
+        update_policy(model, optimizer, scheduler, batch, actor_config(ppo_mini_batch_size=1), temperature=1.0,
+                      on_policy=True)

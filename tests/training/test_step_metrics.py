@@ -27,6 +27,5 @@ def test_prompt_length_score_and_reward_extremes():
 
 def test_memory_metrics_names():
     m = memory_metrics()
+    assert set(m) == {"perf/cpu_memory_used_gb"}
     assert 0 < m["perf/cpu_memory_used_gb"] < 1024
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        assert {"perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb"} <= set(m)

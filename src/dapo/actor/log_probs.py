@@ -1,10 +1,17 @@
-"""Per-token log-probabilities (and entropies) of the response tokens, from one packed, padding-free forward pass.
+"""Per-token log-probabilities (and entropies) of the response tokens of a micro-batch, from one forward pass.
 
-Packing: the prompt+response tokens of every sample of a micro-batch are concatenated into ONE row, with
-``position_ids`` restarting at 0 at each sample and no attention mask. Transformers (>= 4.56; verified for 5.x sdpa and
-eager by ``tests/actor/test_log_probs.py``) detects the restarts and builds a block-diagonal causal mask, so no token
-attends across samples and no compute is spent on padding; flash-attention derives the same segments from
-``position_ids``.
+Two layouts of a micro-batch's samples (``actor.layout``), equal in value and in gradient:
+
+* packed: the prompt+response tokens of every sample are concatenated into ONE row, with ``position_ids`` restarting
+  at 0 at each sample and no attention mask. Transformers (>= 4.56; verified for 5.x sdpa and eager by
+  ``tests/actor/test_log_probs.py``) detects the restarts; flash-attention's variable-length kernels derive the
+  segments from ``position_ids`` and spend nothing on padding. Without them (CPU, sdpa, eager) the same restarts
+  become a dense block-diagonal mask over the whole row, so attention costs (row length)^2: profiled on the tiny
+  model's default job, attention was 42% of the update's time (docs/performance.md).
+* padded: one right-padded row per sample with an attention mask; attention costs sum(width^2) per micro-batch and
+  the padding is kept small by cutting length-sorted micro-batches (``dapo.actor.micro_batching``).
+
+``auto`` picks packed exactly when the model runs a flash-attention implementation, padded otherwise.
 
 Memory: the decoder returns the final hidden states ``[total_tokens, H]``; only the rows that predict a response token
 are kept, and the LM head + log-softmax run on ``chunk_size`` rows at a time, so the ``[tokens, vocab]`` logits are
@@ -34,12 +41,17 @@ if TYPE_CHECKING:
     from dapo.config import ActorConfig
 
 __all__ = [
-    "PackedSequences",
+    "LAYOUTS",
+    "SequenceRows",
     "compute_log_probs_batch",
     "compute_response_log_probs",
     "decoder_and_lm_head",
     "pack_sequences",
+    "pad_sequences",
+    "resolve_layout",
 ]
+
+LAYOUTS: tuple[str, ...] = ("packed", "padded")
 
 # Config attributes of model families whose logits are NOT simply lm_head(hidden): computing lm_head ourselves would
 # silently give wrong log-probs for them, so they are refused.
@@ -47,49 +59,98 @@ _LOGIT_TRANSFORM_ATTRS = ("final_logit_softcapping", "logit_scale", "logits_scal
 
 
 @dataclass(frozen=True)
-class PackedSequences:
-    """Samples concatenated into one row.
+class SequenceRows:
+    """The model inputs of a micro-batch in one layout, and where its response tokens are predicted.
 
     Attributes:
-        input_ids: ``[1, total]`` prompt_0 + response_0 + prompt_1 + response_1 + ...
-        position_ids: ``[1, total]``, restarting at 0 at every sample.
-        predictor_index: ``[N]`` positions whose hidden state predicts a response token (N = all response tokens).
+        input_ids: ``[rows, width]``; packed: one row prompt_0 + response_0 + prompt_1 + ...; padded: one
+            right-padded row per sample.
+        position_ids: ``[rows, width]``, restarting at 0 at every sample.
+        attention_mask: ``[rows, width]`` (1 = real token) for the padded layout, None when packed.
+        predictor_index: ``[N]`` flat positions (into ``rows * width``) whose hidden state predicts a response token
+            (N = all response tokens, sample after sample).
         targets: ``[N]`` the response tokens, in order.
         response_lengths: tokens per response, to split the ``[N]`` results back per sample.
     """
 
     input_ids: Tensor
     position_ids: Tensor
+    attention_mask: Tensor | None
     predictor_index: Tensor
     targets: Tensor
     response_lengths: list[int]
 
 
+def resolve_layout(requested: str, model: nn.Module) -> str:
+    """``actor.layout`` made concrete: ``auto`` is packed where flash-attention's varlen kernels run, else padded."""
+    if requested in LAYOUTS:
+        return requested
+    if requested != "auto":
+        raise ValueError(f"actor.layout must be 'auto', 'packed' or 'padded', got {requested!r}")
+    implementation = str(getattr(getattr(model, "config", None), "_attn_implementation", "") or "")
+    return "packed" if implementation.startswith("flash_attention") else "padded"
+
+
+def _check_prompts(prompt_ids: Sequence[Tensor]) -> None:
+    if len(prompt_ids) == 0:
+        raise ValueError("no samples in the micro-batch")
+    if any(int(p.numel()) < 1 for p in prompt_ids):
+        raise ValueError("every prompt needs >= 1 token (it predicts the first response token)")
+
+
 def pack_sequences(
     prompt_ids: Sequence[Tensor], response_ids: Sequence[Tensor], device: torch.device | str = "cpu"
-) -> PackedSequences:
+) -> SequenceRows:
     """Concatenate (prompt, response) pairs into one row.
 
     Response token ``j`` of a sample starting at ``start`` with a ``P``-token prompt sits at ``start + P + j`` and is
     predicted by the hidden state at ``start + P + j - 1``.
     """
-    if len(prompt_ids) == 0:
-        raise ValueError("pack_sequences: no samples")
+    _check_prompts(prompt_ids)
     pieces: list[Tensor] = []
     positions: list[Tensor] = []
     predictors: list[Tensor] = []
     offset = 0
     for prompt, response in zip(prompt_ids, response_ids, strict=True):
         p, r = int(prompt.numel()), int(response.numel())
-        if p < 1:
-            raise ValueError("pack_sequences: every prompt needs >= 1 token (it predicts the first response token)")
         pieces += [prompt, response]
         positions.append(torch.arange(p + r))
         predictors.append(torch.arange(offset + p - 1, offset + p + r - 1))
         offset += p + r
-    return PackedSequences(
+    return SequenceRows(
         input_ids=torch.cat(pieces).to(device=device, dtype=torch.long).unsqueeze(0),
         position_ids=torch.cat(positions).to(device).unsqueeze(0),
+        attention_mask=None,
+        predictor_index=torch.cat(predictors).to(device),
+        targets=torch.cat(list(response_ids)).to(device=device, dtype=torch.long),
+        response_lengths=[int(r.numel()) for r in response_ids],
+    )
+
+
+def pad_sequences(
+    prompt_ids: Sequence[Tensor], response_ids: Sequence[Tensor], device: torch.device | str = "cpu"
+) -> SequenceRows:
+    """One right-padded row per (prompt, response) pair, all as wide as the longest pair.
+
+    Response token ``j`` of row ``i`` with a ``P``-token prompt sits at column ``P + j`` and is predicted by the hidden
+    state at flat position ``i * width + P + j - 1``. Padding holds token 0 under a zero attention mask: no real
+    token attends to it, and what the padding positions compute is never read.
+    """
+    _check_prompts(prompt_ids)
+    pairs = list(zip(prompt_ids, response_ids, strict=True))
+    width = max(int(p.numel() + r.numel()) for p, r in pairs)
+    input_ids = torch.zeros(len(pairs), width, dtype=torch.long)
+    attention_mask = torch.zeros(len(pairs), width, dtype=torch.long)
+    predictors: list[Tensor] = []
+    for row, (prompt, response) in enumerate(pairs):
+        p, r = int(prompt.numel()), int(response.numel())
+        input_ids[row, : p + r] = torch.cat([prompt, response])
+        attention_mask[row, : p + r] = 1
+        predictors.append(torch.arange(row * width + p - 1, row * width + p + r - 1))
+    return SequenceRows(
+        input_ids=input_ids.to(device),
+        position_ids=torch.arange(width).expand(len(pairs), width).to(device),
+        attention_mask=attention_mask.to(device),
         predictor_index=torch.cat(predictors).to(device),
         targets=torch.cat(list(response_ids)).to(device=device, dtype=torch.long),
         response_lengths=[int(r.numel()) for r in response_ids],
@@ -130,45 +191,51 @@ def _chunk_log_probs(
 
 
 def compute_response_log_probs(
-    model: nn.Module, micro_batch: TrainBatch, *, temperature: float, chunk_size: int, with_entropy: bool
+    model: nn.Module, micro_batch: TrainBatch, *, temperature: float, chunk_size: int, with_entropy: bool,
+    layout: str = "packed",
 ) -> tuple[list[Tensor], list[Tensor] | None]:
     """Log-probs of every response token under ``model`` at ``temperature``, per response (and entropies if asked).
 
+    ``layout`` is "packed" or "padded" (see the module docstring; :func:`resolve_layout` turns ``auto`` into one).
     Differentiable when autograd is enabled. Returns one fp32 1-D tensor per sample, as long as its response, on the
     model's device; entropies likewise or None.
     """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if not temperature > 0.0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if chunk_size < 1:
         raise ValueError(f"chunk_size (logprob_chunk_size) must be >= 1, got {chunk_size}")
     decoder, lm_head = decoder_and_lm_head(model)
     device = lm_head.weight.device if isinstance(getattr(lm_head, "weight", None), Tensor) else torch.device("cpu")
-    packed = pack_sequences(micro_batch.prompt_ids, micro_batch.response_ids, device)
+    build = pack_sequences if layout == "packed" else pad_sequences
+    rows = build(micro_batch.prompt_ids, micro_batch.response_ids, device)
     vocab = model.get_input_embeddings().num_embeddings if hasattr(model, "get_input_embeddings") else None
     if vocab is not None:
-        largest = int(packed.input_ids.max())
+        largest = int(rows.input_ids.max())
         if largest >= vocab:
             raise ValueError(f"token id {largest} in the micro-batch is outside the model's vocabulary of {vocab}")
 
-    out = decoder(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None, use_cache=False)
+    out = decoder(input_ids=rows.input_ids, position_ids=rows.position_ids, attention_mask=rows.attention_mask,
+                  use_cache=False)
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-    hidden = hidden[0].index_select(0, packed.predictor_index)
+    hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, rows.predictor_index)
 
     run = functools.partial(_chunk_log_probs, lm_head, temperature, with_entropy)
     recompute = torch.is_grad_enabled() and hidden.requires_grad
     log_prob_chunks: list[Tensor] = []
     entropy_chunks: list[Tensor] = []
     for start in range(0, hidden.shape[0], chunk_size):
-        h, t = hidden[start : start + chunk_size], packed.targets[start : start + chunk_size]
+        h, t = hidden[start : start + chunk_size], rows.targets[start : start + chunk_size]
         log_probs, entropy = checkpoint(run, h, t, use_reentrant=False) if recompute else run(h, t)
         log_prob_chunks.append(log_probs)
         entropy_chunks.append(entropy)
 
     log_probs_flat = torch.cat(log_prob_chunks)
-    per_sample = list(torch.split(log_probs_flat, packed.response_lengths))
+    per_sample = list(torch.split(log_probs_flat, rows.response_lengths))
     if not with_entropy:
         return per_sample, None
-    return per_sample, list(torch.split(torch.cat(entropy_chunks), packed.response_lengths))
+    return per_sample, list(torch.split(torch.cat(entropy_chunks), rows.response_lengths))
 
 
 @torch.no_grad()
@@ -196,11 +263,13 @@ def _batch_log_probs(
     if len(batch) == 0:
         return [], ([] if with_entropy else None)
     device = next(model.parameters()).device
+    layout = resolve_layout(cfg.layout, model)
     plan = plan_micro_batches(
         batch.sequence_lengths,
         use_dynamic_bsz=cfg.use_dynamic_bsz,
         max_token_len=cfg.ppo_max_token_len_per_gpu,
         micro_batch_size=cfg.ppo_micro_batch_size_per_gpu,
+        layout=layout,
     )
     warn_oversized(plan.num_oversized, cfg.ppo_max_token_len_per_gpu, "compute_log_probs_batch")
     log_probs_out: list[Tensor | None] = [None] * len(batch)
@@ -209,7 +278,7 @@ def _batch_log_probs(
         for indices in plan.micro_batches:  # ascending indices: each micro-batch keeps its groups contiguous
             log_probs, entropies = compute_response_log_probs(
                 model, batch.select(indices), temperature=temperature, chunk_size=cfg.logprob_chunk_size,
-                with_entropy=with_entropy,
+                with_entropy=with_entropy, layout=layout,
             )
             for j, i in enumerate(indices):
                 log_probs_out[i] = log_probs[j].to(batch.advantages.device)

@@ -1,11 +1,15 @@
 """Cutting a mini-batch into micro-batches: pure functions from sample lengths to lists of sample indices.
 
-A micro-batch is what fits in one forward/backward pass. Samples are packed padding-free (prompt + response of every
-sample concatenated into one row), so the cost of a micro-batch is the sum of its samples' lengths. Two policies:
+A micro-batch is what fits in one forward/backward pass. What it costs depends on the layout (``dapo.actor.log_probs``):
+packed padding-free into one row, it costs the sum of its samples' lengths; padded to its longest sample, it costs
+(samples x longest). Two policies, each with a plan per layout:
 
-* token budget ("dynamic batch size", verl's ``use_dynamic_bsz``): each micro-batch holds at most ``max_tokens`` tokens,
-  and the number of micro-batches is kept small with balanced loads (see :func:`pack_by_token_budget`);
-* fixed size: ``micro_batch_size`` consecutive samples per micro-batch (:func:`split_fixed_size`).
+* token budget ("dynamic batch size", verl's ``use_dynamic_bsz``): each micro-batch costs at most ``max_tokens``;
+  packed, the number of micro-batches is kept small with balanced loads (:func:`pack_by_token_budget`); padded, the
+  samples are cut longest-first into runs of similar length, so little of the budget is padding
+  (:func:`split_sorted_by_length`);
+* fixed size: ``micro_batch_size`` samples per micro-batch, consecutive when packed, of similar length when padded
+  (:func:`split_fixed_size`).
 
 Which samples share a micro-batch does not change the gradient: the loss aggregation normalises by the mini-batch's
 global token / sequence counts, so the micro-batch losses add up to the mini-batch loss exactly.
@@ -18,7 +22,14 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["MicroBatchPlan", "pack_by_token_budget", "plan_micro_batches", "split_fixed_size", "warn_oversized"]
+__all__ = [
+    "MicroBatchPlan",
+    "pack_by_token_budget",
+    "plan_micro_batches",
+    "split_fixed_size",
+    "split_sorted_by_length",
+    "warn_oversized",
+]
 
 
 @dataclass(frozen=True)
@@ -91,6 +102,34 @@ def pack_by_token_budget(lengths: Sequence[int], max_tokens: int) -> MicroBatchP
     return MicroBatchPlan(micro_batches=micro_batches, num_oversized=len(oversized))
 
 
+def split_sorted_by_length(lengths: Sequence[int], max_tokens: int) -> MicroBatchPlan:
+    """Micro-batches for the padded layout: each costs (samples x its longest sample) <= ``max_tokens``.
+
+    Samples are taken longest first (ties by index); a micro-batch starts with the longest sample left and takes the
+    next ones while the padded cost stays within the budget, so the samples of a micro-batch have similar lengths and
+    little compute goes to padding. A sample longer than ``max_tokens`` runs alone and is counted in
+    ``num_oversized``. Indices are ascending inside a micro-batch and micro-batches are ordered by their first index.
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens (ppo_max_token_len_per_gpu) must be >= 1, got {max_tokens}")
+    sizes = _check_lengths(lengths)
+    order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], i))
+    micro_batches: list[list[int]] = []
+    oversized = 0
+    current: list[int] = []
+    for i in order:
+        if current and (len(current) + 1) * sizes[current[0]] > max_tokens:
+            micro_batches.append(current)
+            current = []
+        current.append(i)
+        oversized += int(sizes[i] > max_tokens)
+    if current:
+        micro_batches.append(current)
+    micro_batches = [sorted(b) for b in micro_batches]
+    micro_batches.sort(key=lambda b: b[0])
+    return MicroBatchPlan(micro_batches=micro_batches, num_oversized=oversized)
+
+
 def split_fixed_size(num_samples: int, micro_batch_size: int) -> MicroBatchPlan:
     """Consecutive micro-batches of ``micro_batch_size`` samples (the last one may be smaller)."""
     if micro_batch_size < 1:
@@ -103,13 +142,25 @@ def split_fixed_size(num_samples: int, micro_batch_size: int) -> MicroBatchPlan:
 
 
 def plan_micro_batches(
-    lengths: Sequence[int], *, use_dynamic_bsz: bool, max_token_len: int, micro_batch_size: int | None
+    lengths: Sequence[int], *, use_dynamic_bsz: bool, max_token_len: int, micro_batch_size: int | None,
+    layout: str = "packed",
 ) -> MicroBatchPlan:
-    """Dispatch on the config: token budget when ``use_dynamic_bsz``, otherwise fixed ``micro_batch_size``."""
+    """Dispatch on the config: token budget when ``use_dynamic_bsz``, otherwise fixed ``micro_batch_size``; each
+    planned for the micro-batch ``layout`` ("packed" or "padded")."""
+    if layout not in ("packed", "padded"):
+        raise ValueError(f"layout must be 'packed' or 'padded', got {layout!r}")
     if use_dynamic_bsz:
+        if layout == "padded":
+            return split_sorted_by_length(lengths, max_token_len)
         return pack_by_token_budget(lengths, max_token_len)
     if micro_batch_size is None:
         raise ValueError("use_dynamic_bsz is False, so ppo_micro_batch_size_per_gpu must be set")
+    if layout == "padded":  # samples of similar length share a micro-batch: less padding, same gradient
+        sizes = _check_lengths(lengths)
+        order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], i))
+        chunks = split_fixed_size(len(order), micro_batch_size).micro_batches
+        micro_batches = sorted((sorted(order[j] for j in chunk) for chunk in chunks), key=lambda b: b[0])
+        return MicroBatchPlan(micro_batches)
     return split_fixed_size(len(lengths), micro_batch_size)
 
 

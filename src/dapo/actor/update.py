@@ -11,12 +11,19 @@ The loss of a micro-batch (all terms aggregated with ``loss_agg_mode``):
 DAPO itself uses only the first term (entropy_coeff = 0, no KL). The token entropy is computed either way: it is the
 ``actor/entropy`` metric, the signal of the entropy collapse that Clip-Higher counters (paper Sec. 3.1).
 
-Samples with ``sample_mask`` False (overlong filtering) contribute nothing to the loss, so they are left out of the
-micro-batches entirely and cost no compute.
+Samples that cannot move the policy cost no compute: those with ``sample_mask`` False (overlong filtering), and, when
+the entropy and KL terms are off (DAPO), those whose advantage is exactly 0. For the latter, Eq. 10's per-token
+term is -min(r * 0, clip(r) * 0) = 0 whatever the ratio r, so its gradient is exactly 0; the sample still counts in
+the token-mean denominator of Eq. 12 (``count_loss_normalizers`` runs on the whole mini-batch), so leaving it out of
+the forward and backward leaves the update identical (``tests/actor/test_update.py`` proves it). With dynamic
+sampling off, every all-correct or all-wrong group is such a group.
+
+The ``actor/*`` token statistics (clip fractions, ratio, entropy of the update) cover the tokens that were trained.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -26,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from dapo.actor.batch import TrainBatch, pad_per_token
-from dapo.actor.log_probs import compute_log_probs_batch, compute_response_log_probs
+from dapo.actor.log_probs import compute_log_probs_batch, compute_response_log_probs, resolve_layout
 from dapo.actor.micro_batching import plan_micro_batches, warn_oversized
 from dapo.actor.precision import autocast_context
 from dapo.core.kl import kl_penalty
@@ -39,6 +46,7 @@ if TYPE_CHECKING:
     from dapo.config import ActorConfig
 
 __all__ = [
+    "FirstPassRecord",
     "MiniBatchResult",
     "NonFiniteLossError",
     "accumulate_mini_batch_gradients",
@@ -66,7 +74,22 @@ class MiniBatchResult:
     kl_loss: float = 0.0
     num_micro_batches: int = 0
     num_oversized: int = 0
+    num_zero_advantage: int = 0
     token_sums: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class FirstPassRecord:
+    """What the update's forward passes saw of each trained sample at its first visit (PPO epoch 0), detached.
+
+    When the old-log-prob pass is skipped these stand in for it in the monitoring metrics (entropy, mean token
+    probability, gap to the engine's log-probs): the first mini-batch's samples are seen under pi_old itself, later
+    ones after the first optimizer steps of this update.
+    """
+
+    log_probs: list[Tensor] = field(default_factory=list)
+    entropies: list[Tensor] = field(default_factory=list)
+    rollout_log_probs: list[Tensor] = field(default_factory=list)
 
 
 class NonFiniteWeightsError(NonFiniteLossError):
@@ -112,6 +135,15 @@ def reduce_metrics(result: MiniBatchResult, world: World) -> None:
     result.token_sums = {n: float(v) for n, v in zip(names, values[3:].tolist())}
 
 
+def trained_samples(mini_batch: TrainBatch, cfg: ActorConfig) -> list[int]:
+    """Indices of the samples whose gradient can be non-zero: kept by ``sample_mask``, and, unless an entropy or KL
+    term is on, with a non-zero advantage (see the module docstring for why the others contribute exactly 0)."""
+    keep = mini_batch.sample_mask.clone()
+    if cfg.entropy_coeff == 0.0 and not cfg.use_kl_loss:
+        keep &= mini_batch.advantages != 0
+    return keep.nonzero().flatten().tolist()
+
+
 def configure_model_for_training(model: nn.Module, cfg: ActorConfig) -> None:
     """Training mode, and Hugging Face gradient checkpointing (non-reentrant) when ``cfg.gradient_checkpointing``."""
     model.train()
@@ -141,6 +173,8 @@ def accumulate_mini_batch_gradients(
     micro_batches: list[list[int]] | None = None,
     where: str = "mini-batch",
     normalizers: tuple[int, int] | None = None,
+    on_policy: bool = False,
+    record: FirstPassRecord | None = None,
 ) -> MiniBatchResult:
     """Forward and backward every micro-batch of ``mini_batch``; the parameters' ``.grad`` gain the mini-batch gradient.
 
@@ -149,8 +183,11 @@ def accumulate_mini_batch_gradients(
     ``ref_log_probs`` when ``cfg.use_kl_loss``). Raises ``NonFiniteLossError`` when a loss term is NaN/inf.
     ``normalizers`` (valid tokens, valid sequences) of the whole mini-batch, when ``mini_batch`` is only this rank's
     share of it (data parallel): the loss is then divided by the global counts, as Eq. 12 wants.
+    ``on_policy``: the parameters are still pi_old's (the only optimizer step of the update comes after this
+    mini-batch), so pi_old is the forward's own detached log-probs and no ``old_log_probs`` are needed (ratio 1).
+    ``record`` collects each trained sample's detached log-probs, entropies and rollout log-probs.
     """
-    if mini_batch.old_log_probs is None:
+    if mini_batch.old_log_probs is None and not on_policy:
         raise ValueError("accumulate_mini_batch_gradients: the batch has no old_log_probs (compute them first)")
     if cfg.use_kl_loss and mini_batch.ref_log_probs is None:
         raise ValueError("actor.use_kl_loss is set but the batch has no ref_log_probs")
@@ -159,14 +196,17 @@ def accumulate_mini_batch_gradients(
     if result.num_tokens == 0:
         return result
 
+    layout = resolve_layout(cfg.layout, model)
     if micro_batches is None:
-        active = [i for i in range(len(mini_batch)) if bool(mini_batch.sample_mask[i])]
+        active = trained_samples(mini_batch, cfg)
+        result.num_zero_advantage = int(mini_batch.sample_mask.sum()) - len(active)
         lengths = mini_batch.sequence_lengths
         plan = plan_micro_batches(
             [lengths[i] for i in active],
             use_dynamic_bsz=cfg.use_dynamic_bsz,
             max_token_len=cfg.ppo_max_token_len_per_gpu,
             micro_batch_size=cfg.ppo_micro_batch_size_per_gpu,
+            layout=layout,
         )
         micro_batches = [[active[j] for j in mb] for mb in plan.micro_batches]
         result.num_oversized = plan.num_oversized
@@ -181,11 +221,20 @@ def accumulate_mini_batch_gradients(
         micro = mini_batch.select(indices)
         with autocast_context(cfg.dtype, device):
             log_probs, entropies = compute_response_log_probs(
-                model, micro, temperature=temperature, chunk_size=cfg.logprob_chunk_size, with_entropy=True
+                model, micro, temperature=temperature, chunk_size=cfg.logprob_chunk_size, with_entropy=True,
+                layout=layout,
             )
-        assert entropies is not None and micro.old_log_probs is not None
+        assert entropies is not None
+        if record is not None:
+            record.log_probs += [lp.detach() for lp in log_probs]
+            record.entropies += [e.detach() for e in entropies]
+            if micro.rollout_log_probs is not None:
+                record.rollout_log_probs += micro.rollout_log_probs
         log_prob = pad_per_token(log_probs)
-        old_log_prob = pad_per_token([lp.to(device=device, dtype=torch.float32) for lp in micro.old_log_probs])
+        if micro.old_log_probs is None:  # on_policy: pi_old is these very weights
+            old_log_prob = log_prob.detach()
+        else:
+            old_log_prob = pad_per_token([lp.to(device=device, dtype=torch.float32) for lp in micro.old_log_probs])
         mask = micro.loss_mask().to(device)
         advantages = micro.advantages.to(device=device, dtype=torch.float32).unsqueeze(1).expand_as(log_prob)
         out = compute_policy_loss(
@@ -248,6 +297,8 @@ def update_policy(
     norm_length: int | None = None,
     generator: torch.Generator | None = None,
     world: World | None = None,
+    on_policy: bool = False,
+    record: FirstPassRecord | None = None,
 ) -> dict[str, float]:
     """Run ``cfg.ppo_epochs`` PPO passes over ``batch`` and return verl-named metrics.
 
@@ -265,6 +316,9 @@ def update_policy(
         norm_length: the constant length of ``seq-mean-token-sum-norm``; default the longest response in ``batch``.
             The trainer may pass ``max_response_length`` (L_max) for a length that does not change between steps.
         generator: random source of the group shuffle when ``cfg.shuffle``.
+        on_policy: the update takes a single optimizer step (one epoch, one mini-batch), so pi_old is the actor as it
+            is: its own detached log-probs serve, and no old-log-prob pass runs (``batch.old_log_probs`` unused).
+        record: filled with each trained sample's first-pass log-probs and entropies (see ``FirstPassRecord``).
 
     A step whose gradient norm is not finite is skipped (gradients dropped, counted in ``actor/num_skipped_steps``,
     with a warning); a non-finite loss raises ``NonFiniteLossError``.
@@ -278,7 +332,14 @@ def update_policy(
     if len(batch) == 0:
         raise ValueError("update_policy: the batch is empty")
     configure_model_for_training(model, cfg)
-    if batch.old_log_probs is None:
+    if on_policy:
+        if cfg.ppo_epochs != 1 or batch.num_groups > cfg.ppo_mini_batch_size:
+            raise ValueError(
+                f"update_policy(on_policy=True) needs a single optimizer step, but ppo_epochs={cfg.ppo_epochs} and "
+                f"{batch.num_groups} groups in mini-batches of {cfg.ppo_mini_batch_size}"
+            )
+        batch = dataclasses.replace(batch, old_log_probs=None)
+    elif batch.old_log_probs is None:
         batch = batch.with_old_log_probs(compute_log_probs_batch(model, batch, cfg, temperature))
     if cfg.use_kl_loss and batch.ref_log_probs is None:
         raise ValueError("actor.use_kl_loss is set but the batch has no ref_log_probs")
@@ -290,7 +351,7 @@ def update_policy(
     pg_losses: list[float] = []
     kl_losses: list[float] = []
     grad_norms: list[float] = []
-    steps = skipped = micro_batches = oversized = 0
+    steps = skipped = micro_batches = oversized = zero_advantage = 0
     lr = float(optimizer.param_groups[0]["lr"])
     data_parallel = world is not None and world.distributed
     optimizer.zero_grad(set_to_none=True)
@@ -304,7 +365,7 @@ def update_policy(
             try:
                 result = accumulate_mini_batch_gradients(
                     model, share, cfg, temperature=temperature, norm_length=norm_length, where=where,
-                    normalizers=normalizers,
+                    normalizers=normalizers, on_policy=on_policy, record=record if epoch == 0 else None,
                 )
             except NonFiniteLossError:
                 optimizer.zero_grad(set_to_none=True)
@@ -314,8 +375,12 @@ def update_policy(
                 reduce_metrics(result, world)
             micro_batches += result.num_micro_batches
             oversized += result.num_oversized
+            zero_advantage += result.num_zero_advantage
             if result.num_tokens == 0:
                 continue  # every sample masked out: nothing to learn from, no step
+            for p in params:  # a mini-batch of zero advantages only: its gradient is 0, and the step still happens
+                if p.grad is None and p.requires_grad:
+                    p.grad = torch.zeros_like(p)
             total_tokens += result.num_tokens
             for name, value in result.token_sums.items():
                 token_sums[name] += value
@@ -360,6 +425,7 @@ def update_policy(
         "actor/num_skipped_steps": float(skipped),
         "actor/num_micro_batches": float(micro_batches),
         "actor/num_oversized_samples": float(oversized),
+        "actor/num_zero_advantage_samples": float(zero_advantage),
     }
     if cfg.use_kl_loss:
         metrics["actor/kl_loss"] = mean(kl_losses)

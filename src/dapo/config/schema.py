@@ -170,6 +170,19 @@ class ActorConfig(_Section):
         "packed row's attention is quadratic in its length, so keep it near 1024 there (GPU recipes use ~22k)",
     )
     ppo_micro_batch_size_per_gpu: int | None = Field(None, gt=0, description="samples per micro-batch if not dynamic")
+    layout: Literal["auto", "packed", "padded"] = Field(
+        "auto",
+        description="micro-batch layout of the actor's forward: packed (one row, padding-free; fast only with "
+        "flash-attention's varlen kernels) or padded (a row per sample, length-sorted micro-batches); auto = packed "
+        "under flash-attention, padded otherwise. Same gradient either way",
+    )
+    recompute_old_log_prob: Literal["auto", "always", "never"] = Field(
+        "auto",
+        description="the forward over the whole batch for pi_old: auto skips it when it cannot differ from what is "
+        "known (one optimizer step per rollout step: pi_old is the current actor; or the Transformers engine "
+        "sampled from the actor's own fp32 weights without top-p/top-k: pi_old is the engine's log-probs); never "
+        "always uses the engine's log-probs",
+    )
     clip_ratio_low: float = Field(0.2, ge=0.0, lt=1.0, description="epsilon_low of Clip-Higher (Eq. 10), in [0, 1)")
     clip_ratio_high: float = Field(0.28, ge=0.0, le=1e6, description="epsilon_high of Clip-Higher (Eq. 10); <= 1e6 "
                                    "(1 + epsilon_high must stay a float32 number)")
@@ -325,6 +338,11 @@ class DapoConfig(_Section):
             )
         if self.algorithm.filter_groups.enable and self.rollout.n < 2:
             problems.append("algorithm.filter_groups.enable needs rollout.n >= 2 (a group of one is never kept)")
+        if self.actor.recompute_old_log_prob == "never" and self.algorithm.rollout_correction.rollout_is is not None:
+            problems.append(
+                "algorithm.rollout_correction.rollout_is weighs pi_old against the engine's log-probs, so it needs "
+                "actor.recompute_old_log_prob=auto or always (never makes pi_old the engine's log-probs: weight 1)"
+            )
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
+
 from dapo.rollout.base import RolloutEngine
 
 if TYPE_CHECKING:
@@ -75,3 +77,12 @@ def build_rollout_engine(cfg: DapoConfig, policy: Policy) -> RolloutEngine:
             enable_prefix_caching=r.enable_prefix_caching,
         )
     raise EngineUnavailableError(f"rollout.name: unknown engine {r.name!r}; choose one of {ENGINE_NAMES}")
+
+
+def samples_from_module(engine: RolloutEngine, model: torch.nn.Module) -> bool:
+    """Whether ``engine`` samples from ``model``'s own parameters in fp32 (the Transformers engine sharing the actor's
+    module): its log-probs are then the actor's, up to the rounding of incremental decoding (measured ~4e-7)."""
+    from dapo.rollout.hf_engine import HFRolloutEngine
+
+    return (isinstance(engine, HFRolloutEngine) and engine.model is model
+            and all(p.dtype == torch.float32 for p in model.parameters()))

@@ -1,5 +1,12 @@
 """Algorithm 1, lines 10-12: advantages, the actor's old log-probs, optional rollout correction, then mu passes of
-mini-batch updates maximising J_DAPO (Eq. 8, token-level Eq. 12)."""
+mini-batch updates maximising J_DAPO (Eq. 8, token-level Eq. 12).
+
+pi_old (the denominator of Eq. 8's ratio) comes from one of three places (``actor.recompute_old_log_prob``):
+``recompute`` runs the actor over the whole batch before the update; ``current`` uses the update's own forward when
+the update is a single optimizer step (the weights are still pi_old's when the forward runs, so the ratio is exactly
+1, as recomputing would give); ``rollout`` takes the engine's sampling log-probs, which are the actor's own when the
+Transformers engine samples from the actor's fp32 module without top-p/top-k (gap ~4e-7, logged).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +16,7 @@ import torch
 
 from dapo.actor.batch import TrainBatch, pad_per_token
 from dapo.actor.log_probs import compute_log_probs_and_entropy_batch
-from dapo.actor.update import NonFiniteLossError, update_policy
+from dapo.actor.update import FirstPassRecord, NonFiniteLossError, update_policy
 from dapo.config import DapoConfig
 from dapo.core.rollout_correction import truncated_importance_weights
 from dapo.infra.timing import PhaseTimer
@@ -56,26 +63,56 @@ def check_actor_logits(policy: Policy, groups: Sequence[ScoredGroup], step: int)
         )
 
 
-def update_actor(groups: Sequence[ScoredGroup], policy: Policy, optimizer, scheduler, cfg: DapoConfig, step: int,
-                 timer: PhaseTimer) -> dict[str, float]:
-    batch = build_train_batch(groups, cfg)  # line 10: group-relative advantages (Eq. 9)
+def old_log_prob_source(cfg: DapoConfig, *, num_groups: int, engine_samples_from_actor: bool) -> str:
+    """Where pi_old comes from this step: "recompute", "current" or "rollout" (see the module docstring)."""
+    mode = cfg.actor.recompute_old_log_prob
+    if mode == "always":
+        return "recompute"
+    if mode == "never":
+        return "rollout"
+    if cfg.algorithm.rollout_correction.rollout_is is not None:  # the IS weights compare a real pi_old with mu
+        return "recompute"
+    num_mini_batches = -(-num_groups // cfg.actor.ppo_mini_batch_size)
+    if cfg.actor.ppo_epochs * num_mini_batches == 1:
+        return "current"
+    r = cfg.rollout
+    untruncated = r.top_p >= 1.0 and r.top_k <= 0  # the engine's log-probs are of the full softmax, as the actor's
+    if engine_samples_from_actor and cfg.actor.dtype == "fp32" and untruncated:
+        return "rollout"
+    return "recompute"
 
-    with timer("old_log_prob"):  # pi_theta_old: the actor recomputes the log-probs of the sampled tokens
-        old_log_probs, entropies = compute_log_probs_and_entropy_batch(
-            policy.model, batch, cfg.actor, temperature=cfg.rollout.temperature
-        )
-    batch, metrics = with_rollout_correction(batch.with_old_log_probs(old_log_probs), cfg)
+
+def update_actor(groups: Sequence[ScoredGroup], policy: Policy, optimizer, scheduler, cfg: DapoConfig, step: int,
+                 timer: PhaseTimer, *, engine_samples_from_actor: bool = False) -> dict[str, float]:
+    batch = build_train_batch(groups, cfg)  # line 10: group-relative advantages (Eq. 9)
+    source = old_log_prob_source(cfg, num_groups=batch.num_groups, engine_samples_from_actor=engine_samples_from_actor)
+    metrics: dict[str, float] = {"actor/old_log_prob_recomputed": float(source == "recompute")}
+    record = None if source == "recompute" else FirstPassRecord()
+    if source == "recompute":
+        with timer("old_log_prob"):  # pi_theta_old: the actor recomputes the log-probs of the sampled tokens
+            old_log_probs, entropies = compute_log_probs_and_entropy_batch(
+                policy.model, batch, cfg.actor, temperature=cfg.rollout.temperature
+            )
+        batch, correction = with_rollout_correction(batch.with_old_log_probs(old_log_probs), cfg)
+        metrics.update(correction)
+    elif source == "rollout":
+        assert batch.rollout_log_probs is not None
+        batch = batch.with_old_log_probs(batch.rollout_log_probs)
 
     with timer("update_actor"):  # lines 11-12: mu passes of mini-batch updates
         try:
             metrics.update(update_policy(policy.model, optimizer, scheduler, batch, cfg.actor,
                                          temperature=cfg.rollout.temperature,
-                                         norm_length=cfg.data.max_response_length))
+                                         norm_length=cfg.data.max_response_length,
+                                         on_policy=source == "current", record=record))
         except NonFiniteLossError as exc:
             raise TrainingError(f"step {step}, phase update_actor: {str(exc).rstrip('.')}. The last complete "
                                 f"checkpoint is untouched; lower actor.optim.lr or use actor.dtype=fp32") from exc
 
     check_actor_logits(policy, groups, step)
     metrics.update(batch_metrics(groups, batch.advantages, max_response_length=cfg.data.max_response_length))
-    metrics.update(policy_metrics(old_log_probs, entropies, batch.rollout_log_probs))
+    if record is None:
+        metrics.update(policy_metrics(old_log_probs, entropies, batch.rollout_log_probs))
+    elif record.log_probs:  # the update's first visit of each trained sample stands in for the skipped pass
+        metrics.update(policy_metrics(record.log_probs, record.entropies, record.rollout_log_probs))
     return metrics

@@ -35,13 +35,14 @@ from dapo.evaluation.validation import repeated_prompt_warning, run_validation, 
 from dapo.infra.atomic import atomic_write, describe_os_error
 from dapo.infra.checkpoint import CheckpointError
 from dapo.infra.progress import TrainingProgress
+from dapo.infra.memory import PeakMemory
 from dapo.infra.timing import PhaseTimer
 from dapo.infra.tracking import Tracker, truncate_metrics_after
 from dapo.model.hub import HubResolveError, resolve_data_config
 from dapo.model.loading import load_policy
 from dapo.reward.custom_fn import load_custom_reward_fn
 from dapo.reward.scored_groups import reward_scorer_of
-from dapo.rollout.factory import build_rollout_engine
+from dapo.rollout.factory import build_rollout_engine, samples_from_module
 from dapo.training.actor_step import update_actor
 from dapo.training.dynamic_sampling_buffer import DynamicSamplingBuffer
 from dapo.training.errors import TrainingError
@@ -117,6 +118,7 @@ def peak_rss_mb() -> float:
 
 def train(cfg: DapoConfig) -> TrainResult:
     wall0 = time.perf_counter()
+    memory = PeakMemory()  # per-phase peaks reset the kernel's high-water mark, so the run's peak is kept here
     if cfg.trainer.num_threads is not None:
         torch.set_num_threads(cfg.trainer.num_threads)
     random.seed(cfg.trainer.seed)
@@ -148,6 +150,7 @@ def train(cfg: DapoConfig) -> TrainResult:
     policy.model.train()
 
     engine = build_rollout_engine(cfg, policy)
+    engine_samples_from_actor = samples_from_module(engine, policy.model)
     scorer = reward_scorer_of(cfg)
     steps_before = state.step
     writing = run_dir / "config.yaml"
@@ -185,7 +188,7 @@ def train(cfg: DapoConfig) -> TrainResult:
                 tracker.log({**pending, **validate(0)}, step=0)
                 pending = {}
             for step in range(state.step + 1, total_steps + 1):
-                timer = PhaseTimer("gen", "reward")
+                timer = PhaseTimer("gen", "reward", memory=memory)
                 metrics, pending = pending, {}
                 with timer("step"):
                     # Lines 3-9: sample, generate G outputs per prompt, reward, dynamic sampling until full.
@@ -193,7 +196,8 @@ def train(cfg: DapoConfig) -> TrainResult:
                                                                 timer, scorer)
                     metrics.update(generated)
                     if groups:  # lines 10-12, then the new weights go to the engine
-                        metrics.update(update_actor(groups, policy, optimizer, scheduler, cfg, step, timer))
+                        metrics.update(update_actor(groups, policy, optimizer, scheduler, cfg, step, timer,
+                                                    engine_samples_from_actor=engine_samples_from_actor))
                         with timer("sync_weights"):
                             metrics.update(sync.push(step))
                     else:  # train_on_partial after rounds that kept nothing: there is no gradient to take
@@ -217,5 +221,7 @@ def train(cfg: DapoConfig) -> TrainResult:
                 progress.update(step, metrics)
     finally:
         close_quietly([("the reward scorer", scorer.close), ("the rollout engine", engine.close)])
-    return TrainResult(run_dir, state.step, time.perf_counter() - wall0, peak_rss_mb(), state.val_history,
+    memory.read()
+    return TrainResult(run_dir, state.step, time.perf_counter() - wall0,
+                       max(peak_rss_mb(), memory.run_peak_bytes / 1024**2), state.val_history,
                        steps_run=state.step - steps_before)

@@ -2,8 +2,8 @@
 
 Batch metrics (critic/*, acc/mean, response_length/*) describe the training batch after dynamic sampling, as in verl;
 rollout/acc/mean describes every response generated in the step, before the filter (the learning curve of the policy).
-Memory (perf/max_memory_allocated_gb, perf/max_memory_reserved_gb, perf/cpu_memory_used_gb) is logged with the
-batch metrics, under verl's names.
+The current resident memory (perf/cpu_memory_used_gb) is logged with the batch metrics; peaks per phase
+(perf/max_memory_rss_gb[/phase], and on CUDA perf/max_memory_{allocated,reserved}_gb[/phase]) come with the timings.
 """
 
 from __future__ import annotations
@@ -53,18 +53,14 @@ def batch_metrics(groups: Sequence[ScoredGroup], advantages: torch.Tensor, *, ma
 
 
 def memory_metrics() -> dict[str, float]:
-    """Peak device memory since the start (CUDA only) and this process's resident memory, in GB, as verl names them."""
-    out: dict[str, float] = {}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        out["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated() / 1024**3
-        out["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved() / 1024**3
+    """This process's resident memory now, in GB, as verl names it. Peaks (RSS per phase and on CUDA allocated /
+    reserved) come from ``dapo.infra.timing.PhaseTimer`` with a ``PeakMemory``."""
     try:
         with open("/proc/self/statm", encoding="ascii") as f:
             rss_pages = int(f.read().split()[1])
-        out["perf/cpu_memory_used_gb"] = rss_pages * resource.getpagesize() / 1024**3
+        return {"perf/cpu_memory_used_gb": rss_pages * resource.getpagesize() / 1024**3}
     except (OSError, ValueError, IndexError):  # not Linux: the peak is what getrusage offers
-        out["perf/cpu_memory_used_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
-    return out
+        return {"perf/cpu_memory_used_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2}
 
 
 def policy_metrics(

@@ -1,10 +1,13 @@
-"""Soak test by hand: SIGKILL a real `dapo train` at random moments, resume it each time, and compare the end state
-bit for bit with an uninterrupted run (weights, optimizer state, metrics other than wall-clock timings).
+"""Soak test: SIGKILL a real `dapo train` at random moments, resume it each time, and compare the end state bit for
+bit with an uninterrupted run (weights, optimizer state, metrics other than wall-clock timings).
 
     python scripts/soak_kill.py --kills 10 --steps 6 --out /tmp/soak [--seed 0]
 
-The kills land uniformly at random within the run (generation, update, validation and checkpoint writes all get
-hit); a kill that lands after the run finished counts as a miss. Prints one JSON line with the counts.
+Each kill lands at a uniform moment of the training the run has left, counted from its own start-up (its "dapo: model"
+line), so generation, update, validation and checkpoint writes are hit in proportion to their time. A run that
+finishes before its kill ends a series; every series (killed and resumed until done) is compared with the
+uninterrupted run. Prints one JSON line with the counts (kills, how many left a half-written checkpoint, series,
+whether all were bit-identical); exit code 1 when any was not. tests/faults/test_soak.py runs a short one in CI.
 """
 
 from __future__ import annotations
@@ -37,12 +40,37 @@ def train_cmd(out: Path, name: str, steps: int) -> list[str]:
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
-def run_to_end(cmd: list[str]) -> float:
+def run_to_end(cmd: list[str]) -> tuple[float, float]:
+    """Run ``cmd`` to its end: (wall seconds, seconds until training started, i.e. its "dapo: model" line)."""
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True)
+    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    started = wait_for_start(proc)
+    _, err = proc.communicate()
     if proc.returncode != 0:
-        raise SystemExit(f"run failed:\n{proc.stderr[-3000:]}")
-    return time.monotonic() - t0
+        raise SystemExit(f"run failed:\n{err[-3000:]}")
+    return time.monotonic() - t0, (started or time.monotonic()) - t0
+
+
+def wait_for_start(proc: subprocess.Popen) -> float | None:
+    """Read the run's output up to the line it prints once the model, data and engine are ready; its time."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("dapo: model"):
+            return time.monotonic()
+    return None
+
+
+def latest_step(run_dir: Path) -> int:
+    from dapo.infra.checkpoint import find_latest_checkpoint
+
+    latest = find_latest_checkpoint(run_dir / "checkpoints") if (run_dir / "checkpoints").is_dir() else None
+    return int(latest.name.rsplit("_", 1)[1]) if latest is not None else 0
+
+
+def mid_save(run_dir: Path) -> bool:
+    """True when a kill left a checkpoint's temp folder behind: it landed while a checkpoint was being written."""
+    root = run_dir / "checkpoints"
+    return root.is_dir() and any(p.name.startswith(".tmp-") for p in root.iterdir())
 
 
 def end_state(run_dir: Path, steps: int) -> tuple[dict, dict, list[dict]]:
@@ -73,30 +101,48 @@ def main() -> None:
     args = ap.parse_args()
     rng = random.Random(args.seed)
     shutil.rmtree(args.out, ignore_errors=True)
-    wall = run_to_end(train_cmd(args.out, "straight", args.steps))
+    t0 = time.monotonic()
+    wall, startup = run_to_end(train_cmd(args.out, "straight", args.steps))
+    per_step = (wall - startup) / args.steps  # training time per step, checkpoint and validation included
     reference = end_state(args.out / "straight", args.steps)
 
     cmd = train_cmd(args.out, "killed", args.steps)
-    kills = misses = 0
+    run_dir = args.out / "killed"
+    kills = misses = mid_saves = series = 0
+    all_equal = True
+
+    def finish_series() -> None:  # a series ended (killed and resumed until done): compare it with the straight run
+        nonlocal all_equal, series
+        weights, optim, metrics = end_state(run_dir, args.steps)
+        all_equal &= same(weights, reference[0]) and same(optim, reference[1]) and metrics == reference[2]
+        series += 1
+        shutil.rmtree(run_dir)
+
     while kills < args.kills:
-        proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(0.5, wall))
+        proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        # Kill at a uniform moment of the training this run has left (generation, update, validation and
+        # checkpoint writes in proportion to their time), counted from its own start-up, not the interpreter's.
+        left = args.steps - latest_step(run_dir)
+        if wait_for_start(proc) is not None:
+            time.sleep(rng.uniform(0.0, per_step * left))
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
             kills += 1
+            mid_saves += mid_save(run_dir)
         else:
-            misses += 1
+            proc.wait()
             if proc.returncode != 0:
                 raise SystemExit(f"a resumed run failed with exit code {proc.returncode}")
-            shutil.rmtree(args.out / "killed")  # finished before the kill: start the series again
+            misses += 1  # finished before the kill: this series is done
+            finish_series()
     run_to_end(cmd)
-    weights, optim, metrics = end_state(args.out / "killed", args.steps)
-    result = {"kills": kills, "finished_before_kill": misses, "weights_equal": same(weights, reference[0]),
-              "optimizer_equal": same(optim, reference[1]), "metrics_equal": metrics == reference[2],
-              "uninterrupted_run_s": round(wall, 1)}
+    finish_series()
+    result = {"kills": kills, "kills_mid_checkpoint_write": mid_saves, "finished_before_kill": misses,
+              "series": series, "all_bit_identical": all_equal, "uninterrupted_run_s": round(wall, 1),
+              "soak_s": round(time.monotonic() - t0, 1)}
     print(json.dumps(result))
-    if not all(result[k] for k in ("weights_equal", "optimizer_equal", "metrics_equal")):
+    if not all_equal:
         raise SystemExit(1)
 
 

@@ -4,7 +4,8 @@ bit with an uninterrupted run (weights, optimizer state, metrics other than wall
     python scripts/soak_kill.py --kills 10 --steps 6 --out /tmp/soak [--seed 0]
 
 Each kill lands at a uniform moment of the training the run has left, counted from its own start-up (its "dapo: model"
-line), so generation, update, validation and checkpoint writes are hit in proportion to their time. A run that
+line), so generation, update and validation are hit in proportion to their time; the first ``--save-kills`` kills
+wait for a checkpoint write to begin and land within 50 ms of it. A run that
 finishes before its kill ends a series; every series (killed and resumed until done) is compared with the
 uninterrupted run. Prints one JSON line with the counts (kills, how many left a half-written checkpoint, series,
 whether all were bit-identical); exit code 1 when any was not. tests/faults/test_soak.py runs a short one in CI.
@@ -73,6 +74,16 @@ def mid_save(run_dir: Path) -> bool:
     return root.is_dir() and any(p.name.startswith(".tmp-") for p in root.iterdir())
 
 
+def wait_for_save(proc: subprocess.Popen, run_dir: Path, extra_s: float) -> None:
+    """Return ``extra_s`` after a checkpoint's temp folder appears (a save is being written), or when the run ends."""
+    root = run_dir / "checkpoints"
+    while proc.poll() is None:
+        if root.is_dir() and any(p.name.startswith(".tmp-") for p in root.iterdir()):
+            time.sleep(extra_s)
+            return
+        time.sleep(0.002)
+
+
 def end_state(run_dir: Path, steps: int) -> tuple[dict, dict, list[dict]]:
     ckpt = run_dir / "checkpoints" / f"global_step_{steps}"
     weights = load_file(ckpt / "hf" / "model.safetensors")
@@ -98,6 +109,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--out", type=Path, default=Path("/tmp/dapo-soak"))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--save-kills", type=int, default=1,
+                    help="of the kills, how many wait for a checkpoint write to begin (a random moment rarely hits "
+                         "the ~0.1 s a small checkpoint takes)")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     shutil.rmtree(args.out, ignore_errors=True)
@@ -124,7 +138,10 @@ def main() -> None:
         # checkpoint writes in proportion to their time), counted from its own start-up, not the interpreter's.
         left = args.steps - latest_step(run_dir)
         if wait_for_start(proc) is not None:
-            time.sleep(rng.uniform(0.0, per_step * left))
+            if kills < args.save_kills:
+                wait_for_save(proc, run_dir, rng.uniform(0.0, 0.05))
+            else:
+                time.sleep(rng.uniform(0.0, per_step * left))
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             proc.wait()

@@ -147,3 +147,15 @@ def test_overlong_prompt_in_a_multi_file_data_set_names_its_file_and_row(tmp_pat
                     tmp_path)
     # row 5 of the concatenated set is row 1 of b.jsonl, line 2
     _clean_failure(proc, f"data.train_files: {second}, row 1 (line 2) has a prompt of", "data.max_prompt_length")
+
+
+def test_unwritable_end_of_run_plot_is_a_warning_after_a_complete_run(tmp_path, fast_args):
+    run_dir = tmp_path / "tiny-synth"
+    run_dir.mkdir()
+    (run_dir / "plots").write_text("a file where the plots folder goes")
+    proc = run_dapo(["train", *fast_args, "trainer.total_training_steps=1"], tmp_path)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert f"warning: writing the plot {run_dir / 'plots' / 'training.png'} failed: a file of that name is in" \
+        in proc.stderr
+    assert "done: 1 steps" in proc.stdout and "plots: not written" in proc.stdout
+    assert find_latest_checkpoint(run_dir / "checkpoints").name == "global_step_1"

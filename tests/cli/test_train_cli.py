@@ -14,6 +14,8 @@ REQUIRED_STEP_KEYS = {
     "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl", "actor/grad_norm", "actor/lr",
     "train/num_gen_batches", "train/kept_group_ratio", "train/wasted_tokens", "timing_s/gen", "timing_s/reward",
     "timing_s/old_log_prob", "timing_s/update_actor", "timing_s/step", "perf/throughput",
+    "actor/old_log_prob_recomputed", "actor/num_zero_advantage_samples", "perf/max_memory_rss_gb",
+    "perf/max_memory_rss_gb/update_actor",
 }
 
 
@@ -29,6 +31,9 @@ def test_short_train_through_the_cli(tmp_path, fast_args):
         missing = REQUIRED_STEP_KEYS - record.keys()
         assert not missing, f"step {record['step']} lacks {sorted(missing)}"
         assert 0.0 < record["actor/mean_prob"] <= 1.0
+        # 2 mini-batches, and the HF engine samples from the actor's own fp32 weights: no old-log-prob pass
+        assert record["actor/old_log_prob_recomputed"] == 0.0 and record["timing_s/old_log_prob"] == 0.0
+        assert 0.1 < record["perf/max_memory_rss_gb/update_actor"] <= record["perf/max_memory_rss_gb"] < 64
         assert record["response_length/min"] <= record["response_length/mean"] <= record["response_length/max"]
     assert "val/acc/mean@2" in records[-1]
     # The final checkpoint is a Hugging Face folder that from_pretrained loads.

@@ -188,7 +188,7 @@ def train(cfg: DapoConfig) -> TrainResult:
                 tracker.log({**pending, **validate(0)}, step=0)
                 pending = {}
             for step in range(state.step + 1, total_steps + 1):
-                timer = PhaseTimer("gen", "reward", memory=memory)
+                timer = PhaseTimer("gen", "reward", "old_log_prob", memory=memory)
                 metrics, pending = pending, {}
                 with timer("step"):
                     # Lines 3-9: sample, generate G outputs per prompt, reward, dynamic sampling until full.

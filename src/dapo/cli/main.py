@@ -17,6 +17,7 @@ import click  # noqa: E402
 from dapo import __version__  # noqa: E402
 from dapo.cli.data_cmd import data_group  # noqa: E402
 from dapo.cli.eval_cmd import eval_command  # noqa: E402
+from dapo.cli.explain_cmd import explain_command  # noqa: E402
 from dapo.cli.generate_cmd import generate_command  # noqa: E402
 from dapo.cli.serve_cmd import serve_command  # noqa: E402
 from dapo.cli.plot_cmd import plot_command  # noqa: E402
@@ -35,6 +36,7 @@ cli.add_command(plot_command, "plot")
 cli.add_command(eval_command, "eval")
 cli.add_command(serve_command, "serve")
 cli.add_command(generate_command, "generate")
+cli.add_command(explain_command, "explain")
 
 
 def main() -> None:

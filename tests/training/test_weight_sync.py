@@ -96,3 +96,16 @@ def test_probe_needs_two_tokens() -> None:
     actor = build_tiny_qwen2(1)
     with pytest.raises(ValueError, match="at least 2 tokens"):
         WeightSync(HFRolloutEngine(actor, eos_token_ids=EOS, pad_token_id=PAD), actor, [5], threshold=None)
+
+
+def test_non_finite_weights_are_named_as_such_not_as_a_stale_engine() -> None:
+    """NaN weights make both sides' log-probs NaN: the message says non-finite and points at the learning rate."""
+    model = build_tiny_qwen2(2)
+    engine = HFRolloutEngine(model, eos_token_ids=EOS, pad_token_id=PAD)
+    sync = WeightSync(engine, model, PROBE, threshold=1e-3)
+    with torch.no_grad():
+        next(model.parameters()).fill_(float("nan"))
+    with pytest.raises(TrainingError, match="non-finite") as caught:
+        sync.push(step=3)
+    assert "step 3" in str(caught.value) and "actor.optim.lr" in str(caught.value)
+    assert "stale" not in str(caught.value)

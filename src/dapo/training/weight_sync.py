@@ -64,7 +64,14 @@ class WeightSync:
         actor_lp = actor_log_probs_of(self.model, self.prompt, self.response)
         gap = (engine_lp - actor_lp).abs()
         mean_gap, max_gap = float(gap.mean()), float(gap.max())
-        if self.threshold is not None and not mean_gap <= self.threshold:  # `not <=` also catches NaN
+        if not (bool(torch.isfinite(engine_lp).all()) and bool(torch.isfinite(actor_lp).all())):
+            side = "actor's" if not bool(torch.isfinite(actor_lp).all()) else "rollout engine's"
+            raise TrainingError(
+                f"step {step}: after the weight push the {side} log-probs on the probe sequence are non-finite: the "
+                "weights hold NaN/inf or overflow the logits (a learning rate too high for the model is the usual "
+                "cause; lower actor.optim.lr). The last complete checkpoint is untouched"
+            )
+        if self.threshold is not None and not mean_gap <= self.threshold:
             raise TrainingError(
                 f"step {step}: after the weight push the rollout engine's log-probs differ from the actor's by "
                 f"{mean_gap:.4g} on average (max {max_gap:.4g}) on the probe sequence, more than "

@@ -3,6 +3,8 @@ the actor step without the old-log-prob pass: the same update, the monitoring me
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -52,7 +54,11 @@ def _step(overrides: list[str]) -> tuple[dict[str, torch.Tensor], dict[str, floa
     engine = build_rollout_engine(cfg, policy)
     prompts = task.train[:4]
     rollout = engine.generate([p.input_ids for p in prompts], rollout_params(cfg, 1, 0))
-    groups = score_rollout(prompts, rollout, policy.tokenizer, cfg)
+    # Alternate right / wrong inside every group, as dynamic sampling would guarantee: every sample then carries a
+    # gradient, the first mini-batch included (where the actor-vs-engine gap is measured).
+    groups = [dataclasses.replace(g, scores=[(-1.0) ** k for k in range(len(g.scores))],
+                                  acc=[k % 2 == 0 for k in range(len(g.acc))])
+              for g in score_rollout(prompts, rollout, policy.tokenizer, cfg)]
     optimizer = build_optimizer(policy.model, cfg.actor.optim)
     scheduler = build_lr_scheduler(optimizer, cfg.actor.optim)
     timer = PhaseTimer()
@@ -74,3 +80,6 @@ def test_the_engine_log_probs_stand_in_for_the_skipped_pass_and_the_update_match
     for key in ("actor/entropy", "actor/mean_prob", "rollout/log_prob_diff/mean"):  # still monitored
         assert key in skipped and skipped[key] == skipped[key], key
     assert 0.0 < skipped["actor/entropy"] and 0.0 < skipped["actor/mean_prob"] <= 1.0
+    # The gap is taken where the weights are still pi_old's (the first mini-batch), so it is the engine's mismatch,
+    # not the update's own drift over its later mini-batches.
+    assert skipped["rollout/log_prob_diff/max"] < 1e-5

@@ -80,15 +80,18 @@ class MiniBatchResult:
 
 @dataclass
 class FirstPassRecord:
-    """What the update's forward passes saw of each trained sample at its first visit (PPO epoch 0), detached.
+    """What the update's forward passes saw of each trained sample, detached, standing in for the skipped old-log-prob
+    pass in the monitoring metrics.
 
-    When the old-log-prob pass is skipped these stand in for it in the monitoring metrics (entropy, mean token
-    probability, gap to the engine's log-probs): the first mini-batch's samples are seen under pi_old itself, later
-    ones after the first optimizer steps of this update.
+    ``entropies`` / ``log_probs``: every trained sample at its first visit (PPO epoch 0); later mini-batches are seen
+    after the update's first optimizer steps, close to pi_old. ``old_log_probs`` / ``rollout_log_probs``: the samples
+    of the first mini-batch only, seen under pi_old itself, so their gap is the true actor-vs-engine mismatch (later
+    ones would add the update's own drift); empty when that mini-batch trained nothing.
     """
 
-    log_probs: list[Tensor] = field(default_factory=list)
     entropies: list[Tensor] = field(default_factory=list)
+    log_probs: list[Tensor] = field(default_factory=list)
+    old_log_probs: list[Tensor] = field(default_factory=list)
     rollout_log_probs: list[Tensor] = field(default_factory=list)
 
 
@@ -175,6 +178,7 @@ def accumulate_mini_batch_gradients(
     normalizers: tuple[int, int] | None = None,
     on_policy: bool = False,
     record: FirstPassRecord | None = None,
+    record_under_old: bool = False,
 ) -> MiniBatchResult:
     """Forward and backward every micro-batch of ``mini_batch``; the parameters' ``.grad`` gain the mini-batch gradient.
 
@@ -185,7 +189,8 @@ def accumulate_mini_batch_gradients(
     share of it (data parallel): the loss is then divided by the global counts, as Eq. 12 wants.
     ``on_policy``: the parameters are still pi_old's (the only optimizer step of the update comes after this
     mini-batch), so pi_old is the forward's own detached log-probs and no ``old_log_probs`` are needed (ratio 1).
-    ``record`` collects each trained sample's detached log-probs, entropies and rollout log-probs.
+    ``record`` collects each trained sample's detached entropies, and with ``record_under_old`` (the weights are still
+    pi_old's) its log-probs and rollout log-probs.
     """
     if mini_batch.old_log_probs is None and not on_policy:
         raise ValueError("accumulate_mini_batch_gradients: the batch has no old_log_probs (compute them first)")
@@ -226,9 +231,10 @@ def accumulate_mini_batch_gradients(
             )
         assert entropies is not None
         if record is not None:
-            record.log_probs += [lp.detach() for lp in log_probs]
             record.entropies += [e.detach() for e in entropies]
-            if micro.rollout_log_probs is not None:
+            record.log_probs += [lp.detach() for lp in log_probs]
+            if record_under_old and micro.rollout_log_probs is not None:
+                record.old_log_probs += [lp.detach() for lp in log_probs]
                 record.rollout_log_probs += micro.rollout_log_probs
         log_prob = pad_per_token(log_probs)
         if micro.old_log_probs is None:  # on_policy: pi_old is these very weights
@@ -318,7 +324,7 @@ def update_policy(
         generator: random source of the group shuffle when ``cfg.shuffle``.
         on_policy: the update takes a single optimizer step (one epoch, one mini-batch), so pi_old is the actor as it
             is: its own detached log-probs serve, and no old-log-prob pass runs (``batch.old_log_probs`` unused).
-        record: filled with each trained sample's first-pass log-probs and entropies (see ``FirstPassRecord``).
+        record: filled with the trained samples' first-pass entropies and log-probs (see ``FirstPassRecord``).
 
     A step whose gradient norm is not finite is skipped (gradients dropped, counted in ``actor/num_skipped_steps``,
     with a warning); a non-finite loss raises ``NonFiniteLossError``.
@@ -366,6 +372,7 @@ def update_policy(
                 result = accumulate_mini_batch_gradients(
                     model, share, cfg, temperature=temperature, norm_length=norm_length, where=where,
                     normalizers=normalizers, on_policy=on_policy, record=record if epoch == 0 else None,
+                    record_under_old=epoch == 0 and index == 0,
                 )
             except NonFiniteLossError:
                 optimizer.zero_grad(set_to_none=True)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 
-# Before torch is imported: OpenMP threads that spin while waiting make a 2-thread step ~20x slower whenever another
-# process holds a core (measured on the 2-core CI machine); passive waiting costs nothing when the CPU is free.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from dapo.cli.openmp import default_to_passive
+
+# Before torch is imported: passive OpenMP waiting unless a command knows it computes alone (dapo.cli.openmp).
+default_to_passive()
 # A progress bar per weight load would interleave with the commands' own progress lines.
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 # vLLM logs every scheduler event and weight push at INFO; a training run pushes weights every step.

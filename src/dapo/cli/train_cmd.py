@@ -8,6 +8,7 @@ import sys
 import click
 import yaml
 
+from dapo.cli.openmp import spin_when_alone
 from dapo.config import ConfigError, config_to_dict, load_config
 
 
@@ -26,8 +27,10 @@ def train_command(config_path: str | None, print_config: bool, overrides: tuple[
         click.echo(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
         return
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    # The Transformers engine generates in this process: nothing else computes alongside, so threads may spin.
+    spin_when_alone(cfg.rollout.name == "hf")
 
-    # Imported here so `dapo --help` and config errors stay instant.
+    # Imported here so `dapo --help` and config errors stay instant (and torch loads after the OpenMP choice).
     from dapo.data.prompts import PromptTooLongError
     from dapo.data.schema import DataError
     from dapo.evaluation.validation import val_acc_key

@@ -113,6 +113,10 @@ def update_actor(groups: Sequence[ScoredGroup], policy: Policy, optimizer, sched
     metrics.update(batch_metrics(groups, batch.advantages, max_response_length=cfg.data.max_response_length))
     if record is None:
         metrics.update(policy_metrics(old_log_probs, entropies, batch.rollout_log_probs))
-    elif record.log_probs:  # the update's first visit of each trained sample stands in for the skipped pass
-        metrics.update(policy_metrics(record.log_probs, record.entropies, record.rollout_log_probs))
+    else:  # the update's own forwards stand in for the skipped pass (see FirstPassRecord)
+        if record.old_log_probs:  # the actor-vs-engine gap, where the weights were still pi_old's
+            metrics.update(policy_metrics(record.old_log_probs, None, record.rollout_log_probs))
+        if record.log_probs:
+            metrics["actor/mean_prob"] = float(torch.cat(record.log_probs).float().exp().mean())
+            metrics["actor/entropy"] = float(torch.cat(record.entropies).float().mean())
     return metrics

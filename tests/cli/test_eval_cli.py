@@ -75,3 +75,13 @@ def test_eval_official_aime_file_a_handful_of_problems(tmp_path):
     assert 0.0 <= overall["truncation_rate"] <= 1.0 and overall["avg@32"] == 0.0  # the tiny model cannot do AIME
     before = out.read_text()
     assert _run(args).exit_code == 0 and out.read_text() == before  # resumed: nothing regenerated
+
+
+def test_eval_unwritable_output_is_one_line_naming_the_path(tmp_path):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the output's folder should be\n")
+    out = blocker / "s.jsonl"
+    r = _run(["--test-file", "synth", "--output", str(out), *FAST])
+    assert r.exit_code != 0
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception  # no traceback escapes
+    assert "not-a-dir" in r.output and "failed:" in r.output, r.output

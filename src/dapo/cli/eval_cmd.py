@@ -134,6 +134,8 @@ def eval_command(model, test_files, n, temperature, top_p, top_k, max_tokens, se
     """Evaluate a model: avg@K, pass@k, maj@K, response length and truncation rate per data_source and overall."""
     from dapo.data.schema import DataError
     from dapo.evaluation.problems import load_problems
+    from dapo.infra.atomic import FileOperationError, describe_os_error
+    from dapo.infra.cleanup import close_quietly
     from dapo.evaluation.runner import EvalSettings, ProgressLine, run_eval, summary_path
     from dapo.model.loading import ModelLoadError
     from dapo.rollout.factory import EngineUnavailableError
@@ -165,9 +167,11 @@ def eval_command(model, test_files, n, temperature, top_p, top_k, max_tokens, se
             summary = run_eval(problems, eval_backend, settings, output, reward_workers=reward_workers,
                                progress=None if quiet else ProgressLine())
         finally:
-            if not base_url:
-                eval_backend.close()
-    except (EvalError, DataError, ModelLoadError, EngineUnavailableError, OSError) as e:
+            if not base_url:  # a failing close must not hide the error that ended the evaluation
+                close_quietly([("the evaluation engine", eval_backend.close)])
+    except (EvalError, DataError, ModelLoadError, EngineUnavailableError, FileOperationError) as e:
         raise click.ClickException(str(e)) from None
+    except OSError as e:  # one line naming the path and the reason, never a traceback
+        raise click.ClickException(describe_os_error(e, f"dapo eval: {e.filename or output}")) from None
     print_table(summary, console)
     console.print(f"samples: {output}; summary: {summary_path(output)}", highlight=False)

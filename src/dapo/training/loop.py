@@ -34,6 +34,7 @@ from dapo.data.task import encode_task, read_task
 from dapo.evaluation.validation import repeated_prompt_warning, run_validation, val_acc_key
 from dapo.infra.atomic import atomic_write, describe_os_error
 from dapo.infra.checkpoint import CheckpointError
+from dapo.infra.cleanup import close_quietly
 from dapo.infra.progress import TrainingProgress
 from dapo.infra.memory import PeakMemory
 from dapo.infra.timing import PhaseTimer
@@ -96,20 +97,6 @@ def check_custom_reward(cfg: DapoConfig) -> None:
             load_custom_reward_fn(f"{custom.path}:{custom.name}")
         except (OSError, ImportError, AttributeError, TypeError, ValueError) as exc:
             raise TrainingError(f"custom_reward_function: {exc}") from exc
-
-
-def close_quietly(closers: list[tuple[str, object]]) -> None:
-    """Close each resource (``[(what, close), ...]``, all of them, in order) and log a failure as a warning.
-
-    Called in a ``finally``: an exception from a close would replace the error that ended the run, and that one,
-    not the clean-up's, is what the user must see. A close that fails after a run that succeeded loses nothing (the
-    checkpoints and metrics are written), so it is a warning too.
-    """
-    for what, close in closers:
-        try:
-            close()  # type: ignore[operator]
-        except Exception as exc:  # noqa: BLE001 - any failure to clean up is reported the same way
-            log.warning("closing %s failed (%s: %s); carrying on with the clean-up", what, type(exc).__name__, exc)
 
 
 def peak_rss_mb() -> float:

@@ -5,6 +5,7 @@ Usage: python dp_update_worker.py OUT.pt [replicated]
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -27,7 +28,8 @@ def main() -> None:
     model = tiny_qwen2(seed=3)
     # 5 groups of 3 with lengths up to 12 tokens: uneven token counts, and an odd number of groups for 2 ranks.
     batch = random_batch(5, 3, seed=11, max_prompt=6, max_response=12, masked=(4,))
-    cfg = actor_config(ppo_mini_batch_size=5, ppo_epochs=2, ppo_max_token_len_per_gpu=24)
+    cfg = actor_config(ppo_mini_batch_size=5, ppo_epochs=2, ppo_max_token_len_per_gpu=24,
+                       layout=os.environ.get("DP_LAYOUT", "auto"))  # the micro-batch layout under test
     batch = batch.with_old_log_probs([lp + 0.05 for lp in compute_log_probs_batch(model, batch, cfg, 1.0)])
     optimizer = build_optimizer(model, OptimConfig(lr=1e-2, lr_warmup_steps=0))
     scheduler = build_lr_scheduler(optimizer, OptimConfig(lr=1e-2, lr_warmup_steps=0))

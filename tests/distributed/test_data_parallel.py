@@ -44,7 +44,7 @@ def test_two_ranks_update_equals_one_process(tmp_path: Path, layout: str) -> Non
     run_worker(tmp_path / "one.pt", 1, layout)
     run_worker(tmp_path / "two.pt", 2, layout)
     one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
-    initial = dict(tiny_qwen2(seed=3).named_parameters())
+    initial = {n: p.detach() for n, p in tiny_qwen2(seed=3).named_parameters()}
     moved = 0.0
     for name, p in one["params"].items():
         # AdamW's first steps move a weight by about lr * g / (|g| + eps) whatever |g| is, so the fp32 rounding of a

@@ -48,6 +48,11 @@ def _check_lengths(lengths: Sequence[int]) -> list[int]:
     return out
 
 
+def _longest_first(sizes: list[int]) -> list[int]:
+    """Sample indices by decreasing length, ties by index: the one order every plan here deals samples in."""
+    return sorted(range(len(sizes)), key=lambda i: (-sizes[i], i))
+
+
 def _first_fit_decreasing(order: list[int], lengths: list[int], max_tokens: int) -> list[list[int]]:
     bins: list[list[int]] = []
     loads: list[int] = []
@@ -90,7 +95,7 @@ def pack_by_token_budget(lengths: Sequence[int], max_tokens: int) -> MicroBatchP
         raise ValueError(f"max_tokens (ppo_max_token_len_per_gpu) must be >= 1, got {max_tokens}")
     sizes = _check_lengths(lengths)
     oversized = [i for i, n in enumerate(sizes) if n > max_tokens]
-    fitting = sorted((i for i, n in enumerate(sizes) if n <= max_tokens), key=lambda i: (-sizes[i], i))
+    fitting = [i for i in _longest_first(sizes) if sizes[i] <= max_tokens]
     bins: list[list[int]] = []
     if fitting:
         bins = _first_fit_decreasing(fitting, sizes, max_tokens)
@@ -113,7 +118,7 @@ def split_sorted_by_length(lengths: Sequence[int], max_tokens: int) -> MicroBatc
     if max_tokens < 1:
         raise ValueError(f"max_tokens (ppo_max_token_len_per_gpu) must be >= 1, got {max_tokens}")
     sizes = _check_lengths(lengths)
-    order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], i))
+    order = _longest_first(sizes)
     micro_batches: list[list[int]] = []
     oversized = 0
     current: list[int] = []
@@ -157,7 +162,7 @@ def plan_micro_batches(
         raise ValueError("use_dynamic_bsz is False, so ppo_micro_batch_size_per_gpu must be set")
     if layout == "padded":  # samples of similar length share a micro-batch: less padding, same gradient
         sizes = _check_lengths(lengths)
-        order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], i))
+        order = _longest_first(sizes)
         chunks = split_fixed_size(len(order), micro_batch_size).micro_batches
         micro_batches = sorted((sorted(order[j] for j in chunk) for chunk in chunks), key=lambda b: b[0])
         return MicroBatchPlan(micro_batches)

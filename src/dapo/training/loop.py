@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import random
-import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,10 +96,6 @@ def check_custom_reward(cfg: DapoConfig) -> None:
             load_custom_reward_fn(f"{custom.path}:{custom.name}")
         except (OSError, ImportError, AttributeError, TypeError, ValueError) as exc:
             raise TrainingError(f"custom_reward_function: {exc}") from exc
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def train(cfg: DapoConfig) -> TrainResult:
@@ -208,7 +203,6 @@ def train(cfg: DapoConfig) -> TrainResult:
                 progress.update(step, metrics)
     finally:
         close_quietly([("the reward scorer", scorer.close), ("the rollout engine", engine.close)])
-    memory.read()
-    return TrainResult(run_dir, state.step, time.perf_counter() - wall0,
-                       max(peak_rss_mb(), memory.run_peak_bytes / 1024**2), state.val_history,
-                       steps_run=state.step - steps_before)
+    memory.read()  # the last window: the run's peak includes everything since the last phase
+    return TrainResult(run_dir, state.step, time.perf_counter() - wall0, memory.run_peak_bytes / 1024**2,
+                       state.val_history, steps_run=state.step - steps_before)

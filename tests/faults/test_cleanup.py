@@ -36,10 +36,10 @@ def test_a_failing_close_is_a_warning_and_the_run_error_propagates(tmp_path, mon
                             f"custom_reward_function.path={broken}", "trainer.val_before_train=false"])
     monkeypatch.setattr(HFRolloutEngine, "close", _close_then_raise(HFRolloutEngine, "engine device gone"))
     monkeypatch.setattr(RewardScorer, "close", _close_then_raise(RewardScorer, "scorer worker gone"))
-    with caplog.at_level(logging.WARNING, logger="dapo.training.loop"), pytest.raises(RewardScoringError) as info:
+    with caplog.at_level(logging.WARNING, logger="dapo.infra.cleanup"), pytest.raises(RewardScoringError) as info:
         loop.train(cfg)
     assert "this scorer is broken" in str(info.value)  # the error that ended the run, not a close() error
-    warnings = [r.getMessage() for r in caplog.records if r.name == "dapo.training.loop"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "dapo.infra.cleanup"]
     # both closes were attempted, each failure said once, in order
     assert [w.split(" failed")[0] for w in warnings if w.startswith("closing")] == [
         "closing the reward scorer", "closing the rollout engine"]

@@ -15,6 +15,7 @@ from dapo.data.synth import (
     SynthConfig,
     SynthProblem,
     default_synth_config,
+    distinct_synth_problems,
     generate_synth_problems,
     synth_records,
 )
@@ -186,3 +187,24 @@ def test_records_follow_the_dapo_schema() -> None:
         assert record.ground_truth == str(p.answer)
     assert synth_records(problems)[0]["data_source"] == "synth_arith"
     assert synth_records(problems)[0]["extra_info"]["split"] == "train"
+
+
+SINGLE_DIGIT_SUMS = SynthConfig(min_operands=2, max_operands=2, max_value=9, operations=("+",), word_problems=False)
+
+
+def test_distinct_problems_are_the_streams_first_distinct_ones() -> None:
+    stream = generate_synth_problems(400, seed=3, config=SINGLE_DIGIT_SUMS)
+    distinct = distinct_synth_problems(64, seed=3, config=SINGLE_DIGIT_SUMS)
+    assert len({p.problem for p in stream[:64]}) < 64  # 81 problems: 64 draws repeat some (why this exists)
+    assert len({p.problem for p in distinct}) == 64
+    firsts = list({p.problem: p for p in reversed(stream)}.values())[::-1]  # first occurrences, in stream order
+    assert distinct == sorted(firsts, key=stream.index)[:64]
+
+
+def test_distinct_problems_equal_the_stream_when_it_does_not_repeat() -> None:
+    assert distinct_synth_problems(50, seed=7) == generate_synth_problems(50, seed=7)  # stories rarely repeat
+
+
+def test_asking_for_more_distinct_problems_than_exist_says_how_many_do() -> None:
+    with pytest.raises(ValueError, match=r"only 81 distinct problems exist with these knobs \(82 asked for\)"):
+        distinct_synth_problems(82, seed=0, config=SINGLE_DIGIT_SUMS)

@@ -55,6 +55,8 @@ class SynthDataConfig(_Section):
     max_operands: int | None = Field(None, description="difficulty knob; None = the tiny model's training value")
     max_value: int | None = Field(None, description="difficulty knob; None = the tiny model's training value")
     word_problems: bool | None = Field(None, description="stories (true) or bare expressions (false); None = as trained")
+    operations: list[Literal["+", "-", "*"]] | None = Field(
+        None, min_length=1, description="operations that may appear (of +, -, *); None = as trained")
 
 
 class DataConfig(_Section):

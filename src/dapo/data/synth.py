@@ -222,6 +222,27 @@ def generate_synth_problems(num: int, seed: int, config: SynthConfig = SynthConf
     return problems
 
 
+def distinct_synth_problems(num: int, seed: int, config: SynthConfig = SynthConfig(),
+                            max_draws_per_problem: int = 50) -> list[SynthProblem]:
+    """The first ``num`` distinct problems (by statement) of the stream ``generate_synth_problems(·, seed)`` draws.
+
+    A held-out set that repeats a problem measures it twice and the others less: small problem spaces (single-digit
+    sums have 81) repeat within a few dozen draws. The stream is a prefix-stable sequence, so when it has no repeats
+    this returns exactly ``generate_synth_problems(num, seed)``. Raises ``ValueError`` when the space holds fewer than
+    ``num`` problems (none found in ``num * max_draws_per_problem`` draws).
+    """
+    seen: set[str] = set()
+    problems: list[SynthProblem] = []
+    for p in generate_synth_problems(num * max_draws_per_problem, seed, config):
+        if p.problem not in seen:
+            seen.add(p.problem)
+            problems.append(p)
+            if len(problems) == num:
+                return problems
+    raise ValueError(f"only {len(problems)} distinct problems exist with these knobs ({num} asked for); "
+                     "lower the number or widen the task (max_value, operands, operations)")
+
+
 def synth_records(
     problems: Sequence[SynthProblem], *, data_source: str = "synth_arith", split: str = "train"
 ) -> list[dict[str, Any]]:

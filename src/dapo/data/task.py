@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from dapo.config import DataConfig
 from dapo.data.loaders import load_dataset
 from dapo.data.schema import DapoRecord, DataError
-from dapo.data.synth import default_synth_config, generate_synth_problems, synth_records
+from dapo.data.synth import default_synth_config, distinct_synth_problems, generate_synth_problems, synth_records
 from dapo.data.prompts import PromptItem, encode_prompts
 
 log = logging.getLogger(__name__)
@@ -26,9 +26,17 @@ class Task:
 def _synth(cfg: DataConfig, split: str) -> list[DapoRecord]:
     knobs = {k: v for k in ("min_operands", "max_operands", "max_value", "word_problems")
              if (v := getattr(cfg.synth, k)) is not None}
+    if cfg.synth.operations is not None:
+        knobs["operations"] = tuple(cfg.synth.operations)
     synth_cfg = dataclasses.replace(default_synth_config(), **knobs)
-    num, seed = (cfg.synth.num_train, cfg.synth.train_seed) if split == "train" else (cfg.synth.num_val, cfg.synth.val_seed)
-    rows = synth_records(generate_synth_problems(num, seed, synth_cfg), split=split)
+    if split == "train":
+        problems = generate_synth_problems(cfg.synth.num_train, cfg.synth.train_seed, synth_cfg)
+    else:  # held-out problems are distinct: a repeat would weigh one problem twice in the accuracy
+        try:
+            problems = distinct_synth_problems(cfg.synth.num_val, cfg.synth.val_seed, synth_cfg)
+        except ValueError as exc:
+            raise DataError(f"data.synth.num_val={cfg.synth.num_val}: {exc}") from None
+    rows = synth_records(problems, split=split)
     return [DapoRecord.from_row(row, source=f"<synth {split}>", row_index=i) for i, row in enumerate(rows)]
 
 

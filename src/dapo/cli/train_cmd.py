@@ -1,8 +1,13 @@
-"""`dapo train`: build the config at the edge, run Algorithm 1, report first/last validation accuracy and the plot."""
+"""`dapo train`: build the config at the edge, run Algorithm 1, report first/last validation accuracy and the plot.
+
+Under torchrun (``WORLD_SIZE`` > 1) the same command is one data-parallel rank: the World is built here, once, and
+passed down (``docs/distributed.md``); rank 0 alone prints and plots.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 import click
@@ -26,13 +31,14 @@ def train_command(config_path: str | None, print_config: bool, overrides: tuple[
     if print_config:
         click.echo(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
         return
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    # The Transformers engine generates in this process: nothing else computes alongside, so threads may spin.
-    spin_when_alone(cfg.rollout.name == "hf")
+    # The Transformers engine generates in this process: nothing else computes alongside, so threads may spin; not so
+    # with several torchrun ranks on one machine, which share its cores (torchrun's variable: torch is not loaded yet).
+    spin_when_alone(cfg.rollout.name == "hf" and int(os.environ.get("LOCAL_WORLD_SIZE", "1")) <= 1)
 
     # Imported here so `dapo --help` and config errors stay instant (and torch loads after the OpenMP choice).
     from dapo.data.prompts import PromptTooLongError
     from dapo.data.schema import DataError
+    from dapo.distributed.world import World
     from dapo.evaluation.validation import val_acc_key
     from dapo.infra.atomic import FileOperationError
     from dapo.infra.plot import plot_runs
@@ -46,11 +52,25 @@ def train_command(config_path: str | None, print_config: bool, overrides: tuple[
     from dapo.training.loop import train
 
     try:
-        result = train(cfg)
+        world = World.from_env()  # the single process unless torchrun started this one
+    except (RuntimeError, ValueError, KeyError) as exc:  # rendezvous failed, or a torchrun variable is missing
+        raise click.ClickException(f"joining the torchrun process group failed: {type(exc).__name__}: {exc}") from None
+    # Every rank logs (a rank's own failure is only in its log), rank 0 at INFO, the others their warnings only.
+    logging.basicConfig(level=logging.INFO if world.is_main else logging.WARNING, stream=sys.stderr,
+                        format=("%(levelname)s %(name)s: %(message)s" if not world.distributed else
+                                f"%(levelname)s [rank {world.rank}] %(name)s: %(message)s"))
+    try:
+        result = train(cfg, world=world)
     except (TrainingError, ModelLoadError, DataError, PromptTooLongError, RewardScoringError,
             UnknownDataSourceError, EngineUnavailableError, DynamicSamplingExhausted, FileOperationError,
             NonFiniteLogitsError) as exc:
-        raise click.ClickException(str(exc)) from None
+        # No barrier or teardown here: the other ranks may wait in a collective this rank never reaches; this
+        # rank's non-zero exit makes torchrun stop them.
+        raise click.ClickException(str(exc) if not world.distributed else f"rank {world.rank}: {exc}") from None
+    world.barrier()  # every rank has finished its last collective before the process group goes
+    world.close()
+    if not world.is_main:  # rank 0 reports and plots the run: its record is the run's
+        return
     if result.steps_run == 0:
         click.echo(f"nothing to do: {result.run_dir} is already trained to step {result.steps_done} "
                    "(raise trainer.total_training_steps to train further)")

@@ -2,7 +2,8 @@
 
 On a terminal it is a rich progress bar that redraws in place (other prints scroll above it). When
 stdout is not a TTY (CI logs, ``nohup``, a pipe) a live bar would spam control codes, so it prints one
-plain line per step instead. ``enabled=False`` makes it silent (e.g. on non-zero ranks).
+plain line per step instead. ``enabled=False`` turns the status off and keeps the notes; ``silent=True`` turns both
+off (a data-parallel rank other than 0: the run's output is rank 0's).
 """
 
 from __future__ import annotations
@@ -55,13 +56,15 @@ class TrainingProgress:
         enabled: bool = True,
         initial_step: int = 0,
         file: TextIO | None = None,
+        silent: bool = False,
     ) -> None:
         if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
             raise ValueError(f"TrainingProgress: total_steps must be an int >= 1, got {total_steps!r}")
         if not 0 <= initial_step <= total_steps:
             raise ValueError(f"TrainingProgress: initial_step must be in [0, {total_steps}], got {initial_step!r}")
         self.total_steps = total_steps
-        self.enabled = enabled
+        self.enabled = enabled and not silent
+        self.silent = silent
         self.initial_step = initial_step
         self._file = file
         self._out: TextIO = sys.stdout
@@ -112,8 +115,11 @@ class TrainingProgress:
     def note(self, message: str) -> None:
         """Print a message line: above the live bar while one is shown, plainly otherwise (also outside ``with``).
 
-        Messages are shown even when the status display is disabled; they are the run's one output channel.
+        Messages are shown even when the status display is disabled; they are the run's one output channel (only
+        ``silent`` drops them).
         """
+        if self.silent:
+            return
         if self._mode == "live":
             self._progress.console.print(message, highlight=False, markup=False)
         else:

@@ -10,6 +10,7 @@ Transformers engine samples from the actor's fp32 module without top-p/top-k (ga
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import torch
@@ -19,6 +20,7 @@ from dapo.actor.log_probs import compute_log_probs_and_entropy_batch
 from dapo.actor.update import FirstPassRecord, NonFiniteLossError, update_policy
 from dapo.config import DapoConfig
 from dapo.core.rollout_correction import truncated_importance_weights
+from dapo.distributed.world import World
 from dapo.infra.timing import PhaseTimer
 from dapo.model.loading import Policy
 from dapo.reward.scored_groups import ScoredGroup
@@ -82,8 +84,21 @@ def old_log_prob_source(cfg: DapoConfig, *, num_groups: int, engine_samples_from
     return "recompute"
 
 
+def gathered_record(record: FirstPassRecord, world: World) -> FirstPassRecord:
+    """Every rank's first-pass record, in rank order: each rank saw only the share it trained, and the metrics drawn
+    from the record must cover the whole batch, the same on every rank."""
+    if not world.distributed:
+        return record
+    parts = world.all_gather_objects(record)
+    return FirstPassRecord(**{f.name: [t for part in parts for t in getattr(part, f.name)]
+                              for f in dataclasses.fields(FirstPassRecord)})
+
+
 def update_actor(groups: Sequence[ScoredGroup], policy: Policy, optimizer, scheduler, cfg: DapoConfig, step: int,
-                 timer: PhaseTimer, *, engine_samples_from_actor: bool = False) -> dict[str, float]:
+                 timer: PhaseTimer, *, engine_samples_from_actor: bool = False,
+                 world: World = World()) -> dict[str, float]:
+    """Lines 10-12 on the whole batch; with several ranks (``world``) each trains its share and all return the same
+    metrics (``dapo.actor.update.update_policy``)."""
     batch = build_train_batch(groups, cfg)  # line 10: group-relative advantages (Eq. 9)
     source = old_log_prob_source(cfg, num_groups=batch.num_groups, engine_samples_from_actor=engine_samples_from_actor)
     metrics: dict[str, float] = {"actor/old_log_prob_recomputed": float(source == "recompute")}
@@ -104,7 +119,7 @@ def update_actor(groups: Sequence[ScoredGroup], policy: Policy, optimizer, sched
             metrics.update(update_policy(policy.model, optimizer, scheduler, batch, cfg.actor,
                                          temperature=cfg.rollout.temperature,
                                          norm_length=cfg.data.max_response_length,
-                                         on_policy=source == "current", record=record))
+                                         on_policy=source == "current", record=record, world=world))
         except NonFiniteLossError as exc:
             raise TrainingError(f"step {step}, phase update_actor: {str(exc).rstrip('.')}. The last complete "
                                 f"checkpoint is untouched; lower actor.optim.lr or use actor.dtype=fp32") from exc
@@ -114,6 +129,7 @@ def update_actor(groups: Sequence[ScoredGroup], policy: Policy, optimizer, sched
     if record is None:
         metrics.update(policy_metrics(old_log_probs, entropies, batch.rollout_log_probs))
     else:  # the update's own forwards stand in for the skipped pass (see FirstPassRecord)
+        record = gathered_record(record, world)
         if record.old_log_probs:  # the actor-vs-engine gap, where the weights were still pi_old's
             metrics.update(policy_metrics(record.old_log_probs, None, record.rollout_log_probs))
         if record.log_probs:

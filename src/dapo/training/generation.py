@@ -1,5 +1,11 @@
 """Algorithm 1, lines 3-9: sample prompts, generate G responses each, score them, keep informative groups (Eq. 11),
-and repeat until the batch is full."""
+and repeat until the batch is full.
+
+Across data-parallel ranks (``dapo.distributed.data_parallel``) every rank draws the same prompts, generates and
+scores its share with a seed of its own, and the scored groups are gathered, so that everything after generation
+(Eq. 11, the buffer, the sampler's pass-rate record, the metrics) runs identically on every rank. Validation is
+shared the same way. With one process nothing here communicates and the seeds are those of a single-process run.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +16,10 @@ import torch
 
 from dapo.config import DapoConfig
 from dapo.core.dynamic_sampling import filter_informative_groups
+from dapo.data.prompts import PromptItem
+from dapo.distributed.data_parallel import gather_in_rank_order, generation_share
+from dapo.distributed.world import World
+from dapo.evaluation.validation import run_validation, summarize_validation
 from dapo.infra.timing import PhaseTimer
 from dapo.reward.batch import RewardScorer
 from dapo.reward.scored_groups import ScoredGroup, group_index_of, score_rollout
@@ -27,16 +37,49 @@ def derive_seed(*parts: object) -> int:
     return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
 
-def rollout_params(cfg: DapoConfig, step: int, rnd: int) -> SamplingParams:
-    """Training sampling; every round has its own seed, so a resumed run samples the same."""
+def rank_seed(seed: int, world: World) -> int:
+    """``seed`` for this rank: itself alone (a single-process run samples as it always did), else one per rank, so
+    that ranks generating their shares with the same engine do not draw the same random numbers."""
+    return derive_seed(seed, "rank", world.rank) if world.distributed else seed
+
+
+def rollout_params(cfg: DapoConfig, step: int, rnd: int, world: World = World()) -> SamplingParams:
+    """Training sampling; every round (and rank) has its own seed, so a resumed run samples the same."""
     r = cfg.rollout
     return SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                           max_tokens=cfg.data.max_response_length,
-                          seed=derive_seed(cfg.trainer.seed, "rollout", step, rnd))
+                          seed=rank_seed(derive_seed(cfg.trainer.seed, "rollout", step, rnd), world))
+
+
+def generate_round(engine: RolloutEngine, prompts: list[PromptItem], tokenizer, cfg: DapoConfig,
+                   params: SamplingParams, timer: PhaseTimer, scorer: RewardScorer | None, world: World
+                   ) -> list[ScoredGroup]:
+    """The scored groups of ``prompts``, in prompt order, on every rank; each rank generates and scores its share."""
+    share = prompts[generation_share(len(prompts), world)]
+    groups: list[ScoredGroup] = []
+    if share:  # more ranks than prompts: a rank may have none, and still joins the gather
+        with timer("gen"):
+            rollout = engine.generate([p.input_ids for p in share], params)
+        with timer("reward"):
+            groups = score_rollout(share, rollout, tokenizer, cfg, scorer)
+    if not world.distributed:
+        return groups
+    with timer("gather"):  # also where a rank waits for the slowest one's generation
+        return gather_in_rank_order(groups, world)
+
+
+def validate_across_ranks(engine: RolloutEngine, prompts: list[PromptItem], tokenizer, cfg: DapoConfig, *,
+                          seed: int, world: World) -> dict[str, float]:
+    """``run_validation`` with the prompts shared among ranks; the summary of all groups, identical on every rank."""
+    if not world.distributed:
+        return run_validation(engine, prompts, tokenizer, cfg, seed=seed)[0]
+    share = prompts[generation_share(len(prompts), world)]
+    groups = run_validation(engine, share, tokenizer, cfg, seed=rank_seed(seed, world))[1] if share else []
+    return summarize_validation(gather_in_rank_order(groups, world), cfg.rollout.val_kwargs.n)
 
 
 def generate_and_filter(engine: RolloutEngine, state: RunState, tokenizer, cfg: DapoConfig, step: int,
-                        timer: PhaseTimer, scorer: RewardScorer | None = None
+                        timer: PhaseTimer, scorer: RewardScorer | None = None, world: World = World()
                         ) -> tuple[list[ScoredGroup], dict[str, float]]:
     """Generation rounds of gen_batch_size prompts until train_batch_size informative groups are held.
 
@@ -47,7 +90,8 @@ def generate_and_filter(engine: RolloutEngine, state: RunState, tokenizer, cfg: 
     plus those of surplus groups discarded (not carried over), against ``train/generated_tokens``; both also as run
     totals (``*_total``, kept in the checkpoint). Every drawn prompt's pass rate goes to the sampler's record (a no-op
     unless ``algorithm.filter_groups.skip_solved_prompts.enable``), and the prompts it skipped as solved are counted in
-    ``train/num_skipped_solved_prompts``."""
+    ``train/num_skipped_solved_prompts``. With several ranks (``world``) each generates its share of every round and
+    all of them return the same groups and metrics (reward failures summed over ranks)."""
     buffer = state.buffer
     failures_before = dict(scorer.counts) if scorer is not None else {}
     skipped_before = state.sampler.num_skipped_solved
@@ -57,10 +101,8 @@ def generate_and_filter(engine: RolloutEngine, state: RunState, tokenizer, cfg: 
     while buffer.should_generate_more():
         draws = state.sampler.next_draws(cfg.data.effective_gen_batch_size)
         prompts = [d.item for d in draws]
-        with timer("gen"):
-            rollout = engine.generate([p.input_ids for p in prompts], rollout_params(cfg, step, rnd))
-        with timer("reward"):
-            groups = score_rollout(prompts, rollout, tokenizer, cfg, scorer)
+        groups = generate_round(engine, prompts, tokenizer, cfg, rollout_params(cfg, step, rnd, world), timer,
+                                scorer, world)
         acc = torch.tensor([float(a) for g in groups for a in g.acc])
         decision = filter_informative_groups(acc, group_index_of(groups))  # Eq. 11, on raw accuracy
         state.sampler.record_pass_rates(draws, decision.pass_rate.tolist())  # groups come in prompt order
@@ -86,6 +128,9 @@ def generate_and_filter(engine: RolloutEngine, state: RunState, tokenizer, cfg: 
                     report.num_gen_batches, len(kept), cfg.data.train_batch_size)
     failures = {FAILURE_METRICS[kind]: float(n - failures_before[kind])
                 for kind, n in (scorer.counts.items() if scorer is not None else ())}
+    if world.distributed and failures:  # each rank's scorer saw only its share
+        summed = world.all_reduce_sum(torch.tensor(list(failures.values()), dtype=torch.float64)).tolist()
+        failures = dict(zip(failures, summed))
     return kept, {
         **failures,
         "train/num_gen_batches": float(report.num_gen_batches),

@@ -11,6 +11,12 @@
 
 Each piece is a function from a lower layer or a sibling module of this package; this file only calls them in order.
 The engine is whatever ``rollout.name`` chose: the loop sees only the ``RolloutEngine`` interface.
+
+Data parallel (``world``, built by the command line under torchrun): every rank runs this same loop on a replica of
+the model; generation, validation and the update share the work among ranks inside the functions called here, and
+every rank ends each of them holding the same groups, metrics and weights. Only rank 0 writes the run's record
+(config, metrics, progress, checkpoints): being replicated, its state is the whole state, and every rank resumes from
+it, on any world size.
 """
 
 from __future__ import annotations
@@ -30,7 +36,8 @@ from dapo.config.loading import tracker_backends
 from dapo.config.resume import check_resume
 from dapo.data.prompt_sampler import PromptSampler
 from dapo.data.task import encode_task, read_task
-from dapo.evaluation.validation import repeated_prompt_warning, run_validation, val_acc_key
+from dapo.distributed.world import World
+from dapo.evaluation.validation import repeated_prompt_warning, val_acc_key
 from dapo.infra.atomic import atomic_write, describe_os_error
 from dapo.infra.checkpoint import CheckpointError
 from dapo.infra.cleanup import close_quietly
@@ -46,7 +53,7 @@ from dapo.rollout.factory import build_rollout_engine, samples_from_module
 from dapo.training.actor_step import update_actor
 from dapo.training.dynamic_sampling_buffer import DynamicSamplingBuffer
 from dapo.training.errors import TrainingError
-from dapo.training.generation import derive_seed, generate_and_filter
+from dapo.training.generation import derive_seed, generate_and_filter, validate_across_ranks
 from dapo.training.run_state import RunState, find_resume_checkpoint, resume_run, save_run
 from dapo.training.weight_sync import WeightSync
 
@@ -98,7 +105,7 @@ def check_custom_reward(cfg: DapoConfig) -> None:
             raise TrainingError(f"custom_reward_function: {exc}") from exc
 
 
-def train(cfg: DapoConfig) -> TrainResult:
+def train(cfg: DapoConfig, world: World = World()) -> TrainResult:
     wall0 = time.perf_counter()
     memory = PeakMemory()  # per-phase peaks reset the kernel's high-water mark, so the run's peak is kept here
     if cfg.trainer.num_threads is not None:
@@ -122,7 +129,8 @@ def train(cfg: DapoConfig) -> TrainResult:
     state = RunState(PromptSampler.from_config(task.train, cfg),
                      DynamicSamplingBuffer.from_config(cfg))
     total_steps = total_steps_of(cfg, len(task.train))
-    resume_from = find_resume_checkpoint(run_dir, cfg)
+    # Rank 0 picks the checkpoint and every rank loads that one (a rank that cannot read it fails, never diverges).
+    resume_from = world.broadcast_object(find_resume_checkpoint(run_dir, cfg) if world.is_main else None)
     if resume_from is not None:
         try:
             check_resume(run_dir, cfg)  # never continue a run silently with other hyper-parameters
@@ -139,9 +147,10 @@ def train(cfg: DapoConfig) -> TrainResult:
     try:
         # The run is known to start: only now is its record touched. A resumed run keeps the metrics up to its
         # checkpoint; a fresh run in an old run dir starts a fresh record.
-        atomic_write(writing, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-        writing = run_dir / "metrics.jsonl"
-        truncate_metrics_after(run_dir, state.step if state.step > 0 else -1)
+        if world.is_main:
+            atomic_write(writing, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+            writing = run_dir / "metrics.jsonl"
+            truncate_metrics_after(run_dir, state.step if state.step > 0 else -1)
     except OSError as exc:
         close_quietly([("the reward scorer", scorer.close), ("the rollout engine", engine.close)])
         raise TrainingError(describe_os_error(exc, f"writing the run record {writing}")) from exc
@@ -150,12 +159,14 @@ def train(cfg: DapoConfig) -> TrainResult:
 
     def validate(step: int) -> dict[str, float]:
         t0 = time.perf_counter()
-        metrics, _ = run_validation(engine, task.val, policy.tokenizer, cfg, seed=derive_seed(cfg.trainer.seed, "val"))
+        metrics = validate_across_ranks(engine, task.val, policy.tokenizer, cfg,
+                                        seed=derive_seed(cfg.trainer.seed, "val"), world=world)
         metrics["timing_s/val"] = time.perf_counter() - t0
         state.val_history.append((step, metrics))
         return metrics
 
-    progress = TrainingProgress(total_steps, enabled=cfg.trainer.progress, initial_step=state.step)
+    progress = TrainingProgress(total_steps, enabled=cfg.trainer.progress, initial_step=state.step,
+                                silent=not world.is_main)
     if resume_from is not None:
         progress.note(f"resumed from {resume_from} (step {state.step})")
     if state.step >= total_steps:
@@ -163,7 +174,8 @@ def train(cfg: DapoConfig) -> TrainResult:
     progress.note(f"dapo: model {policy.source}; engine {cfg.rollout.name}; task {task.description}; "
                   f"{len(task.train)} train / {len(task.val)} val prompts; run dir {run_dir}")
     try:
-        with Tracker(run_dir, backends=tracker_backends(cfg), project=cfg.trainer.project_name,
+        backends = tracker_backends(cfg) if world.is_main else ()  # a Tracker without backends records nothing
+        with Tracker(run_dir, backends=backends, project=cfg.trainer.project_name,
                      experiment=cfg.trainer.experiment_name, config=config_to_dict(cfg)) as tracker, progress:
             pending = sync.push(state.step)  # the engine may have loaded other weights (a resumed run's are newer)
             if cfg.trainer.val_before_train and state.step == 0 and task.val:
@@ -175,11 +187,12 @@ def train(cfg: DapoConfig) -> TrainResult:
                 with timer("step"):
                     # Lines 3-9: sample, generate G outputs per prompt, reward, dynamic sampling until full.
                     groups, generated = generate_and_filter(engine, state, policy.tokenizer, cfg, step,
-                                                                timer, scorer)
+                                                            timer, scorer, world)
                     metrics.update(generated)
                     if groups:  # lines 10-12, then the new weights go to the engine
                         metrics.update(update_actor(groups, policy, optimizer, scheduler, cfg, step, timer,
-                                                    engine_samples_from_actor=engine_samples_from_actor))
+                                                    engine_samples_from_actor=engine_samples_from_actor,
+                                                    world=world))
                         with timer("sync_weights"):
                             metrics.update(sync.push(step))
                     else:  # train_on_partial after rounds that kept nothing: there is no gradient to take
@@ -195,7 +208,7 @@ def train(cfg: DapoConfig) -> TrainResult:
                 if (cfg.trainer.save_freq > 0 and step % cfg.trainer.save_freq == 0) or is_last:
                     t0 = time.perf_counter()
                     try:
-                        save_run(run_dir, state, policy, optimizer, scheduler, cfg)
+                        save_run(run_dir, state, policy, optimizer, scheduler, cfg, world)
                     except CheckpointError as exc:
                         raise TrainingError(str(exc)) from exc
                     metrics["timing_s/save_checkpoint"] = time.perf_counter() - t0

@@ -14,6 +14,8 @@ from typing import Any
 
 from dapo.config import DapoConfig
 from dapo.data.prompt_sampler import PromptSampler
+from dapo.distributed.data_parallel import replicas_differ
+from dapo.distributed.world import World
 from dapo.infra.checkpoint import (CheckpointError, checkpoint_problems, find_latest_checkpoint, load_checkpoint,
                                    save_checkpoint)
 from dapo.model.loading import Policy
@@ -50,8 +52,20 @@ class RunState:
         self.wasted_tokens_total = int(totals.get("wasted", 0))
 
 
-def save_run(run_dir: Path, state: RunState, policy: Policy, optimizer, scheduler, cfg: DapoConfig) -> Path:
-    """Checkpoint ``run_dir/checkpoints/global_step_{state.step}`` atomically (see ``dapo.infra.checkpoint``)."""
+def save_run(run_dir: Path, state: RunState, policy: Policy, optimizer, scheduler, cfg: DapoConfig,
+             world: World = World()) -> Path | None:
+    """Checkpoint ``run_dir/checkpoints/global_step_{state.step}`` atomically (see ``dapo.infra.checkpoint``).
+
+    Rank 0 only (other ranks return None at once): the model and optimizer are replicated and the run state is the
+    same on every rank, so rank 0's full checkpoint is the whole state, and it resumes on any number of ranks."""
+    differ = replicas_differ(policy.model, world)  # every rank reaches it, and every rank raises alike
+    if differ:
+        raise TrainingError(
+            f"step {state.step}: the data-parallel replicas of the model differ ({len(differ)} parameters, first "
+            f"{differ[0]}): rank 0's checkpoint would not be the run's state. Ranks must apply the same summed "
+            "gradients; a rank-dependent random draw or a non-deterministic all-reduce breaks that")
+    if not world.is_main:
+        return None
     return save_checkpoint(run_dir / "checkpoints", state.step, model=policy.model, tokenizer=policy.tokenizer,
                            optimizer=optimizer, scheduler=scheduler, trainer_state=state.state_dict(),
                            keep_last=cfg.trainer.max_ckpt_to_keep)

@@ -1,0 +1,118 @@
+"""`dapo train` as real data-parallel processes under torchrun (gloo on CPU): the run finishes, rank 0 alone writes its
+record, a checkpoint moves between world sizes in both directions, two "nodes" meet through a c10d rendezvous, and a
+failure on one rank ends the job instead of hanging it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dapo.distributed.data_parallel import gather_in_rank_order, generation_share
+from dapo.distributed.world import World
+from tests.cli.cli_helpers import FAST, run_dapo
+from tests.distributed.test_data_parallel import free_port
+
+# Short responses and one validation prompt per rank keep each launch at a few seconds past the imports.
+SMALL = [*FAST, "data.max_response_length=16", "data.synth.num_val=4", "trainer.val_before_train=false",
+         "trainer.test_freq=0", "trainer.save_freq=1", "trainer.logger=[jsonl]"]
+
+
+def torchrun(args: list[str], run_root: Path, *, nproc: int = 2, rdzv: list[str] | None = None,
+             timeout: float = 240) -> subprocess.CompletedProcess:
+    """``torchrun ... -m dapo.cli.main train ARGS`` (on loopback unless ``rdzv`` says how to meet)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    meet = rdzv or ["--master-addr=127.0.0.1", f"--master-port={free_port()}"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", *meet,
+           "-m", "dapo.cli.main", "train", *args, f"trainer.default_local_dir={run_root}"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def metric_steps(run_dir: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def step_lines(stdout: str) -> list[str]:
+    return [line.split(" |")[0] for line in stdout.splitlines() if line.startswith("step ")]
+
+
+def test_generation_shares_tile_the_batch_in_order() -> None:
+    for n in range(0, 9):
+        for size in (1, 2, 3, 5):
+            shares = [generation_share(n, World(rank=r, world_size=size)) for r in range(size)]
+            assert [i for s in shares for i in range(n)[s]] == list(range(n))
+            assert max(s.stop - s.start for s in shares) - min(s.stop - s.start for s in shares) <= 1
+    assert gather_in_rank_order((1, 2), World()) == [1, 2]
+
+
+@pytest.mark.slow
+def test_two_ranks_train_and_checkpoints_move_between_world_sizes(tmp_path: Path) -> None:
+    run_dir = tmp_path / "tiny-synth"
+    one = run_dapo(["train", *SMALL, "trainer.total_training_steps=1"], tmp_path)
+    assert one.returncode == 0, one.stderr[-4000:]
+    assert metric_steps(run_dir) == [1]
+
+    two = torchrun([*SMALL, "trainer.total_training_steps=2"], tmp_path)  # 1 process's checkpoint, 2 ranks
+    assert two.returncode == 0, two.stderr[-4000:]
+    # Rank 0 alone prints and records: one resume note, one status line and one metrics record per step.
+    assert two.stdout.count("resumed from") == 1 and "(step 1)" in two.stdout
+    assert step_lines(two.stdout) == ["step 2/2"]
+    assert two.stdout.count("done: 2 steps") == 1
+    assert metric_steps(run_dir) == [1, 2]
+    record = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    assert record["actor/num_optimizer_steps"] == 2.0  # batch 4 in mini-batches of 2: both ranks took both steps
+    assert record["timing_s/gather"] > 0  # the groups really were generated in shares and gathered
+    assert record["train/generated_tokens"] > 0 and "val/acc/mean@2" in record
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.is_dir()) == ["global_step_1",
+                                                                                          "global_step_2"]
+
+    again = run_dapo(["train", *SMALL, "trainer.total_training_steps=3"], tmp_path)  # 2 ranks' checkpoint, 1 process
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert "(step 2)" in again.stdout and "resumed from" in again.stdout
+    assert step_lines(again.stdout) == ["step 3/3"]
+    assert metric_steps(run_dir) == [1, 2, 3]
+    assert "timing_s/gather" not in json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    assert json.loads((run_dir / "checkpoints" / "global_step_3" / "trainer_state.json").read_text())["step"] == 3
+
+
+@pytest.mark.slow
+def test_two_nodes_meet_through_c10d_and_train_together(tmp_path: Path) -> None:
+    rdzv = ["--nnodes=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id=dapo-test"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    cmds = [[sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=1", *rdzv, f"--node-rank={node}",
+             "-m", "dapo.cli.main", "train", *SMALL, "trainer.total_training_steps=1",
+             f"trainer.default_local_dir={tmp_path}"] for node in (0, 1)]
+    nodes = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for cmd in cmds]
+    try:
+        outs = [node.communicate(timeout=240) for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                node.kill()
+    for node, (_, err) in zip(nodes, outs):
+        assert node.returncode == 0, err[-4000:]
+    # c10d assigns ranks itself: whichever launch holds rank 0 reports, the other stays quiet.
+    assert sorted(step_lines(out) for out, _ in outs) == [[], ["step 1/1"]]
+    assert metric_steps(tmp_path / "tiny-synth") == [1]
+    record = json.loads((tmp_path / "tiny-synth" / "metrics.jsonl").read_text())
+    assert record["timing_s/gather"] > 0 and record["actor/num_optimizer_steps"] == 2.0
+
+
+@pytest.mark.slow
+def test_a_failure_on_one_rank_ends_the_job(tmp_path: Path) -> None:
+    fn = tmp_path / "rank1_liar.py"  # the scorer breaks its contract on rank 1 only: rank 0 waits in the gather
+    fn.write_text("import os\n\ndef compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                  "    return 1e39 if os.environ.get('RANK') == '1' else -1.0\n")
+    t0 = time.monotonic()
+    proc = torchrun([*SMALL, "trainer.total_training_steps=1", f"custom_reward_function.path={fn}",
+                     "reward_model.num_workers=0"], tmp_path, timeout=180)
+    assert proc.returncode != 0
+    assert "rank 1: " in proc.stderr and "beyond float32 range" in proc.stderr, proc.stderr[-4000:]
+    assert time.monotonic() - t0 < 120  # torchrun stopped rank 0; no collective timeout was waited out
+    assert not (tmp_path / "tiny-synth" / "checkpoints").exists()

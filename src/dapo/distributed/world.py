@@ -51,8 +51,14 @@ class World:
 
     # -------------------------------------------------------------------------------------------- collectives
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Sum ``tensor`` over ranks, in place, and return it."""
-        if self.distributed:
+        """Sum ``tensor`` over ranks, in place, and return it (a CPU tensor too under NCCL: it goes through the GPU)."""
+        if not self.distributed:
+            return tensor
+        if tensor.device.type == "cpu" and dist.get_backend() == "nccl":  # NCCL reduces device memory only
+            on_device = tensor.to(self.device())
+            dist.all_reduce(on_device, op=dist.ReduceOp.SUM)
+            tensor.copy_(on_device.cpu())
+        else:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         return tensor
 

@@ -18,9 +18,10 @@ from dapo.distributed.world import World
 from tests.cli.cli_helpers import FAST, run_dapo
 from tests.distributed.test_data_parallel import free_port
 
-# Short responses and one validation prompt per rank keep each launch at a few seconds past the imports.
-SMALL = [*FAST, "data.max_response_length=16", "data.synth.num_val=4", "trainer.val_before_train=false",
-         "trainer.test_freq=0", "trainer.save_freq=1", "trainer.logger=[jsonl]"]
+# Short responses (and an L_cache below them) and two validation prompts per rank keep each launch at a few seconds
+# past the imports.
+SMALL = [*FAST, "data.max_response_length=16", "reward_model.overlong_buffer.len=4", "data.synth.num_val=4",
+         "trainer.val_before_train=false", "trainer.test_freq=0", "trainer.save_freq=1", "trainer.logger=[jsonl]"]
 
 
 def torchrun(args: list[str], run_root: Path, *, nproc: int = 2, rdzv: list[str] | None = None,

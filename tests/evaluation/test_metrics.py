@@ -70,6 +70,8 @@ def test_summary_hand_computed():
     m = summarize_samples(samples)["overall"]
     assert m["problems"] == 2 and m["samples"] == 8 and m["k"] == 4
     assert m["avg@4"] == pytest.approx((0.25 + 0.75) / 2)
+    # per-problem accuracies 0.25 and 0.75: s = sqrt(0.125), half-width 1.96 s / sqrt(2) = 0.49
+    assert m["avg@4/ci95"] == pytest.approx(1.96 * 0.125 ** 0.5 / 2 ** 0.5)
     assert m["pass@1"] == pytest.approx(0.5)
     assert m["pass@2"] == pytest.approx((0.5 + 1.0) / 2)  # p2: c=3 of 4, any pair has a correct one
     assert m["pass@4"] == pytest.approx(1.0)
@@ -83,6 +85,7 @@ def test_summary_per_data_source_and_overall():
     out = summarize_samples(samples)
     assert list(out) == ["x", "y", "overall"]
     assert out["x"]["avg@2"] == 1.0 and out["y"]["avg@2"] == 0.0 and out["overall"]["avg@2"] == 0.5
+    assert out["x"]["avg@2/ci95"] is None  # one problem: no interval (null in the JSON summary)
 
 
 def test_avg_at_32_is_the_published_row_mean():

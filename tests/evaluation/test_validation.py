@@ -56,12 +56,15 @@ def test_summary_of_hand_computed_groups() -> None:
         "val/response_length/mean": (20 + 4 + 12) / 12,
         "val/aime/acc/mean@4": 1 / 8,
         "val/math500/acc/mean@4": 3 / 4,
+        # per-prompt accuracies 1/4, 0, 3/4: s = sqrt(7/48) (ddof 1), half-width 1.96 s / sqrt(3)
+        "val/acc/mean@4/ci95": 1.96 * (7 / 48) ** 0.5 / 3 ** 0.5,
     })
 
 
 def test_one_data_source_has_no_per_source_keys() -> None:
     metrics = _ours(summarize_validation(GROUPS[:2], 4))
-    assert set(metrics) == {"val/acc/mean@4", "val/pass@4", "val/score/mean@4", "val/response_length/mean"}
+    assert set(metrics) == {"val/acc/mean@4", "val/acc/mean@4/ci95", "val/pass@4", "val/score/mean@4",
+                            "val/response_length/mean"}
     assert metrics["val/acc/mean@4"] == pytest.approx(1 / 8)
     assert metrics["val/pass@4"] == pytest.approx(1 / 2)
     assert metrics["val/score/mean@4"] == pytest.approx(-6 / 8)

@@ -10,7 +10,8 @@ Definitions, for a problem with n samples of which c are correct:
 
 * ``avg@K`` (the paper's ``acc/mean@32``): the mean accuracy over samples. Overall and per data_source it is the mean
   over problems of each problem's mean. When every problem has the same number of samples (always, for a finished run)
-  this equals the plain mean over all rows that the published ``eval_aime24.py`` prints.
+  this equals the plain mean over all rows that the published ``eval_aime24.py`` prints. ``avg@K/ci95`` is the
+  half-width of its 95% interval over problems (1.96 s / sqrt(problems); NaN for a single problem).
 * ``pass@k``: the unbiased estimator of Chen et al. (2021), ``1 - C(n-c, k) / C(n, k)``, averaged over problems;
   reported for k = 1, 2, 4, ... and K (only for k <= the smallest sample count). ``pass@1`` equals ``avg@K``.
 * ``maj@K`` (cons@K): majority vote over the normalised predictions of the K samples. A sample whose prediction is
@@ -29,6 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dapo.evaluation.statistics import mean_std
 from dapo.reward.normalize import normalize_final_answer
 
 OVERALL = "overall"
@@ -174,6 +176,8 @@ def summarize_problems(problems: Sequence[ProblemStats]) -> dict[str, Any]:
         "samples_per_problem": label,
         f"avg@{label}": _mean([p.correct / p.n for p in problems]),
     }
+    ci95 = mean_std([p.correct / p.n for p in problems]).ci95  # over problems, normal approximation
+    out[f"avg@{label}/ci95"] = ci95 if math.isfinite(ci95) else None  # None (JSON null) for a single problem
     for k in pass_ks(k_min):
         out[f"pass@{k}"] = _mean([pass_at_k(p.n, p.correct, k) for p in problems])
     out[f"maj@{label}"] = _mean([float(majority_vote([s.pred for s in p.samples], [s.acc for s in p.samples])[1])

@@ -4,7 +4,8 @@ The paper evaluates AIME 2024 as avg@32 at temperature 1.0, top-p 0.7; `rollout.
 
 Metrics come under two sets of names:
 
-* ours, ``val/acc/mean@k`` (k = rollout.val_kwargs.n, mean over every sample), ``val/pass@k``, ``val/score/mean@k``,
+* ours, ``val/acc/mean@k`` (k = rollout.val_kwargs.n, mean over every sample) and ``val/acc/mean@k/ci95`` (the
+  half-width of its 95% interval over prompts), ``val/pass@k``, ``val/score/mean@k``,
   ``val/response_length/mean``, and per data_source ``val/<data_source>/acc/mean@k`` when there are several;
 * verl's, computed as verl computes them: samples are grouped by problem (data_source and prompt), so the official
   AIME file (each problem 32 times) with n=1 gives N=32: ``val-core/<data_source>/acc/mean@N``, and
@@ -16,18 +17,23 @@ Metrics come under two sets of names:
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 from typing import Sequence
 
 from dapo.config import DapoConfig
 from dapo.reward.scored_groups import ScoredGroup, score_rollout
 from dapo.data.prompts import PromptItem
+from dapo.evaluation.statistics import mean_std
 from dapo.rollout.base import RolloutEngine, SamplingParams
+
+
+_MEAN_AT_K = re.compile(r"^val/acc/mean@\d+$")  # not its /ci95 companion
 
 
 def val_acc_key(metrics: dict[str, float]) -> str | None:
     """The ``val/acc/mean@k`` key among logged metrics (k is rollout.val_kwargs.n), or None."""
-    return next((k for k in metrics if k.startswith("val/acc/mean@")), None)
+    return next((k for k in metrics if _MEAN_AT_K.match(k)), None)
 
 
 def summarize_validation(groups: Sequence[ScoredGroup], k: int) -> dict[str, float]:
@@ -40,6 +46,10 @@ def summarize_validation(groups: Sequence[ScoredGroup], k: int) -> dict[str, flo
         by_source[g.prompt.data_source].append(g)
     samples = [a for g in groups for a in g.acc]
     metrics[f"val/acc/mean@{k}"] = sum(samples) / len(samples)
+    # the 95% interval over prompts (each prompt's k samples are correlated: the prompt is the unit)
+    ci95 = mean_std([sum(g.acc) / len(g.acc) for g in groups if g.acc]).ci95
+    if math.isfinite(ci95):  # undefined for a single prompt
+        metrics[f"val/acc/mean@{k}/ci95"] = ci95
     metrics[f"val/pass@{k}"] = sum(any(g.acc) for g in groups) / len(groups)
     metrics[f"val/score/mean@{k}"] = sum(s for g in groups for s in g.scores) / len(samples)
     lengths = [len(r) for g in groups for r in g.response_ids]

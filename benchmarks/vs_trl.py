@@ -254,6 +254,8 @@ def write_data_file(job: Job, cfg: dict[str, Any], args: argparse.Namespace, pat
     for key in ("min_operands", "max_operands", "max_value"):
         if cfg["data"]["synth"].get(key) is not None:
             cmd += [f"--{key.replace('_', '-')}", str(cfg["data"]["synth"][key])]
+    if cfg["data"]["synth"].get("operations"):
+        cmd += ["--operations", ",".join(cfg["data"]["synth"]["operations"])]
     word = cfg["data"]["synth"].get("word_problems")
     if word is not None:
         cmd.append("--word-problems" if word else "--no-word-problems")

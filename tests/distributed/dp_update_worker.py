@@ -1,10 +1,11 @@
 """Run under torchrun (or alone): one PPO update of a tiny Qwen2 on a fixed batch; rank 0 saves the parameters.
 
-Usage: python dp_update_worker.py OUT.pt [replicated]
+Usage: python dp_update_worker.py OUT.pt [replicated|fsdp2]   (environment: DP_LAYOUT, DP_CHECKPOINTING=1, DP_ZERO_GROUP)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -13,29 +14,45 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for tests.actor.actor_helpers
 
-from dapo.actor.log_probs import compute_log_probs_batch  # noqa: E402
+from dapo.actor.log_probs import compute_log_probs_batch, resolve_layout  # noqa: E402
 from dapo.actor.optim import build_lr_scheduler, build_optimizer  # noqa: E402
-from dapo.actor.update import update_policy  # noqa: E402
+from dapo.actor.update import sharded_share, update_policy  # noqa: E402
 from dapo.config import OptimConfig  # noqa: E402
+from dapo.config.schema import FsdpConfig  # noqa: E402
+from dapo.distributed.fsdp import shard_actor, stream_full_parameters  # noqa: E402
 from dapo.distributed.world import World  # noqa: E402
 from tests.actor.actor_helpers import actor_config, random_batch, tiny_qwen2  # noqa: E402
 
 
 def main() -> None:
     out = Path(sys.argv[1])
+    strategy = sys.argv[2] if len(sys.argv) > 2 else "replicated"
     torch.set_num_threads(1)
     world = World.from_env(backend="gloo")
     model = tiny_qwen2(seed=3)
     # 5 groups of 3 with lengths up to 12 tokens: uneven token counts, and an odd number of groups for 2 ranks.
     batch = random_batch(5, 3, seed=11, max_prompt=6, max_response=12, masked=(4,))
+    if os.environ.get("DP_ZERO_GROUP"):  # that group's samples are skipped: its rank runs fewer micro-batches
+        group = int(os.environ["DP_ZERO_GROUP"])
+        advantages = batch.advantages.clone()
+        advantages[3 * group: 3 * group + 3] = 0.0
+        batch = dataclasses.replace(batch, advantages=advantages)
+    checkpointing = os.environ.get("DP_CHECKPOINTING") == "1"
     cfg = actor_config(ppo_mini_batch_size=5, ppo_epochs=2, ppo_max_token_len_per_gpu=24,
-                       layout=os.environ.get("DP_LAYOUT", "auto"))  # the micro-batch layout under test
+                       layout=os.environ.get("DP_LAYOUT", "auto"),  # the micro-batch layout under test
+                       gradient_checkpointing=checkpointing)
     batch = batch.with_old_log_probs([lp + 0.05 for lp in compute_log_probs_batch(model, batch, cfg, 1.0)])
+    padding = []
+    if strategy == "fsdp2":
+        model = shard_actor(model, FsdpConfig(), world, gradient_checkpointing=checkpointing)
+        layout = resolve_layout(cfg.layout, model)
+        padding = world.all_gather_objects(sharded_share(batch, cfg, world, layout).num_padding)
     optimizer = build_optimizer(model, OptimConfig(lr=1e-2, lr_warmup_steps=0))
     scheduler = build_lr_scheduler(optimizer, OptimConfig(lr=1e-2, lr_warmup_steps=0))
     metrics = update_policy(model, optimizer, scheduler, batch, cfg, temperature=1.0, world=world)
+    params = {n: p.detach().clone() for n, p in stream_full_parameters(model)}  # every rank gathers, in order
     if world.is_main:
-        torch.save({"params": {n: p.detach().clone() for n, p in model.named_parameters()}, "metrics": metrics}, out)
+        torch.save({"params": params, "metrics": metrics, "padding": padding}, out)
     world.barrier()
     world.close()
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 __all__ = [
     "MicroBatchPlan",
     "pack_by_token_budget",
+    "padding_micro_batches",
     "plan_micro_batches",
     "split_fixed_size",
     "split_sorted_by_length",
@@ -179,3 +180,15 @@ def warn_oversized(num_oversized: int, max_tokens: int, where: str) -> None:
             UserWarning,
             stacklevel=3,
         )
+
+
+def padding_micro_batches(counts: Sequence[int], rank: int) -> int:
+    """How many zero-weight micro-batches rank ``rank`` adds so that every rank runs ``max(counts)`` passes.
+
+    ``counts``: every rank's number of micro-batches in one mini-batch. A sharded (FSDP2) actor all-gathers in every
+    forward and reduce-scatters in every backward, so the ranks must run equally many; one pass of a rank that has
+    nothing left to train is wasted compute, a rank that runs fewer would leave the others waiting forever.
+    """
+    if not 0 <= rank < len(counts):
+        raise ValueError(f"rank {rank} is not one of the {len(counts)} ranks")
+    return max(counts) - counts[rank]

@@ -19,6 +19,12 @@ the forward and backward leaves the update identical (``tests/actor/test_update.
 sampling off, every all-correct or all-wrong group is such a group.
 
 The ``actor/*`` token statistics (clip fractions, ratio, entropy of the update) cover the tokens that were trained.
+
+A sharded actor (``actor.strategy=fsdp2``) runs collectives inside every forward and backward, so every rank must run
+the same number of micro-batch passes per mini-batch, which token-balanced shares and skipped zero-advantage samples
+do not give. Every rank plans every rank's micro-batches (the same plan everywhere, from the same batch, with no
+collective) and the ranks with fewer add zero-weight passes (``padding_micro_batches``): a real one-sample
+micro-batch whose loss is multiplied by 0.0, so its gradient is exactly zero and the update is unchanged.
 """
 
 from __future__ import annotations
@@ -34,12 +40,13 @@ from torch import Tensor, nn
 
 from dapo.actor.batch import TrainBatch, pad_per_token
 from dapo.actor.log_probs import compute_log_probs_batch, compute_response_log_probs, resolve_layout
-from dapo.actor.micro_batching import plan_micro_batches, warn_oversized
+from dapo.actor.micro_batching import padding_micro_batches, plan_micro_batches, warn_oversized
 from dapo.actor.precision import autocast_context
 from dapo.core.kl import kl_penalty
 from dapo.core.loss_aggregation import aggregate_loss, count_loss_normalizers
 from dapo.core.policy_loss import compute_policy_loss
-from dapo.distributed.data_parallel import balanced_group_shares, sum_gradients
+from dapo.distributed.data_parallel import (balanced_group_shares, clip_grad_norm, first_non_finite, forward_through,
+                                            is_sharded, sum_gradients)
 from dapo.distributed.world import World
 
 if TYPE_CHECKING:
@@ -99,15 +106,9 @@ class NonFiniteWeightsError(NonFiniteLossError):
     """An optimizer step left NaN or infinite weights; the next rollout would sample from garbage."""
 
 
-def first_non_finite_parameter(model: nn.Module) -> str | None:
-    """The name of the first parameter holding a NaN or inf, or None (one host sync for the whole model)."""
-    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-    if not named:
-        return None
-    finite = torch.stack([torch.isfinite(p).all() for _, p in named])
-    if bool(finite.all()):
-        return None
-    return named[int((~finite).nonzero()[0])][0]
+def first_non_finite_parameter(model: nn.Module, world: World | None = None) -> str | None:
+    """The name of the first parameter holding a NaN or inf, or None (the same answer on every rank of ``world``)."""
+    return first_non_finite(model, world or World())
 
 
 def uses_activation_checkpointing(model: nn.Module) -> bool:
@@ -120,12 +121,67 @@ def uses_activation_checkpointing(model: nn.Module) -> bool:
 TOKEN_METRICS: tuple[str, ...] = ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "ratio_mean", "entropy")
 
 
-def rank_share(mini_batch: TrainBatch, world: World) -> TrainBatch:
-    """This rank's whole groups of ``mini_batch``, balanced by tokens across ranks (the same plan on every rank)."""
+def rank_shares(mini_batch: TrainBatch, world_size: int) -> list[TrainBatch]:
+    """Every rank's whole groups of ``mini_batch``, balanced by tokens across ranks (the same plan on every rank)."""
     bounds = mini_batch.group_boundaries()
     lengths = mini_batch.sequence_lengths
-    shares = balanced_group_shares([sum(lengths[start:end]) for start, end in bounds], world.world_size)
-    return mini_batch.select([i for g in shares[world.rank] for i in range(*bounds[g])])
+    shares = balanced_group_shares([sum(lengths[start:end]) for start, end in bounds], world_size)
+    return [mini_batch.select([i for g in share for i in range(*bounds[g])]) for share in shares]
+
+
+def rank_share(mini_batch: TrainBatch, world: World) -> TrainBatch:
+    """This rank's whole groups of ``mini_batch`` (see :func:`rank_shares`)."""
+    return rank_shares(mini_batch, world.world_size)[world.rank]
+
+
+@dataclass(frozen=True)
+class MicroBatchCut:
+    """The samples of a mini-batch (or of a rank's share) that can have a gradient, cut into micro-batches."""
+
+    micro_batches: list[list[int]]  # indices into the mini-batch
+    num_oversized: int = 0
+    num_zero_advantage: int = 0
+
+
+def cut_micro_batches(mini_batch: TrainBatch, cfg: ActorConfig, layout: str) -> MicroBatchCut:
+    """The trained samples of ``mini_batch`` (:func:`trained_samples`) planned into micro-batches by ``cfg``."""
+    active = trained_samples(mini_batch, cfg)
+    lengths = mini_batch.sequence_lengths
+    plan = plan_micro_batches(
+        [lengths[i] for i in active],
+        use_dynamic_bsz=cfg.use_dynamic_bsz,
+        max_token_len=cfg.ppo_max_token_len_per_gpu,
+        micro_batch_size=cfg.ppo_micro_batch_size_per_gpu,
+        layout=layout,
+    )
+    return MicroBatchCut([[active[j] for j in mb] for mb in plan.micro_batches], plan.num_oversized,
+                         int(mini_batch.sample_mask.sum()) - len(active))
+
+
+@dataclass(frozen=True)
+class ShardedShare:
+    """What one rank of a sharded actor trains on in a mini-batch: its share, its cut, and how many zero-weight
+    passes over ``filler`` (a one-sample batch) bring its micro-batch count up to the largest of any rank."""
+
+    share: TrainBatch
+    cut: MicroBatchCut
+    num_padding: int
+    filler: TrainBatch
+
+
+def sharded_share(mini_batch: TrainBatch, cfg: ActorConfig, world: World, layout: str) -> ShardedShare:
+    """This rank's share of ``mini_batch`` with its padding (see the module docstring).
+
+    Every rank cuts every rank's share of the same mini-batch, so the counts agree without a collective. The filler
+    is a real sample (the share's first, or the mini-batch's first when the share is empty), so its pass runs the
+    same modules as any micro-batch; multiplied by exactly 0.0, its loss adds exactly zero to every gradient.
+    """
+    shares = rank_shares(mini_batch, world.world_size)
+    cuts = [cut_micro_batches(share, cfg, layout) for share in shares]
+    mine = shares[world.rank]
+    filler = mine.select([0]) if len(mine) else mini_batch.select([0])
+    return ShardedShare(mine, cuts[world.rank],
+                        padding_micro_batches([len(c.micro_batches) for c in cuts], world.rank), filler)
 
 
 def reduce_metrics(result: MiniBatchResult, world: World) -> None:
@@ -179,6 +235,7 @@ def accumulate_mini_batch_gradients(
     on_policy: bool = False,
     record: FirstPassRecord | None = None,
     record_under_old: bool = False,
+    padding: tuple[TrainBatch, int] | None = None,
 ) -> MiniBatchResult:
     """Forward and backward every micro-batch of ``mini_batch``; the parameters' ``.grad`` gain the mini-batch gradient.
 
@@ -191,6 +248,9 @@ def accumulate_mini_batch_gradients(
     mini-batch), so pi_old is the forward's own detached log-probs and no ``old_log_probs`` are needed (ratio 1).
     ``record`` collects each trained sample's detached entropies, and with ``record_under_old`` (the weights are still
     pi_old's) its log-probs and rollout log-probs.
+    ``padding`` (filler batch, count): after the real micro-batches, ``count`` forward/backward passes over the filler
+    with a loss multiplied by 0.0 (equal collective counts for a sharded actor); they add nothing to the gradients,
+    the metrics or ``record``.
     """
     if mini_batch.old_log_probs is None and not on_policy:
         raise ValueError("accumulate_mini_batch_gradients: the batch has no old_log_probs (compute them first)")
@@ -203,33 +263,30 @@ def accumulate_mini_batch_gradients(
 
     layout = resolve_layout(cfg.layout, model)
     if micro_batches is None:
-        active = trained_samples(mini_batch, cfg)
-        result.num_zero_advantage = int(mini_batch.sample_mask.sum()) - len(active)
-        lengths = mini_batch.sequence_lengths
-        plan = plan_micro_batches(
-            [lengths[i] for i in active],
-            use_dynamic_bsz=cfg.use_dynamic_bsz,
-            max_token_len=cfg.ppo_max_token_len_per_gpu,
-            micro_batch_size=cfg.ppo_micro_batch_size_per_gpu,
-            layout=layout,
-        )
-        micro_batches = [[active[j] for j in mb] for mb in plan.micro_batches]
-        result.num_oversized = plan.num_oversized
+        cut = cut_micro_batches(mini_batch, cfg, layout)
+        micro_batches, result.num_oversized = cut.micro_batches, cut.num_oversized
+        result.num_zero_advantage = cut.num_zero_advantage
+    # (batch, sorted indices, loss weight); a sorted subset keeps every group contiguous
+    passes = [(mini_batch, sorted(indices), 1.0) for indices in micro_batches]
+    if padding is not None:
+        passes += [(padding[0], [0], 0.0)] * padding[1]
 
     device = next(model.parameters()).device
     # Metrics stay on the device until the mini-batch is done: one host sync per micro-batch (the finiteness check).
     zero = torch.zeros((), device=device)
     sums = dict.fromkeys(("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "ratio_mean", "entropy"), zero)
     pg_loss_total, kl_loss_total = zero, zero
-    for indices in micro_batches:
-        indices = sorted(indices)  # a sorted subset keeps every group contiguous
-        micro = mini_batch.select(indices)
+    for source, indices, weight in passes:
+        micro = source.select(indices)
         with autocast_context(cfg.dtype, device):
-            log_probs, entropies = compute_response_log_probs(
-                model, micro, temperature=temperature, chunk_size=cfg.logprob_chunk_size, with_entropy=True,
-                layout=layout,
+            log_probs, entropies = forward_through(
+                model, compute_response_log_probs, micro, temperature=temperature, chunk_size=cfg.logprob_chunk_size,
+                with_entropy=True, layout=layout,
             )
         assert entropies is not None
+        if weight == 0.0:  # padding: the modules every loss term reaches, times exactly 0.0; no metrics
+            (torch.cat(log_probs).sum() * weight).backward()
+            continue
         if record is not None:
             record.entropies += [e.detach() for e in entropies]
             record.log_probs += [lp.detach() for lp in log_probs]
@@ -345,8 +402,8 @@ def update_policy(
                 f"{batch.num_groups} groups in mini-batches of {cfg.ppo_mini_batch_size}"
             )
         batch = dataclasses.replace(batch, old_log_probs=None)
-    elif batch.old_log_probs is None:
-        batch = batch.with_old_log_probs(compute_log_probs_batch(model, batch, cfg, temperature))
+    elif batch.old_log_probs is None:  # one pass over the whole batch (through a sharded root: once)
+        batch = batch.with_old_log_probs(forward_through(model, compute_log_probs_batch, batch, cfg, temperature))
     if cfg.use_kl_loss and batch.ref_log_probs is None:
         raise ValueError("actor.use_kl_loss is set but the batch has no ref_log_probs")
     norm_length = max(batch.response_lengths) if norm_length is None else norm_length
@@ -360,20 +417,28 @@ def update_policy(
     steps = skipped = micro_batches = oversized = zero_advantage = 0
     lr = float(optimizer.param_groups[0]["lr"])
     data_parallel = world is not None and world.distributed
+    sharded = data_parallel and is_sharded(model)
     optimizer.zero_grad(set_to_none=True)
     for epoch in range(cfg.ppo_epochs):
         mini_batches = batch.split_into_mini_batches(cfg.ppo_mini_batch_size, shuffle=cfg.shuffle, generator=generator)
         for index, mini_batch in enumerate(mini_batches):
             where = f"epoch {epoch}, mini-batch {index}"
-            share, normalizers = mini_batch, None
-            if data_parallel:
+            share, normalizers, cut, padding = mini_batch, None, None, None
+            if sharded:  # every rank runs the same number of micro-batch passes
+                planned = sharded_share(mini_batch, cfg, world, resolve_layout(cfg.layout, model))
+                share, cut, padding = planned.share, planned.cut, (planned.filler, planned.num_padding)
+                normalizers = count_loss_normalizers(mini_batch.loss_mask())
+            elif data_parallel:
                 share, normalizers = rank_share(mini_batch, world), count_loss_normalizers(mini_batch.loss_mask())
             try:
                 result = accumulate_mini_batch_gradients(
                     model, share, cfg, temperature=temperature, norm_length=norm_length, where=where,
                     normalizers=normalizers, on_policy=on_policy, record=record if epoch == 0 else None,
                     record_under_old=epoch == 0 and index == 0,
+                    micro_batches=None if cut is None else cut.micro_batches, padding=padding,
                 )
+                if cut is not None:
+                    result.num_oversized, result.num_zero_advantage = cut.num_oversized, cut.num_zero_advantage
             except NonFiniteLossError:
                 optimizer.zero_grad(set_to_none=True)
                 raise
@@ -394,7 +459,7 @@ def update_policy(
             pg_losses.append(result.pg_loss)
             kl_losses.append(result.kl_loss)
 
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip))
+            grad_norm = clip_grad_norm(params, cfg.grad_clip, world or World())
             if not math.isfinite(grad_norm):
                 skipped += 1
                 warnings.warn(
@@ -407,7 +472,9 @@ def update_policy(
                 continue
             lr = float(optimizer.param_groups[0]["lr"])
             optimizer.step()
-            bad_param = first_non_finite_parameter(model)
+            if sharded:  # a forward without backward (a no-grad pass) leaves the root gathered: stale after a step
+                model.reshard()
+            bad_param = first_non_finite_parameter(model, world)
             if bad_param is not None:
                 optimizer.zero_grad(set_to_none=True)
                 raise NonFiniteWeightsError(

@@ -21,6 +21,7 @@ __all__ = [
     "DapoConfig",
     "DataConfig",
     "FilterGroupsConfig",
+    "FsdpConfig",
     "ModelConfig",
     "OptimConfig",
     "OverlongBufferConfig",
@@ -161,7 +162,24 @@ class OptimConfig(_Section):
         return self
 
 
+class FsdpConfig(_Section):
+    """FSDP2 (``torch.distributed.fsdp.fully_shard``) of the actor, used when ``actor.strategy`` is fsdp2."""
+
+    param_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="dtype the sharded parameters are all-gathered in for forward and backward (the "
+        "sharded master weights and the AdamW state stay float32)")
+    reduce_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="dtype of the gradient reduce-scatter (summed over ranks)")
+    cpu_offload: bool = Field(False, description="keep the sharded parameters, gradients and AdamW state in CPU "
+                              "memory (CPUOffloadPolicy); the optimizer step then runs on the CPU")
+
+
 class ActorConfig(_Section):
+    strategy: Literal["replicated", "fsdp2"] = Field(
+        "replicated", description="data parallel under torchrun: every rank a full replica (gradients all-reduced), "
+        "or the parameters, gradients and AdamW state sharded with FSDP2 (needs >= 2 ranks; the Transformers "
+        "rollout engine then generates from an unsharded copy refreshed after every update)")
+    fsdp: FsdpConfig = Field(default_factory=FsdpConfig)
     ppo_mini_batch_size: int = Field(8, gt=0, description="prompt groups per optimizer step")
     ppo_epochs: int = Field(1, gt=0, description="mu: passes over the batch")
     shuffle: bool = Field(False, description="shuffle groups between ppo epochs")
@@ -207,6 +225,16 @@ class ActorConfig(_Section):
     def _micro_batch_given(self) -> "ActorConfig":
         if not self.use_dynamic_bsz and self.ppo_micro_batch_size_per_gpu is None:
             raise ValueError("actor.ppo_micro_batch_size_per_gpu is required when actor.use_dynamic_bsz is false")
+        return self
+
+    @model_validator(mode="after")
+    def _fsdp_keys_need_fsdp2(self) -> "ActorConfig":
+        # A replicated actor ignores these keys; silently training without the asked-for offload or precision would
+        # mislead, so a changed value without the strategy that reads it is an error.
+        if self.strategy != "fsdp2" and self.fsdp != FsdpConfig():
+            changed = sorted(k for k, v in self.fsdp.model_dump().items() if v != FsdpConfig().model_dump()[k])
+            raise ValueError(f"actor.fsdp.{', actor.fsdp.'.join(changed)} only apply with actor.strategy=fsdp2 "
+                             f"(it is {self.strategy})")
         return self
 
 

@@ -10,14 +10,21 @@ rank holds the whole scored batch (gathered after generation), so the token-mean
 everywhere without a collective, and an update on N ranks equals the single-process update on the same batch: each
 rank backpropagates the loss of its share divided by the mini-batch's *global* token count, and the gradients are
 summed (not averaged) over ranks.
+
+Sharded actors (``actor.strategy=fsdp2``, ``dapo.distributed.fsdp``) are handled here too, without this module knowing
+the wrapper: :func:`is_sharded` recognises one by torch's ``FSDPModule``, :func:`forward_through` runs a forward pass
+through its root, and the gradient helpers work on the local shards (every rank holds a different one, so they
+reduce over ranks where a replicated model would not).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TypeVar
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from dapo.distributed.world import World
 
@@ -60,15 +67,76 @@ def balanced_group_shares(group_tokens: Sequence[int], world_size: int) -> list[
     return [sorted(s) for s in shares]
 
 
+def is_sharded(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is an FSDP2 root (``dapo.distributed.fsdp.shard_actor``): its parameters are shards."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def forward_through(model: torch.nn.Module, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``fn(model, *args, **kwargs)``; for a sharded model, ``fn`` runs on the causal LM inside ONE forward of the
+    FSDP2 root, so the root's all-gather and reduce-scatter run once per call, the same number on every rank, however
+    many chunks ``fn`` computes (see ``dapo.distributed.fsdp``)."""
+    if is_sharded(model):
+        return model(*args, run=fn, **kwargs)
+    return fn(model, *args, **kwargs)
+
+
+def local_part(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a ``DTensor``, the tensor itself otherwise."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: float, world: World) -> float:
+    """Clip the gradients of ``params`` to a total L2 norm of ``max_norm``; return the norm before clipping.
+
+    Replicated parameters: ``torch.nn.utils.clip_grad_norm_`` (every rank holds the whole summed gradient). Sharded
+    ones: the squares of the local shards are summed over ranks first, so every rank clips with the norm of the
+    whole gradient, as one process would (the same formula: coefficient ``max_norm / (norm + 1e-6)``, at most 1).
+    """
+    if not any(isinstance(p, DTensor) for p in params):
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    grads = [local_part(p.grad) for p in params if p.grad is not None]
+    squares = torch.zeros((), dtype=torch.float64)
+    for g in grads:
+        squares += g.detach().double().pow(2).sum().cpu()
+    total = math.sqrt(float(world.all_reduce_sum(squares)))
+    coefficient = min(max_norm / (total + 1e-6), 1.0)
+    if math.isfinite(total) and coefficient < 1.0:
+        for g in grads:
+            g.mul_(coefficient)
+    return total
+
+
+def first_non_finite(model: torch.nn.Module, world: World) -> str | None:
+    """The name of the first trainable parameter holding a NaN or inf on any rank, or None; the same on every rank.
+
+    Replicated: one host sync for the whole model. Sharded: each rank checks its shards and the flags are summed, so
+    all ranks raise alike (a rank raising alone would leave the others waiting in their next collective).
+    """
+    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    if not named:
+        return None
+    finite = torch.stack([torch.isfinite(local_part(p)).all() for _, p in named])
+    if is_sharded(model):
+        bad = world.all_reduce_sum((~finite).to(torch.float32).cpu())
+        finite = bad == 0
+    if bool(finite.all()):
+        return None
+    return named[int((~finite).nonzero()[0])][0]
+
+
 def sum_gradients(model: torch.nn.Module, world: World) -> None:
-    """Sum ``.grad`` over ranks for a replicated (unsharded) model; FSDP2 modules reduce-scatter in backward instead.
+    """Sum ``.grad`` over ranks for a replicated (unsharded) model; FSDP2 shards are summed by their reduce-scatter
+    in backward already, and are skipped.
 
     A parameter without a gradient on this rank (its share used no such path) contributes zeros.
     """
     if not world.distributed:
         return
     for p in model.parameters():
-        if not p.requires_grad:
+        if not p.requires_grad or isinstance(p, DTensor):
             continue
         if p.grad is None:
             p.grad = torch.zeros_like(p)
@@ -84,7 +152,10 @@ def replicas_differ(model: torch.nn.Module, world: World) -> list[str]:
     """
     if not world.distributed:
         return []
-    named = [(name, p) for name, p in model.named_parameters()]
+    # Shards differ by design (each rank holds another slice); only replicated parameters must agree.
+    named = [(name, p) for name, p in model.named_parameters() if not isinstance(p, DTensor)]
+    if not named:
+        return []
     with torch.no_grad():
         mine = torch.stack([torch.stack([p.double().sum(), p.double().abs().sum()]) for _, p in named]).cpu()
     ranks = world.all_gather_objects(mine)

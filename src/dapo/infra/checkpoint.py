@@ -29,6 +29,11 @@ Resume equality: ``load_checkpoint`` restores parameters, optimizer and schedule
 stream exactly, so continuing training after a load gives bit-identical parameters to a run that was
 never interrupted (on CPU; CUDA kernels may add their own non-determinism).
 
+Sharded models (FSDP2): the caller gathers the full model and optimizer state (``model_state`` /
+``optimizer_state`` of :func:`save_checkpoint`, in the formats above), so the files are the same whichever strategy
+wrote them and a run resumes on any world size with either strategy; loading reads the same full files on every rank
+and hands them to the caller's ``load_weights`` / ``load_optimizer``, which scatter them into the shards.
+
 Security: every ``.pt`` file is read with ``torch.load(weights_only=True)``, so loading a checkpoint
 never runs pickled code. ``save_checkpoint`` checks at save time that ``scheduler.pt`` and
 ``trainer_state.pt`` can be read back that way, so an unrestorable state fails on save, not on resume.
@@ -44,7 +49,7 @@ import random
 import re
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -109,6 +114,8 @@ def save_checkpoint(
     scheduler: torch.optim.lr_scheduler.LRScheduler | None,
     trainer_state: dict[str, Any],
     keep_last: int | None = None,
+    model_state: dict[str, torch.Tensor] | None = None,
+    optimizer_state: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``ckpt_root/global_step_{step}`` atomically and return its path.
 
@@ -122,6 +129,9 @@ def save_checkpoint(
     still intact. ``keep_last`` (>= 1) deletes older complete checkpoints beyond the newest
     ``keep_last`` (this one included), only after this one is complete; checkpoints with a higher step
     than ``step`` are never deleted.
+
+    ``model_state`` / ``optimizer_state``: the full states to write instead of ``model.state_dict()`` /
+    ``optimizer.state_dict()`` (a sharded model's, gathered by the caller; ``model`` then only gives the config).
     """
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"save_checkpoint: step must be an int >= 0, got {step!r}")
@@ -144,12 +154,16 @@ def save_checkpoint(
     try:
         temp_dir.mkdir()
         current = "hf/ (model weights and config)"
-        model.save_pretrained(temp_dir / "hf", safe_serialization=True)
+        if model_state is None:
+            model.save_pretrained(temp_dir / "hf", safe_serialization=True)
+        else:
+            model.save_pretrained(temp_dir / "hf", safe_serialization=True, state_dict=model_state)
         if tokenizer is not None:
             current = "hf/ (tokenizer files)"
             tokenizer.save_pretrained(temp_dir / "hf")
         current = "optimizer.pt"
-        write_new_file(temp_dir / "optimizer.pt", lambda f: torch.save(optimizer.state_dict(), f))
+        optimizer_file_state = optimizer.state_dict() if optimizer_state is None else optimizer_state
+        write_new_file(temp_dir / "optimizer.pt", lambda f: torch.save(optimizer_file_state, f))
         if scheduler is not None:
             current = "scheduler.pt"
             write_new_file(temp_dir / "scheduler.pt", lambda f: torch.save(scheduler.state_dict(), f))
@@ -458,20 +472,30 @@ def load_checkpoint(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer | None,
     scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+    load_weights: Callable[[dict[str, torch.Tensor]], list[str]] | None = None,
+    load_optimizer: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Restore model weights, optimizer, scheduler and RNG states from ``path``; return the trainer state.
 
     ``optimizer``/``scheduler`` may be None to restore weights only (e.g. for evaluation). Raises
     :class:`CheckpointError` when ``path`` is not a complete checkpoint or does not fit the objects.
+    ``load_weights`` (full state dict -> the keys it could not fill) and ``load_optimizer`` (full optimizer state)
+    replace ``model.load_state_dict`` / ``optimizer.load_state_dict`` for a model they cannot load (sharded).
     """
     path = Path(path)
     problem = _manifest_problem(path, verify=True)
     if problem is not None:
         raise CheckpointError(f"cannot load {path}: not a complete checkpoint ({problem})")
 
-    _load_model_weights(path / "hf", model)
+    _load_model_weights(path / "hf", model, load_weights)
     if optimizer is not None:
-        optimizer.load_state_dict(_torch_load(path / "optimizer.pt"))
+        optimizer_state = _torch_load(path / "optimizer.pt")
+        try:
+            (optimizer.load_state_dict if load_optimizer is None else load_optimizer)(optimizer_state)
+        except (KeyError, ValueError) as exc:
+            if load_optimizer is None:
+                raise
+            raise CheckpointError(f"cannot load {path / 'optimizer.pt'} into the sharded optimizer: {exc}") from exc
     if scheduler is not None:
         scheduler_file = path / "scheduler.pt"
         if not scheduler_file.is_file():
@@ -495,11 +519,13 @@ def _torch_load(path: Path) -> Any:
         raise CheckpointError(f"cannot read {path}: {exc}") from exc
 
 
-def _load_model_weights(hf_dir: Path, model: torch.nn.Module) -> None:
+def _load_model_weights(hf_dir: Path, model: torch.nn.Module,
+                        load_weights: Callable[[dict[str, torch.Tensor]], list[str]] | None = None) -> None:
     """Copy the safetensors weights in ``hf_dir`` into ``model`` in place (any device / dtype).
 
     ``save_pretrained`` omits tied parameters (e.g. ``lm_head.weight`` tied to the embeddings); a
     missing key is accepted only when that parameter shares storage with one that was loaded.
+    ``load_weights`` loads the full state instead (a sharded model) and returns the keys it could not fill.
     """
     from safetensors.torch import load_file
 
@@ -512,6 +538,15 @@ def _load_model_weights(hf_dir: Path, model: torch.nn.Module) -> None:
             state.update(load_file(shard))
         except Exception as exc:  # SafetensorError: a damaged header or body
             raise CheckpointError(f"cannot read {shard}: {exc}") from exc
+    if load_weights is not None:
+        try:
+            untied = load_weights(state)
+        except KeyError as exc:
+            raise CheckpointError(f"cannot load {hf_dir}: {exc} (was the checkpoint saved from a different "
+                                  "architecture?)") from exc
+        if untied:
+            raise CheckpointError(f"cannot load {hf_dir}: weights missing from the checkpoint: {sorted(untied)[:5]}")
+        return
     result = model.load_state_dict(state, strict=False)
     if result.unexpected_keys:
         raise CheckpointError(

@@ -35,18 +35,20 @@ def default_engine_name(device_type: str) -> str:
     return "vllm" if device_type == "cuda" and engine_available("vllm")[0] else "hf"
 
 
-def build_rollout_engine(cfg: DapoConfig, policy: Policy) -> RolloutEngine:
+def build_rollout_engine(cfg: DapoConfig, policy: Policy, *, module: torch.nn.Module | None = None) -> RolloutEngine:
     """The engine ``cfg.rollout.name`` names, loaded with the policy's weights.
 
-    ``hf`` shares the actor's module (the optimizer step is the weight update; pushes are no-ops). ``vllm`` loads the
-    policy's Hugging Face folder in its own runtime and receives every update through ``update_weights``.
+    ``hf`` shares the actor's module (the optimizer step is the weight update; pushes are no-ops), or generates from
+    ``module``, an unsharded copy of it that every push refreshes (a sharded actor cannot generate: its forward runs
+    collectives, and ranks decode different prompts for different numbers of steps). ``vllm`` loads the policy's
+    Hugging Face folder in its own runtime and receives every update through ``update_weights``.
     """
     r = cfg.rollout
     if r.name == "hf":
         from dapo.rollout.hf_engine import HFRolloutEngine
 
-        return HFRolloutEngine(policy.model, eos_token_ids=policy.eos_token_ids, pad_token_id=policy.pad_token_id,
-                               max_batch_size=r.max_batch_size)
+        return HFRolloutEngine(policy.model if module is None else module, eos_token_ids=policy.eos_token_ids,
+                               pad_token_id=policy.pad_token_id, max_batch_size=r.max_batch_size)
     if r.name == "vllm":
         ok, reason = engine_available("vllm")
         if not ok:

@@ -20,6 +20,7 @@ from dapo.actor.log_probs import compute_log_probs_and_entropy_batch
 from dapo.actor.update import FirstPassRecord, NonFiniteLossError, update_policy
 from dapo.config import DapoConfig
 from dapo.core.rollout_correction import truncated_importance_weights
+from dapo.distributed.data_parallel import forward_through, local_part
 from dapo.distributed.world import World
 from dapo.infra.timing import PhaseTimer
 from dapo.model.loading import Policy
@@ -57,7 +58,8 @@ def check_actor_logits(policy: Policy, groups: Sequence[ScoredGroup], step: int)
         return
     prompt, response = list(sample[0])[-32:], list(sample[1])[:32]
     if not bool(torch.isfinite(actor_log_probs_of(policy.model, prompt, response)).all()):
-        largest = max(float(p.detach().abs().max()) for p in policy.model.parameters())
+        shards = [local_part(p).detach() for p in policy.model.parameters()]  # this rank's, for a sharded actor
+        largest = max((float(t.abs().max()) for t in shards if t.numel()), default=0.0)
         raise TrainingError(
             f"step {step}, phase update_actor: after the update the actor's logits are non-finite (largest weight "
             f"magnitude {largest:.3g}); the next rollout would sample from garbage. The last complete checkpoint is "
@@ -105,8 +107,8 @@ def update_actor(groups: Sequence[ScoredGroup], policy: Policy, optimizer, sched
     record = None if source == "recompute" else FirstPassRecord()
     if source == "recompute":
         with timer("old_log_prob"):  # pi_theta_old: the actor recomputes the log-probs of the sampled tokens
-            old_log_probs, entropies = compute_log_probs_and_entropy_batch(
-                policy.model, batch, cfg.actor, temperature=cfg.rollout.temperature
+            old_log_probs, entropies = forward_through(  # a sharded actor: one root forward for the whole pass
+                policy.model, compute_log_probs_and_entropy_batch, batch, cfg.actor, temperature=cfg.rollout.temperature
             )
         batch, correction = with_rollout_correction(batch.with_old_log_probs(old_log_probs), cfg)
         metrics.update(correction)

@@ -13,14 +13,17 @@ Each piece is a function from a lower layer or a sibling module of this package;
 The engine is whatever ``rollout.name`` chose: the loop sees only the ``RolloutEngine`` interface.
 
 Data parallel (``world``, built by the command line under torchrun): every rank runs this same loop on a replica of
-the model; generation, validation and the update share the work among ranks inside the functions called here, and
-every rank ends each of them holding the same groups, metrics and weights. Only rank 0 writes the run's record
-(config, metrics, progress, checkpoints): being replicated, its state is the whole state, and every rank resumes from
-it, on any world size.
+the model, or on its shards (``actor.strategy=fsdp2``: the rollout engine then generates from an unsharded copy that
+every weight push refreshes); generation, validation and the update share the work among ranks inside the functions
+called here, and every rank ends each of them holding the same groups, metrics and weights. Only rank 0 writes the
+run's record (config, metrics, progress, checkpoints of the full state), and every rank resumes from it, on any world
+size.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import logging
 import random
 import time
@@ -36,6 +39,7 @@ from dapo.config.loading import tracker_backends
 from dapo.config.resume import check_resume
 from dapo.data.prompt_sampler import PromptSampler
 from dapo.data.task import encode_task, read_task
+from dapo.distributed.fsdp import check_strategy, shard_actor
 from dapo.distributed.world import World
 from dapo.evaluation.validation import repeated_prompt_warning, val_acc_key
 from dapo.infra.atomic import atomic_write, describe_os_error
@@ -120,7 +124,17 @@ def train(cfg: DapoConfig, world: World = World()) -> TrainResult:
         raise TrainingError(str(exc)) from None
     records = read_task(data_cfg)  # every file and row checked before seconds go into loading the model
 
+    try:
+        check_strategy(cfg.actor, world)
+    except ValueError as exc:
+        raise TrainingError(str(exc)) from None
     policy = load_policy(cfg.model, device=pick_device(cfg.trainer.device))
+    engine_module = None  # the Transformers engine's own unsharded copy, when the actor is sharded
+    if cfg.actor.strategy == "fsdp2":
+        if cfg.rollout.name == "hf":
+            engine_module = copy.deepcopy(policy.model)  # before sharding: the same architecture and weights
+        policy = dataclasses.replace(policy, model=shard_actor(
+            policy.model, cfg.actor.fsdp, world, gradient_checkpointing=cfg.actor.gradient_checkpointing))
     task = encode_task(records, data_cfg, policy.tokenizer)  # only the prompt lengths need the tokenizer
     if warning := repeated_prompt_warning(task.val, cfg.rollout.val_kwargs.n):
         log.warning("%s", warning)
@@ -139,7 +153,7 @@ def train(cfg: DapoConfig, world: World = World()) -> TrainResult:
         resume_run(resume_from, state, policy, optimizer, scheduler)
     policy.model.train()
 
-    engine = build_rollout_engine(cfg, policy)
+    engine = build_rollout_engine(cfg, policy, module=engine_module)
     engine_samples_from_actor = samples_from_module(engine, policy.model)
     scorer = reward_scorer_of(cfg)
     steps_before = state.step

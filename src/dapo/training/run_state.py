@@ -14,7 +14,9 @@ from typing import Any
 
 from dapo.config import DapoConfig
 from dapo.data.prompt_sampler import PromptSampler
-from dapo.distributed.data_parallel import replicas_differ
+from dapo.distributed.data_parallel import is_sharded, replicas_differ
+from dapo.distributed.fsdp import (full_model_state, full_optimizer_state, load_full_model_state,
+                                   load_full_optimizer_state)
 from dapo.distributed.world import World
 from dapo.infra.checkpoint import (CheckpointError, checkpoint_problems, find_latest_checkpoint, load_checkpoint,
                                    save_checkpoint)
@@ -56,19 +58,27 @@ def save_run(run_dir: Path, state: RunState, policy: Policy, optimizer, schedule
              world: World = World()) -> Path | None:
     """Checkpoint ``run_dir/checkpoints/global_step_{state.step}`` atomically (see ``dapo.infra.checkpoint``).
 
-    Rank 0 only (other ranks return None at once): the model and optimizer are replicated and the run state is the
-    same on every rank, so rank 0's full checkpoint is the whole state, and it resumes on any number of ranks."""
+    Rank 0 writes (other ranks return None): the run state is the same on every rank, and a replicated model and
+    optimizer are the whole state on rank 0. A sharded (FSDP2) actor's full model and optimizer state are gathered
+    first (every rank takes part, rank 0 receives them in CPU memory), so the checkpoint is the same format either
+    way and resumes on any number of ranks with either strategy."""
     differ = replicas_differ(policy.model, world)  # every rank reaches it, and every rank raises alike
     if differ:
         raise TrainingError(
             f"step {state.step}: the data-parallel replicas of the model differ ({len(differ)} parameters, first "
             f"{differ[0]}): rank 0's checkpoint would not be the run's state. Ranks must apply the same summed "
             "gradients; a rank-dependent random draw or a non-deterministic all-reduce breaks that")
+    model, model_state, optimizer_state = policy.model, None, None
+    if is_sharded(policy.model):
+        model_state = full_model_state(policy.model)
+        optimizer_state = full_optimizer_state(policy.model, optimizer)
+        model = policy.model.hf_model  # its config and save_pretrained write the gathered state
     if not world.is_main:
         return None
-    return save_checkpoint(run_dir / "checkpoints", state.step, model=policy.model, tokenizer=policy.tokenizer,
+    return save_checkpoint(run_dir / "checkpoints", state.step, model=model, tokenizer=policy.tokenizer,
                            optimizer=optimizer, scheduler=scheduler, trainer_state=state.state_dict(),
-                           keep_last=cfg.trainer.max_ckpt_to_keep)
+                           keep_last=cfg.trainer.max_ckpt_to_keep, model_state=model_state,
+                           optimizer_state=optimizer_state)
 
 
 def find_resume_checkpoint(run_dir: Path, cfg: DapoConfig) -> Path | None:
@@ -103,8 +113,13 @@ def resume_run(path: Path, state: RunState, policy: Policy, optimizer, scheduler
     """Load weights, optimizer, scheduler, RNG and run state from the checkpoint at ``path``.
 
     A checkpoint that fails verification or cannot be read stops with a ``TrainingError`` naming the file."""
+    loaders = {}
+    if is_sharded(policy.model):  # every rank reads the full files and keeps its shards
+        loaders = {"load_weights": lambda full: load_full_model_state(policy.model, full),
+                   "load_optimizer": lambda full: load_full_optimizer_state(policy.model, optimizer, full)}
     try:
-        state.load_state_dict(load_checkpoint(path, model=policy.model, optimizer=optimizer, scheduler=scheduler))
+        state.load_state_dict(load_checkpoint(path, model=policy.model, optimizer=optimizer, scheduler=scheduler,
+                                              **loaders))
     except CheckpointError as exc:
         raise TrainingError(f"cannot resume: {exc}") from exc
     except (KeyError, TypeError, ValueError) as exc:  # a manifest-less old checkpoint whose state does not fit

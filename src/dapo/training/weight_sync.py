@@ -6,6 +6,10 @@ the Transformers engine sharing the module, more for vLLM or bf16); an engine th
 shows the whole effect of the update. Colocated engines that silently keep stale weights are a known failure of RL
 systems, and they train on off-policy samples without any error, so a gap above ``rollout.probe_logprob_threshold``
 stops the run.
+
+A sharded actor (FSDP2) pushes into an engine holding its own unsharded copy: every rank gathers each parameter in
+turn (``stream_full_parameters``) and the engine copies it in; the probe's actor side runs through the sharded root,
+the same sequence on every rank, so its collectives match.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from collections.abc import Sequence
 
 import torch
 
+from dapo.distributed.data_parallel import is_sharded
+from dapo.distributed.fsdp import stream_full_parameters
 from dapo.rollout.base import RolloutEngine
 from dapo.training.errors import TrainingError
 
@@ -57,7 +63,9 @@ class WeightSync:
 
     def push(self, step: int) -> dict[str, float]:
         """Push the weights; return the probe's metrics. Raises ``TrainingError`` when the engine is stale."""
-        self.engine.update_weights(self.model.named_parameters())
+        # A sharded actor streams its parameters one gathered tensor at a time, never a whole gathered state dict.
+        weights = stream_full_parameters(self.model) if is_sharded(self.model) else self.model.named_parameters()
+        self.engine.update_weights(weights)
         if not self.enabled:
             return {}
         engine_lp = torch.tensor(self.engine.log_probs_of(self.prompt, self.response), dtype=torch.float32)

@@ -19,9 +19,27 @@ from dapo.actor.optim import build_lr_scheduler, build_optimizer  # noqa: E402
 from dapo.actor.update import sharded_share, update_policy  # noqa: E402
 from dapo.config import OptimConfig  # noqa: E402
 from dapo.config.schema import FsdpConfig  # noqa: E402
-from dapo.distributed.fsdp import shard_actor, stream_full_parameters  # noqa: E402
+from dapo.distributed.fsdp import (full_model_state, full_optimizer_state, load_full_model_state,  # noqa: E402
+                                   load_full_optimizer_state, shard_actor, stream_full_parameters)
 from dapo.distributed.world import World  # noqa: E402
 from tests.actor.actor_helpers import actor_config, random_batch, tiny_qwen2  # noqa: E402
+
+
+def full_states_load_back(model, optimizer, world: World) -> bool:
+    """Gathered full states (the checkpoint format), changed, loaded into the shards and gathered again, come back
+    as loaded: what a resume on another world size or strategy relies on."""
+    model_state = {k: v + 1.0 for k, v in world.broadcast_object(full_model_state(model)).items()}
+    optim_state = world.broadcast_object(full_optimizer_state(model, optimizer))
+    for slot in optim_state["state"].values():
+        slot["exp_avg"] = slot["exp_avg"] * 2.0
+    assert load_full_model_state(model, model_state) == []
+    load_full_optimizer_state(model, optimizer, optim_state)
+    model_again, optim_again = full_model_state(model), full_optimizer_state(model, optimizer)
+    if not world.is_main:
+        return True
+    return (all(torch.equal(model_again[k], v) for k, v in model_state.items())
+            and all(torch.equal(optim_again["state"][i]["exp_avg"], slot["exp_avg"])
+                    for i, slot in optim_state["state"].items()))
 
 
 def main() -> None:
@@ -51,8 +69,9 @@ def main() -> None:
     scheduler = build_lr_scheduler(optimizer, OptimConfig(lr=1e-2, lr_warmup_steps=0))
     metrics = update_policy(model, optimizer, scheduler, batch, cfg, temperature=1.0, world=world)
     params = {n: p.detach().clone() for n, p in stream_full_parameters(model)}  # every rank gathers, in order
+    loads_back = strategy != "fsdp2" or full_states_load_back(model, optimizer, world)
     if world.is_main:
-        torch.save({"params": params, "metrics": metrics, "padding": padding}, out)
+        torch.save({"params": params, "metrics": metrics, "padding": padding, "loads_back": loads_back}, out)
     world.barrier()
     world.close()
 

@@ -58,6 +58,7 @@ def test_two_fsdp2_ranks_update_equals_one_process(tmp_path: Path) -> None:
     # A rank ran zero-weight micro-batches to match the other's count, and the update is still the same. A mean
     # instead of a sum over ranks would halve actor/grad_norm (compared in assert_same_update) and change clipping.
     assert sum(two["padding"]) > 0
+    assert two["loads_back"]  # full model and optimizer states scatter into the shards and gather back unchanged
 
 
 def assert_same_update(one_file: Path, two_file: Path) -> dict:

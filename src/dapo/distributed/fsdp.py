@@ -85,7 +85,17 @@ class ShardedActor(nn.Module):
     def forward(self, *args: Any, run: Any = None, **kwargs: Any) -> Any:
         if run is None:
             return self.hf_model(*args, **kwargs)
-        return run(self.hf_model, *args, **kwargs)
+        # Per-sample results are often views (torch.split); FSDP2 hooks the outputs for backward, and warns that an
+        # in-place op on a view would lose its hook. Copies of these small per-token tensors have no such trap.
+        return _tree_map_tensors(lambda t: t.clone() if t._base is not None else t, run(self.hf_model, *args, **kwargs))
+
+
+def _tree_map_tensors(fn: Any, value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_tree_map_tensors(fn, v) for v in value)
+    return value
 
 
 def check_strategy(cfg: ActorConfig, world: World) -> None:

@@ -22,7 +22,7 @@ from dapo.config.schema import FsdpConfig  # noqa: E402
 from dapo.distributed.fsdp import (full_model_state, full_optimizer_state, load_full_model_state,  # noqa: E402
                                    load_full_optimizer_state, shard_actor, stream_full_parameters)
 from dapo.distributed.world import World  # noqa: E402
-from tests.actor.actor_helpers import actor_config, random_batch, tiny_qwen2  # noqa: E402
+from tests.actor.actor_helpers import actor_config, random_batch, tiny_llama, tiny_qwen2  # noqa: E402
 
 
 def full_states_load_back(model, optimizer, world: World) -> bool:
@@ -40,6 +40,17 @@ def full_states_load_back(model, optimizer, world: World) -> bool:
     return (all(torch.equal(model_again[k], v) for k, v in model_state.items())
             and all(torch.equal(optim_again["state"][i]["exp_avg"], slot["exp_avg"])
                     for i, slot in optim_state["state"].items()))
+
+
+def tied_weights_load_back(world: World) -> bool:
+    """A tied LM head (the embedded model's layout) is left out of the gathered state, as save_pretrained leaves it
+    out, and loading that state fills it from the embeddings."""
+    model = shard_actor(tiny_llama(seed=5), FsdpConfig(), world)
+    state = {k: v + 1.0 for k, v in world.broadcast_object(full_model_state(model)).items()}
+    assert "lm_head.weight" not in state and "model.embed_tokens.weight" in state
+    assert load_full_model_state(model, state) == []
+    head = dict(stream_full_parameters(model.lm_head))["weight"]
+    return bool(torch.equal(head, state["model.embed_tokens.weight"]))
 
 
 def main() -> None:
@@ -69,7 +80,8 @@ def main() -> None:
     scheduler = build_lr_scheduler(optimizer, OptimConfig(lr=1e-2, lr_warmup_steps=0))
     metrics = update_policy(model, optimizer, scheduler, batch, cfg, temperature=1.0, world=world)
     params = {n: p.detach().clone() for n, p in stream_full_parameters(model)}  # every rank gathers, in order
-    loads_back = strategy != "fsdp2" or full_states_load_back(model, optimizer, world)
+    loads_back = strategy != "fsdp2" or (full_states_load_back(model, optimizer, world)
+                                         and tied_weights_load_back(world))
     if world.is_main:
         torch.save({"params": params, "metrics": metrics, "padding": padding, "loads_back": loads_back}, out)
     world.barrier()

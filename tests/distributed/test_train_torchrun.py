@@ -141,3 +141,8 @@ def test_fsdp2_ranks_train_and_their_checkpoint_resumes_in_one_replicated_proces
     assert again.returncode == 0, again.stderr[-4000:]
     assert "(step 2)" in again.stdout and step_lines(again.stdout) == ["step 3/3"]
     assert metric_steps(run_dir) == [1, 2, 3]
+    # The same export either way: the tied LM head is left out of the sharded run's weights too.
+    from safetensors.torch import load_file
+    sharded, replicated = (load_file(run_dir / "checkpoints" / f"global_step_{s}" / "hf" / "model.safetensors")
+                           for s in (2, 3))
+    assert sharded.keys() == replicated.keys() and "lm_head.weight" not in sharded

@@ -162,10 +162,20 @@ def _options(**kwargs: Any):
 
 
 def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The full (gathered) model state dict on rank 0, in CPU memory; empty on the other ranks. A collective."""
+    """The full (gathered) model state dict on rank 0, in CPU memory; empty on the other ranks. A collective.
+
+    A key tied to an earlier one (``lm_head.weight`` sharing the embeddings' parameter) is left out, as
+    ``save_pretrained`` leaves it out of a replicated model's export: gathered, the two would be separate copies.
+    """
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    return get_model_state_dict(model, options=_options(cpu_offload=True))
+    full = get_model_state_dict(model, options=_options(cpu_offload=True))
+    seen: set[int] = set()
+    for key, value in model.state_dict(keep_vars=True).items():
+        if id(value) in seen:
+            full.pop(key, None)
+        seen.add(id(value))
+    return full
 
 
 def _optimizer_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:

@@ -98,9 +98,9 @@ def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: float, world: World
     if not any(isinstance(p, DTensor) for p in params):
         return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
     grads = [local_part(p.grad) for p in params if p.grad is not None]
-    squares = torch.zeros((), dtype=torch.float64)
-    for g in grads:
-        squares += g.detach().double().pow(2).sum().cpu()
+    # One reduction on the shards' device and one host sync, not one per parameter.
+    squares = (torch.stack([g.detach().double().pow(2).sum() for g in grads]).sum() if grads
+               else torch.zeros((), dtype=torch.float64, device=params[0].device))
     total = math.sqrt(float(world.all_reduce_sum(squares)))
     coefficient = min(max_norm / (total + 1e-6), 1.0)
     if math.isfinite(total) and coefficient < 1.0:

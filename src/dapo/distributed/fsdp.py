@@ -152,7 +152,12 @@ def stream_full_parameters(model: nn.Module) -> Iterator[tuple[str, torch.Tensor
     one full parameter exists beside the shards, never a whole gathered state dict."""
     with torch.no_grad():
         for name, param in model.named_parameters():
-            yield name, (param.full_tensor() if isinstance(param, DTensor) else param.detach())
+            if not isinstance(param, DTensor):
+                yield name, param.detach()
+                continue
+            if param.device.type != param.device_mesh.device_type:  # CPU-offloaded shards: NCCL gathers on the GPU
+                param = param.to(param.device_mesh.device_type)  # (this branch has not run on a GPU)
+            yield name, param.full_tensor()
 
 
 def _options(**kwargs: Any):

@@ -74,7 +74,10 @@ def _token_level(value: Any) -> Any:
     return value
 
 
-_SINGLE_DEVICE = "dapo trains on one device per run; the distributed (FSDP) trainer is not here yet"
+_WORLD_FROM_TORCHRUN = ("the ranks come from torchrun (--nproc-per-node, --nnodes; docs/distributed.md), not from "
+                        "the config")
+_FSDP_KEYS = ("dapo's FSDP2 settings are actor.strategy=fsdp2 and actor.fsdp.{param_dtype,reduce_dtype,cpu_offload} "
+              "(docs/distributed.md); verl's fsdp_config keys are not read")
 _NO_REF = ("no reference model is loaded here: DAPO drops the KL term (actor.use_kl_loss=false, "
            "algorithm.use_kl_in_reward=false)")
 _ACTOR_RECOMPUTES = ("the old-policy log-probs are recomputed by the actor, micro-batched by actor.use_dynamic_bsz "
@@ -108,9 +111,9 @@ WARNED: tuple[Warned, ...] = (
     Warned("data.truncation", "prompts are never truncated here: longer than data.max_prompt_length is dropped or "
            "an error (data.filter_overlong_prompts)"),
     Warned("algorithm.kl_ctrl.", "KL-in-reward is off (algorithm.use_kl_in_reward=false), so verl ignores it too"),
-    Warned("actor.fsdp_config.", _SINGLE_DEVICE),
+    Warned("actor.fsdp_config.", _FSDP_KEYS),
     Warned("actor_rollout_ref.ref.", _NO_REF),
-    Warned("actor.ulysses_sequence_parallel_size", "no sequence parallelism: " + _SINGLE_DEVICE),
+    Warned("actor.ulysses_sequence_parallel_size", "no sequence parallelism: every rank holds whole sequences"),
     Warned("rollout.log_prob_use_dynamic_bsz", _ACTOR_RECOMPUTES),
     Warned("rollout.log_prob_max_token_len_per_gpu", _ACTOR_RECOMPUTES),
     Warned("rollout.log_prob_micro_batch_size", _ACTOR_RECOMPUTES),
@@ -119,8 +122,8 @@ WARNED: tuple[Warned, ...] = (
     Warned("model.override_config.", "not applied: the model's own config.json is used (Qwen2.5 already has "
            "attention_dropout=0 and no embd_pdrop/resid_pdrop; for a longer context pick a model whose "
            "max_position_embeddings covers it)"),
-    Warned("trainer.n_gpus_per_node", _SINGLE_DEVICE),
-    Warned("trainer.nnodes", _SINGLE_DEVICE),
+    Warned("trainer.n_gpus_per_node", _WORLD_FROM_TORCHRUN),
+    Warned("trainer.nnodes", _WORLD_FROM_TORCHRUN),
     Warned("trainer.log_val_generations", "validation samples are not sent to the trackers; `dapo eval` writes "
            "every sample to JSONL"),
 )

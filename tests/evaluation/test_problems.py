@@ -61,3 +61,16 @@ def test_official_aime_2024_file_is_30_problems_of_32():
 def test_shared_jsonl_benchmarks(name, count, source):
     problems = load_problems([SHARED / name])
     assert len(problems) == count and problems[0].data_source == source
+
+
+def test_synth_names_the_held_out_set_of_the_given_training_config() -> None:
+    from dapo.config import build_config
+    from dapo.data.task import read_task
+
+    data = build_config({}, ["data.synth.operations=[+]", "data.synth.max_value=9", "data.synth.max_operands=2",
+                             "data.synth.word_problems=false", "data.synth.num_val=64"]).data
+    problems = load_problems(["synth"], synth=data)
+    trained_on = read_task(data).val  # the set dapo train validates on, in its order
+    assert [p.ground_truth for p in problems] == [r.ground_truth for r in trained_on]
+    assert len(problems) == 64 and all(p.repeats == 1 for p in problems)  # distinct sums: one row each
+    assert [p.ground_truth for p in load_problems(["synth"])] != [p.ground_truth for p in problems]  # default task

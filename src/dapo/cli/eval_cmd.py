@@ -39,6 +39,8 @@ def default_output(model: str | None, test_files: tuple[str, ...]) -> Path:
 
 
 def _fmt(value: Any) -> str:
+    if value is None:  # e.g. avg@K/ci95 of a single problem: no interval
+        return "-"
     if isinstance(value, float):
         return "nan" if math.isnan(value) else f"{value:.3f}"
     return str(value)
@@ -91,11 +93,21 @@ def build_local_backend(model: str | None, backend: str, device: str, max_tokens
     return LocalBackend(engine, policy.tokenizer, max_prompt_length=max_prompt_length), backend
 
 
+def _test_file_id(name: str, synth_config: Path | None) -> str:
+    """What a test file is, for the resume check: a resolved path, or the synthetic set and the config behind it."""
+    if name != SYNTH_NAME:
+        return str(Path(name).resolve())
+    return name if synth_config is None else f"{name} ({synth_config.resolve()})"
+
+
 @click.command("eval")
 @click.option("--model", default=None, help="HF model folder (default: the embedded tiny Qwen2); with --base-url the "
               "served model name (default: the first one the server lists)")
 @click.option("--test-file", "test_files", multiple=True, required=True,
               help=f"DAPO parquet/JSONL, raw problem/answer or question/answer JSONL, or '{SYNTH_NAME}' (repeatable)")
+@click.option("--synth-config", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help=f"a training config whose held-out '{SYNTH_NAME}' set to evaluate (its data.synth), e.g. "
+                   "configs/smollm2_135m.yaml; default: dapo train's default task")
 @click.option("--n", "n", type=click.IntRange(min=1), default=1, show_default=True,
               help="samples per row; rows repeating a problem add theirs (the AIME file: 32 rows x n)")
 @click.option("--temperature", type=click.FloatRange(min=0.0), default=1.0, show_default=True)
@@ -128,7 +140,7 @@ def build_local_backend(model: str | None, backend: str, device: str, max_tokens
 @click.option("--reward-workers", type=click.IntRange(min=0), default=0, show_default=True,
               help="reward processes (0 = in-process)")
 @click.option("--quiet", is_flag=True, help="no progress line")
-def eval_command(model, test_files, n, temperature, top_p, top_k, max_tokens, seed, template, max_problems, output,
+def eval_command(model, test_files, synth_config, n, temperature, top_p, top_k, max_tokens, seed, template, max_problems, output,
                  base_url, concurrency, max_retries, request_timeout, backend, device, batch_size, max_prompt_length,
                  tensor_parallel_size, reward_workers, quiet) -> None:
     """Evaluate a model: avg@K, pass@k, maj@K, response length and truncation rate per data_source and overall."""
@@ -142,7 +154,14 @@ def eval_command(model, test_files, n, temperature, top_p, top_k, max_tokens, se
 
     console = Console()
     try:
-        problems = load_problems(list(test_files), template=template, max_problems=max_problems)
+        synth = None
+        if synth_config is not None:
+            from dapo.config import ConfigError, load_config
+            try:
+                synth = load_config(synth_config).data
+            except ConfigError as exc:
+                raise click.ClickException(f"--synth-config {synth_config}: {exc}") from None
+        problems = load_problems(list(test_files), template=template, max_problems=max_problems, synth=synth)
         output = output or default_output(model, test_files)
         if base_url:
             from dapo.evaluation.backends import OpenAIBackend
@@ -155,7 +174,7 @@ def eval_command(model, test_files, n, temperature, top_p, top_k, max_tokens, se
             eval_backend, engine_name = build_local_backend(model, backend, device, max_tokens, None,
                                                             max_prompt_length, seed, tensor_parallel_size)
             model_name = model or "tiny-qwen2 (embedded)"
-        settings = EvalSettings(model=model_name, test_files=tuple(f if f == SYNTH_NAME else str(Path(f).resolve()) for f in test_files), n=n,
+        settings = EvalSettings(model=model_name, test_files=tuple(_test_file_id(f, synth_config) for f in test_files), n=n,
                                 temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens, seed=seed,
                                 template=template, max_problems=max_problems, backend=engine_name,
                                 batch_size=batch_size)

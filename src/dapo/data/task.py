@@ -23,7 +23,9 @@ class Task:
     num_dropped_too_long: int
 
 
-def _synth(cfg: DataConfig, split: str) -> list[DapoRecord]:
+def synth_split(cfg: DataConfig, split: str) -> list[DapoRecord]:
+    """The built-in task's ``train`` or ``val`` records as ``cfg.synth`` sets them (``dapo eval --test-file synth``
+    reads the same ``val`` set the trainer validates on)."""
     knobs = {k: v for k in ("min_operands", "max_operands", "max_value", "word_problems")
              if (v := getattr(cfg.synth, k)) is not None}
     if cfg.synth.operations is not None:
@@ -59,9 +61,9 @@ def read_task(cfg: DataConfig) -> TaskRecords:
     else:
         # Held-out problems are drawn first and never trained on: two seeded streams can draw the same small problem.
         if not cfg.val_files:
-            val_records = _synth(cfg, "val")
+            val_records = synth_split(cfg, "val")
         held_out = {r.extra_info.get("raw_problem") for r in val_records}
-        train_records = [r for r in _synth(cfg, "train") if r.extra_info.get("raw_problem") not in held_out]
+        train_records = [r for r in synth_split(cfg, "train") if r.extra_info.get("raw_problem") not in held_out]
         removed = cfg.synth.num_train - len(train_records)
         description = (f"synthetic arithmetic ({len(train_records)} problems, seed {cfg.synth.train_seed}, after "
                        f"removing {removed} that are validation problems)")

@@ -9,7 +9,8 @@ Accepted files (``--test-file``):
   answer kept, not only integers), with ``data_source`` the file's stem (``math500`` -> math-verify,
   ``gsm8k-test`` -> the GSM8K scorer, ``aime-2025`` -> the DAPO scorer) and, with ``template="dapo"`` (the default),
   the DAPO prompt template around the problem so that the model is asked for an ``Answer:`` line;
-* ``synth``: the synthetic arithmetic validation set that ``dapo train`` validates on (``DataConfig().synth``).
+* ``synth``: the synthetic arithmetic validation set that ``dapo train`` validates on (``DataConfig().synth``, or the
+  ``data`` section of a training config: ``dapo eval --synth-config``).
 
 Rows with the same content (data_source, prompt messages, ground truth) are one problem: its ``repeats`` count becomes
 extra samples (see :mod:`dapo.evaluation.metrics`).
@@ -26,9 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dapo.config import DataConfig
 from dapo.data.loaders import load_dataset, read_raw_rows
 from dapo.data.prepare import prepare_dataset
 from dapo.data.schema import DapoRecord, DataFileError
+from dapo.data.task import synth_split
 
 SYNTH_NAME = "synth"
 TEMPLATES: tuple[str, ...] = ("dapo", "raw")
@@ -79,17 +82,9 @@ def group_records(records: Sequence[DapoRecord]) -> list[EvalProblem]:
     return problems
 
 
-def synth_validation_records() -> list[DapoRecord]:
-    """The synthetic validation set of the default training config (what ``dapo train`` reports val accuracy on)."""
-    from dapo.config import DataConfig
-    from dapo.data.synth import default_synth_config, generate_synth_problems, synth_records
-
-    cfg = DataConfig().synth
-    knobs = {k: v for k in ("min_operands", "max_operands", "max_value", "word_problems")
-             if (v := getattr(cfg, k)) is not None}
-    synth_cfg = dataclasses.replace(default_synth_config(), **knobs)
-    rows = synth_records(generate_synth_problems(cfg.num_val, cfg.val_seed, synth_cfg), split="val")
-    return [DapoRecord.from_row(row, source="<synth val>", row_index=i) for i, row in enumerate(rows)]
+def synth_validation_records(data: DataConfig | None = None) -> list[DapoRecord]:
+    """The synthetic validation set ``dapo train`` reports accuracy on, for ``data`` (default: the default config)."""
+    return synth_split(data or DataConfig(), "val")
 
 
 def _raw_keys(path: Path) -> set[str]:
@@ -100,12 +95,13 @@ def _raw_keys(path: Path) -> set[str]:
     return keys
 
 
-def load_test_records(path: str | Path, *, template: str = "dapo") -> list[DapoRecord]:
-    """The rows of one test file as DAPO records (see the module docstring for the accepted shapes)."""
+def load_test_records(path: str | Path, *, template: str = "dapo", synth: DataConfig | None = None) -> list[DapoRecord]:
+    """The rows of one test file as DAPO records (see the module docstring for the accepted shapes); ``synth`` is the
+    data config whose held-out set ``synth`` names."""
     if template not in TEMPLATES:
         raise ValueError(f"template must be one of {TEMPLATES}, got {template!r}")
     if str(path) == SYNTH_NAME:
-        return synth_validation_records()
+        return synth_validation_records(synth)
     p = Path(path)
     keys = _raw_keys(p)
     if {"prompt", "reward_model"} <= keys or not keys & {"problem", "question"}:
@@ -118,14 +114,14 @@ def load_test_records(path: str | Path, *, template: str = "dapo") -> list[DapoR
     return records
 
 
-def load_problems(paths: Sequence[str | Path], *, template: str = "dapo",
-                  max_problems: int | None = None) -> list[EvalProblem]:
+def load_problems(paths: Sequence[str | Path], *, template: str = "dapo", max_problems: int | None = None,
+                  synth: DataConfig | None = None) -> list[EvalProblem]:
     """Distinct problems of all test files, in file order; ``max_problems`` keeps the first ones."""
     if not paths:
         raise DataFileError("no test file given")
     records: list[DapoRecord] = []
     for path in paths:
-        records += load_test_records(path, template=template)
+        records += load_test_records(path, template=template, synth=synth)
     problems = group_records(records)
     if max_problems is not None:
         problems = problems[:max_problems]

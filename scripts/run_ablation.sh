@@ -37,6 +37,7 @@ echo "run_ablation: ${#configs[@]} configs x $seeds seeds = ${#jobs[@]} runs int
 failed=0
 run_one() {
   local cfg=$1 seed=$2
+  shift 2  # the rest are the user's overrides
   local name
   name="$(dapo train --config "$cfg" --print-config | sed -n 's/^  experiment_name: //p')-s$seed"
   /usr/bin/time -v dapo train --config "$cfg" trainer.num_threads=1 trainer.resume_mode=disable \
@@ -53,7 +54,7 @@ for ((i = 0; i < ${#jobs[@]}; i += 2)); do
   for pid in "${pids[@]}"; do
     wait "$pid" || failed=$((failed + 1))
   done
-  echo "run_ablation: $((i + ${#pids[@]})) of ${#jobs[@]} runs done ($(date +%H:%M:%S))"
+  echo "run_ablation: $((i + ${#pids[@]})) of ${#jobs[@]} runs done, $failed failed ($(date +%H:%M:%S))"
 done
 if (( failed > 0 )); then
   echo "run_ablation: $failed runs failed; see $out/log-*.txt" >&2

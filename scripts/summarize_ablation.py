@@ -159,6 +159,8 @@ def main() -> None:
     configs: dict[str, list] = defaultdict(list)
     curves: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     for run_dir in sorted(args.runs):
+        if not run_dir.is_dir():  # a glob like runs/ablation/*-s* also matches the console logs beside the runs
+            continue
         records = read_metrics(run_dir)
         if not records:
             print(f"skipping {run_dir}: no metrics")

@@ -171,11 +171,13 @@ def test_warned_verl_keys_are_accepted_with_one_line_each(caplog):
              "actor_rollout_ref.ref.log_prob_micro_batch_size=null", "actor_rollout_ref.rollout.enable_chunked_prefill=True"]
     cfg, report = load_config_with_report(None, flags)
     assert cfg == load_config()
-    assert len(report.warnings) == 3 and all("\n" not in w and "accepted without effect" in w for w in report.warnings)
-    assert any("fsdp_config.param_offload, trainer.nnodes" in w for w in report.warnings)
+    assert len(report.warnings) == 4 and all("\n" not in w and "accepted without effect" in w for w in report.warnings)
+    # each says where the setting lives here instead: dapo's FSDP2 keys, and torchrun for the world size
+    assert any("fsdp_config.param_offload" in w and "actor.strategy=fsdp2" in w for w in report.warnings)
+    assert any("trainer.nnodes" in w and "torchrun" in w for w in report.warnings)
     with caplog.at_level("WARNING", logger="dapo.config"):
         load_config(None, flags)
-    assert len([r for r in caplog.records if r.name == "dapo.config"]) == 3
+    assert len([r for r in caplog.records if r.name == "dapo.config"]) == 4
 
 
 def test_total_epochs_governs_length_without_total_training_steps(tmp_path):

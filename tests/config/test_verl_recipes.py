@@ -135,5 +135,5 @@ def test_warnings_reach_stderr_of_the_cli(tmp_path: Path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "actor_rollout_ref.actor.fsdp_config.param_offload" in proc.stderr
-    assert "accepted without effect" in proc.stderr and "one device" in proc.stderr
+    assert "accepted without effect" in proc.stderr and "actor.strategy=fsdp2" in proc.stderr
     assert yaml.safe_load(proc.stdout)["rollout"]["n"] == 16

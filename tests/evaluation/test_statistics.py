@@ -16,8 +16,10 @@ def test_mean_and_sample_std_by_hand() -> None:
     s = mean_std([0.5, 0.7, 0.9])
     assert s.mean == pytest.approx(0.7) and s.std == pytest.approx(0.2) and s.n == 3  # var = (.04+0+.04)/2
     assert f"{s:.2f}" == "0.70 ± 0.20"
+    assert s.ci95 == pytest.approx(1.96 * 0.2 / math.sqrt(3))
     one = mean_std([0.25, None, float("nan")])
     assert (one.mean, one.std, one.n) == (0.25, 0.0, 1) and f"{one:.2f}" == "0.25"
+    assert one.ci95 is None  # one value has no interval
     assert mean_std([]).n == 0 and f"{mean_std([])}" == "n/a"
 
 

@@ -11,7 +11,7 @@ Definitions, for a problem with n samples of which c are correct:
 * ``avg@K`` (the paper's ``acc/mean@32``): the mean accuracy over samples. Overall and per data_source it is the mean
   over problems of each problem's mean. When every problem has the same number of samples (always, for a finished run)
   this equals the plain mean over all rows that the published ``eval_aime24.py`` prints. ``avg@K/ci95`` is the
-  half-width of its 95% interval over problems (1.96 s / sqrt(problems); NaN for a single problem).
+  half-width of its 95% interval over problems (1.96 s / sqrt(problems); null for a single problem).
 * ``pass@k``: the unbiased estimator of Chen et al. (2021), ``1 - C(n-c, k) / C(n, k)``, averaged over problems;
   reported for k = 1, 2, 4, ... and K (only for k <= the smallest sample count). ``pass@1`` equals ``avg@K``.
 * ``maj@K`` (cons@K): majority vote over the normalised predictions of the K samples. A sample whose prediction is
@@ -167,6 +167,7 @@ def summarize_problems(problems: Sequence[ProblemStats]) -> dict[str, Any]:
     if not problems:
         return {"problems": 0, "samples": 0}
     counts = [p.n for p in problems]
+    accuracies = [p.correct / p.n for p in problems]
     k_min, k_max = min(counts), max(counts)
     label = str(k_max) if k_min == k_max else f"{k_min}-{k_max}"
     out: dict[str, Any] = {
@@ -174,10 +175,10 @@ def summarize_problems(problems: Sequence[ProblemStats]) -> dict[str, Any]:
         "samples": sum(counts),
         "k": k_max if k_min == k_max else None,
         "samples_per_problem": label,
-        f"avg@{label}": _mean([p.correct / p.n for p in problems]),
+        f"avg@{label}": _mean(accuracies),
+        # over problems, normal approximation; None (JSON null) for a single problem
+        f"avg@{label}/ci95": mean_std(accuracies).ci95,
     }
-    ci95 = mean_std([p.correct / p.n for p in problems]).ci95  # over problems, normal approximation
-    out[f"avg@{label}/ci95"] = ci95 if math.isfinite(ci95) else None  # None (JSON null) for a single problem
     for k in pass_ks(k_min):
         out[f"pass@{k}"] = _mean([pass_at_k(p.n, p.correct, k) for p in problems])
     out[f"maj@{label}"] = _mean([float(majority_vote([s.pred for s in p.samples], [s.acc for s in p.samples])[1])

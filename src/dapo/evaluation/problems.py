@@ -18,7 +18,6 @@ extra samples (see :mod:`dapo.evaluation.metrics`).
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import tempfile

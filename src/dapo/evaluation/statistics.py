@@ -31,9 +31,9 @@ class MeanStd:
     n: int
 
     @property
-    def ci95(self) -> float:
-        """Half-width of the 95% interval of the mean (normal approximation): 1.96 s / sqrt(n); NaN below n = 2."""
-        return 1.96 * self.std / math.sqrt(self.n) if self.n > 1 else float("nan")
+    def ci95(self) -> float | None:
+        """Half-width of the 95% interval of the mean (normal approximation): 1.96 s / sqrt(n); None below n = 2."""
+        return 1.96 * self.std / math.sqrt(self.n) if self.n > 1 else None
 
     def __format__(self, spec: str) -> str:
         spec = spec or ".3f"

@@ -48,7 +48,7 @@ def summarize_validation(groups: Sequence[ScoredGroup], k: int) -> dict[str, flo
     metrics[f"val/acc/mean@{k}"] = sum(samples) / len(samples)
     # the 95% interval over prompts (each prompt's k samples are correlated: the prompt is the unit)
     ci95 = mean_std([sum(g.acc) / len(g.acc) for g in groups if g.acc]).ci95
-    if math.isfinite(ci95):  # undefined for a single prompt
+    if ci95 is not None:  # undefined for a single prompt
         metrics[f"val/acc/mean@{k}/ci95"] = ci95
     metrics[f"val/pass@{k}"] = sum(any(g.acc) for g in groups) / len(groups)
     metrics[f"val/score/mean@{k}"] = sum(s for g in groups for s in g.scores) / len(samples)

@@ -20,8 +20,8 @@ import yaml
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from dapo.evaluation.statistics import (RunSummary, config_of_run, mean_std, seed_band, series, summarize_run,
-                                             val_acc_key_of)
+from dapo.evaluation.statistics import (RunSummary, config_of_run, group_share_series, mean_std, seed_band, series,
+                                             summarize_run, val_acc_key_of)
 from dapo.infra.atomic import atomic_write
 from dapo.infra.tracking import read_metrics
 
@@ -55,10 +55,8 @@ def _curve(records: list[dict], key: str, groups_per_round: int) -> list[tuple[f
     if key == "val":
         val_key = val_acc_key_of(records)
         return series(records, val_key) if val_key else []
-    if key.startswith("share/"):
-        count = "train/num_all_correct_groups" if key.endswith("correct") else "train/num_all_wrong_groups"
-        return [(int(r["step"]), r.get(count, 0.0) / (r["train/num_gen_batches"] * groups_per_round))
-                for r in records if r.get("train/num_gen_batches")]
+    if key.startswith("share/all_"):
+        return group_share_series(records, key.removeprefix("share/all_"), groups_per_round)
     return series(records, key)
 
 

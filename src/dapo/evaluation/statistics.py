@@ -17,8 +17,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["MeanStd", "RunSummary", "SeedBand", "config_of_run", "mean_std", "seed_band", "series",
-           "steps_to_reach", "summarize_run", "val_acc_key_of"]
+__all__ = ["MeanStd", "RunSummary", "SeedBand", "config_of_run", "group_share_series", "mean_std", "seed_band",
+           "series", "steps_to_reach", "summarize_run", "val_acc_key_of"]
 
 _SEED_SUFFIX = re.compile(r"^(?P<config>.+)-s(?P<seed>\d+)$")
 _VAL_ACC = re.compile(r"^val/acc/mean@(\d+)$")
@@ -80,6 +80,15 @@ def _window_mean(points: Sequence[tuple[int, float]], window: slice) -> float | 
     return sum(values) / len(values) if values else None
 
 
+def group_share_series(records: Sequence[Mapping], kind: str, groups_per_round: int) -> list[tuple[int, float]]:
+    """(step, share of the step's generated groups that were all-correct or all-wrong) (``kind``: correct | wrong).
+
+    ``groups_per_round`` is the number of prompt groups one generation round produces (``gen_batch_size``)."""
+    count = {"correct": "train/num_all_correct_groups", "wrong": "train/num_all_wrong_groups"}[kind]
+    return [(int(r["step"]), r.get(count, 0.0) / (r["train/num_gen_batches"] * groups_per_round))
+            for r in records if r.get("train/num_gen_batches")]
+
+
 @dataclass(frozen=True)
 class RunSummary:
     """What one run says about its technique; a None field is a metric the run did not log."""
@@ -112,13 +121,7 @@ def summarize_run(records: Sequence[Mapping], *, threshold: float, groups_per_ro
     key = val_acc_key_of(records)
     val = series(records, key) if key else []
     first, last = slice(0, window), slice(-window, None)
-    shares: dict[str, list[float]] = {"correct": [], "wrong": []}
-    for r in records:
-        rounds = r.get("train/num_gen_batches")
-        if rounds:
-            generated = rounds * groups_per_round
-            shares["correct"].append(r.get("train/num_all_correct_groups", 0.0) / generated)
-            shares["wrong"].append(r.get("train/num_all_wrong_groups", 0.0) / generated)
+    shares = {kind: [v for _, v in group_share_series(records, kind, groups_per_round)] for kind in ("correct", "wrong")}
     totals = series(records, "train/generated_tokens_total")
     return RunSummary(
         val_first=val[0][1] if val else None,

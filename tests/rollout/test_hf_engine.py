@@ -92,6 +92,38 @@ def test_same_seed_same_output_different_seed_different_output() -> None:
     assert first.response_ids != other.response_ids
 
 
+def test_prompt_seeds_make_each_prompts_samples_independent_of_the_batch() -> None:
+    # The data-parallel guarantee: a prompt with its seed samples the same responses alone, in another order, in a
+    # batch with other prompts (other padding width) or in max_batch_size chunks; only float rounding of logits in
+    # differently shaped batches could flip a draw, and on these prompts none does.
+    engine = engine_for(eos_prone_model())
+    params = SamplingParams(n=3, max_tokens=10, top_p=0.9, prompt_seeds=(11, 12, 13, 14))
+    whole = engine.generate(PROMPTS, params)
+    for i, prompt in enumerate(PROMPTS):
+        alone = engine.generate([prompt], SamplingParams(n=3, max_tokens=10, top_p=0.9, prompt_seeds=(11 + i,)))
+        assert alone.response_ids == whole.response_ids[i * 3 : (i + 1) * 3]
+        assert alone.finish_reason == whole.finish_reason[i * 3 : (i + 1) * 3]
+        for a, b in zip(alone.logprobs, whole.logprobs[i * 3 : (i + 1) * 3]):
+            torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-5, rtol=0)
+    order = [2, 0, 3, 1]
+    shuffled = engine.generate([PROMPTS[i] for i in order],
+                               SamplingParams(n=3, max_tokens=10, top_p=0.9, prompt_seeds=tuple(11 + i for i in order)))
+    assert [ids for k in range(4) for ids in shuffled.response_ids[order.index(k) * 3 : order.index(k) * 3 + 3]] == \
+        whole.response_ids
+    chunked = HFRolloutEngine(engine.model, eos_token_ids=EOS, pad_token_id=PAD, max_batch_size=5).generate(
+        PROMPTS, params)
+    assert chunked.response_ids == whole.response_ids
+    # the samples of one prompt differ from each other, and another seed gives other samples
+    assert len({tuple(ids) for ids in whole.response_ids[:3]}) > 1
+    other = engine.generate(PROMPTS, SamplingParams(n=3, max_tokens=10, top_p=0.9, prompt_seeds=(21, 12, 13, 14)))
+    assert other.response_ids[:3] != whole.response_ids[:3] and other.response_ids[3:] == whole.response_ids[3:]
+    # the call seed plays no part once prompt seeds are given
+    assert engine.generate(PROMPTS, SamplingParams(n=3, max_tokens=10, top_p=0.9, seed=5,
+                                                   prompt_seeds=(11, 12, 13, 14))) == whole
+    with pytest.raises(ValueError, match="3 prompt_seeds for 4 prompts"):
+        engine.generate(PROMPTS, SamplingParams(prompt_seeds=(1, 2, 3)))
+
+
 def test_n_samples_are_contiguous_per_prompt_and_differ() -> None:
     params = SamplingParams(n=5, max_tokens=8, seed=1)
     output = engine_for(build_tiny_qwen2(0)).generate(PROMPTS, params)

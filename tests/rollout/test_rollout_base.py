@@ -21,6 +21,11 @@ def test_stop_token_ids_list_is_normalised_to_tuple() -> None:
     assert SamplingParams(stop_token_ids=[3, 4]).stop_token_ids == (3, 4)  # type: ignore[arg-type]
 
 
+def test_prompt_seeds_list_is_normalised_to_tuple() -> None:
+    assert SamplingParams(prompt_seeds=[3, 4]).prompt_seeds == (3, 4)  # type: ignore[arg-type]
+    assert SamplingParams().prompt_seeds is None
+
+
 def test_temperature_zero_is_greedy() -> None:
     assert SamplingParams(temperature=0).greedy
 
@@ -43,6 +48,9 @@ def test_temperature_zero_is_greedy() -> None:
         ({"stop_token_ids": "ab"}, "stop_token_ids"),
         ({"seed": -1}, "seed"),
         ({"seed": 1.0}, "seed"),
+        ({"prompt_seeds": (1, -1)}, r"prompt_seeds\[1\]"),
+        ({"prompt_seeds": (1 << 63,)}, r"prompt_seeds\[0\]"),
+        ({"prompt_seeds": "ab"}, "prompt_seeds"),
     ],
 )
 def test_out_of_range_values_are_rejected_naming_the_field(kwargs: dict, field: str) -> None:

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dapo.rollout import draw_from, sample_next_tokens, truncate_logits
+from dapo.rollout.sampler import sample_stream_keys, stream_uniforms
 
 PROBS = [0.5, 0.3, 0.15, 0.05]
 
@@ -145,3 +146,47 @@ def test_draw_from_never_returns_a_zero_probability_index(weights: list[float], 
     draws = draw_from(probs, torch.Generator().manual_seed(seed))
     assert draws.shape == (64,)
     assert bool((probs[0][draws] > 0).all())
+
+
+def _splitmix64_reference(state: int, count: int) -> list[int]:
+    """SplitMix64 in Python's unbounded ints (Steele, Lea & Flood 2014), the first ``count`` outputs from ``state``."""
+    mask, out = (1 << 64) - 1, []
+    for _ in range(count):
+        state = (state + 0x9E3779B97F4A7C15) & mask
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        out.append(z ^ (z >> 31))
+    return out
+
+
+def test_stream_uniforms_are_splitmix64_words() -> None:
+    assert _splitmix64_reference(0, 1) == [0xE220A8397B1DCDAF]  # the published first output from state 0
+    keys = [0, 1234567, (1 << 63) - 1, -5]  # int64 keys: every bit pattern, the sign bit included
+    for counter, words in enumerate(zip(*(_splitmix64_reference(k & ((1 << 64) - 1), 4) for k in keys))):
+        got = stream_uniforms(torch.tensor(keys), counter)
+        assert got.dtype == torch.float64
+        assert got.tolist() == [(w >> 11) * 2.0 ** -53 for w in words]
+
+
+def test_stream_keys_depend_on_prompt_seed_and_sample_only() -> None:
+    seeds = torch.tensor([7, 7, 8, 8])
+    keys = sample_stream_keys(seeds, torch.tensor([0, 1, 0, 1]))
+    assert len(set(keys.tolist())) == 4
+    # the same (seed, sample) pair gives the same key wherever it sits in the batch
+    assert torch.equal(sample_stream_keys(seeds.flip(0), torch.tensor([1, 0, 1, 0])), keys.flip(0))
+
+
+def test_stream_uniforms_are_uniform_and_drive_draw_from() -> None:
+    keys = sample_stream_keys(torch.arange(20000), torch.zeros(20000, dtype=torch.int64))
+    u = torch.cat([stream_uniforms(keys, t) for t in range(3)])
+    assert 0.0 <= float(u.min()) and float(u.max()) < 1.0
+    histogram = torch.histc(u, bins=10, min=0.0, max=1.0) / u.numel()
+    torch.testing.assert_close(histogram, torch.full((10,), 0.1, dtype=torch.float64), atol=0.01, rtol=0)
+    probs = torch.tensor([[0.6, 0.0, 0.3, 0.1]]).expand(20000, 4)
+    draws = draw_from(probs, uniforms=stream_uniforms(keys, 0))
+    torch.testing.assert_close(torch.bincount(draws, minlength=4).double() / 20000, probs[0].double(), atol=0.01,
+                               rtol=0)
+    assert torch.equal(draws, draw_from(probs, uniforms=stream_uniforms(keys, 0)))
+    with pytest.raises(ValueError, match="uniforms"):
+        draw_from(probs, uniforms=torch.zeros(3, dtype=torch.float64))

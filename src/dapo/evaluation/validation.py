@@ -99,12 +99,17 @@ def repeated_prompt_warning(prompts: Sequence[PromptItem], n: int) -> str | None
 
 
 def run_validation(
-    engine: RolloutEngine, prompts: Sequence[PromptItem], tokenizer, cfg: DapoConfig, *, seed: int
+    engine: RolloutEngine, prompts: Sequence[PromptItem], tokenizer, cfg: DapoConfig, *, seed: int,
+    prompt_seeds: Sequence[int] | None = None,
 ) -> tuple[dict[str, float], list[ScoredGroup]]:
+    """Sample and score ``prompts`` at the validation setting; ``prompt_seeds`` (one per prompt, see
+    ``SamplingParams.prompt_seeds``) make each prompt's samples independent of the others in the call, which the
+    trainer uses so that validation shared among ranks equals one process's."""
     vk = cfg.rollout.val_kwargs
     params = SamplingParams(
         n=vk.n, temperature=vk.temperature, top_p=vk.top_p, top_k=vk.top_k,
         max_tokens=cfg.data.max_response_length, stop_token_ids=(), seed=seed,
+        prompt_seeds=None if prompt_seeds is None else tuple(prompt_seeds),
     )
     rollout = engine.generate([p.input_ids for p in prompts], params)
     groups = score_rollout(prompts, rollout, tokenizer, cfg)

@@ -54,6 +54,14 @@ class SamplingParams:
         max_tokens: response length cap L_max, >= 1.
         stop_token_ids: extra stop ids, on top of the engine's EOS ids.
         seed: seeds a private generator, so the same seed and inputs give the same output; None uses torch's global RNG.
+        prompt_seeds: one seed per prompt of the call (each in [0, 2**63)), or None. An engine that honours them
+            (the Hugging Face engine) draws sample ``j`` of prompt ``i`` from a random stream that depends only on
+            ``prompt_seeds[i]``, ``j`` and the decode step, never on the other prompts of the call, how it is
+            batched or which process runs it: the same prompt with the same seed samples the same response in any
+            batch, up to float rounding of the logits in differently shaped batches. The trainer passes seeds
+            derived from each prompt's position in the whole generation batch, so that data-parallel ranks, each
+            generating a share, sample exactly what one process would. ``seed`` is then unused by such an engine;
+            vLLM cannot seed requests on the CPU and keeps drawing from ``seed`` (see dapo.rollout.vllm_engine).
     """
 
     n: int = 1
@@ -63,6 +71,7 @@ class SamplingParams:
     max_tokens: int = 256
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    prompt_seeds: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if not _is_int(self.n) or self.n < 1:
@@ -95,6 +104,16 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", stop_ids)
         if self.seed is not None and (not _is_int(self.seed) or self.seed < 0):
             raise ValueError(f"SamplingParams.seed must be None or an integer >= 0, got {self.seed!r}")
+        if self.prompt_seeds is not None:
+            if isinstance(self.prompt_seeds, (str, bytes)) or not isinstance(self.prompt_seeds, Iterable):
+                raise ValueError(f"SamplingParams.prompt_seeds must be None or a sequence of ints, "
+                                 f"got {self.prompt_seeds!r}")
+            seeds = tuple(self.prompt_seeds)
+            for position, value in enumerate(seeds):
+                if not _is_int(value) or not 0 <= value < 1 << 63:
+                    raise ValueError(f"SamplingParams.prompt_seeds[{position}] must be an integer in [0, 2**63), "
+                                     f"got {value!r}")
+            object.__setattr__(self, "prompt_seeds", seeds)
 
     @property
     def greedy(self) -> bool:

@@ -16,6 +16,12 @@ tensors, e.g. from a separate training copy). Generation runs under ``torch.infe
 mode (dropout off); its previous train/eval state is restored afterwards.
 
 Log-prob semantics are those of :mod:`dapo.rollout.base`: full-vocabulary log_softmax(logits / temperature).
+
+Randomness: with ``SamplingParams.prompt_seeds`` every row draws its token at decode step ``t`` with uniform number
+``t`` of its own counter-based stream, keyed by (its prompt's seed, its sample index)
+(:func:`dapo.rollout.sampler.sample_stream_keys`), so a response does not depend on the other rows of the call, on
+``max_batch_size`` chunking, nor on rows finishing and leaving the batch. Without them, ``SamplingParams.seed`` seeds
+one ``torch.Generator`` for the call, which draws a uniform per live row per step in batch order.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from dapo.rollout.base import RolloutOutput, SamplingParams
-from dapo.rollout.sampler import sample_next_tokens
+from dapo.rollout.sampler import sample_next_tokens, sample_stream_keys, stream_uniforms
 
 
 class HFRolloutEngine:
@@ -95,8 +101,15 @@ class HFRolloutEngine:
         prompts = self._validate_prompts(prompt_token_ids)
         rows = [index for index in range(len(prompts)) for _ in range(params.n)]
         stop_ids = torch.tensor(sorted(set(self.eos_token_ids) | set(params.stop_token_ids)), device=self.device)
-        generator = None
-        if params.seed is not None:
+        generator = keys = None
+        if params.prompt_seeds is not None:
+            if len(params.prompt_seeds) != len(prompts):
+                raise ValueError(f"HFRolloutEngine.generate: {len(params.prompt_seeds)} prompt_seeds for "
+                                 f"{len(prompts)} prompts")
+            seeds = torch.tensor(params.prompt_seeds, dtype=torch.int64, device=self.device)
+            sample_index = torch.arange(params.n, dtype=torch.int64, device=self.device).repeat(len(prompts))
+            keys = sample_stream_keys(seeds.repeat_interleave(params.n), sample_index)  # row i * n + j
+        elif params.seed is not None:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(params.seed)
         chunk_size = self.max_batch_size or max(len(rows), 1)
@@ -110,7 +123,8 @@ class HFRolloutEngine:
             with torch.inference_mode():
                 for start in range(0, len(rows), chunk_size):
                     ids, lps, reasons = self._generate_rows(
-                        prompts, rows[start : start + chunk_size], params, stop_ids, generator
+                        prompts, rows[start : start + chunk_size], params, stop_ids, generator,
+                        None if keys is None else keys[start : start + chunk_size],
                     )
                     response_ids += ids
                     logprobs += lps
@@ -204,8 +218,10 @@ class HFRolloutEngine:
         params: SamplingParams,
         stop_ids: torch.Tensor,
         generator: torch.Generator | None,
+        keys: torch.Tensor | None = None,
     ) -> tuple[list[list[int]], list[list[float]], list[str]]:
-        """Generate one response per entry of ``rows`` (a prompt index each) as one shrinking batch."""
+        """Generate one response per entry of ``rows`` (a prompt index each) as one shrinking batch; ``keys`` (one
+        stream key per row) replace ``generator`` as the source of randomness when given."""
         device = self.device
         # Prefill each distinct prompt once, left-padded; then give every row a copy of its prompt's cache.
         position_of = {p: i for i, p in enumerate(dict.fromkeys(rows))}
@@ -238,8 +254,11 @@ class HFRolloutEngine:
         alive = torch.arange(num_rows, device=device)  # batch position -> row, for the rows still decoding
         done = torch.zeros(num_rows, dtype=torch.bool, device=device)  # only used when not dropping rows
         for step in range(max_tokens):
+            # the live rows' uniforms for this step: a function of (row key, step) only, whoever else is alive
+            uniforms = None if keys is None or params.greedy else stream_uniforms(keys[alive], step)
             tokens, token_logprobs = sample_next_tokens(
-                logits, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, generator=generator
+                logits, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, generator=generator,
+                uniforms=uniforms,
             )
             out_tokens[alive, step] = tokens
             out_logprobs[alive, step] = token_logprobs

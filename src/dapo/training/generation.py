@@ -2,13 +2,19 @@
 and repeat until the batch is full.
 
 Across data-parallel ranks (``dapo.distributed.data_parallel``) every rank draws the same prompts, generates and
-scores its share with a seed of its own, and the scored groups are gathered, so that everything after generation
-(Eq. 11, the buffer, the sampler's pass-rate record, the metrics) runs identically on every rank. Validation is
-shared the same way. With one process nothing here communicates and the seeds are those of a single-process run.
+scores its share, and the scored groups are gathered, so that everything after generation (Eq. 11, the buffer, the
+sampler's pass-rate record, the metrics) runs identically on every rank. Validation is shared the same way.
+
+Sampling is rank-invariant: each prompt's samples are drawn with a seed of its own, a function of (run seed, step,
+round, the prompt's index in the whole generation batch) only (:func:`prompt_seeds`), and the Hugging Face engine
+draws sample j of a prompt from a stream keyed by that seed and j alone (``SamplingParams.prompt_seeds``). So N ranks
+generate exactly the responses one process generates from the same seed, up to float rounding of the logits in
+differently shaped batches (tests/distributed/test_rank_invariance.py), and a resumed run draws the same seeds again.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 
@@ -31,35 +37,55 @@ log = logging.getLogger(__name__)
 FAILURE_METRICS = {"timeout": "reward/timeouts", "worker_crash": "reward/worker_crashes", "error": "reward/errors"}
 
 
-def derive_seed(*parts: object) -> int:
-    """A stable 31-bit seed from (run seed, step, round, ...): rollouts reproduce exactly across resumes."""
+def derive_seed(*parts: object, bits: int = 31) -> int:
+    """A stable ``bits``-bit seed from (run seed, step, round, ...): rollouts reproduce exactly across resumes.
+
+    31 bits by default (any torch or vLLM seed); per-prompt seeds take 63, so that the prompts of a batch practically
+    never share one."""
     digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+    return int.from_bytes(digest[:8], "little") & ((1 << bits) - 1)
 
 
 def rank_seed(seed: int, world: World) -> int:
-    """``seed`` for this rank: itself alone (a single-process run samples as it always did), else one per rank, so
-    that ranks generating their shares with the same engine do not draw the same random numbers."""
+    """``seed`` for this rank: itself alone, else one per rank, so that ranks whose engine cannot take per-prompt seeds
+    (vLLM) do not draw the same random numbers for their different shares."""
     return derive_seed(seed, "rank", world.rank) if world.distributed else seed
 
 
-def rollout_params(cfg: DapoConfig, step: int, rnd: int, world: World = World()) -> SamplingParams:
-    """Training sampling; every round (and rank) has its own seed, so a resumed run samples the same."""
+def prompt_seeds(seed: int, share: slice) -> tuple[int, ...]:
+    """The seeds of the prompts at positions ``share`` of a batch sampled with ``seed``: a function of the position
+    in the whole batch, not of the rank that generates it, so every split of the batch samples alike."""
+    return tuple(derive_seed(seed, "prompt", i, bits=63) for i in range(share.start, share.stop))
+
+
+def rollout_params(cfg: DapoConfig, step: int, rnd: int) -> SamplingParams:
+    """Training sampling for round ``rnd`` of ``step``; every round has its own seed, so a resumed run samples the
+    same (:func:`share_params` turns it into per-prompt seeds for a rank's share)."""
     r = cfg.rollout
     return SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                           max_tokens=cfg.data.max_response_length,
-                          seed=rank_seed(derive_seed(cfg.trainer.seed, "rollout", step, rnd), world))
+                          seed=derive_seed(cfg.trainer.seed, "rollout", step, rnd))
+
+
+def share_params(params: SamplingParams, share: slice, world: World) -> SamplingParams:
+    """``params`` (seeded for the whole batch) for this rank's ``share`` of the batch: the prompts' own seeds, and a
+    call seed of the rank's own for engines that ignore them."""
+    assert params.seed is not None, "training and validation sampling is always seeded"
+    return dataclasses.replace(params, seed=rank_seed(params.seed, world),
+                               prompt_seeds=prompt_seeds(params.seed, share))
 
 
 def generate_round(engine: RolloutEngine, prompts: list[PromptItem], tokenizer, cfg: DapoConfig,
                    params: SamplingParams, timer: PhaseTimer, scorer: RewardScorer | None, world: World
                    ) -> list[ScoredGroup]:
-    """The scored groups of ``prompts``, in prompt order, on every rank; each rank generates and scores its share."""
-    share = prompts[generation_share(len(prompts), world)]
+    """The scored groups of ``prompts``, in prompt order, on every rank; each rank generates and scores its share
+    (``params`` are those of the whole batch)."""
+    where = generation_share(len(prompts), world)
+    share = prompts[where]
     groups: list[ScoredGroup] = []
     if share:  # more ranks than prompts: a rank may have none, and still joins the gather
         with timer("gen"):
-            rollout = engine.generate([p.input_ids for p in share], params)
+            rollout = engine.generate([p.input_ids for p in share], share_params(params, where, world))
         with timer("reward"):
             groups = score_rollout(share, rollout, tokenizer, cfg, scorer)
     if not world.distributed:
@@ -70,11 +96,14 @@ def generate_round(engine: RolloutEngine, prompts: list[PromptItem], tokenizer, 
 
 def validate_across_ranks(engine: RolloutEngine, prompts: list[PromptItem], tokenizer, cfg: DapoConfig, *,
                           seed: int, world: World) -> dict[str, float]:
-    """``run_validation`` with the prompts shared among ranks; the summary of all groups, identical on every rank."""
+    """``run_validation`` with the prompts shared among ranks; the summary of all groups, identical on every rank and
+    (per-prompt seeds, as in training) equal to one process's."""
+    where = generation_share(len(prompts), world)
+    seeds = dict(seed=rank_seed(seed, world), prompt_seeds=prompt_seeds(seed, where))
     if not world.distributed:
-        return run_validation(engine, prompts, tokenizer, cfg, seed=seed)[0]
-    share = prompts[generation_share(len(prompts), world)]
-    groups = run_validation(engine, share, tokenizer, cfg, seed=rank_seed(seed, world))[1] if share else []
+        return run_validation(engine, prompts, tokenizer, cfg, **seeds)[0]
+    share = prompts[where]
+    groups = run_validation(engine, share, tokenizer, cfg, **seeds)[1] if share else []
     return summarize_validation(gather_in_rank_order(groups, world), cfg.rollout.val_kwargs.n)
 
 
@@ -101,8 +130,8 @@ def generate_and_filter(engine: RolloutEngine, state: RunState, tokenizer, cfg: 
     while buffer.should_generate_more():
         draws = state.sampler.next_draws(cfg.data.effective_gen_batch_size)
         prompts = [d.item for d in draws]
-        groups = generate_round(engine, prompts, tokenizer, cfg, rollout_params(cfg, step, rnd, world), timer,
-                                scorer, world)
+        groups = generate_round(engine, prompts, tokenizer, cfg, rollout_params(cfg, step, rnd), timer, scorer,
+                                world)
         acc = torch.tensor([float(a) for g in groups for a in g.acc])
         decision = filter_informative_groups(acc, group_index_of(groups))  # Eq. 11, on raw accuracy
         state.sampler.record_pass_rates(draws, decision.pass_rate.tolist())  # groups come in prompt order

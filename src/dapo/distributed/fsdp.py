@@ -44,6 +44,7 @@ __all__ = [
     "load_full_optimizer_state",
     "shard_actor",
     "stream_full_parameters",
+    "stream_full_state",
 ]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -152,12 +153,31 @@ def stream_full_parameters(model: nn.Module) -> Iterator[tuple[str, torch.Tensor
     one full parameter exists beside the shards, never a whole gathered state dict."""
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if not isinstance(param, DTensor):
-                yield name, param.detach()
+            yield name, _full(param)
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole of a (possibly sharded) tensor: a DTensor is all-gathered, a local tensor is itself. A collective
+    for a DTensor: every rank must ask for the same tensors in the same order."""
+    if not isinstance(tensor, DTensor):
+        return tensor.detach()
+    if tensor.device.type != tensor.device_mesh.device_type:  # CPU-offloaded shards: NCCL gathers on the GPU
+        tensor = tensor.to(tensor.device_mesh.device_type)  # (this branch has not run on a GPU)
+    return tensor.full_tensor()
+
+
+def stream_full_state(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(key, full tensor)`` of the model's state dict (parameters and persistent buffers), one at a time, for the
+    Hugging Face export of a sharded checkpoint: rank 0 holds one gathered tensor beside its shards, not the whole
+    state. A key tied to an earlier one (``lm_head.weight`` sharing the embeddings) is left out, as ``save_pretrained``
+    leaves it out. A collective, like :func:`stream_full_parameters`."""
+    seen: set[int] = set()
+    with torch.no_grad():
+        for key, value in model.state_dict(keep_vars=True).items():
+            if id(value) in seen:
                 continue
-            if param.device.type != param.device_mesh.device_type:  # CPU-offloaded shards: NCCL gathers on the GPU
-                param = param.to(param.device_mesh.device_type)  # (this branch has not run on a GPU)
-            yield name, param.full_tensor()
+            seen.add(id(value))
+            yield key, _full(value)
 
 
 def _options(**kwargs: Any):

@@ -41,6 +41,7 @@ never runs pickled code. ``save_checkpoint`` checks at save time that ``schedule
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -49,6 +50,7 @@ import random
 import re
 import shutil
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -67,8 +69,11 @@ from dapo.infra.atomic import (
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+    from dapo.distributed.world import World
+
 __all__ = [
     "LATEST_FILE_NAME",
+    "SHARDED_LAYOUT",
     "MANIFEST_NAME",
     "CheckpointError",
     "checkpoint_dir_name",
@@ -77,6 +82,7 @@ __all__ = [
     "is_complete_checkpoint",
     "load_checkpoint",
     "save_checkpoint",
+    "save_sharded_checkpoint",
 ]
 
 logger = logging.getLogger(__name__)
@@ -84,6 +90,9 @@ logger = logging.getLogger(__name__)
 MANIFEST_NAME = "manifest.json"
 LATEST_FILE_NAME = "latest_checkpointed_iteration.txt"
 MANIFEST_FORMAT = "dapo-checkpoint/1"
+SHARDED_LAYOUT = "sharded"  # the manifest's "layout" in the sharded format (absent: the full format)
+SHARDED_DIR = "sharded"  # the DCP folder of a sharded checkpoint
+HF_SHARD_BYTES = 2 * 1024**3  # the most tensor bytes rank 0 holds while streaming the hf/ export of a sharded save
 
 _STEP_DIR_RE = re.compile(r"^global_step_(\d+)$")
 _TEMP_PREFIX = ".tmp-"
@@ -133,27 +142,11 @@ def save_checkpoint(
     ``model_state`` / ``optimizer_state``: the full states to write instead of ``model.state_dict()`` /
     ``optimizer.state_dict()`` (a sharded model's, gathered by the caller; ``model`` then only gives the config).
     """
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise ValueError(f"save_checkpoint: step must be an int >= 0, got {step!r}")
-    if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
-        raise ValueError(f"save_checkpoint: keep_last must be None or an int >= 1, got {keep_last!r}")
+    _check_save_args(step, keep_last)
     json_state, tensor_state = _split_trainer_state(trainer_state)
-
-    ckpt_root = Path(ckpt_root)
+    temp_dir, previous = _begin_save(ckpt_root, step)
+    current = "hf/ (model weights and config)"
     try:
-        ckpt_root.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise CheckpointError(f"{os_error_reason(exc)} while creating {ckpt_root} for step {step}") from exc
-    _remove_leftovers(ckpt_root)
-    previous = find_latest_checkpoint(ckpt_root)
-    name = checkpoint_dir_name(step)
-    final_dir = ckpt_root / name
-    temp_dir = ckpt_root / f"{_TEMP_PREFIX}{name}-{os.getpid()}"
-
-    current = "the temp folder"
-    try:
-        temp_dir.mkdir()
-        current = "hf/ (model weights and config)"
         if model_state is None:
             model.save_pretrained(temp_dir / "hf", safe_serialization=True)
         else:
@@ -164,13 +157,71 @@ def save_checkpoint(
         current = "optimizer.pt"
         optimizer_file_state = optimizer.state_dict() if optimizer_state is None else optimizer_state
         write_new_file(temp_dir / "optimizer.pt", lambda f: torch.save(optimizer_file_state, f))
-        if scheduler is not None:
-            current = "scheduler.pt"
-            write_new_file(temp_dir / "scheduler.pt", lambda f: torch.save(scheduler.state_dict(), f))
-            _check_weights_only_loadable(temp_dir / "scheduler.pt")
         current = "rng.pt"
         rng_state = _capture_rng_state()
         write_new_file(temp_dir / "rng.pt", lambda f: torch.save(rng_state, f))
+    except BaseException as exc:
+        raise _save_failed(exc, current, step, temp_dir, previous) from exc
+    return _finish_save(ckpt_root, step, temp_dir, previous, scheduler=scheduler, json_state=json_state,
+                        tensor_state=tensor_state, keep_last=keep_last, layout={})
+
+
+def _check_save_args(step: int, keep_last: int | None) -> None:
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"save_checkpoint: step must be an int >= 0, got {step!r}")
+    if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
+        raise ValueError(f"save_checkpoint: keep_last must be None or an int >= 1, got {keep_last!r}")
+
+
+def _begin_save(ckpt_root: Path, step: int) -> tuple[Path, Path | None]:
+    """Create the hidden temp folder ``step``'s checkpoint is written into; return it and the newest intact one."""
+    ckpt_root = Path(ckpt_root)
+    try:
+        ckpt_root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CheckpointError(f"{os_error_reason(exc)} while creating {ckpt_root} for step {step}") from exc
+    _remove_leftovers(ckpt_root)
+    previous = find_latest_checkpoint(ckpt_root)
+    temp_dir = ckpt_root / f"{_TEMP_PREFIX}{checkpoint_dir_name(step)}-{os.getpid()}"
+    try:
+        temp_dir.mkdir()
+    except OSError as exc:
+        raise _save_failed(exc, "the temp folder", step, temp_dir, previous) from exc
+    return temp_dir, previous
+
+
+def _save_failed(exc: BaseException, current: str, step: int, temp_dir: Path, previous: Path | None) -> BaseException:
+    """Remove the partial folder; the exception to raise (a KeyboardInterrupt / SystemExit passes through as is)."""
+    shutil.rmtree(temp_dir, ignore_errors=True)
+    if not isinstance(exc, Exception):
+        return exc
+    intact = f"previous checkpoint {previous.name} is intact" if previous is not None else "there is no previous checkpoint"
+    return CheckpointError(f"{os_error_reason(exc)} while writing {current} for step {step}; {intact} "
+                           f"(partial folder {temp_dir.name} removed)")
+
+
+def _file_entries(root: Path, rels: list[str]) -> dict[str, dict[str, Any]]:
+    """The manifest entry (size in bytes, SHA-256) of each of ``rels`` under ``root``."""
+    return {rel: {"size": (root / rel).stat().st_size, "sha256": _sha256(root / rel)} for rel in rels}
+
+
+def _finish_save(ckpt_root: Path, step: int, temp_dir: Path, previous: Path | None, *,
+                 scheduler: torch.optim.lr_scheduler.LRScheduler | None, json_state: dict[str, Any],
+                 tensor_state: dict[str, Any], keep_last: int | None, layout: dict[str, Any],
+                 hashed: dict[str, dict[str, Any]] | None = None) -> Path:
+    """Write the scheduler and trainer state, then the manifest LAST, fsync and rename the temp folder into place.
+
+    ``hashed``: manifest entries of files other ranks already hashed (a sharded save); the rest are hashed here.
+    ``layout``: extra manifest keys saying how model and optimizer are stored (empty: the full format).
+    """
+    ckpt_root = Path(ckpt_root)
+    name = checkpoint_dir_name(step)
+    final_dir = ckpt_root / name
+    current = "scheduler.pt"
+    try:
+        if scheduler is not None:
+            write_new_file(temp_dir / "scheduler.pt", lambda f: torch.save(scheduler.state_dict(), f))
+            _check_weights_only_loadable(temp_dir / "scheduler.pt")
         current = "trainer_state.json"
         write_new_file(temp_dir / "trainer_state.json", lambda f: f.write(_json_bytes(json_state)))
         if tensor_state:
@@ -178,13 +229,10 @@ def save_checkpoint(
             write_new_file(temp_dir / "trainer_state.pt", lambda f: torch.save(tensor_state, f))
             _check_weights_only_loadable(temp_dir / "trainer_state.pt")
         current = MANIFEST_NAME
-        manifest = {
-            "format": MANIFEST_FORMAT,
-            "step": step,
-            "created_unix": time.time(),
-            "files": {rel: {"size": (temp_dir / rel).stat().st_size, "sha256": _sha256(temp_dir / rel)}
-                      for rel in _relative_files(temp_dir)},
-        }
+        hashed = dict(hashed or {})
+        files = {**hashed, **_file_entries(temp_dir, [r for r in _relative_files(temp_dir) if r not in hashed])}
+        manifest = {"format": MANIFEST_FORMAT, "step": step, "created_unix": time.time(), **layout,
+                    "files": dict(sorted(files.items()))}
         write_new_file(temp_dir / MANIFEST_NAME, lambda f: f.write(_json_bytes(manifest)))
         current = "fsync of the written files"
         fsync_tree(temp_dir)
@@ -193,24 +241,182 @@ def save_checkpoint(
             logger.warning("checkpoint %s already exists; replacing it with the new save", final_dir)
         replace_directory(temp_dir, final_dir)
     except BaseException as exc:
-        shutil.rmtree(temp_dir, ignore_errors=True)
-        if not isinstance(exc, Exception):  # KeyboardInterrupt / SystemExit: clean up, then let it through
-            raise
-        intact = (
-            f"previous checkpoint {previous.name} is intact"
-            if previous is not None
-            else "there is no previous checkpoint"
-        )
-        raise CheckpointError(
-            f"{os_error_reason(exc)} while writing {current} for step {step}; {intact} "
-            f"(partial folder {temp_dir.name} removed)"
-        ) from exc
+        raise _save_failed(exc, current, step, temp_dir, previous) from exc
 
     complete = _complete_checkpoints(ckpt_root)
     _update_latest_file(ckpt_root, max(complete) if complete else step)
     if keep_last is not None:
         _rotate(complete, step, keep_last)
     return final_dir
+
+
+def save_sharded_checkpoint(
+    ckpt_root: Path,
+    step: int,
+    *,
+    world: World,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    full_tensors: Callable[[], Iterator[tuple[str, torch.Tensor]]],
+    hf_model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase | None,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+    trainer_state: dict[str, Any],
+    keep_last: int | None = None,
+    max_shard_bytes: int = HF_SHARD_BYTES,
+) -> Path:
+    """The sharded format: EVERY rank calls this; it returns the checkpoint's path on every rank.
+
+    Rank 0 creates the temp folder (on a file system every rank sees) and tells the others its name; every rank
+    writes its own shards of ``model`` and ``optimizer`` into ``sharded/`` with ``torch.distributed.checkpoint``
+    (DCP) and its own RNG state into ``rng_rank{r}.pt``; then every rank iterates ``full_tensors()`` (the full
+    weights, one at a time, a collective) while rank 0 writes them into ``hf/`` in safetensors files of at most
+    ``max_shard_bytes``. After a barrier each rank hashes its share of the files, and rank 0 alone writes the scheduler,
+    the trainer state and the manifest (LAST), and renames the folder into place. A failure on any rank is raised as
+    the same :class:`CheckpointError` on every rank; a crash anywhere before the rename leaves a temp folder without a
+    manifest, which is never a complete checkpoint and is removed by the next save.
+    """
+    _check_save_args(step, keep_last)
+    json_state, tensor_state = _split_trainer_state(trainer_state)
+    begun: tuple[Path, Path | None] | CheckpointError | None = None
+    if world.is_main:
+        try:
+            begun = _begin_save(ckpt_root, step)
+        except CheckpointError as exc:
+            begun = exc
+    begun = world.broadcast_object(begun)
+    if isinstance(begun, CheckpointError):
+        raise begun
+    temp_dir, previous = begun
+
+    failure: str | None = None
+    current = f"{SHARDED_DIR}/ (the model and optimizer shards of rank {world.rank})"
+    try:
+        from torch.distributed.checkpoint import FileSystemWriter, save
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        # A collective: DCP gathers every rank's write result, so an I/O error on one rank is raised on all of them.
+        with warnings.catch_warnings():  # DCP warns that no_dist means one process, which is why it is asked for
+            warnings.filterwarnings("ignore", message=r"torch\.distributed is disabled")
+            save({"model": model_state, "optim": optimizer_state},
+                 storage_writer=FileSystemWriter(temp_dir / SHARDED_DIR, sync_files=True),
+                 no_dist=not world.distributed)
+        current = _rank_rng_name(world.rank)
+        rng_state = _capture_rng_state()
+        write_new_file(temp_dir / current, lambda f: torch.save(rng_state, f))
+    except Exception as exc:
+        failure = f"{os_error_reason(exc)} while writing {current}"
+    # Every rank iterates the full tensors, even after a failure: the iteration is a collective (one all-gather per
+    # tensor), so a rank that stopped early would leave the others waiting.
+    failure = _write_hf_export(temp_dir / "hf" if world.is_main else None, full_tensors(), hf_model, tokenizer,
+                               max_shard_bytes) or failure
+    failures = [f for f in world.all_gather_objects(failure) if f is not None]
+    hashed: dict[str, dict[str, Any]] = {}
+    if not failures:
+        # Each rank hashes its share of what is there now, so rank 0 does not read the whole checkpoint alone.
+        rels = _relative_files(temp_dir)
+        try:
+            mine = _file_entries(temp_dir, rels[world.rank::world.world_size])
+        except OSError as exc:
+            mine = f"{os_error_reason(exc)} while hashing the files of rank {world.rank}"
+        for entries in world.all_gather_objects(mine):
+            if isinstance(entries, str):
+                failures.append(entries)
+            else:
+                hashed.update(entries)
+    outcome: Path | CheckpointError | None = None
+    if world.is_main:
+        if failures:
+            outcome = _save_failed(RuntimeError(failures[0]), "the sharded checkpoint", step, temp_dir, previous)
+        else:
+            try:
+                outcome = _finish_save(ckpt_root, step, temp_dir, previous, scheduler=scheduler,
+                                       json_state=json_state, tensor_state=tensor_state, keep_last=keep_last,
+                                       layout={"layout": SHARDED_LAYOUT, "world_size": world.world_size},
+                                       hashed=hashed)
+            except CheckpointError as exc:
+                outcome = exc
+    outcome = world.broadcast_object(outcome)
+    if isinstance(outcome, CheckpointError):
+        raise outcome
+    return Path(outcome)
+
+
+def _write_hf_export(folder: Path | None, tensors: Iterator[tuple[str, torch.Tensor]], hf_model: PreTrainedModel,
+                     tokenizer: PreTrainedTokenizerBase | None, max_shard_bytes: int) -> str | None:
+    """Write ``tensors`` (name, full tensor) as a Hugging Face folder, holding at most one shard's worth at a time.
+
+    ``folder`` None (not rank 0): only drain the iterator. Returns None, or why the export failed; the iterator is
+    always drained to its end. The files are those ``save_pretrained`` writes: ``model.safetensors`` (or
+    ``model-0000k-of-0000N.safetensors`` plus ``model.safetensors.index.json``), ``config.json``,
+    ``generation_config.json`` and the tokenizer's files.
+    """
+    from safetensors.torch import save as safetensors_bytes
+
+    failure: str | None = None
+    written: list[tuple[str, list[str]]] = []  # (temp shard file name, its tensor names)
+    bucket: dict[str, torch.Tensor] = {}
+    bucket_bytes = 0
+    total_bytes = 0
+
+    def flush() -> None:
+        nonlocal bucket, bucket_bytes
+        shard = f"shard-{len(written):05d}.safetensors"
+        data = safetensors_bytes(bucket, metadata={"format": "pt"})
+        write_new_file(folder / shard, lambda f: f.write(data))
+        written.append((shard, list(bucket)))
+        bucket, bucket_bytes = {}, 0
+
+    try:
+        for name, tensor in tensors:
+            if folder is None or failure is not None:
+                continue
+            try:
+                if not bucket and not written:
+                    folder.mkdir()
+                tensor = tensor.detach().to("cpu", copy=True).contiguous()  # a copy: the gathered one can be freed
+                nbytes = tensor.numel() * tensor.element_size()
+                if bucket and bucket_bytes + nbytes > max_shard_bytes:
+                    flush()
+                bucket[name] = tensor
+                bucket_bytes += nbytes
+                total_bytes += nbytes
+            except Exception as exc:
+                failure = f"{os_error_reason(exc)} while writing hf/ (model weights)"
+    except Exception as exc:  # the gathering itself failed (on every rank alike: it is a collective)
+        return f"{os_error_reason(exc)} while gathering the full weights for hf/"
+    if folder is None or failure is not None:
+        return failure
+    current = "hf/ (model weights)"
+    try:
+        if not written and not bucket:
+            raise ValueError("the model has no tensors to export")
+        if bucket:
+            flush()
+        count = len(written)
+        final_names = (["model.safetensors"] if count == 1
+                       else [f"model-{k + 1:05d}-of-{count:05d}.safetensors" for k in range(count)])
+        for (shard, _), final in zip(written, final_names, strict=True):
+            os.replace(folder / shard, folder / final)
+        if count > 1:
+            index = {"metadata": {"total_size": total_bytes},
+                     "weight_map": {n: final for (_, names), final in zip(written, final_names, strict=True)
+                                    for n in names}}
+            write_new_file(folder / "model.safetensors.index.json", lambda f: f.write(_json_bytes(index)))
+        current = "hf/ (config)"
+        config = copy.deepcopy(hf_model.config)
+        config.architectures = [type(hf_model).__name__]  # as save_pretrained records it
+        config.save_pretrained(folder)
+        generation_config = getattr(hf_model, "generation_config", None)
+        if generation_config is not None and hf_model.can_generate():
+            generation_config.save_pretrained(folder)
+        if tokenizer is not None:
+            current = "hf/ (tokenizer files)"
+            tokenizer.save_pretrained(folder)
+    except Exception as exc:
+        return f"{os_error_reason(exc)} while writing {current}"
+    return None
 
 
 def _split_trainer_state(trainer_state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -247,6 +453,11 @@ def _same_json_value(a: Any, b: Any) -> bool:
 
 def _json_bytes(obj: Any) -> bytes:
     return (json.dumps(obj, indent=2, allow_nan=False) + "\n").encode("utf-8")
+
+
+def _rank_rng_name(rank: int) -> str:
+    """A sharded checkpoint's RNG file of ``rank``: every rank keeps its own streams (a CUDA RNG is per device)."""
+    return f"rng_rank{rank}.pt"
 
 
 def _capture_rng_state() -> dict[str, Any]:
@@ -487,8 +698,17 @@ def load_checkpoint(
     if problem is not None:
         raise CheckpointError(f"cannot load {path}: not a complete checkpoint ({problem})")
 
-    _load_model_weights(path / "hf", model, load_weights)
-    if optimizer is not None:
+    sharded = _read_manifest(path).get("layout") == SHARDED_LAYOUT
+    rng_file = path / "rng.pt"
+    if sharded:
+        _load_sharded_state(path / SHARDED_DIR, model, optimizer)
+        rank = _process_rank()
+        # The same world size continues every rank's own streams (exact resume); another one takes rank 0's, as a
+        # full checkpoint hands rank 0's to every rank.
+        rng_file = path / _rank_rng_name(rank if (path / _rank_rng_name(rank)).is_file() else 0)
+    else:
+        _load_model_weights(path / "hf", model, load_weights)
+    if optimizer is not None and not sharded:
         optimizer_state = _torch_load(path / "optimizer.pt")
         try:
             (optimizer.load_state_dict if load_optimizer is None else load_optimizer)(optimizer_state)
@@ -508,8 +728,51 @@ def load_checkpoint(
         raise CheckpointError(f"cannot read {path / 'trainer_state.json'}: {exc}") from exc
     if (path / "trainer_state.pt").is_file():
         trainer_state.update(_torch_load(path / "trainer_state.pt"))
-    _restore_rng_state(_torch_load(path / "rng.pt"), path / "rng.pt")  # last: nothing above may draw from it
+    _restore_rng_state(_torch_load(rng_file), rng_file)  # last: nothing above may draw from it
     return trainer_state
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    """The manifest of a checkpoint that :func:`_manifest_problem` already accepted."""
+    return json.loads((path / MANIFEST_NAME).read_text(encoding="utf-8"))
+
+
+def _process_rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _load_sharded_state(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+    """Load a DCP folder into ``model`` (and ``optimizer``), on any world size and either strategy.
+
+    ``get_state_dict`` describes what this process holds (its FSDP2 shards as DTensors, or a replica's whole
+    tensors), and DCP reads exactly those pieces from whichever rank files hold them: resharding on load. Without a
+    process group (one process) DCP reads in ``no_dist`` mode, so no group is ever created for it.
+    """
+    import torch.distributed as dist
+    from torch.distributed.checkpoint import FileSystemReader, load
+    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
+                                                         set_model_state_dict, set_state_dict)
+
+    no_dist = not (dist.is_available() and dist.is_initialized())
+    try:
+        if optimizer is None:
+            state = {"model": get_model_state_dict(model)}
+        else:
+            model_state, optimizer_state = get_state_dict(model, optimizer)
+            state = {"model": model_state, "optim": optimizer_state}
+        with warnings.catch_warnings():  # DCP warns that no_dist means one process, which is why it is asked for
+            warnings.filterwarnings("ignore", message=r"torch\.distributed is disabled")
+            load(state, storage_reader=FileSystemReader(folder), no_dist=no_dist)
+        if optimizer is None:
+            set_model_state_dict(model, state["model"])
+        else:
+            set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    except Exception as exc:  # CheckpointException (a key or shape the files lack), or a read error
+        raise CheckpointError(f"cannot load the sharded state in {folder} into this model: "
+                              f"{type(exc).__name__}: {str(exc)[:500]} (was it saved from a different "
+                              "architecture?)") from exc
 
 
 def _torch_load(path: Path) -> Any:

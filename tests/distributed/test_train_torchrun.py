@@ -24,14 +24,22 @@ SMALL = [*FAST, "data.max_response_length=16", "reward_model.overlong_buffer.len
          "trainer.val_before_train=false", "trainer.test_freq=0", "trainer.save_freq=1", "trainer.logger=[jsonl]"]
 
 
+TORCHRUN_ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def torchrun_command(args: list[str], run_root: Path, *, nproc: int = 2, rdzv: list[str] | None = None) -> list[str]:
+    """``torchrun ... -m dapo.cli.main train ARGS`` (on loopback unless ``rdzv`` says how to meet), to run with
+    ``TORCHRUN_ENV``."""
+    meet = rdzv or ["--master-addr=127.0.0.1", f"--master-port={free_port()}"]
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", *meet,
+            "-m", "dapo.cli.main", "train", *args, f"trainer.default_local_dir={run_root}"]
+
+
 def torchrun(args: list[str], run_root: Path, *, nproc: int = 2, rdzv: list[str] | None = None,
              timeout: float = 240) -> subprocess.CompletedProcess:
-    """``torchrun ... -m dapo.cli.main train ARGS`` (on loopback unless ``rdzv`` says how to meet)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    meet = rdzv or ["--master-addr=127.0.0.1", f"--master-port={free_port()}"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", *meet,
-           "-m", "dapo.cli.main", "train", *args, f"trainer.default_local_dir={run_root}"]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    """Run :func:`torchrun_command` to its end."""
+    return subprocess.run(torchrun_command(args, run_root, nproc=nproc, rdzv=rdzv), capture_output=True, text=True,
+                          timeout=timeout, env=TORCHRUN_ENV)
 
 
 def metric_steps(run_dir: Path) -> list[int]:
@@ -84,11 +92,10 @@ def test_two_ranks_train_and_checkpoints_move_between_world_sizes(tmp_path: Path
 @pytest.mark.slow
 def test_two_nodes_meet_through_c10d_and_train_together(tmp_path: Path) -> None:
     rdzv = ["--nnodes=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id=dapo-test"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     cmds = [[sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=1", *rdzv, f"--node-rank={node}",
              "-m", "dapo.cli.main", "train", *SMALL, "trainer.total_training_steps=1",
              f"trainer.default_local_dir={tmp_path}"] for node in (0, 1)]
-    nodes = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    nodes = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=TORCHRUN_ENV)
              for cmd in cmds]
     try:
         outs = [node.communicate(timeout=240) for node in nodes]

@@ -56,6 +56,10 @@ inside ``torch.random.fork_rng`` so that the caller's RNG (the same RNG, in proc
 then depend only on the weights, the prompts, the params and the seed: the same call reproduces exactly, including
 after a restart (exact resume). ``seed=None`` draws from the process's torch RNG, like the HF engine's
 ``seed=None`` (vLLM seeds the process's RNGs with the engine ``seed`` while starting; the constructor restores them).
+``SamplingParams.prompt_seeds`` (per-prompt streams, which make the HF engine's samples independent of the batch and
+so of the data-parallel split) are ignored for the same reason: the call samples from ``params.seed``, so a prompt's
+samples depend on the other prompts of the call, and ranks under torchrun sample other responses than one process.
+On a GPU, per-request ``vllm.SamplingParams(seed=...)`` from the prompt seeds would give that invariance (untried).
 
 **Weights.** :meth:`update_weights` runs the worker's ``reload_weights(weights_iterator=...)`` through
 ``LLM.collective_rpc`` and then ``LLM.reset_prefix_cache()``. ``reload_weights`` is vLLM's layerwise in-place reload of

@@ -29,10 +29,18 @@ Resume equality: ``load_checkpoint`` restores parameters, optimizer and schedule
 stream exactly, so continuing training after a load gives bit-identical parameters to a run that was
 never interrupted (on CPU; CUDA kernels may add their own non-determinism).
 
-Sharded models (FSDP2): the caller gathers the full model and optimizer state (``model_state`` /
-``optimizer_state`` of :func:`save_checkpoint`, in the formats above), so the files are the same whichever strategy
-wrote them and a run resumes on any world size with either strategy; loading reads the same full files on every rank
-and hands them to the caller's ``load_weights`` / ``load_optimizer``, which scatter them into the shards.
+Sharded models (FSDP2) have two formats (``trainer.checkpoint_format``; docs/checkpoints.md):
+
+- full (:func:`save_checkpoint`): the caller gathers the full model and optimizer state onto rank 0 (``model_state``
+  / ``optimizer_state``, in the formats above), so the files are those a replicated actor writes; loading reads the
+  same full files on every rank and hands them to the caller's ``load_weights`` / ``load_optimizer``, which scatter
+  them into the shards. Rank 0 needs CPU memory for the whole model and optimizer state.
+- sharded (:func:`save_sharded_checkpoint`, every rank calls it): ``optimizer.pt`` and ``rng.pt`` are replaced by
+  ``sharded/`` (``torch.distributed.checkpoint``: each rank writes its own shards of model and optimizer into rank
+  0's temp folder, so nothing is gathered) and ``rng_rank{r}.pt`` (each rank's RNG); ``hf/`` is still written, by rank
+  0, from full tensors streamed one at a time. The manifest (``"layout": "sharded"``) covers the DCP files like any
+  other, and is still written last by rank 0 after every rank has finished. Loading reshards: DCP reads the slices
+  this process holds, whatever world size or strategy wrote them, and in one process without a process group too.
 
 Security: every ``.pt`` file is read with ``torch.load(weights_only=True)``, so loading a checkpoint
 never runs pickled code. ``save_checkpoint`` checks at save time that ``scheduler.pt`` and
@@ -190,14 +198,18 @@ def _begin_save(ckpt_root: Path, step: int) -> tuple[Path, Path | None]:
     return temp_dir, previous
 
 
-def _save_failed(exc: BaseException, current: str, step: int, temp_dir: Path, previous: Path | None) -> BaseException:
-    """Remove the partial folder; the exception to raise (a KeyboardInterrupt / SystemExit passes through as is)."""
+def _save_failed(exc: BaseException | None, current: str, step: int, temp_dir: Path, previous: Path | None, *,
+                 failure: str | None = None) -> BaseException:
+    """Remove the partial folder; the exception to raise (a KeyboardInterrupt / SystemExit passes through as is).
+
+    ``failure``: the "<reason> while <doing what>" of a failure already described (on another rank), instead of
+    ``exc`` while writing ``current``."""
     shutil.rmtree(temp_dir, ignore_errors=True)
-    if not isinstance(exc, Exception):
+    if exc is not None and not isinstance(exc, Exception):
         return exc
+    failure = failure or f"{os_error_reason(exc)} while writing {current}"
     intact = f"previous checkpoint {previous.name} is intact" if previous is not None else "there is no previous checkpoint"
-    return CheckpointError(f"{os_error_reason(exc)} while writing {current} for step {step}; {intact} "
-                           f"(partial folder {temp_dir.name} removed)")
+    return CheckpointError(f"{failure} for step {step}; {intact} (partial folder {temp_dir.name} removed)")
 
 
 def _file_entries(root: Path, rels: list[str]) -> dict[str, dict[str, Any]]:
@@ -328,7 +340,7 @@ def save_sharded_checkpoint(
     outcome: Path | CheckpointError | None = None
     if world.is_main:
         if failures:
-            outcome = _save_failed(RuntimeError(failures[0]), "the sharded checkpoint", step, temp_dir, previous)
+            outcome = _save_failed(None, "", step, temp_dir, previous, failure=failures[0])
         else:
             try:
                 outcome = _finish_save(ckpt_root, step, temp_dir, previous, scheduler=scheduler,
@@ -691,7 +703,9 @@ def load_checkpoint(
     ``optimizer``/``scheduler`` may be None to restore weights only (e.g. for evaluation). Raises
     :class:`CheckpointError` when ``path`` is not a complete checkpoint or does not fit the objects.
     ``load_weights`` (full state dict -> the keys it could not fill) and ``load_optimizer`` (full optimizer state)
-    replace ``model.load_state_dict`` / ``optimizer.load_state_dict`` for a model they cannot load (sharded).
+    replace ``model.load_state_dict`` / ``optimizer.load_state_dict`` for a model they cannot load (sharded); they
+    apply to the full format only. A sharded checkpoint loads through DCP into any model (FSDP2 shards or whole
+    tensors), and each rank restores its own RNG file when the checkpoint has one for its rank, else rank 0's.
     """
     path = Path(path)
     problem = _manifest_problem(path, verify=True)

@@ -58,7 +58,7 @@ from dapo.training.actor_step import update_actor
 from dapo.training.dynamic_sampling_buffer import DynamicSamplingBuffer
 from dapo.training.errors import TrainingError
 from dapo.training.generation import derive_seed, generate_and_filter, validate_across_ranks
-from dapo.training.run_state import RunState, find_resume_checkpoint, resume_run, save_run
+from dapo.training.run_state import RunState, checkpoint_format, find_resume_checkpoint, resume_run, save_run
 from dapo.training.weight_sync import WeightSync
 
 log = logging.getLogger(__name__)
@@ -135,6 +135,7 @@ def train(cfg: DapoConfig, world: World = World()) -> TrainResult:
             engine_module = copy.deepcopy(policy.model)  # before sharding: the same architecture and weights
         policy = dataclasses.replace(policy, model=shard_actor(
             policy.model, cfg.actor.fsdp, world, gradient_checkpointing=cfg.actor.gradient_checkpointing))
+    checkpoint_format(cfg, policy.model)  # a format this actor cannot write fails now, not at the first save
     task = encode_task(records, data_cfg, policy.tokenizer)  # only the prompt lengths need the tokenizer
     if warning := repeated_prompt_warning(task.val, cfg.rollout.val_kwargs.n):
         log.warning("%s", warning)

@@ -16,10 +16,10 @@ from dapo.config import DapoConfig
 from dapo.data.prompt_sampler import PromptSampler
 from dapo.distributed.data_parallel import is_sharded, replicas_differ
 from dapo.distributed.fsdp import (full_model_state, full_optimizer_state, load_full_model_state,
-                                   load_full_optimizer_state)
+                                   load_full_optimizer_state, stream_full_state)
 from dapo.distributed.world import World
 from dapo.infra.checkpoint import (CheckpointError, checkpoint_problems, find_latest_checkpoint, load_checkpoint,
-                                   save_checkpoint)
+                                   save_checkpoint, save_sharded_checkpoint)
 from dapo.model.loading import Policy
 from dapo.reward.scored_groups import ScoredGroup
 from dapo.training.dynamic_sampling_buffer import DynamicSamplingBuffer
@@ -58,16 +58,23 @@ def save_run(run_dir: Path, state: RunState, policy: Policy, optimizer, schedule
              world: World = World()) -> Path | None:
     """Checkpoint ``run_dir/checkpoints/global_step_{state.step}`` atomically (see ``dapo.infra.checkpoint``).
 
-    Rank 0 writes (other ranks return None): the run state is the same on every rank, and a replicated model and
-    optimizer are the whole state on rank 0. A sharded (FSDP2) actor's full model and optimizer state are gathered
-    first (every rank takes part, rank 0 receives them in CPU memory), so the checkpoint is the same format either
-    way and resumes on any number of ranks with either strategy."""
+    Full format: rank 0 writes (other ranks return None): the run state is the same on every rank, and a replicated
+    model and optimizer are the whole state on rank 0; a sharded (FSDP2) actor's full state is gathered onto rank 0's
+    CPU first (``trainer.checkpoint_format=full``). Sharded format (fsdp2 under 'auto'): every rank writes its own
+    shards and returns the path; nothing is gathered but the streamed hf/ export. Either resumes on any number of
+    ranks with either strategy (docs/checkpoints.md)."""
     differ = replicas_differ(policy.model, world)  # every rank reaches it, and every rank raises alike
     if differ:
         raise TrainingError(
             f"step {state.step}: the data-parallel replicas of the model differ ({len(differ)} parameters, first "
             f"{differ[0]}): rank 0's checkpoint would not be the run's state. Ranks must apply the same summed "
             "gradients; a rank-dependent random draw or a non-deterministic all-reduce breaks that")
+    if checkpoint_format(cfg, policy.model) == "sharded":  # every rank writes its shards, rank 0 the rest
+        return save_sharded_checkpoint(run_dir / "checkpoints", state.step, world=world, model=policy.model,
+                                       optimizer=optimizer, full_tensors=lambda: stream_full_state(policy.model),
+                                       hf_model=policy.model.hf_model, tokenizer=policy.tokenizer,
+                                       scheduler=scheduler, trainer_state=state.state_dict(),
+                                       keep_last=cfg.trainer.max_ckpt_to_keep)
     model, model_state, optimizer_state = policy.model, None, None
     if is_sharded(policy.model):
         model_state = full_model_state(policy.model)
@@ -79,6 +86,19 @@ def save_run(run_dir: Path, state: RunState, policy: Policy, optimizer, schedule
                            optimizer=optimizer, scheduler=scheduler, trainer_state=state.state_dict(),
                            keep_last=cfg.trainer.max_ckpt_to_keep, model_state=model_state,
                            optimizer_state=optimizer_state)
+
+
+def checkpoint_format(cfg: DapoConfig, model) -> str:
+    """'full' or 'sharded': what ``trainer.checkpoint_format`` means for this actor ('auto': sharded when the actor
+    is an FSDP2 model, whose full state would otherwise be gathered onto rank 0). Raises ``TrainingError`` for
+    'sharded' without FSDP2: a replica's whole state already is on rank 0, there is nothing to shard."""
+    fmt = cfg.trainer.checkpoint_format
+    if fmt == "auto":
+        return "sharded" if is_sharded(model) else "full"
+    if fmt == "sharded" and not is_sharded(model):
+        raise TrainingError("trainer.checkpoint_format=sharded writes the FSDP2 shards of each rank and needs "
+                            "actor.strategy=fsdp2; use trainer.checkpoint_format=full or auto")
+    return fmt
 
 
 def find_resume_checkpoint(run_dir: Path, cfg: DapoConfig) -> Path | None:

@@ -1,9 +1,10 @@
 """Sharded checkpoints (``actor.strategy=fsdp2``, ``trainer.checkpoint_format=auto``) under real torchrun ranks (gloo,
 CPU): every rank writes its own shards, a 2-rank run resumes at 2 ranks bit-exactly, and the same checkpoint continues
-in one process and in the replicated strategy (DCP reshards on load).
+in one process and in the replicated strategy (DCP reshards on load), and a one-process full checkpoint continues on
+2 fsdp2 ranks.
 
-One uninterrupted 3-step 2-rank run (checkpoints at steps 2 and 3 kept) is the reference of every test: a copy of its
-run directory without step 3 is a run interrupted after step 2, as a 2-step run would leave it (same weights,
+One uninterrupted 3-step 2-rank run (checkpoints at steps 2 and 3 kept) is the reference of the first two tests: a
+copy of its run directory without step 3 is a run interrupted after step 2, as a 2-step run would leave it (same weights,
 optimizer, RNG and sampler state; only its metrics would also hold a last-step validation).
 """
 
@@ -60,7 +61,8 @@ def test_two_ranks_write_their_own_shards_and_resume_bit_exactly(reference: Path
     shards = {rank: files[f"sharded/__{rank}_0.distcp"]["size"] for rank in (0, 1)}
     # Each rank wrote about half of the model + AdamW state (FSDP2 shards every parameter's first dimension).
     assert max(shards.values()) < 0.6 * sum(shards.values())
-    assert {"sharded/.metadata", "rng_rank0.pt", "rng_rank1.pt", "hf/model.safetensors", "hf/config.json"} <= files.keys()
+    assert {"sharded/.metadata", "rng_rank0.pt", "rng_rank1.pt", "hf/model.safetensors",
+            "hf/config.json"} <= files.keys()
     from transformers import AutoModelForCausalLM
     assert AutoModelForCausalLM.from_pretrained(ckpt / "hf") is not None  # the export vLLM / transformers read
 
@@ -115,3 +117,17 @@ def test_the_two_rank_sharded_checkpoint_resumes_in_one_process_and_replicated(r
     assert metric_steps(two) == [1, 2, 3]
     # Two replicas agree (save_run checks it) and sum the same gradients as one process over the same groups.
     assert _weights(two, 3).keys() == _weights(one, 3).keys()
+
+
+@pytest.mark.slow
+def test_a_one_process_full_checkpoint_continues_on_two_fsdp2_ranks_which_then_write_shards(tmp_path: Path) -> None:
+    run_dir = tmp_path / "tiny-synth"
+    one = run_dapo(["train", *SMALL, "trainer.total_training_steps=1"], tmp_path)
+    assert one.returncode == 0, one.stderr[-4000:]
+    assert (run_dir / "checkpoints" / "global_step_1" / "optimizer.pt").is_file()  # one process: the full format
+
+    two = torchrun([*SMALL, "trainer.total_training_steps=2", "actor.strategy=fsdp2"], tmp_path)
+    assert two.returncode == 0, two.stderr[-4000:]
+    assert "(step 1)" in two.stdout and step_lines(two.stdout) == ["step 2/2"]
+    manifest = json.loads((run_dir / "checkpoints" / "global_step_2" / "manifest.json").read_text())
+    assert manifest["layout"] == "sharded" and manifest["world_size"] == 2

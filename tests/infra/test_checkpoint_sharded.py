@@ -1,7 +1,8 @@
 """The sharded checkpoint format in one process (no process group: DCP's no_dist path, the one a single-process resume
 of a multi-rank checkpoint takes): what it writes, exact resume, a multi-file hf/ export, and that neither a failure
 nor a SIGKILL between the shard writes and the manifest leaves a complete checkpoint. The multi-rank halves (2 ranks
-writing, resharding onto 1 process / another strategy) run under torchrun in tests/distributed/test_sharded_checkpoint.py.
+writing, resharding onto 1 process / another strategy) run under torchrun in
+tests/distributed/test_sharded_checkpoint.py.
 """
 
 from __future__ import annotations

@@ -208,7 +208,8 @@ def _save_failed(exc: BaseException | None, current: str, step: int, temp_dir: P
     if exc is not None and not isinstance(exc, Exception):
         return exc
     failure = failure or f"{os_error_reason(exc)} while writing {current}"
-    intact = f"previous checkpoint {previous.name} is intact" if previous is not None else "there is no previous checkpoint"
+    intact = (f"previous checkpoint {previous.name} is intact" if previous is not None
+              else "there is no previous checkpoint")
     return CheckpointError(f"{failure} for step {step}; {intact} (partial folder {temp_dir.name} removed)")
 
 

@@ -30,11 +30,16 @@ from dapo.model.loading import load_policy
 
 
 def make_batch(groups: int, n: int, prompt_len: int, max_response: int, vocab: int, seed: int) -> TrainBatch:
+    """``groups`` prompts of ``prompt_len`` +- 20% tokens, each with ``n`` responses of uniform length in
+    [1, max_response]: the samples of a group share their prompt, as in every RL batch."""
     g = torch.Generator().manual_seed(seed)
     size = groups * n
     lengths = torch.randint(1, max_response + 1, (size,), generator=g).tolist()
+    low, high = max(1, round(prompt_len * 0.8)), max(1, round(prompt_len * 1.2))
+    prompts = [torch.randint(0, vocab, (int(torch.randint(low, high + 1, (), generator=g)),), generator=g)
+               for _ in range(groups)]
     return TrainBatch(
-        prompt_ids=[torch.randint(0, vocab, (prompt_len,), generator=g) for _ in range(size)],
+        prompt_ids=[prompts[i // n] for i in range(size)],
         response_ids=[torch.randint(0, vocab, (length,), generator=g) for length in lengths],
         advantages=torch.randn(size, generator=g),
         sample_mask=torch.ones(size, dtype=torch.bool),
@@ -53,6 +58,8 @@ def timed(fn: object, device: torch.device) -> float:
 
 
 def build_model(args: argparse.Namespace) -> torch.nn.Module:
+    if args.model is not None:
+        return load_policy(ModelConfig(path=args.model)).model
     if args.hidden is None:
         return load_policy(ModelConfig()).model
     torch.manual_seed(0)
@@ -66,6 +73,8 @@ def build_model(args: argparse.Namespace) -> torch.nn.Module:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="a Hugging Face model folder (default: the tiny model)")
+    parser.add_argument("--layouts", default="packed,padded,shared_prompt", help="comma-separated actor.layout values")
     parser.add_argument("--hidden", type=int, default=None, help="random Qwen2 of this width (default: tiny model)")
     parser.add_argument("--intermediate", type=int, default=None)
     parser.add_argument("--layers", type=int, default=2)
@@ -101,7 +110,7 @@ def main() -> None:
             logprob_chunk_size=args.chunk, dtype=args.dtype, optim=OptimConfig(lr=1e-6),
         )
 
-    layouts = ("packed", "padded")
+    layouts = tuple(args.layouts.split(","))
     seconds: dict[tuple[str, str], list[float]] = {(lay, ph): [] for lay in layouts for ph in ("old_lp", "update")}
     for layout in layouts:  # warm-up: first calls pay one-time kernel selection
         compute_log_probs_batch(base_model, batch.select(range(min(8, len(batch)))), config(layout), 1.0)
@@ -115,10 +124,13 @@ def main() -> None:
             seconds[(layout, "update")].append(timed(
                 lambda: update_policy(model, optimizer, scheduler, batch, cfg, temperature=1.0), device))
 
-    print(f"{'phase':<22}{'packed s':>10}{'padded s':>10}{'padded:packed':>15}")
+    first = layouts[0]
+    print(f"{'phase':<10}" + "".join(f"{lay + ' s':>16}" for lay in layouts)
+          + "".join(f"{lay + ':' + first:>26}" for lay in layouts[1:]))
     for phase in ("old_lp", "update"):
-        packed, padded = (statistics.median(seconds[(lay, phase)]) for lay in layouts)
-        print(f"{phase:<22}{packed:>10.3f}{padded:>10.3f}{padded / packed:>15.2f}")
+        medians = [statistics.median(seconds[(lay, phase)]) for lay in layouts]
+        print(f"{phase:<10}" + "".join(f"{m:>16.3f}" for m in medians)
+              + "".join(f"{m / medians[0]:>26.2f}" for m in medians[1:]))
     if device.type == "cuda":
         print(f"peak CUDA memory: {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
 

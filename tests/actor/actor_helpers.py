@@ -38,7 +38,8 @@ def random_batch(
     max_response: int = 8,
     masked: tuple[int, ...] = (),
 ) -> TrainBatch:
-    """Random prompts/responses (lengths >= 1), N(0, 1) advantages, samples in ``masked`` excluded from the loss."""
+    """Random prompts/responses (lengths >= 1), N(0, 1) advantages, samples in ``masked`` excluded from the loss; the
+    samples of a group share their prompt, as in every RL batch (the shared-prompt layout runs it once)."""
     g = torch.Generator().manual_seed(seed)
     n = num_groups * group_size
 
@@ -46,7 +47,8 @@ def random_batch(
         length = int(torch.randint(1, max_len + 1, (1,), generator=g))
         return torch.randint(0, VOCAB, (length,), generator=g)
 
-    prompts = [tokens(max_prompt) for _ in range(n)]
+    group_prompts = [tokens(max_prompt) for _ in range(num_groups)]
+    prompts = [group_prompts[i // group_size] for i in range(n)]
     responses = [tokens(max_response) for _ in range(n)]
     sample_mask = torch.ones(n, dtype=torch.bool)
     sample_mask[list(masked)] = False

@@ -18,6 +18,7 @@ from dapo.actor.log_probs import (
     pack_sequences,
     pad_sequences,
     resolve_layout,
+    share_prompt_sequences,
 )
 
 
@@ -56,15 +57,44 @@ def test_pad_sequences_by_hand() -> None:
     assert padded.response_lengths == [3, 1]
 
 
-def test_auto_layout_packs_only_under_flash_attention() -> None:
-    assert resolve_layout("auto", tiny_qwen2(attn="sdpa")) == "padded"
-    assert resolve_layout("auto", tiny_qwen2(attn="eager")) == "padded"
+def test_auto_layout_packs_under_flash_attention_and_shares_prompts_elsewhere() -> None:
+    assert resolve_layout("auto", tiny_qwen2(attn="sdpa")) == "shared_prompt"
+    assert resolve_layout("auto", tiny_qwen2(attn="eager")) == "shared_prompt"
     model = tiny_qwen2()
     model.config._attn_implementation = "flash_attention_2"  # what from_pretrained sets when flash-attn is chosen
     assert resolve_layout("auto", model) == "packed"
     assert resolve_layout("padded", model) == "padded"
     with pytest.raises(ValueError, match="actor.layout"):
         resolve_layout("ragged", model)
+
+
+def test_shared_prompt_is_refused_with_activation_checkpointing_and_auto_falls_back_to_padded() -> None:
+    model = tiny_qwen2(attn="sdpa")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert resolve_layout("auto", model) == "padded"
+    with pytest.raises(ValueError, match="shared_prompt cannot run here: activation checkpointing is on"):
+        resolve_layout("shared_prompt", model)
+
+
+def test_share_prompt_sequences_by_hand() -> None:
+    # Samples 0 and 2 share prompt [1, 2]; sample 1 has prompt [3]. Responses of 3, 1 and 2 tokens.
+    prompt_a, prompt_b = torch.tensor([1, 2]), torch.tensor([3])
+    rows = share_prompt_sequences([prompt_a, prompt_b, prompt_a.clone()],
+                                  [torch.tensor([4, 5, 6]), torch.tensor([7]), torch.tensor([8, 9])])
+    assert rows.prompt_input_ids.tolist() == [[1, 2], [0, 3]]  # distinct prompts once, left-padded
+    assert rows.prompt_attention_mask.tolist() == [[1, 1], [0, 1]]
+    assert rows.prompt_position_ids.tolist() == [[0, 1], [0, 0]]
+    assert rows.sample_prompt.tolist() == [0, 1, 0]
+    # Fed lengths 2, 0, 1: sample 1 needs no response pass; 1 < 0.75 * 2 puts sample 2 in a chunk of its own.
+    assert [c.samples.tolist() for c in rows.chunks] == [[0], [2]]
+    first, second = rows.chunks
+    assert first.input_ids.tolist() == [[4, 5]] and first.position_ids.tolist() == [[2, 3]]
+    assert first.attention_mask.tolist() == [[1, 1, 1, 1]]
+    assert second.input_ids.tolist() == [[8]] and second.position_ids.tolist() == [[2]]
+    # Flat hidden states: [prompt a last, prompt b last, chunk 0 (2 positions), chunk 1 (1 position)].
+    assert rows.predictor_index.tolist() == [0, 2, 3, 1, 0, 4]
+    assert rows.targets.tolist() == [4, 5, 6, 7, 8, 9]
+    assert rows.response_lengths == [3, 1, 2]
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -138,13 +168,17 @@ def test_batch_log_probs_and_entropy_match_the_reference_in_batch_order() -> Non
         torch.testing.assert_close(g, w.detach(), atol=1e-5, rtol=0)
 
 
-def test_batch_log_probs_warn_once_about_samples_over_the_token_budget() -> None:
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_batch_log_probs_warn_once_about_samples_over_the_token_budget(layout: str) -> None:
     batch = random_batch(2, 2, seed=0, max_prompt=6, max_response=8)
-    budget = min(batch.sequence_lengths)  # at least one sample is longer unless all lengths are equal
-    over = sum(n > budget for n in batch.sequence_lengths)
+    # What one sample costs alone: all its tokens, or in the shared-prompt layout all but its last (never fed).
+    costs = [n - (layout == "shared_prompt") for n in batch.sequence_lengths]
+    budget = min(costs)  # at least one sample costs more unless all lengths are equal
+    over = sum(n > budget for n in costs)
     assert over > 0
+    cfg = actor_config(ppo_max_token_len_per_gpu=budget, layout=layout)
     with pytest.warns(UserWarning, match=f"{over} sample"):
-        compute_log_probs_batch(tiny_qwen2(), batch, actor_config(ppo_max_token_len_per_gpu=budget), temperature=1.0)
+        compute_log_probs_batch(tiny_qwen2(), batch, cfg, temperature=1.0)
 
 
 def test_bf16_autocast_is_close_to_fp32() -> None:

@@ -9,6 +9,9 @@ from hypothesis import strategies as st
 from dapo.actor.micro_batching import (
     pack_by_token_budget,
     plan_micro_batches,
+    response_chunks,
+    shared_prompt_cost,
+    split_by_shared_prompt,
     split_fixed_size,
     split_sorted_by_length,
     warn_oversized,
@@ -112,3 +115,51 @@ def test_plan_dispatches_on_the_config_switch() -> None:
 def test_oversized_warning_names_the_count_and_the_setting() -> None:
     with pytest.warns(UserWarning, match="3 sample.*ppo_max_token_len_per_gpu=8"):
         warn_oversized(3, 8, "here")
+
+
+def test_response_chunks_by_hand() -> None:
+    # Fed lengths (response - 1): index 1 feeds nothing; 8, 6 (>= 0.75 * 8) share a chunk, 5 starts one, 4 joins it.
+    assert response_chunks([8, 0, 5, 6, 4]) == [[0, 3], [2, 4]]
+    assert response_chunks([]) == [] and response_chunks([0, 0]) == []
+
+
+def test_shared_prompt_cost_by_hand() -> None:
+    # Two samples of prompt 0 (4 tokens) and one of prompt 1 (6 tokens); responses of 9, 7 and 3 tokens.
+    prompts, responses, keys = [4, 4, 6], [9, 7, 3], [0, 0, 1]
+    # 2 distinct prompts x 6 + chunk {0, 1} (fed 8 and 6) 2 x 8 + chunk {2} 1 x 2.
+    assert shared_prompt_cost(prompts, responses, keys, [0, 1, 2]) == 12 + 16 + 2
+    assert shared_prompt_cost(prompts, responses, keys, [0, 1]) == 4 + 16  # one prompt, paid once
+    assert shared_prompt_cost(prompts, responses, keys, []) == 0
+
+
+def test_shared_prompt_plan_keeps_groups_whole_when_they_fit_by_hand() -> None:
+    prompts, responses, keys = [10] * 6, [5, 5, 5, 9, 9, 9], [0, 0, 0, 1, 1, 1]
+    # Group 1 (longest responses) first: 10 + 3 x 8 = 34; with group 0 it would be 2 x 10 + 3 x 8 + 3 x 4 = 56.
+    plan = split_by_shared_prompt(prompts, responses, keys, max_tokens=40)
+    assert plan.micro_batches == [[0, 1, 2], [3, 4, 5]] and plan.num_oversized == 0
+    assert split_by_shared_prompt(prompts, responses, keys, max_tokens=56).micro_batches == [[0, 1, 2, 3, 4, 5]]
+    # A group too big for the budget is split where it overflows: 10 + 2 x 8 = 26 <= 30 < 10 + 3 x 8.
+    assert split_by_shared_prompt(prompts[3:], responses[3:], keys[3:], max_tokens=30).micro_batches == [[0, 1], [2]]
+    # Fixed size 4: group 1 whole, then group 0 fills the one place left and the rest starts the next micro-batch.
+    assert split_by_shared_prompt(prompts, responses, keys, micro_batch_size=4).micro_batches == [[0, 3, 4, 5],
+                                                                                                  [1, 2]]
+    with pytest.raises(ValueError, match="exactly one"):
+        split_by_shared_prompt(prompts, responses, keys)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), budget=st.integers(1, 120))
+def test_shared_prompt_plan_is_a_partition_within_budget(data: st.DataObject, budget: int) -> None:
+    group_sizes = data.draw(st.lists(st.integers(1, 6), max_size=8))
+    keys = [g for g, size in enumerate(group_sizes) for _ in range(size)]
+    group_prompt = [data.draw(st.integers(1, 30)) for _ in group_sizes]
+    prompts = [group_prompt[k] for k in keys]
+    responses = data.draw(st.lists(st.integers(1, 40), min_size=len(keys), max_size=len(keys)))
+    plan = split_by_shared_prompt(prompts, responses, keys, max_tokens=budget)
+    assert sorted(i for mb in plan.micro_batches for i in mb) == list(range(len(keys)))
+    alone = [shared_prompt_cost(prompts, responses, keys, [i]) for i in range(len(keys))]
+    for mb in plan.micro_batches:
+        assert mb and mb == sorted(mb)
+        cost = shared_prompt_cost(prompts, responses, keys, mb)
+        assert cost <= budget or (len(mb) == 1 and alone[mb[0]] > budget)
+    assert plan.num_oversized == sum(c > budget for c in alone)

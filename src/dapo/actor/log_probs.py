@@ -24,6 +24,7 @@ matmul per chunk).
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -31,11 +32,13 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
+from transformers import DynamicCache
 
 from dapo.actor.batch import TrainBatch
-from dapo.actor.micro_batching import plan_micro_batches, warn_oversized
+from dapo.actor.micro_batching import plan_micro_batches, response_chunks, warn_oversized
 from dapo.actor.precision import autocast_context
 from dapo.core.kl import entropy_from_logits
+from dapo.distributed.data_parallel import is_sharded
 
 if TYPE_CHECKING:
     from dapo.config import ActorConfig
@@ -49,9 +52,11 @@ __all__ = [
     "pack_sequences",
     "pad_sequences",
     "resolve_layout",
+    "share_prompt_sequences",
+    "uses_activation_checkpointing",
 ]
 
-LAYOUTS: tuple[str, ...] = ("packed", "padded")
+LAYOUTS: tuple[str, ...] = ("packed", "padded", "shared_prompt")
 
 # Config attributes of model families whose logits are NOT simply lm_head(hidden): computing lm_head ourselves would
 # silently give wrong log-probs for them, so they are refused.
@@ -81,14 +86,39 @@ class SequenceRows:
     response_lengths: list[int]
 
 
+def uses_activation_checkpointing(model: nn.Module) -> bool:
+    """Whether Hugging Face gradient (activation) checkpointing is on, under either transformers name."""
+    if hasattr(model, "is_activation_checkpointing"):
+        return bool(model.is_activation_checkpointing)
+    return bool(getattr(model, "is_gradient_checkpointing", False))
+
+
 def resolve_layout(requested: str, model: nn.Module) -> str:
-    """``actor.layout`` made concrete: ``auto`` is packed where flash-attention's varlen kernels run, else padded."""
-    if requested in LAYOUTS:
-        return requested
+    """``actor.layout`` made concrete for ``model``.
+
+    ``auto``: packed where flash-attention's varlen kernels run; otherwise shared_prompt, unless the model is sharded
+    (FSDP2 runs each layer's all-gather/reduce-scatter once per forward, and shared_prompt forwards twice), uses
+    activation checkpointing (Hugging Face's checkpointed layers drop the KV cache that carries the prompt to the
+    responses) or has sliding-window layers: padded then. An explicit shared_prompt that cannot run is refused, naming why.
+    """
+    if requested not in (*LAYOUTS, "auto"):
+        raise ValueError(f"actor.layout must be 'auto', 'packed', 'padded' or 'shared_prompt', got {requested!r}")
+    config = getattr(model, "config", None)
+    if config is None and hasattr(model, "hf_model"):  # the FSDP2 wrapper
+        config = getattr(model.hf_model, "config", None)
+    implementation = str(getattr(config, "_attn_implementation", "") or "")
+    sliding = "sliding_attention" in (getattr(config, "layer_types", None) or ())
+    obstacle = ("the actor is sharded (FSDP2)" if is_sharded(model) else
+                "activation checkpointing is on" if uses_activation_checkpointing(model) else
+                # a sliding-window layer's cache keeps only the window, not every prompt token
+                "the model has sliding-window attention layers" if sliding else None)
+    if requested == "shared_prompt" and obstacle is not None:
+        raise ValueError(f"actor.layout=shared_prompt cannot run here: {obstacle}; use auto, padded or packed")
     if requested != "auto":
-        raise ValueError(f"actor.layout must be 'auto', 'packed' or 'padded', got {requested!r}")
-    implementation = str(getattr(getattr(model, "config", None), "_attn_implementation", "") or "")
-    return "packed" if implementation.startswith("flash_attention") else "padded"
+        return requested
+    if implementation.startswith("flash_attention"):
+        return "packed"
+    return "padded" if obstacle is not None else "shared_prompt"
 
 
 def _check_prompts(prompt_ids: Sequence[Tensor]) -> None:
@@ -157,6 +187,140 @@ def pad_sequences(
     )
 
 
+@dataclass(frozen=True)
+class ResponseChunk:
+    """Responses of similar length run in one pass after their prompts' KV cache (see :class:`SharedPromptRows`).
+
+    Attributes:
+        samples: ``[C]`` the micro-batch samples of the chunk's rows.
+        input_ids: ``[C, V]`` each response but its last token (which predicts nothing), right-padded.
+        attention_mask: ``[C, W + V]``, the row's prompt mask followed by its response mask.
+        position_ids: ``[C, V]``, continuing from the prompt's length.
+    """
+
+    samples: Tensor
+    input_ids: Tensor
+    attention_mask: Tensor
+    position_ids: Tensor
+
+
+@dataclass(frozen=True)
+class SharedPromptRows:
+    """The model inputs of a micro-batch whose samples share prompts: each distinct prompt once, then the responses.
+
+    Pass 1 runs the ``D`` distinct prompts, left-padded (so every row ends with its prompt's last token), and fills a
+    KV cache. Then each response chunk (responses of similar length, :func:`response_chunks`) runs on a copy of its
+    rows' prompt caches. The hidden state of a prompt's last token predicts the first response token of each of its
+    samples; response token ``j`` predicts token ``j + 1``.
+
+    Attributes:
+        prompt_input_ids: ``[D, W]`` the distinct prompts, left-padded with token 0.
+        prompt_attention_mask: ``[D, W]`` (1 = real token).
+        prompt_position_ids: ``[D, W]``, 0 at each prompt's first real token.
+        sample_prompt: ``[S]`` the distinct-prompt row of each sample.
+        chunks: the response passes; samples with a one-token response are in none.
+        predictor_index: ``[N]`` flat positions into ``cat(last prompt hidden [D], chunk hidden [C_k * V_k] ...)``
+            whose hidden state predicts a response token, sample after sample.
+        targets: ``[N]`` the response tokens, in order.
+        response_lengths: tokens per response.
+    """
+
+    prompt_input_ids: Tensor
+    prompt_attention_mask: Tensor
+    prompt_position_ids: Tensor
+    sample_prompt: Tensor
+    chunks: list[ResponseChunk]
+    predictor_index: Tensor
+    targets: Tensor
+    response_lengths: list[int]
+
+
+def share_prompt_sequences(
+    prompt_ids: Sequence[Tensor], response_ids: Sequence[Tensor], device: torch.device | str = "cpu"
+) -> SharedPromptRows:
+    """The shared-prompt layout of (prompt, response) pairs: samples with equal prompt tokens share one prompt row."""
+    _check_prompts(prompt_ids)
+    row_of: dict[tuple[int, ...], int] = {}
+    sample_prompt = [row_of.setdefault(tuple(p.tolist()), len(row_of)) for p in prompt_ids]
+    distinct = [torch.as_tensor(key, dtype=torch.long) for key in row_of]
+    width = max(int(p.numel()) for p in distinct)
+    prompt_input_ids = torch.zeros(len(distinct), width, dtype=torch.long)
+    prompt_mask = torch.zeros(len(distinct), width, dtype=torch.long)
+    for row, prompt in enumerate(distinct):
+        prompt_input_ids[row, width - prompt.numel():] = prompt
+        prompt_mask[row, width - prompt.numel():] = 1
+    prompt_position_ids = (prompt_mask.cumsum(dim=-1) - 1).clamp(min=0)
+
+    lengths = [int(r.numel()) for r in response_ids]
+    # Flat position of the hidden state predicting response token j of sample i (j >= 1): its chunk's offset plus
+    # its row in the chunk times the chunk's width plus j - 1. Token 0 is predicted by the prompt's last hidden state.
+    offset_of: dict[int, tuple[int, int]] = {}
+    chunks: list[ResponseChunk] = []
+    offset = len(distinct)
+    for members in response_chunks([n - 1 for n in lengths]):
+        fed = lengths[members[0]] - 1  # the longest of the chunk
+        ids = torch.zeros(len(members), fed, dtype=torch.long)
+        mask = torch.zeros(len(members), fed, dtype=torch.long)
+        for row, i in enumerate(members):
+            ids[row, : lengths[i] - 1] = response_ids[i][: lengths[i] - 1]
+            mask[row, : lengths[i] - 1] = 1
+            offset_of[i] = (offset + row * fed, fed)
+        rows_prompt = torch.tensor([sample_prompt[i] for i in members])
+        chunks.append(ResponseChunk(
+            samples=torch.tensor(members).to(device),
+            input_ids=ids.to(device),
+            attention_mask=torch.cat([prompt_mask[rows_prompt], mask], dim=-1).to(device),
+            position_ids=(prompt_mask.sum(dim=-1)[rows_prompt].unsqueeze(-1) + torch.arange(fed)).to(device),
+        ))
+        offset += len(members) * fed
+    predictors: list[Tensor] = []
+    for i, r in enumerate(lengths):
+        if r > 0:
+            predictors.append(torch.tensor([sample_prompt[i]]))
+        if r > 1:
+            start = offset_of[i][0]
+            predictors.append(torch.arange(start, start + r - 1))
+    return SharedPromptRows(
+        prompt_input_ids=prompt_input_ids.to(device),
+        prompt_attention_mask=prompt_mask.to(device),
+        prompt_position_ids=prompt_position_ids.to(device),
+        sample_prompt=torch.tensor(sample_prompt, dtype=torch.long).to(device),
+        chunks=chunks,
+        predictor_index=(torch.cat(predictors) if predictors else torch.zeros(0, dtype=torch.long)).to(device),
+        targets=torch.cat(list(response_ids)).to(device=device, dtype=torch.long),
+        response_lengths=lengths,
+    )
+
+
+def _shared_prompt_hidden(decoder: nn.Module, rows: SharedPromptRows) -> Tensor:
+    """``[N, H]`` hidden states predicting every response token, from the passes of :class:`SharedPromptRows`.
+
+    Causal attention makes this exact: a prompt token's keys and values do not depend on what follows it, so each
+    response sees the same keys and values it would see in its own row. The cache tensors keep their autograd history
+    (indexing and ``torch.cat`` are differentiable), so the gradient of every sample's loss flows back into the one
+    prompt pass.
+    """
+    cache_kwarg = "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
+    config = getattr(decoder, "config", None)
+    prompt_cache = DynamicCache(config=config)
+    mask = rows.prompt_attention_mask
+    out = decoder(input_ids=rows.prompt_input_ids, position_ids=rows.prompt_position_ids,
+                  attention_mask=None if bool(mask.all()) else mask, use_cache=True, **{cache_kwarg: prompt_cache})
+    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    parts = [hidden[:, -1]]
+    prompt_kv = [(layer.keys, layer.values) for layer in prompt_cache.layers]
+    for chunk in rows.chunks:
+        cache = DynamicCache(config=config)
+        prompt_rows = rows.sample_prompt.index_select(0, chunk.samples)
+        for index, (keys, values) in enumerate(prompt_kv):
+            cache.update(keys.index_select(0, prompt_rows), values.index_select(0, prompt_rows), index)
+        out = decoder(input_ids=chunk.input_ids, position_ids=chunk.position_ids, attention_mask=chunk.attention_mask,
+                      use_cache=True, **{cache_kwarg: cache})
+        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        parts.append(hidden.reshape(-1, hidden.shape[-1]))
+    return torch.cat(parts).index_select(0, rows.predictor_index)
+
+
 def decoder_and_lm_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
     """The base decoder (returns hidden states) and the LM head of a Hugging Face causal LM (Qwen2, Llama, ...)."""
     name = type(model).__name__
@@ -208,18 +372,22 @@ def compute_response_log_probs(
         raise ValueError(f"chunk_size (logprob_chunk_size) must be >= 1, got {chunk_size}")
     decoder, lm_head = decoder_and_lm_head(model)
     device = lm_head.weight.device if isinstance(getattr(lm_head, "weight", None), Tensor) else torch.device("cpu")
-    build = pack_sequences if layout == "packed" else pad_sequences
-    rows = build(micro_batch.prompt_ids, micro_batch.response_ids, device)
     vocab = model.get_input_embeddings().num_embeddings if hasattr(model, "get_input_embeddings") else None
     if vocab is not None:
-        largest = int(rows.input_ids.max())
+        largest = max(int(t.max()) for t in (*micro_batch.prompt_ids, *micro_batch.response_ids) if t.numel())
         if largest >= vocab:
             raise ValueError(f"token id {largest} in the micro-batch is outside the model's vocabulary of {vocab}")
-
-    out = decoder(input_ids=rows.input_ids, position_ids=rows.position_ids, attention_mask=rows.attention_mask,
-                  use_cache=False)
-    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-    hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, rows.predictor_index)
+    rows: SequenceRows | SharedPromptRows
+    if layout == "shared_prompt":
+        rows = share_prompt_sequences(micro_batch.prompt_ids, micro_batch.response_ids, device)
+        hidden = _shared_prompt_hidden(decoder, rows)
+    else:
+        build = pack_sequences if layout == "packed" else pad_sequences
+        rows = build(micro_batch.prompt_ids, micro_batch.response_ids, device)
+        out = decoder(input_ids=rows.input_ids, position_ids=rows.position_ids, attention_mask=rows.attention_mask,
+                      use_cache=False)
+        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, rows.predictor_index)
 
     run = functools.partial(_chunk_log_probs, lm_head, temperature, with_entropy)
     recompute = torch.is_grad_enabled() and hidden.requires_grad
@@ -270,6 +438,8 @@ def _batch_log_probs(
         max_token_len=cfg.ppo_max_token_len_per_gpu,
         micro_batch_size=cfg.ppo_micro_batch_size_per_gpu,
         layout=layout,
+        prompt_lengths=batch.prompt_lengths,
+        prompt_keys=batch.group_index.tolist(),
     )
     warn_oversized(plan.num_oversized, cfg.ppo_max_token_len_per_gpu, "compute_log_probs_batch")
     log_probs_out: list[Tensor | None] = [None] * len(batch)

@@ -11,6 +11,10 @@ packed padding-free into one row, it costs the sum of its samples' lengths; padd
 * fixed size: ``micro_batch_size`` samples per micro-batch, consecutive when packed, of similar length when padded
   (:func:`split_fixed_size`).
 
+The shared-prompt layout runs each distinct prompt of a micro-batch once and the responses after it, so a micro-batch
+costs (distinct prompts x longest prompt) + its length-sorted response chunks; :func:`split_by_shared_prompt` keeps the
+samples of a group together, so their prompt is paid for once.
+
 Which samples share a micro-batch does not change the gradient: the loss aggregation normalises by the mini-batch's
 global token / sequence counts, so the micro-batch losses add up to the mini-batch loss exactly.
 """
@@ -24,9 +28,13 @@ from dataclasses import dataclass
 
 __all__ = [
     "MicroBatchPlan",
+    "CHUNK_MIN_SHARE",
     "pack_by_token_budget",
     "padding_micro_batches",
     "plan_micro_batches",
+    "response_chunks",
+    "shared_prompt_cost",
+    "split_by_shared_prompt",
     "split_fixed_size",
     "split_sorted_by_length",
     "warn_oversized",
@@ -136,6 +144,89 @@ def split_sorted_by_length(lengths: Sequence[int], max_tokens: int) -> MicroBatc
     return MicroBatchPlan(micro_batches=micro_batches, num_oversized=oversized)
 
 
+# A response chunk takes the next-longest response while it is at least this share of the chunk's longest: at most
+# a quarter of a row is padding, and responses of lengths 1..L fall into O(log L) chunks (passes).
+CHUNK_MIN_SHARE = 0.75
+
+
+def response_chunks(fed_lengths: Sequence[int]) -> list[list[int]]:
+    """The response passes of a shared-prompt micro-batch: indices with ``fed_lengths`` (response length - 1, the
+    tokens fed after the prompt) > 0, longest first (ties by index), cut where a length drops below
+    ``CHUNK_MIN_SHARE`` of its chunk's longest."""
+    order = sorted((i for i, n in enumerate(fed_lengths) if n > 0), key=lambda i: (-fed_lengths[i], i))
+    chunks: list[list[int]] = []
+    for i in order:
+        if chunks and fed_lengths[i] >= CHUNK_MIN_SHARE * fed_lengths[chunks[-1][0]]:
+            chunks[-1].append(i)
+        else:
+            chunks.append([i])
+    return chunks
+
+
+def shared_prompt_cost(prompt_lengths: Sequence[int], response_lengths: Sequence[int], prompt_keys: Sequence[int],
+                       indices: Sequence[int]) -> int:
+    """Tokens a shared-prompt micro-batch of ``indices`` runs through the model: its distinct prompts, left-padded to
+    the longest, then its response chunks (:func:`response_chunks`), each padded to its longest."""
+    if not indices:
+        return 0
+    distinct = len({prompt_keys[i] for i in indices})
+    fed = [response_lengths[i] - 1 for i in indices]
+    return distinct * max(prompt_lengths[i] for i in indices) + sum(
+        len(chunk) * fed[chunk[0]] for chunk in response_chunks(fed))
+
+
+def split_by_shared_prompt(
+    prompt_lengths: Sequence[int], response_lengths: Sequence[int], prompt_keys: Sequence[int], *,
+    max_tokens: int | None = None, micro_batch_size: int | None = None,
+) -> MicroBatchPlan:
+    """Micro-batches for the shared-prompt layout, bounded by :func:`shared_prompt_cost` <= ``max_tokens`` or by
+    ``micro_batch_size`` samples (exactly one of the two).
+
+    ``prompt_keys`` says which samples share a prompt (the group index). Groups are dealt by their longest response,
+    longest first, and each group's samples longest first, filling a micro-batch until the next sample would break the
+    bound: a group is split only when it does not fit, and micro-batches hold responses of similar length. A sample
+    that alone exceeds ``max_tokens`` runs alone and is counted in ``num_oversized``. Indices are ascending inside a
+    micro-batch and micro-batches are ordered by their first index.
+    """
+    if (max_tokens is None) == (micro_batch_size is None):
+        raise ValueError("split_by_shared_prompt: give exactly one of max_tokens and micro_batch_size")
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"max_tokens (ppo_max_token_len_per_gpu) must be >= 1, got {max_tokens}")
+    if micro_batch_size is not None and micro_batch_size < 1:
+        raise ValueError(f"micro_batch_size (ppo_micro_batch_size_per_gpu) must be >= 1, got {micro_batch_size}")
+    prompts, responses = _check_lengths(prompt_lengths), _check_lengths(response_lengths)
+    if not len(prompts) == len(responses) == len(prompt_keys):
+        raise ValueError("split_by_shared_prompt: prompt_lengths, response_lengths and prompt_keys differ in length")
+    members: dict[int, list[int]] = {}
+    for i, key in enumerate(prompt_keys):
+        members.setdefault(key, []).append(i)
+    groups = [sorted(g, key=lambda i: (-responses[i], i))
+              for g in sorted(members.values(), key=lambda g: (-max(responses[i] for i in g), g[0]))]
+
+    def fits(indices: list[int]) -> bool:
+        if max_tokens is None:
+            return len(indices) <= micro_batch_size  # type: ignore[operator]
+        return shared_prompt_cost(prompts, responses, prompt_keys, indices) <= max_tokens
+
+    micro_batches: list[list[int]] = []
+    current: list[int] = []
+    oversized = 0 if max_tokens is None else sum(
+        shared_prompt_cost(prompts, responses, prompt_keys, [i]) > max_tokens for i in range(len(prompts)))
+    for group in groups:
+        if fits([*current, *group]):  # the common case: one cost per group
+            current += group
+            continue
+        for i in group:  # the group does not fit whole: split it where it overflows
+            if current and not fits([*current, i]):
+                micro_batches.append(current)
+                current = []
+            current.append(i)
+    if current:
+        micro_batches.append(current)
+    micro_batches = sorted((sorted(b) for b in micro_batches), key=lambda b: b[0])
+    return MicroBatchPlan(micro_batches=micro_batches, num_oversized=oversized)
+
+
 def split_fixed_size(num_samples: int, micro_batch_size: int) -> MicroBatchPlan:
     """Consecutive micro-batches of ``micro_batch_size`` samples (the last one may be smaller)."""
     if micro_batch_size < 1:
@@ -149,18 +240,27 @@ def split_fixed_size(num_samples: int, micro_batch_size: int) -> MicroBatchPlan:
 
 def plan_micro_batches(
     lengths: Sequence[int], *, use_dynamic_bsz: bool, max_token_len: int, micro_batch_size: int | None,
-    layout: str = "packed",
+    layout: str = "packed", prompt_lengths: Sequence[int] | None = None, prompt_keys: Sequence[int] | None = None,
 ) -> MicroBatchPlan:
     """Dispatch on the config: token budget when ``use_dynamic_bsz``, otherwise fixed ``micro_batch_size``; each
-    planned for the micro-batch ``layout`` ("packed" or "padded")."""
-    if layout not in ("packed", "padded"):
-        raise ValueError(f"layout must be 'packed' or 'padded', got {layout!r}")
+    planned for the micro-batch ``layout`` ("packed", "padded" or "shared_prompt"). ``lengths`` are the samples'
+    prompt + response lengths; the shared-prompt layout also needs their ``prompt_lengths`` and ``prompt_keys``."""
+    if layout not in ("packed", "padded", "shared_prompt"):
+        raise ValueError(f"layout must be 'packed', 'padded' or 'shared_prompt', got {layout!r}")
+    if not use_dynamic_bsz and micro_batch_size is None:
+        raise ValueError("use_dynamic_bsz is False, so ppo_micro_batch_size_per_gpu must be set")
+    if layout == "shared_prompt":
+        if prompt_lengths is None or prompt_keys is None:
+            raise ValueError("plan_micro_batches: the shared_prompt layout needs prompt_lengths and prompt_keys")
+        responses = [int(n) - int(p) for n, p in zip(lengths, prompt_lengths, strict=True)]
+        return split_by_shared_prompt(prompt_lengths, responses, prompt_keys,
+                                      max_tokens=max_token_len if use_dynamic_bsz else None,
+                                      micro_batch_size=None if use_dynamic_bsz else micro_batch_size)
     if use_dynamic_bsz:
         if layout == "padded":
             return split_sorted_by_length(lengths, max_token_len)
         return pack_by_token_budget(lengths, max_token_len)
-    if micro_batch_size is None:
-        raise ValueError("use_dynamic_bsz is False, so ppo_micro_batch_size_per_gpu must be set")
+    assert micro_batch_size is not None
     if layout == "padded":  # samples of similar length share a micro-batch: less padding, same gradient
         sizes = _check_lengths(lengths)
         order = _longest_first(sizes)

@@ -39,7 +39,8 @@ import torch
 from torch import Tensor, nn
 
 from dapo.actor.batch import TrainBatch, pad_per_token
-from dapo.actor.log_probs import compute_log_probs_batch, compute_response_log_probs, resolve_layout
+from dapo.actor.log_probs import (compute_log_probs_batch, compute_response_log_probs, resolve_layout,
+                                  uses_activation_checkpointing)
 from dapo.actor.micro_batching import padding_micro_batches, plan_micro_batches, warn_oversized
 from dapo.actor.precision import autocast_context
 from dapo.core.kl import kl_penalty
@@ -111,13 +112,6 @@ def first_non_finite_parameter(model: nn.Module, world: World | None = None) -> 
     return first_non_finite(model, world or World())
 
 
-def uses_activation_checkpointing(model: nn.Module) -> bool:
-    """Whether Hugging Face gradient (activation) checkpointing is on, under either transformers name."""
-    if hasattr(model, "is_activation_checkpointing"):
-        return bool(model.is_activation_checkpointing)
-    return bool(getattr(model, "is_gradient_checkpointing", False))
-
-
 TOKEN_METRICS: tuple[str, ...] = ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "ratio_mean", "entropy")
 
 
@@ -146,13 +140,16 @@ class MicroBatchCut:
 def cut_micro_batches(mini_batch: TrainBatch, cfg: ActorConfig, layout: str) -> MicroBatchCut:
     """The trained samples of ``mini_batch`` (:func:`trained_samples`) planned into micro-batches by ``cfg``."""
     active = trained_samples(mini_batch, cfg)
-    lengths = mini_batch.sequence_lengths
+    lengths, prompt_lengths = mini_batch.sequence_lengths, mini_batch.prompt_lengths
+    groups = mini_batch.group_index.tolist()
     plan = plan_micro_batches(
         [lengths[i] for i in active],
         use_dynamic_bsz=cfg.use_dynamic_bsz,
         max_token_len=cfg.ppo_max_token_len_per_gpu,
         micro_batch_size=cfg.ppo_micro_batch_size_per_gpu,
         layout=layout,
+        prompt_lengths=[prompt_lengths[i] for i in active],
+        prompt_keys=[groups[i] for i in active],
     )
     return MicroBatchCut([[active[j] for j in mb] for mb in plan.micro_batches], plan.num_oversized,
                          int(mini_batch.sample_mask.sum()) - len(active))

@@ -190,11 +190,12 @@ class ActorConfig(_Section):
         "packed row's attention is quadratic in its length, so keep it near 1024 there (GPU recipes use ~22k)",
     )
     ppo_micro_batch_size_per_gpu: int | None = Field(None, gt=0, description="samples per micro-batch if not dynamic")
-    layout: Literal["auto", "packed", "padded"] = Field(
+    layout: Literal["auto", "packed", "padded", "shared_prompt"] = Field(
         "auto",
         description="micro-batch layout of the actor's forward: packed (one row, padding-free; fast only with "
-        "flash-attention's varlen kernels) or padded (a row per sample, length-sorted micro-batches); auto = packed "
-        "under flash-attention, padded otherwise. Same gradient either way",
+        "flash-attention's varlen kernels), padded (a row per sample, length-sorted micro-batches) or shared_prompt "
+        "(each group's prompt run once, its responses on a copy of the prompt's KV cache); auto = packed under "
+        "flash-attention, else shared_prompt, or padded for FSDP2 or activation checkpointing. Same gradient in all",
     )
     recompute_old_log_prob: Literal["auto", "always", "never"] = Field(
         "auto",
@@ -324,6 +325,12 @@ class TrainerConfig(_Section):
     val_before_train: bool = True
     save_freq: int = Field(-1, description="checkpoint every N steps (<= 0: only at the end)")
     max_ckpt_to_keep: int | None = Field(2, gt=0)
+    checkpoint_format: Literal["auto", "full", "sharded"] = Field(
+        "auto", description="'full': rank 0 gathers the whole model and optimizer and writes them (hf/, "
+        "optimizer.pt); 'sharded': every rank writes its own FSDP2 shards with torch.distributed.checkpoint, rank 0 "
+        "a streamed hf/ export (actor.strategy=fsdp2 only); 'auto': sharded under fsdp2, else full. Either resumes on "
+        "any world size and strategy (docs/checkpoints.md)"
+    )
     resume_mode: str = Field("auto", description="'auto' (latest complete checkpoint), 'disable', or a checkpoint path")
     logger: list[Literal["console", "jsonl", "tensorboard", "wandb"]] = Field(
         default_factory=lambda: ["jsonl", "tensorboard"],

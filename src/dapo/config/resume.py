@@ -24,8 +24,9 @@ MAY_CHANGE_ON_RESUME: frozenset[str] = frozenset({
     "trainer.default_local_dir", "trainer.experiment_name",  # where the run lives: a run directory may be moved
     "trainer.progress", "trainer.num_threads", "trainer.val_before_train", "trainer.project_name",
     "data.val_max_samples", "reward_model.num_workers", "reward_model.timeout_s", "rollout.max_batch_size",
-    # how the same math is laid out on devices: checkpoints hold the full state, so a run may move between them
-    "actor.strategy", "actor.fsdp.cpu_offload",
+    # how the same math is laid out on devices and on disk: every checkpoint format loads under every strategy and
+    # world size, and every micro-batch layout gives the same gradient, so a run may move between them
+    "actor.strategy", "actor.fsdp.cpu_offload", "trainer.checkpoint_format", "actor.layout",
 })
 
 

@@ -4,7 +4,7 @@ single-process run with the same seed and data, dynamic sampling on.
 Every prompt's samples are drawn with a seed of its own, a function of its index in the whole generation batch
 (``dapo.training.generation.prompt_seeds``), so the ranks, each generating its share, sample exactly the responses
 one process samples; what is left is float rounding (differently shaped batches in generation and update, gradients
-summed over ranks), which the parameters show at the 1e-7 level."""
+summed over ranks), which the parameters show at the 1e-6 level."""
 
 from __future__ import annotations
 
@@ -63,5 +63,8 @@ def test_two_ranks_train_the_same_parameters_as_one_process(tmp_path: Path) -> N
     assert pa.keys() == pb.keys()
     worst = max(float((pa[k] - pb[k]).abs().max()) for k in pa)
     print(f"max |param(1 process) - param(2 ranks)| after {STEPS} steps: {worst:.3g}")
+    # Measured: 7.3e-7 with actor.layout=padded, 4.4e-6 with the default shared-prompt layout (a6afba2), whose
+    # per-rank chunks differ more in shape; AdamW's m / sqrt(v) turns the rounding of near-zero gradients into
+    # differences of a few percent of one lr=1e-4 step. A different sample would move parameters by whole steps.
     for name in pa:
-        torch.testing.assert_close(pb[name], pa[name], atol=1e-6, rtol=1e-5, msg=name)
+        torch.testing.assert_close(pb[name], pa[name], atol=1e-5, rtol=1e-5, msg=name)

@@ -220,15 +220,18 @@ def train(cfg: DapoConfig, world: World = World()) -> TrainResult:
                 is_last = step == total_steps
                 if task.val and ((cfg.trainer.test_freq > 0 and step % cfg.trainer.test_freq == 0) or is_last):
                     metrics.update(validate(step))
+                # The record first, then the checkpoint: a kill between the two resumes from the previous checkpoint,
+                # which drops this record (truncate_metrics_after) and writes it again; in the other order the record
+                # of a checkpointed step would be lost. The save's time therefore goes into the next step's record.
+                tracker.log(metrics, step=step)
+                progress.update(step, metrics)
                 if (cfg.trainer.save_freq > 0 and step % cfg.trainer.save_freq == 0) or is_last:
                     t0 = time.perf_counter()
                     try:
                         save_run(run_dir, state, policy, optimizer, scheduler, cfg, world)
                     except CheckpointError as exc:
                         raise TrainingError(str(exc)) from exc
-                    metrics["timing_s/save_checkpoint"] = time.perf_counter() - t0
-                tracker.log(metrics, step=step)
-                progress.update(step, metrics)
+                    pending["timing_s/save_checkpoint"] = time.perf_counter() - t0
     finally:
         close_quietly([("the reward scorer", scorer.close), ("the rollout engine", engine.close)])
     memory.read()  # the last window: the run's peak includes everything since the last phase

@@ -157,17 +157,21 @@ def test_clipping_is_exercised_by_the_gradient_test() -> None:
     assert result.token_sums["pg_clipfrac"] / result.num_tokens > 0.05
 
 
-def test_gradient_checkpointing_gives_the_same_gradient() -> None:
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_gradient_checkpointing_gives_the_same_gradient(layout: str) -> None:
     model = tiny_qwen2(seed=8)
     model.train()
     batch = off_policy_batch(model, seed=3)
-    cfg = actor_config(ppo_max_token_len_per_gpu=20)
+    cfg = actor_config(ppo_max_token_len_per_gpu=20, layout=layout)
     accumulate_mini_batch_gradients(model, batch, cfg, temperature=TEMPERATURE, norm_length=8)
     want = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
-    configure_model_for_training(model, actor_config(gradient_checkpointing=True))
-    assert uses_activation_checkpointing(model)
-    accumulate_mini_batch_gradients(model, batch, cfg, temperature=TEMPERATURE, norm_length=8)
+    checkpointed = actor_config(ppo_max_token_len_per_gpu=20, layout=layout, gradient_checkpointing=True)
+    configure_model_for_training(model, checkpointed)
+    # The shared-prompt layout checkpoints its own passes: Hugging Face's per-layer checkpointing would drop the
+    # KV cache that carries each prompt to its responses, so it stays off.
+    assert uses_activation_checkpointing(model) == (layout != "shared_prompt")
+    accumulate_mini_batch_gradients(model, batch, checkpointed, temperature=TEMPERATURE, norm_length=8)
     assert_same_gradients({n: p.grad.clone() for n, p in model.named_parameters()}, want)
 
 
@@ -277,7 +281,8 @@ def test_bf16_update_keeps_fp32_master_weights_and_learns() -> None:
     model = tiny_qwen2(seed=4)
     optimizer, scheduler = _optimizer_and_scheduler(model, lr=1e-2)
     batch = random_batch(1, 2, seed=9)
-    cfg = actor_config(ppo_mini_batch_size=1, dtype="bf16", gradient_checkpointing=True)
+    # padded: the layout under which Hugging Face's own activation checkpointing runs
+    cfg = actor_config(ppo_mini_batch_size=1, dtype="bf16", gradient_checkpointing=True, layout="padded")
     metrics = update_policy(model, optimizer, scheduler, batch, cfg, temperature=1.0)
     assert metrics["actor/num_optimizer_steps"] == 1.0
     assert all(p.dtype == torch.float32 for p in model.parameters())

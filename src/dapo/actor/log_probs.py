@@ -97,9 +97,10 @@ def resolve_layout(requested: str, model: nn.Module) -> str:
     """``actor.layout`` made concrete for ``model``.
 
     ``auto``: packed where flash-attention's varlen kernels run; otherwise shared_prompt, unless the model is sharded
-    (FSDP2 runs each layer's all-gather/reduce-scatter once per forward, and shared_prompt forwards twice), uses
-    activation checkpointing (Hugging Face's checkpointed layers drop the KV cache that carries the prompt to the
-    responses) or has sliding-window layers: padded then. An explicit shared_prompt that cannot run is refused, naming why.
+    (FSDP2 runs each layer's all-gather/reduce-scatter once per forward, and shared_prompt forwards twice), runs
+    Hugging Face's activation checkpointing (its checkpointed layers drop the KV cache that carries the prompt to the
+    responses; :func:`dapo.actor.update.configure_model_for_training` leaves it off for this layout, which checkpoints
+    its own passes) or has sliding-window layers: padded then. An explicit shared_prompt that cannot run is refused, naming why.
     """
     if requested not in (*LAYOUTS, "auto"):
         raise ValueError(f"actor.layout must be 'auto', 'packed', 'padded' or 'shared_prompt', got {requested!r}")
@@ -292,32 +293,56 @@ def share_prompt_sequences(
     )
 
 
-def _shared_prompt_hidden(decoder: nn.Module, rows: SharedPromptRows) -> Tensor:
+def _cache_kwarg(decoder: nn.Module) -> str:
+    # transformers >= 5 names the KV cache argument `cache` in some models; most call it `past_key_values`.
+    return "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
+
+
+def _prompt_pass(decoder: nn.Module, rows: SharedPromptRows) -> tuple[Tensor, ...]:
+    """Pass 1: the last hidden state of each distinct prompt, then every layer's keys, then every layer's values."""
+    cache = DynamicCache(config=getattr(decoder, "config", None))
+    mask = rows.prompt_attention_mask
+    out = decoder(input_ids=rows.prompt_input_ids, position_ids=rows.prompt_position_ids,
+                  attention_mask=None if bool(mask.all()) else mask, use_cache=True, **{_cache_kwarg(decoder): cache})
+    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    return (hidden[:, -1], *(layer.keys for layer in cache.layers), *(layer.values for layer in cache.layers))
+
+
+def _chunk_pass(decoder: nn.Module, chunk: ResponseChunk, prompt_rows: Tensor, *prompt_kv: Tensor) -> Tensor:
+    """Pass 2 for one response chunk: ``[rows * width, H]`` hidden states, on a copy of its prompts' keys/values."""
+    cache = DynamicCache(config=getattr(decoder, "config", None))
+    num_layers = len(prompt_kv) // 2
+    for index in range(num_layers):
+        cache.update(prompt_kv[index].index_select(0, prompt_rows),
+                     prompt_kv[num_layers + index].index_select(0, prompt_rows), index)
+    out = decoder(input_ids=chunk.input_ids, position_ids=chunk.position_ids, attention_mask=chunk.attention_mask,
+                  use_cache=True, **{_cache_kwarg(decoder): cache})
+    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    return hidden.reshape(-1, hidden.shape[-1])
+
+
+def _shared_prompt_hidden(decoder: nn.Module, rows: SharedPromptRows, *, recompute: bool = False) -> Tensor:
     """``[N, H]`` hidden states predicting every response token, from the passes of :class:`SharedPromptRows`.
 
     Causal attention makes this exact: a prompt token's keys and values do not depend on what follows it, so each
-    response sees the same keys and values it would see in its own row. The cache tensors keep their autograd history
-    (indexing and ``torch.cat`` are differentiable), so the gradient of every sample's loss flows back into the one
-    prompt pass.
+    response sees the same keys and values it would see in its own row. The keys and values keep their autograd
+    history (indexing and ``torch.cat`` are differentiable), so the gradient of every sample's loss flows back into
+    the one prompt pass.
+
+    ``recompute`` is this layout's activation checkpointing (``actor.gradient_checkpointing``): the prompt pass and
+    each response chunk run under ``torch.utils.checkpoint`` (non-reentrant), keeping only their outputs (hidden
+    states, and the prompts' keys and values) and recomputing one pass at a time in backward. Transformers' own
+    per-layer checkpointing cannot be used here: its checkpointed layers drop the KV cache.
     """
-    cache_kwarg = "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
-    config = getattr(decoder, "config", None)
-    prompt_cache = DynamicCache(config=config)
-    mask = rows.prompt_attention_mask
-    out = decoder(input_ids=rows.prompt_input_ids, position_ids=rows.prompt_position_ids,
-                  attention_mask=None if bool(mask.all()) else mask, use_cache=True, **{cache_kwarg: prompt_cache})
-    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-    parts = [hidden[:, -1]]
-    prompt_kv = [(layer.keys, layer.values) for layer in prompt_cache.layers]
-    for chunk in rows.chunks:
-        cache = DynamicCache(config=config)
-        prompt_rows = rows.sample_prompt.index_select(0, chunk.samples)
-        for index, (keys, values) in enumerate(prompt_kv):
-            cache.update(keys.index_select(0, prompt_rows), values.index_select(0, prompt_rows), index)
-        out = decoder(input_ids=chunk.input_ids, position_ids=chunk.position_ids, attention_mask=chunk.attention_mask,
-                      use_cache=True, **{cache_kwarg: cache})
-        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-        parts.append(hidden.reshape(-1, hidden.shape[-1]))
+    prompt_rows = [rows.sample_prompt.index_select(0, chunk.samples) for chunk in rows.chunks]
+    if recompute:
+        prompt_out = checkpoint(_prompt_pass, decoder, rows, use_reentrant=False)
+        parts = [prompt_out[0]] + [checkpoint(_chunk_pass, decoder, chunk, index, *prompt_out[1:], use_reentrant=False)
+                                   for chunk, index in zip(rows.chunks, prompt_rows, strict=True)]
+    else:
+        prompt_out = _prompt_pass(decoder, rows)
+        parts = [prompt_out[0]] + [_chunk_pass(decoder, chunk, index, *prompt_out[1:])
+                                   for chunk, index in zip(rows.chunks, prompt_rows, strict=True)]
     return torch.cat(parts).index_select(0, rows.predictor_index)
 
 
@@ -356,11 +381,12 @@ def _chunk_log_probs(
 
 def compute_response_log_probs(
     model: nn.Module, micro_batch: TrainBatch, *, temperature: float, chunk_size: int, with_entropy: bool,
-    layout: str = "packed",
+    layout: str = "packed", checkpoint_passes: bool = False,
 ) -> tuple[list[Tensor], list[Tensor] | None]:
     """Log-probs of every response token under ``model`` at ``temperature``, per response (and entropies if asked).
 
-    ``layout`` is "packed" or "padded" (see the module docstring; :func:`resolve_layout` turns ``auto`` into one).
+    ``layout`` is one of :data:`LAYOUTS` (see the module docstring; :func:`resolve_layout` turns ``auto`` into one).
+    ``checkpoint_passes``: the shared-prompt layout recomputes its passes in backward (activation checkpointing).
     Differentiable when autograd is enabled. Returns one fp32 1-D tensor per sample, as long as its response, on the
     model's device; entropies likewise or None.
     """
@@ -380,7 +406,7 @@ def compute_response_log_probs(
     rows: SequenceRows | SharedPromptRows
     if layout == "shared_prompt":
         rows = share_prompt_sequences(micro_batch.prompt_ids, micro_batch.response_ids, device)
-        hidden = _shared_prompt_hidden(decoder, rows)
+        hidden = _shared_prompt_hidden(decoder, rows, recompute=checkpoint_passes and torch.is_grad_enabled())
     else:
         build = pack_sequences if layout == "packed" else pad_sequences
         rows = build(micro_batch.prompt_ids, micro_batch.response_ids, device)

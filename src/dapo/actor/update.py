@@ -201,9 +201,10 @@ def trained_samples(mini_batch: TrainBatch, cfg: ActorConfig) -> list[int]:
 
 
 def configure_model_for_training(model: nn.Module, cfg: ActorConfig) -> None:
-    """Training mode, and Hugging Face gradient checkpointing (non-reentrant) when ``cfg.gradient_checkpointing``."""
+    """Training mode, and Hugging Face gradient checkpointing (non-reentrant) when ``cfg.gradient_checkpointing``,
+    unless the layout is shared_prompt, which checkpoints its own passes (Hugging Face's drops their KV cache)."""
     model.train()
-    if not cfg.gradient_checkpointing:
+    if not cfg.gradient_checkpointing or resolve_layout(cfg.layout, model) == "shared_prompt":
         return
     kwargs = {"use_reentrant": False}
     # transformers 5.2x renamed gradient checkpointing to activation checkpointing; earlier releases (and the 5.19
@@ -278,7 +279,7 @@ def accumulate_mini_batch_gradients(
         with autocast_context(cfg.dtype, device):
             log_probs, entropies = forward_through(
                 model, compute_response_log_probs, micro, temperature=temperature, chunk_size=cfg.logprob_chunk_size,
-                with_entropy=True, layout=layout,
+                with_entropy=True, layout=layout, checkpoint_passes=cfg.gradient_checkpointing,
             )
         assert entropies is not None
         if weight == 0.0:  # padding: the modules every loss term reaches, times exactly 0.0; no metrics

@@ -195,7 +195,7 @@ class ActorConfig(_Section):
         description="micro-batch layout of the actor's forward: packed (one row, padding-free; fast only with "
         "flash-attention's varlen kernels), padded (a row per sample, length-sorted micro-batches) or shared_prompt "
         "(each group's prompt run once, its responses on a copy of the prompt's KV cache); auto = packed under "
-        "flash-attention, else shared_prompt, or padded for FSDP2 or activation checkpointing. Same gradient in all",
+        "flash-attention, else shared_prompt (padded for FSDP2 or sliding-window models). Same gradient in all",
     )
     recompute_old_log_prob: Literal["auto", "always", "never"] = Field(
         "auto",

@@ -121,6 +121,9 @@ def test_response_chunks_by_hand() -> None:
     # Fed lengths (response - 1): index 1 feeds nothing; 8, 6 (>= 0.75 * 8) share a chunk, 5 starts one, 4 joins it.
     assert response_chunks([8, 0, 5, 6, 4]) == [[0, 3], [2, 4]]
     assert response_chunks([]) == [] and response_chunks([0, 0]) == []
+    # Capped at 12 tokens: [0, 3] would be 2 x 8 = 16, so 6 starts a chunk; 5 joins it (2 x 6 = 12), 4 does not.
+    assert response_chunks([8, 0, 5, 6, 4], max_tokens=12) == [[0], [3, 2], [4]]
+    assert response_chunks([30], max_tokens=12) == [[0]]  # a row longer than the cap still runs, alone
 
 
 def test_shared_prompt_cost_by_hand() -> None:

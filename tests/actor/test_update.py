@@ -166,7 +166,9 @@ def test_gradient_checkpointing_gives_the_same_gradient(layout: str) -> None:
     accumulate_mini_batch_gradients(model, batch, cfg, temperature=TEMPERATURE, norm_length=8)
     want = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
-    checkpointed = actor_config(ppo_max_token_len_per_gpu=20, layout=layout, gradient_checkpointing=True)
+    # shared_prompt: response passes capped at 6 tokens, so checkpointing recomputes several passes per micro-batch
+    checkpointed = actor_config(ppo_max_token_len_per_gpu=20, layout=layout, gradient_checkpointing=True,
+                                shared_prompt_chunk_tokens=6)
     configure_model_for_training(model, checkpointed)
     # The shared-prompt layout checkpoints its own passes: Hugging Face's per-layer checkpointing would drop the
     # KV cache that carries each prompt to its responses, so it stays off.

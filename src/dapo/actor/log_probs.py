@@ -237,9 +237,11 @@ class SharedPromptRows:
 
 
 def share_prompt_sequences(
-    prompt_ids: Sequence[Tensor], response_ids: Sequence[Tensor], device: torch.device | str = "cpu"
+    prompt_ids: Sequence[Tensor], response_ids: Sequence[Tensor], device: torch.device | str = "cpu",
+    max_chunk_tokens: int | None = None,
 ) -> SharedPromptRows:
-    """The shared-prompt layout of (prompt, response) pairs: samples with equal prompt tokens share one prompt row."""
+    """The shared-prompt layout of (prompt, response) pairs: samples with equal prompt tokens share one prompt row;
+    a response chunk holds at most ``max_chunk_tokens`` (rows x width) unless one row alone is longer."""
     _check_prompts(prompt_ids)
     row_of: dict[tuple[int, ...], int] = {}
     sample_prompt = [row_of.setdefault(tuple(p.tolist()), len(row_of)) for p in prompt_ids]
@@ -258,7 +260,7 @@ def share_prompt_sequences(
     offset_of: dict[int, tuple[int, int]] = {}
     chunks: list[ResponseChunk] = []
     offset = len(distinct)
-    for members in response_chunks([n - 1 for n in lengths]):
+    for members in response_chunks([n - 1 for n in lengths], max_chunk_tokens):
         fed = lengths[members[0]] - 1  # the longest of the chunk
         ids = torch.zeros(len(members), fed, dtype=torch.long)
         mask = torch.zeros(len(members), fed, dtype=torch.long)
@@ -381,12 +383,13 @@ def _chunk_log_probs(
 
 def compute_response_log_probs(
     model: nn.Module, micro_batch: TrainBatch, *, temperature: float, chunk_size: int, with_entropy: bool,
-    layout: str = "packed", checkpoint_passes: bool = False,
+    layout: str = "packed", checkpoint_passes: bool = False, max_chunk_tokens: int | None = None,
 ) -> tuple[list[Tensor], list[Tensor] | None]:
     """Log-probs of every response token under ``model`` at ``temperature``, per response (and entropies if asked).
 
     ``layout`` is one of :data:`LAYOUTS` (see the module docstring; :func:`resolve_layout` turns ``auto`` into one).
-    ``checkpoint_passes``: the shared-prompt layout recomputes its passes in backward (activation checkpointing).
+    ``checkpoint_passes``: the shared-prompt layout recomputes its passes in backward (activation checkpointing);
+    ``max_chunk_tokens`` caps its response passes, so that backward holds at most that many tokens' activations.
     Differentiable when autograd is enabled. Returns one fp32 1-D tensor per sample, as long as its response, on the
     model's device; entropies likewise or None.
     """
@@ -405,7 +408,7 @@ def compute_response_log_probs(
             raise ValueError(f"token id {largest} in the micro-batch is outside the model's vocabulary of {vocab}")
     rows: SequenceRows | SharedPromptRows
     if layout == "shared_prompt":
-        rows = share_prompt_sequences(micro_batch.prompt_ids, micro_batch.response_ids, device)
+        rows = share_prompt_sequences(micro_batch.prompt_ids, micro_batch.response_ids, device, max_chunk_tokens)
         hidden = _shared_prompt_hidden(decoder, rows, recompute=checkpoint_passes and torch.is_grad_enabled())
     else:
         build = pack_sequences if layout == "packed" else pad_sequences
@@ -474,7 +477,7 @@ def _batch_log_probs(
         for indices in plan.micro_batches:  # ascending indices: each micro-batch keeps its groups contiguous
             log_probs, entropies = compute_response_log_probs(
                 model, batch.select(indices), temperature=temperature, chunk_size=cfg.logprob_chunk_size,
-                with_entropy=with_entropy, layout=layout,
+                with_entropy=with_entropy, layout=layout, max_chunk_tokens=cfg.shared_prompt_chunk_tokens,
             )
             for j, i in enumerate(indices):
                 log_probs_out[i] = log_probs[j].to(batch.advantages.device)

@@ -149,14 +149,17 @@ def split_sorted_by_length(lengths: Sequence[int], max_tokens: int) -> MicroBatc
 CHUNK_MIN_SHARE = 0.75
 
 
-def response_chunks(fed_lengths: Sequence[int]) -> list[list[int]]:
+def response_chunks(fed_lengths: Sequence[int], max_tokens: int | None = None) -> list[list[int]]:
     """The response passes of a shared-prompt micro-batch: indices with ``fed_lengths`` (response length - 1, the
     tokens fed after the prompt) > 0, longest first (ties by index), cut where a length drops below
-    ``CHUNK_MIN_SHARE`` of its chunk's longest."""
+    ``CHUNK_MIN_SHARE`` of its chunk's longest, and where the chunk would exceed ``max_tokens`` (rows x longest; a
+    single longer row still gets a chunk). Capping never raises the padded cost: a piece is at most as wide as the
+    chunk it came from."""
     order = sorted((i for i, n in enumerate(fed_lengths) if n > 0), key=lambda i: (-fed_lengths[i], i))
     chunks: list[list[int]] = []
     for i in order:
-        if chunks and fed_lengths[i] >= CHUNK_MIN_SHARE * fed_lengths[chunks[-1][0]]:
+        if (chunks and fed_lengths[i] >= CHUNK_MIN_SHARE * fed_lengths[chunks[-1][0]]
+                and (max_tokens is None or (len(chunks[-1]) + 1) * fed_lengths[chunks[-1][0]] <= max_tokens)):
             chunks[-1].append(i)
         else:
             chunks.append([i])

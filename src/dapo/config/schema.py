@@ -197,6 +197,11 @@ class ActorConfig(_Section):
         "(each group's prompt run once, its responses on a copy of the prompt's KV cache); auto = packed under "
         "flash-attention, else shared_prompt (padded for FSDP2 or sliding-window models). Same gradient in all",
     )
+    shared_prompt_chunk_tokens: int | None = Field(
+        None, gt=0,
+        description="shared_prompt layout: most tokens (rows x width) in one response pass, None = no cap; under "
+        "activation checkpointing backward holds one pass's activations at a time, so this bounds the update's memory",
+    )
     recompute_old_log_prob: Literal["auto", "always", "never"] = Field(
         "auto",
         description="the forward over the whole batch for pi_old: auto skips it when it cannot differ from what is "

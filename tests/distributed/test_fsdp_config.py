@@ -29,3 +29,9 @@ def test_fsdp2_needs_several_ranks() -> None:
         check_strategy(ActorConfig(strategy="fsdp2"), World())
     check_strategy(ActorConfig(strategy="fsdp2"), World(rank=0, world_size=2))
     check_strategy(ActorConfig(), World())
+
+
+def test_the_shared_prompt_layout_is_refused_for_a_sharded_actor_at_the_edge() -> None:
+    with pytest.raises(ValidationError, match=r"actor\.layout=shared_prompt cannot run with actor\.strategy=fsdp2"):
+        ActorConfig(strategy="fsdp2", layout="shared_prompt")
+    assert ActorConfig(strategy="fsdp2").layout == "auto"  # auto resolves to padded there

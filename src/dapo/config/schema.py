@@ -234,6 +234,15 @@ class ActorConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _shared_prompt_is_not_sharded(self) -> "ActorConfig":
+        # An FSDP2 actor pairs one all-gather / reduce-scatter per layer with one forward; the shared-prompt layout
+        # runs several forwards per micro-batch. Refused here, at the edge, not at the first update.
+        if self.layout == "shared_prompt" and self.strategy == "fsdp2":
+            raise ValueError("actor.layout=shared_prompt cannot run with actor.strategy=fsdp2; use auto (padded "
+                             "there) or padded")
+        return self
+
+    @model_validator(mode="after")
     def _fsdp_keys_need_fsdp2(self) -> "ActorConfig":
         # A replicated actor ignores these keys; silently training without the asked-for offload or precision would
         # mislead, so a changed value without the strategy that reads it is an error.

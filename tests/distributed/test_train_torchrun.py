@@ -142,8 +142,9 @@ def test_fsdp2_ranks_train_and_their_checkpoint_resumes_in_one_replicated_proces
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.is_dir()) == ["global_step_1",
                                                                                           "global_step_2"]
 
-    # The sharded run's checkpoint is the ordinary full one: one replicated process continues it, without
-    # trainer.resume_with_changes (the strategy is a layout, not a hyper-parameter: resume.py lets it change).
+    # The sharded run's checkpoint (DCP shards under trainer.checkpoint_format=auto): one replicated process continues
+    # it, without trainer.resume_with_changes (the strategy is a layout, not a hyper-parameter: resume.py lets it
+    # change).
     again = run_dapo(["train", *SMALL, "trainer.total_training_steps=3"], tmp_path)
     assert again.returncode == 0, again.stderr[-4000:]
     assert "(step 2)" in again.stdout and step_lines(again.stdout) == ["step 3/3"]

@@ -100,7 +100,8 @@ def resolve_layout(requested: str, model: nn.Module) -> str:
     (FSDP2 runs each layer's all-gather/reduce-scatter once per forward, and shared_prompt forwards twice), runs
     Hugging Face's activation checkpointing (its checkpointed layers drop the KV cache that carries the prompt to the
     responses; :func:`dapo.actor.update.configure_model_for_training` leaves it off for this layout, which checkpoints
-    its own passes) or has sliding-window layers: padded then. An explicit shared_prompt that cannot run is refused, naming why.
+    its own passes) or has sliding-window layers: padded then. An explicit shared_prompt that cannot run is refused,
+    naming why.
     """
     if requested not in (*LAYOUTS, "auto"):
         raise ValueError(f"actor.layout must be 'auto', 'packed', 'padded' or 'shared_prompt', got {requested!r}")
@@ -300,26 +301,31 @@ def _cache_kwarg(decoder: nn.Module) -> str:
     return "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
 
 
-def _prompt_pass(decoder: nn.Module, rows: SharedPromptRows) -> tuple[Tensor, ...]:
+def _last_hidden(out: object) -> Tensor:
+    """The final hidden states of a decoder's output (a ``BaseModelOutput`` or a plain tuple)."""
+    return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]  # type: ignore[index,attr-defined]
+
+
+def _prompt_pass(decoder: nn.Module, cache_kwarg: str, rows: SharedPromptRows) -> tuple[Tensor, ...]:
     """Pass 1: the last hidden state of each distinct prompt, then every layer's keys, then every layer's values."""
     cache = DynamicCache(config=getattr(decoder, "config", None))
     mask = rows.prompt_attention_mask
-    out = decoder(input_ids=rows.prompt_input_ids, position_ids=rows.prompt_position_ids,
-                  attention_mask=None if bool(mask.all()) else mask, use_cache=True, **{_cache_kwarg(decoder): cache})
-    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    hidden = _last_hidden(decoder(input_ids=rows.prompt_input_ids, position_ids=rows.prompt_position_ids,
+                                  attention_mask=None if bool(mask.all()) else mask, use_cache=True,
+                                  **{cache_kwarg: cache}))
     return (hidden[:, -1], *(layer.keys for layer in cache.layers), *(layer.values for layer in cache.layers))
 
 
-def _chunk_pass(decoder: nn.Module, chunk: ResponseChunk, prompt_rows: Tensor, *prompt_kv: Tensor) -> Tensor:
+def _chunk_pass(decoder: nn.Module, cache_kwarg: str, chunk: ResponseChunk, prompt_rows: Tensor,
+                *prompt_kv: Tensor) -> Tensor:
     """Pass 2 for one response chunk: ``[rows * width, H]`` hidden states, on a copy of its prompts' keys/values."""
     cache = DynamicCache(config=getattr(decoder, "config", None))
     num_layers = len(prompt_kv) // 2
     for index in range(num_layers):
         cache.update(prompt_kv[index].index_select(0, prompt_rows),
                      prompt_kv[num_layers + index].index_select(0, prompt_rows), index)
-    out = decoder(input_ids=chunk.input_ids, position_ids=chunk.position_ids, attention_mask=chunk.attention_mask,
-                  use_cache=True, **{_cache_kwarg(decoder): cache})
-    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    hidden = _last_hidden(decoder(input_ids=chunk.input_ids, position_ids=chunk.position_ids,
+                                  attention_mask=chunk.attention_mask, use_cache=True, **{cache_kwarg: cache}))
     return hidden.reshape(-1, hidden.shape[-1])
 
 
@@ -337,14 +343,14 @@ def _shared_prompt_hidden(decoder: nn.Module, rows: SharedPromptRows, *, recompu
     per-layer checkpointing cannot be used here: its checkpointed layers drop the KV cache.
     """
     prompt_rows = [rows.sample_prompt.index_select(0, chunk.samples) for chunk in rows.chunks]
-    if recompute:
-        prompt_out = checkpoint(_prompt_pass, decoder, rows, use_reentrant=False)
-        parts = [prompt_out[0]] + [checkpoint(_chunk_pass, decoder, chunk, index, *prompt_out[1:], use_reentrant=False)
-                                   for chunk, index in zip(rows.chunks, prompt_rows, strict=True)]
-    else:
-        prompt_out = _prompt_pass(decoder, rows)
-        parts = [prompt_out[0]] + [_chunk_pass(decoder, chunk, index, *prompt_out[1:])
-                                   for chunk, index in zip(rows.chunks, prompt_rows, strict=True)]
+    kwarg = _cache_kwarg(decoder)  # once per micro-batch, not once per pass
+
+    def run(fn: object, *args: object) -> object:
+        return checkpoint(fn, *args, use_reentrant=False) if recompute else fn(*args)  # type: ignore[operator]
+
+    prompt_out = run(_prompt_pass, decoder, kwarg, rows)
+    parts = [prompt_out[0]] + [run(_chunk_pass, decoder, kwarg, chunk, index, *prompt_out[1:])
+                               for chunk, index in zip(rows.chunks, prompt_rows, strict=True)]
     return torch.cat(parts).index_select(0, rows.predictor_index)
 
 
@@ -413,9 +419,8 @@ def compute_response_log_probs(
     else:
         build = pack_sequences if layout == "packed" else pad_sequences
         rows = build(micro_batch.prompt_ids, micro_batch.response_ids, device)
-        out = decoder(input_ids=rows.input_ids, position_ids=rows.position_ids, attention_mask=rows.attention_mask,
-                      use_cache=False)
-        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        hidden = _last_hidden(decoder(input_ids=rows.input_ids, position_ids=rows.position_ids,
+                                      attention_mask=rows.attention_mask, use_cache=False))
         hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, rows.predictor_index)
 
     run = functools.partial(_chunk_log_probs, lm_head, temperature, with_entropy)

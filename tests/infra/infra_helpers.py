@@ -64,3 +64,24 @@ def train_step(
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
+
+
+def assert_same_params(a: torch.nn.Module, b: torch.nn.Module) -> None:
+    """Bit-equal state dicts, key by key."""
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for key in sa:
+        assert torch.equal(sa[key], sb[key]), key
+
+
+def assert_resumed_run_continues_as(path: object, reference: torch.nn.Module, steps: int) -> None:
+    """Load the checkpoint at ``path`` (written after step 2) into other weights and a fresh optimizer, train
+    ``steps`` more steps, and require ``reference``'s parameters bit for bit."""
+    from dapo.infra.checkpoint import load_checkpoint
+
+    resumed = tiny_qwen2(seed=123)
+    optimizer, scheduler = make_optimizer(resumed)
+    assert load_checkpoint(path, model=resumed, optimizer=optimizer, scheduler=scheduler) == {"step": 2}
+    for _ in range(steps):
+        train_step(resumed, optimizer, scheduler)
+    assert_same_params(reference, resumed)

@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from infra_helpers import make_optimizer, tiny_qwen2, tiny_tokenizer, train_step
+from infra_helpers import (assert_resumed_run_continues_as, assert_same_params, make_optimizer, tiny_qwen2,
+                           tiny_tokenizer, train_step)
 from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
 from dapo.infra.checkpoint import (
@@ -47,13 +48,6 @@ def _save(root: Path, step: int, model, optimizer, scheduler, state=None, **kwar
 
 def _rng_draws() -> tuple[float, float, list[float]]:
     return random.random(), float(np.random.rand()), torch.rand(3).tolist()
-
-
-def _assert_same_params(a: torch.nn.Module, b: torch.nn.Module) -> None:
-    sa, sb = a.state_dict(), b.state_dict()
-    assert sa.keys() == sb.keys()
-    for key in sa:
-        assert torch.equal(sa[key], sb[key]), key
 
 
 def test_round_trip_restores_weights_optimizer_scheduler_rng_and_state(tmp_path: Path) -> None:
@@ -96,7 +90,7 @@ def test_round_trip_restores_weights_optimizer_scheduler_rng_and_state(tmp_path:
     other_opt, other_sched = make_optimizer(other)
     restored = load_checkpoint(path, model=other, optimizer=other_opt, scheduler=other_sched)
 
-    _assert_same_params(model, other)
+    assert_same_params(model, other)
     assert other.lm_head.weight.data_ptr() == other.model.embed_tokens.weight.data_ptr()  # still tied
     for p, q in zip(model.parameters(), other.parameters(), strict=True):
         sp, sq = optimizer.state[p], other_opt.state[q]
@@ -119,7 +113,7 @@ def test_hf_folder_loads_with_from_pretrained(tmp_path: Path) -> None:
     model, optimizer, scheduler = _trained(seed=1)
     path = _save(tmp_path, 1, model, optimizer, scheduler)
     reloaded = Qwen2ForCausalLM.from_pretrained(path / "hf")
-    _assert_same_params(model, reloaded)
+    assert_same_params(model, reloaded)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(path / "hf")
     assert tokenizer("w1 w5 w59").input_ids == tiny_tokenizer()("w1 w5 w59").input_ids == [1, 5, 59]
 
@@ -140,16 +134,11 @@ def test_resume_gives_bit_identical_parameters(tmp_path: Path) -> None:
     path = _save(tmp_path, 2, run, run_opt, run_sched)
     for _ in range(2):
         train_step(run, run_opt, run_sched)
-    _assert_same_params(reference, run)
+    assert_same_params(reference, run)
 
     # ... and resumed into a fresh process-like state: other weights, fresh optimizer, moved RNGs.
     _rng_draws()
-    resumed = tiny_qwen2(seed=123)
-    res_opt, res_sched = make_optimizer(resumed)
-    assert load_checkpoint(path, model=resumed, optimizer=res_opt, scheduler=res_sched) == {"step": 2}
-    for _ in range(2):
-        train_step(resumed, res_opt, res_sched)
-    _assert_same_params(reference, resumed)
+    assert_resumed_run_continues_as(path, reference, steps=2)
 
 
 def test_keep_last_rotates_only_complete_older_checkpoints(tmp_path: Path) -> None:

@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from infra_helpers import make_optimizer, tiny_qwen2, tiny_tokenizer, train_step
+from infra_helpers import (assert_resumed_run_continues_as, assert_same_params, make_optimizer, tiny_qwen2,
+                           tiny_tokenizer, train_step)
 from transformers import Qwen2ForCausalLM
 
 from dapo.config import DapoConfig
@@ -38,13 +39,6 @@ def _save_sharded(root: Path, step: int, model, optimizer, scheduler, **kwargs) 
     return save_sharded_checkpoint(root, step, world=World(), model=model, optimizer=optimizer, hf_model=model,
                                    tokenizer=tiny_tokenizer(), scheduler=scheduler, trainer_state={"step": step},
                                    **kwargs)
-
-
-def _assert_same_params(a: torch.nn.Module, b: torch.nn.Module) -> None:
-    sa, sb = a.state_dict(), b.state_dict()
-    assert sa.keys() == sb.keys()
-    for key in sa:
-        assert torch.equal(sa[key], sb[key]), key
 
 
 def test_sharded_save_lists_the_dcp_files_in_the_manifest_and_resumes_bit_identically(tmp_path: Path) -> None:
@@ -74,12 +68,7 @@ def test_sharded_save_lists_the_dcp_files_in_the_manifest_and_resumes_bit_identi
 
     # Resumed into other weights, a fresh optimizer and moved RNG streams: the continuation is bit-identical.
     random.random(), torch.rand(3)
-    resumed = tiny_qwen2(seed=123)
-    res_opt, res_sched = make_optimizer(resumed)
-    assert load_checkpoint(path, model=resumed, optimizer=res_opt, scheduler=res_sched) == {"step": 2}
-    for _ in range(2):
-        train_step(resumed, res_opt, res_sched)
-    _assert_same_params(reference, resumed)
+    assert_resumed_run_continues_as(path, reference, steps=2)
 
 
 def test_hf_export_streams_into_several_files_that_from_pretrained_loads(tmp_path: Path) -> None:
@@ -92,7 +81,7 @@ def test_hf_export_streams_into_several_files_that_from_pretrained_loads(tmp_pat
     assert len(weights) > 2 and weights[0] == f"model-00001-of-{len(weights):05d}.safetensors"
     index = json.loads((path / "hf" / "model.safetensors.index.json").read_text())
     assert set(index["weight_map"].values()) == set(weights)
-    _assert_same_params(model, Qwen2ForCausalLM.from_pretrained(path / "hf"))
+    assert_same_params(model, Qwen2ForCausalLM.from_pretrained(path / "hf"))
 
     # The same tensors under the same names as save_pretrained's export (the tied LM head left out of both).
     full = save_checkpoint(tmp_path / "full", 1, model=model, tokenizer=None, optimizer=optimizer,

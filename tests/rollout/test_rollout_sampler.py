@@ -91,7 +91,8 @@ def test_sampled_logprob_is_that_of_the_distribution_sampled_from() -> None:
         torch.testing.assert_close(logprobs, expected)
         if top_k == -1 and top_p == 1.0:  # no truncation: the full vocabulary at the temperature
             full = torch.log_softmax(logits / temperature, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-            assert torch.equal(logprobs, full)
+            # the same quantity, with the normaliser summed by the draw (float64) instead of inside log_softmax
+            torch.testing.assert_close(logprobs, full, rtol=0, atol=4e-6)
         assert tokens.dtype == torch.int64 and logprobs.dtype == torch.float32
 
 
@@ -190,3 +191,42 @@ def test_stream_uniforms_are_uniform_and_drive_draw_from() -> None:
     assert torch.equal(draws, draw_from(probs, uniforms=stream_uniforms(keys, 0)))
     with pytest.raises(ValueError, match="uniforms"):
         draw_from(probs, uniforms=torch.zeros(3, dtype=torch.float64))
+
+
+def test_draw_from_crosses_blocks_and_a_narrow_last_block() -> None:
+    # 1000 tokens = three 256-token blocks and a 232-token one; the mass sits on block edges and in the last block
+    weights = torch.zeros(1000)
+    support = [3, 255, 256, 511, 999]
+    weights[support] = torch.tensor([1.0, 2.0, 3.0, 4.0, 0.5])
+    draws = draw_from(weights.expand(100000, 1000), torch.Generator().manual_seed(0))
+    assert set(draws.tolist()) <= set(support)
+    frequencies = torch.bincount(draws, minlength=1000).double()[support] / draws.numel()
+    torch.testing.assert_close(frequencies, (weights / weights.sum())[support].double(), atol=0.005, rtol=0)
+
+
+def test_draw_from_at_the_ends_of_the_unit_interval() -> None:
+    # uniform 0 takes the first token with mass; a uniform just below 1 the last one, never the zero tail after it
+    weights = torch.zeros(2, 600)
+    weights[:, 1], weights[:, 300], weights[:, 520] = 0.25, 0.5, 0.25
+    uniforms = torch.tensor([0.0, 1.0 - 2.0 ** -53], dtype=torch.float64)
+    assert draw_from(weights, uniforms=uniforms).tolist() == [1, 520]
+
+
+def test_a_rows_draw_and_log_prob_do_not_depend_on_the_other_rows() -> None:
+    logits = torch.randn(6, 3000, generator=torch.Generator().manual_seed(3)) * 4
+    uniforms = stream_uniforms(sample_stream_keys(torch.arange(6), torch.zeros(6, dtype=torch.int64)), 0)
+    tokens, logprobs = sample_next_tokens(logits, temperature=0.8, uniforms=uniforms)
+    for row in range(6):
+        alone, alone_logprob = sample_next_tokens(logits[row : row + 1], temperature=0.8, uniforms=uniforms[row : row + 1])
+        assert alone.item() == tokens[row].item() and alone_logprob.item() == logprobs[row].item()
+
+
+def test_scratch_buffer_gives_the_same_draw_and_leaves_the_logits_alone() -> None:
+    logits = torch.randn(5, 700, generator=torch.Generator().manual_seed(4))
+    before = logits.clone()
+    uniforms = torch.rand(5, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    plain = sample_next_tokens(logits, temperature=1.0, uniforms=uniforms)
+    scratch = torch.full_like(logits, float("nan"))
+    lent = sample_next_tokens(logits, temperature=1.0, uniforms=uniforms, scratch=scratch)
+    assert torch.equal(plain[0], lent[0]) and torch.equal(plain[1], lent[1])
+    assert torch.equal(logits, before) and torch.isfinite(scratch).all()

@@ -5,7 +5,8 @@ group where most answers are short still pays for the longest one on every row, 
 processors and stopping criteria per step. RL rollouts have wildly varying lengths, so this engine instead
 
 1. left-pads the prompts (attention mask + explicit position ids, so padding changes nothing),
-2. prefills each *distinct* prompt once and copies its KV cache to its ``n`` samples,
+2. prefills each *distinct* prompt once and decodes its ``n`` samples on that one copy of its keys and values
+   (:class:`dapo.rollout.kv_cache.SharedPrefixLayer`; a copy per sample where the model does not run SDPA),
 3. decodes one token per step for the rows still running, and
 4. drops a row from the batch and from the KV cache (``DynamicCache.batch_select_indices``) the step it emits a stop
    token, so compute shrinks with the number of unfinished sequences.
@@ -28,69 +29,17 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterable, Sequence
+from contextlib import nullcontext
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
-from transformers.cache_utils import DynamicLayer
 
-from dapo.model.attention import grouped_query_sdpa
+from dapo.model.attention import (
+    GQA_SDPA, SHARED_PREFIX, SHARED_PREFIX_CACHE, attention_implementation, grouped_query_sdpa,
+)
+from dapo.rollout.kv_cache import preallocated_cache, shared_prompt_cache
 from dapo.rollout.base import RolloutOutput, SamplingParams
 from dapo.rollout.sampler import sample_next_tokens, sample_stream_keys, stream_uniforms
-
-
-class PreallocatedLayer(DynamicLayer):
-    """A KV-cache layer that writes each step's keys and values into a buffer of ``capacity`` positions.
-
-    ``DynamicLayer`` appends with ``torch.cat``, which copies the whole cache at every decode step (O(length^2) bytes
-    over a response; 8% of SmolLM2's generation time in the profile of ``dapo.model.attention``). Here a step copies
-    one position; ``keys``/``values`` are views of the filled part, so everything that reads a ``DynamicLayer``
-    (sequence length, mask sizes) works unchanged. Dropping finished rows indexes the buffer (a copy, once per step
-    that ends some rows). Writing past ``capacity`` grows the buffer (doubling), so a wrong guess costs time, not
-    correctness.
-    """
-
-    def __init__(self, capacity: int) -> None:
-        super().__init__()
-        self.capacity = capacity
-        self.length = 0
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self.is_initialized:
-            self.dtype, self.device = key_states.dtype, key_states.device
-            shape = (*key_states.shape[:2], max(self.capacity, key_states.shape[-2]), key_states.shape[-1])
-            self._key_buffer = key_states.new_empty(shape)
-            self._value_buffer = value_states.new_empty((*shape[:3], value_states.shape[-1]))
-            self.is_initialized = True
-        end = self.length + key_states.shape[-2]
-        if end > self._key_buffer.shape[-2]:
-            grown = max(end, 2 * self._key_buffer.shape[-2])
-            self._key_buffer = self._grow(self._key_buffer, grown)
-            self._value_buffer = self._grow(self._value_buffer, grown)
-        self._key_buffer[:, :, self.length : end].copy_(key_states)
-        self._value_buffer[:, :, self.length : end].copy_(value_states)
-        self.length = end
-        self.keys, self.values = self._key_buffer[:, :, :end], self._value_buffer[:, :, :end]
-        return self.keys, self.values
-
-    def _grow(self, buffer: torch.Tensor, positions: int) -> torch.Tensor:
-        bigger = buffer.new_empty((*buffer.shape[:2], positions, buffer.shape[-1]))
-        bigger[:, :, : self.length].copy_(buffer[:, :, : self.length])
-        return bigger
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        if self.is_initialized:
-            self._key_buffer, self._value_buffer = self._key_buffer[indices], self._value_buffer[indices]
-            self.keys = self._key_buffer[:, :, : self.length]
-            self.values = self._value_buffer[:, :, : self.length]
-
-
-def preallocated_cache(config: object, capacity: int) -> DynamicCache:
-    """A ``DynamicCache`` for ``config`` whose full-attention layers are :class:`PreallocatedLayer` of ``capacity``
-    positions (sliding-window layers, which keep only their window, stay as Transformers makes them)."""
-    cache = DynamicCache(config=config)
-    cache.layers = [PreallocatedLayer(capacity) if type(layer) is DynamicLayer else layer for layer in cache.layers]
-    return cache
 
 
 class HFRolloutEngine:
@@ -260,9 +209,11 @@ class HFRolloutEngine:
         attention_mask: torch.Tensor | None,
         position_ids: torch.Tensor,
         cache: DynamicCache,
+        **attention_kwargs: object,
     ) -> torch.Tensor:
-        """One forward pass appending to ``cache``; returns the logits at the last position, ``[batch, vocab]``."""
-        kwargs = {self._cache_kwarg: cache, "use_cache": True}
+        """One forward pass appending to ``cache``; returns the logits at the last position, ``[batch, vocab]``.
+        ``attention_kwargs`` go through the model to its attention functions."""
+        kwargs = {self._cache_kwarg: cache, "use_cache": True, **attention_kwargs}
         if self._has_logits_to_keep:
             kwargs["logits_to_keep"] = 1
         output = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs)
@@ -296,52 +247,66 @@ class HFRolloutEngine:
         position_ids = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
         padded = not bool(attention_mask.all())
 
-        cache = preallocated_cache(self.model.config, capacity=width + params.max_tokens)
+        # The n samples of a prompt decode on one copy of its keys and values (SharedPrefix) when the model runs the
+        # grouped-query SDPA of dapo.model.attention; otherwise each row gets its own copy of its prompt's cache.
+        share = row_to_distinct is not None and self.model.config._attn_implementation == GQA_SDPA
+        cache = preallocated_cache(self.model.config, capacity=width if share else width + params.max_tokens)
         logits = self._next_token_logits(input_ids, attention_mask if padded else None, position_ids, cache)
         next_position = position_ids[:, -1] + 1
+        decode_kwargs: dict[str, object] = {}
         if row_to_distinct is not None:
             logits = logits[row_to_distinct]
-            cache.batch_select_indices(row_to_distinct)
-            attention_mask = attention_mask[row_to_distinct]
             next_position = next_position[row_to_distinct]
+            shared = shared_prompt_cache(cache, attention_mask.bool(), row_to_distinct, params.max_tokens) if share \
+                else None
+            if shared is not None:
+                cache, padded = shared, False  # the prompts' padding is the prefix's bias; own tokens are never padding
+                decode_kwargs = {SHARED_PREFIX_CACHE: cache}
+            else:
+                cache.batch_select_indices(row_to_distinct)
+                attention_mask = attention_mask[row_to_distinct]
 
         num_rows, max_tokens = len(rows), params.max_tokens
         out_tokens = torch.full((num_rows, max_tokens), self.pad_token_id, dtype=torch.long, device=device)
         out_logprobs = torch.zeros((num_rows, max_tokens), dtype=torch.float32, device=device)
         alive = torch.arange(num_rows, device=device)  # batch position -> row, for the rows still decoding
         done = torch.zeros(num_rows, dtype=torch.bool, device=device)  # only used when not dropping rows
-        for step in range(max_tokens):
-            # the live rows' uniforms for this step: a function of (row key, step) only, whoever else is alive
-            uniforms = None if keys is None or params.greedy else stream_uniforms(keys[alive], step)
-            tokens, token_logprobs = sample_next_tokens(
-                logits, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, generator=generator,
-                uniforms=uniforms,
-            )
-            out_tokens[alive, step] = tokens
-            out_logprobs[alive, step] = token_logprobs
-            if step == max_tokens - 1:
-                break
-            hit_stop = torch.isin(tokens, stop_ids)
-            if self.drop_finished:
-                if bool(hit_stop.any()):
-                    keep = (~hit_stop).nonzero().squeeze(-1)
-                    if keep.numel() == 0:
-                        break
-                    alive, tokens, next_position = alive[keep], tokens[keep], next_position[keep]
-                    cache.batch_select_indices(keep)
-                    if padded:
-                        attention_mask = attention_mask[keep]
-                        padded = not bool(attention_mask.all())
-            else:
-                done |= hit_stop
-                if bool(done.all()):
+        scratch = torch.empty((num_rows, logits.shape[-1]), dtype=torch.float32, device=device)  # the draw's buffer
+        decode_attention = attention_implementation(self.model, SHARED_PREFIX) if decode_kwargs else nullcontext()
+        with decode_attention:
+            for step in range(max_tokens):
+                # the live rows' uniforms for this step: a function of (row key, step) only, whoever else is alive
+                uniforms = None if keys is None or params.greedy else stream_uniforms(keys[alive], step)
+                tokens, token_logprobs = sample_next_tokens(
+                    logits, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+                    generator=generator, uniforms=uniforms, scratch=scratch[: len(alive)],
+                )
+                out_tokens[alive, step] = tokens
+                out_logprobs[alive, step] = token_logprobs
+                if step == max_tokens - 1:
                     break
-            if padded:
-                attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(alive), 1)], dim=-1)
-            logits = self._next_token_logits(
-                tokens.unsqueeze(-1), attention_mask if padded else None, next_position.unsqueeze(-1), cache
-            )
-            next_position = next_position + 1
+                hit_stop = torch.isin(tokens, stop_ids)
+                if self.drop_finished:
+                    if bool(hit_stop.any()):
+                        keep = (~hit_stop).nonzero().squeeze(-1)
+                        if keep.numel() == 0:
+                            break
+                        alive, tokens, next_position = alive[keep], tokens[keep], next_position[keep]
+                        cache.batch_select_indices(keep)
+                        if padded:
+                            attention_mask = attention_mask[keep]
+                            padded = not bool(attention_mask.all())
+                else:
+                    done |= hit_stop
+                    if bool(done.all()):
+                        break
+                if padded:
+                    attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(alive), 1)], dim=-1)
+                logits = self._next_token_logits(
+                    tokens.unsqueeze(-1), attention_mask if padded else None, next_position.unsqueeze(-1), cache,
+                    **decode_kwargs,
+                )
+                next_position = next_position + 1
 
         # A response ends at its first stop token (kept) or after max_tokens tokens.
         is_stop = torch.isin(out_tokens, stop_ids)

@@ -177,6 +177,24 @@ def test_gradient_checkpointing_gives_the_same_gradient(layout: str) -> None:
     assert_same_gradients({n: p.grad.clone() for n, p in model.named_parameters()}, want)
 
 
+def test_checkpointed_shared_prompt_passes_train_the_other_weights_when_embeddings_are_frozen() -> None:
+    # The shared-prompt passes use the reentrant checkpoint, which only runs a backward for a pass with an input that
+    # requires grad; the pass's embedded tokens are that input, and frozen embeddings must not silence the rest.
+    model = tiny_qwen2(seed=8)
+    model.train()
+    model.get_input_embeddings().weight.requires_grad_(False)  # tied: the LM head is frozen with it
+    batch = off_policy_batch(model, seed=3)
+    grads = []
+    for checkpointing in (False, True):
+        cfg = actor_config(ppo_max_token_len_per_gpu=20, layout="shared_prompt", gradient_checkpointing=checkpointing,
+                           shared_prompt_chunk_tokens=6)
+        accumulate_mini_batch_gradients(model, batch, cfg, temperature=TEMPERATURE, norm_length=8)
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad})
+        model.zero_grad(set_to_none=True)
+    assert grads[1] and all(bool(g.abs().sum() > 0) for g in grads[1].values() if g.dim() == 2)
+    assert_same_gradients(grads[1], grads[0])
+
+
 def _optimizer_and_scheduler(
     model: nn.Module, lr: float = 1e-3, warmup: int = 0
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:

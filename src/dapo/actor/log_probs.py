@@ -390,26 +390,33 @@ def decoder_and_lm_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
 
 
 def _chunk_log_probs(
-    lm_head: nn.Module, temperature: float, with_entropy: bool, hidden: Tensor, targets: Tensor
+    lm_head: nn.Module, temperature: float, with_entropy: bool, entropy_grad: bool, hidden: Tensor, targets: Tensor
 ) -> tuple[Tensor, Tensor]:
-    """log softmax(lm_head(hidden) / T)[target] and, if asked, the entropy of that distribution, in fp32."""
+    """log softmax(lm_head(hidden) / T)[target] and, if asked, the entropy of that distribution, in fp32.
+
+    Without ``entropy_grad`` the entropy is a detached metric: computed under no_grad it saves nothing for backward,
+    and a checkpointed chunk's recomputation stops before it (three logits-sized tensors per chunk fewer)."""
     logits = lm_head(hidden).float()
     if temperature != 1.0:
         logits = logits / temperature
     log_probs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-    entropy = entropy_from_logits(logits) if with_entropy else logits.new_zeros(0)
-    return log_probs, entropy
+    if not with_entropy:
+        return log_probs, logits.new_zeros(0)
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        return log_probs, entropy_from_logits(logits)
 
 
 def compute_response_log_probs(
     model: nn.Module, micro_batch: TrainBatch, *, temperature: float, chunk_size: int, with_entropy: bool,
     layout: str = "packed", checkpoint_passes: bool = False, max_chunk_tokens: int | None = None,
+    entropy_grad: bool = True,
 ) -> tuple[list[Tensor], list[Tensor] | None]:
     """Log-probs of every response token under ``model`` at ``temperature``, per response (and entropies if asked).
 
     ``layout`` is one of :data:`LAYOUTS` (see the module docstring; :func:`resolve_layout` turns ``auto`` into one).
     ``checkpoint_passes``: the shared-prompt layout recomputes its passes in backward (activation checkpointing);
     ``max_chunk_tokens`` caps its response passes, so that backward holds at most that many tokens' activations.
+    ``entropy_grad`` False: the entropies are detached (a metric only, no loss term uses them).
     Differentiable when autograd is enabled. Returns one fp32 1-D tensor per sample, as long as its response, on the
     model's device; entropies likewise or None.
     """
@@ -437,7 +444,7 @@ def compute_response_log_probs(
                                       attention_mask=rows.attention_mask, use_cache=False))
         hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, rows.predictor_index)
 
-    run = functools.partial(_chunk_log_probs, lm_head, temperature, with_entropy)
+    run = functools.partial(_chunk_log_probs, lm_head, temperature, with_entropy, entropy_grad)
     recompute = torch.is_grad_enabled() and hidden.requires_grad
     log_prob_chunks: list[Tensor] = []
     entropy_chunks: list[Tensor] = []

@@ -280,7 +280,7 @@ def accumulate_mini_batch_gradients(
             log_probs, entropies = forward_through(
                 model, compute_response_log_probs, micro, temperature=temperature, chunk_size=cfg.logprob_chunk_size,
                 with_entropy=True, layout=layout, checkpoint_passes=cfg.gradient_checkpointing,
-                max_chunk_tokens=cfg.shared_prompt_chunk_tokens,
+                max_chunk_tokens=cfg.shared_prompt_chunk_tokens, entropy_grad=cfg.entropy_coeff != 0.0,
             )
         assert entropies is not None
         if weight == 0.0:  # padding: the modules every loss term reaches, times exactly 0.0; no metrics

@@ -14,6 +14,10 @@ Scenarios (built-in random Qwen2 only; a random model almost never samples EOS o
            geometric (mean ~48 by default, a few capped at T): the spread that RL rollouts have
   full     no bias: every response runs to T tokens (pure per-step efficiency; nothing to drop)
 
+Prompts: random token ids of varied lengths (``--prompt-len``), or with ``--data FILE`` (and ``--model``) the first
+``--prompts`` problems of a dapo data file, chat template applied by the model's tokenizer exactly as ``dapo train``
+does: the batch of a training job's first rollout step (``benchmarks/vs_trl.py`` passes its job's file).
+
 Usage:
   python benchmarks/bench_rollout.py                      # built-in model, both scenarios, CPU
   python benchmarks/bench_rollout.py --threads 1 --repeats 5
@@ -71,6 +75,21 @@ def random_prompts(count: int, vocab_size: int, min_len: int, max_len: int, seed
     generator = torch.Generator().manual_seed(seed)
     lengths = torch.randint(min_len, max_len + 1, (count,), generator=generator).tolist()
     return [torch.randint(2, vocab_size, (n,), generator=generator).tolist() for n in lengths]
+
+
+def data_prompts(path: str, model_dir: str, count: int) -> list[list[int]]:
+    """The first ``count`` prompts of a dapo data file, tokenised as ``dapo train`` tokenises them."""
+    from transformers import AutoTokenizer
+
+    from dapo.data.loaders import load_records
+    from dapo.data.prompts import encode_prompts
+
+    records = load_records(path)[:count]
+    if len(records) < count:
+        raise SystemExit(f"{path}: {len(records)} problems, fewer than --prompts {count}")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    encoded = encode_prompts(records, tokenizer, max_prompt_length=1 << 30, where=path)
+    return [list(item.input_ids) for item in encoded.items]
 
 
 def generated_tokens_of_generate(sequences: torch.Tensor, prompt_width: int, eos_token_id: int) -> int:
@@ -150,6 +169,8 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--prompt-len", type=int, nargs=2, default=(16, 64), metavar=("MIN", "MAX"))
+    parser.add_argument("--data", default=None, help="dapo data file (parquet/jsonl) to take the prompts from; needs "
+                        "--model (its tokenizer and chat template)")
     parser.add_argument("--mean-len", type=float, default=48.0, help="mean response length in the 'varied' scenario")
     parser.add_argument("--vocab", type=int, default=8192, help="vocabulary of the built-in model")
     parser.add_argument("--repeats", type=int, default=3)
@@ -174,12 +195,20 @@ def main() -> None:
         pad = first_set(model.generation_config.pad_token_id, model.config.pad_token_id, eos)
         scenarios = [("model", None)]
     vocab = model.get_input_embeddings().num_embeddings
-    prompts = random_prompts(args.prompts, vocab, *args.prompt_len, seed=args.seed)
+    if args.data is not None:
+        if args.model is None:
+            raise SystemExit("--data needs --model: the prompts are tokenised with that model's tokenizer")
+        prompts = data_prompts(args.data, args.model, args.prompts)
+        source = f"prompts of {args.data}"
+    else:
+        prompts = random_prompts(args.prompts, vocab, *args.prompt_len, seed=args.seed)
+        source = "random prompts"
+    lengths = sorted(map(len, prompts))
     params_m = sum(p.numel() for p in model.parameters()) / 1e6
     print(
         f"model: {args.model or 'random Qwen2'} ({params_m:.1f}M params, {args.dtype}, {device}), threads "
-        f"{torch.get_num_threads()}; {args.prompts} prompts x {args.n} samples, max_tokens {args.max_tokens}, "
-        f"prompt lengths {args.prompt_len[0]}-{args.prompt_len[1]}, best of {args.repeats}"
+        f"{torch.get_num_threads()}; {len(prompts)} {source} x {args.n} samples, max_tokens {args.max_tokens}, "
+        f"prompt lengths {lengths[0]}-{lengths[-1]} tokens, best of {args.repeats}"
     )
     engine = HFRolloutEngine(model, eos_token_ids=eos, pad_token_id=pad)
     engine_no_drop = HFRolloutEngine(model, eos_token_ids=eos, pad_token_id=pad, drop_finished=False)

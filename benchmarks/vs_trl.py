@@ -530,8 +530,11 @@ def trl_worker(spec_path: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ rollout engine
-def run_rollout_bench(job: Job, args: argparse.Namespace, work: Path, env: dict[str, str]) -> dict[str, Any]:
-    cmd = [sys.executable, str(BENCH_ROLLOUT), "--model", str(job.model_dir), "--prompts", str(job.prompts),
+def run_rollout_bench(job: Job, args: argparse.Namespace, work: Path, env: dict[str, str],
+                      data_file: Path) -> dict[str, Any]:
+    # the job's own batch: its first rollout step's prompts (the data file is read in order), its samples and length
+    cmd = [sys.executable, str(BENCH_ROLLOUT), "--model", str(job.model_dir), "--data", str(data_file),
+           "--prompts", str(job.prompts),
            "--n", str(job.samples), "--max-tokens", str(job.max_tokens), "--repeats", str(args.rollout_repeats),
            "--threads", str(args.threads), "--seed", str(args.seed), "--device", args.device]
     result = run_child(cmd, work / "logs" / "bench_rollout.log", env, args.timeout)
@@ -712,7 +715,7 @@ def run_job(name: str, args: argparse.Namespace) -> dict[str, Any]:
                               "summary": summarize(runs, skip_first=args.steps > 1)}
     if not args.skip_rollout:
         print(f"[{name}] rollout: HF engine vs model.generate ...", flush=True)
-        result["rollout"] = run_rollout_bench(job, args, work, env)
+        result["rollout"] = run_rollout_bench(job, args, work, env, data_file)
     return result
 
 

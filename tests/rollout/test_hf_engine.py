@@ -155,9 +155,13 @@ def test_finished_rows_are_dropped_from_the_batch(row_counter) -> None:
     assert prefill == (len(PROMPTS), max(map(len, PROMPTS))), "each distinct prompt is prefilled once"
     assert all(length == 1 for _, length in decode)
     lengths = [len(ids) for ids in output.response_ids]
-    # Row k needs one decode step per token after its first: exactly the rows still running get computed.
-    assert sum(rows for rows, _ in decode) == sum(length - 1 for length in lengths)
-    assert [rows for rows, _ in decode] == [sum(1 for n in lengths if n > step) for step in range(1, max(lengths))]
+    # Row k needs one decode step per token after its first. The batch holds the rows still running plus, until they
+    # are an eighth of it, the rows that have finished; it ends when the last row stops.
+    running = [sum(1 for n in lengths if n > step) for step in range(1, max(lengths))]
+    batch = [rows for rows, _ in decode]
+    assert len(batch) == len(running)
+    assert all(rows >= live and (rows - live) * 8 < rows for rows, live in zip(batch, running))
+    assert batch[-1] < batch[0]  # the batch did shrink
 
     counter.calls.clear()
     full = engine_for(model, drop_finished=False).generate(PROMPTS, params)

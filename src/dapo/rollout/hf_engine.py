@@ -8,8 +8,8 @@ processors and stopping criteria per step. RL rollouts have wildly varying lengt
 2. prefills each *distinct* prompt once and decodes its ``n`` samples on that one copy of its keys and values
    (:class:`dapo.rollout.kv_cache.SharedPrefixLayer`; a copy per sample where the model does not run SDPA),
 3. decodes one token per step for the rows still running, and
-4. drops a row from the batch and from the KV cache (``DynamicCache.batch_select_indices``) the step it emits a stop
-   token, so compute shrinks with the number of unfinished sequences.
+4. drops finished rows from the batch and from the KV cache (``DynamicCache.batch_select_indices``) once an eighth
+   of the batch has emitted a stop token, so compute shrinks with the number of unfinished sequences.
 
 The engine shares the actor's ``nn.Module``: the actor's optimizer step *is* the weight update, so
 :meth:`HFRolloutEngine.update_weights` has nothing to do when handed the module's own tensors (it copies in any other
@@ -37,9 +37,13 @@ from transformers import DynamicCache, PreTrainedModel
 from dapo.model.attention import (
     GQA_SDPA, SHARED_PREFIX, SHARED_PREFIX_CACHE, attention_implementation, grouped_query_sdpa,
 )
-from dapo.rollout.kv_cache import preallocated_cache, shared_prompt_cache
 from dapo.rollout.base import RolloutOutput, SamplingParams
+from dapo.rollout.kv_cache import preallocated_cache, shared_prompt_cache
 from dapo.rollout.sampler import sample_next_tokens, sample_stream_keys, stream_uniforms
+
+
+# Finished rows leave the batch once they are at least 1 / this of it.
+_DROP_WHEN_FINISHED = 8
 
 
 class HFRolloutEngine:
@@ -52,8 +56,9 @@ class HFRolloutEngine:
         device: where inputs go; must be the model's device (default: the device of its parameters).
         max_batch_size: most sequences (prompt x sample rows) decoded at once; larger requests run in chunks of this
             many rows, in order. None: one batch.
-        drop_finished: drop finished rows from the batch and KV cache (default). False keeps them until the whole batch
-            is done, like ``model.generate``; it exists to measure what shrinking buys (benchmarks/bench_rollout.py).
+        drop_finished: drop finished rows from the batch and KV cache, once they are an eighth of it (default). False
+            keeps them until the whole batch is done, like ``model.generate``; it exists to measure what shrinking
+            buys (benchmarks/bench_rollout.py).
     """
 
     def __init__(
@@ -270,7 +275,7 @@ class HFRolloutEngine:
         out_tokens = torch.full((num_rows, max_tokens), self.pad_token_id, dtype=torch.long, device=device)
         out_logprobs = torch.zeros((num_rows, max_tokens), dtype=torch.float32, device=device)
         alive = torch.arange(num_rows, device=device)  # batch position -> row, for the rows still decoding
-        done = torch.zeros(num_rows, dtype=torch.bool, device=device)  # only used when not dropping rows
+        finished = torch.zeros(num_rows, dtype=torch.bool, device=device)  # batch positions past their stop token
         scratch = torch.empty((num_rows, logits.shape[-1]), dtype=torch.float32, device=device)  # the draw's buffer
         decode_attention = attention_implementation(self.model, SHARED_PREFIX) if decode_kwargs else nullcontext()
         with decode_attention:
@@ -285,21 +290,21 @@ class HFRolloutEngine:
                 out_logprobs[alive, step] = token_logprobs
                 if step == max_tokens - 1:
                     break
-                hit_stop = torch.isin(tokens, stop_ids)
-                if self.drop_finished:
-                    if bool(hit_stop.any()):
-                        keep = (~hit_stop).nonzero().squeeze(-1)
-                        if keep.numel() == 0:
-                            break
-                        alive, tokens, next_position = alive[keep], tokens[keep], next_position[keep]
-                        cache.batch_select_indices(keep)
-                        if padded:
-                            attention_mask = attention_mask[keep]
-                            padded = not bool(attention_mask.all())
-                else:
-                    done |= hit_stop
-                    if bool(done.all()):
-                        break
+                finished |= torch.isin(tokens, stop_ids)
+                num_finished = int(finished.sum())
+                if num_finished == len(alive):
+                    break
+                # Drop the finished rows once they are an eighth of the batch: a drop copies every layer's cache, so
+                # dropping each row the step it stops cost more than decoding a few rows a few steps too long (what
+                # they generate past their stop token is cut off below).
+                if self.drop_finished and num_finished * _DROP_WHEN_FINISHED >= len(alive):
+                    keep = (~finished).nonzero().squeeze(-1)
+                    alive, tokens, next_position = alive[keep], tokens[keep], next_position[keep]
+                    finished = finished[keep]
+                    cache.batch_select_indices(keep)
+                    if padded:
+                        attention_mask = attention_mask[keep]
+                        padded = not bool(attention_mask.all())
                 if padded:
                     attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(alive), 1)], dim=-1)
                 logits = self._next_token_logits(

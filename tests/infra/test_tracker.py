@@ -16,7 +16,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dapo.infra.tracking import METRICS_FILE_NAME, Tracker, read_metrics, truncate_metrics_after
+from dapo.infra.tracking import METRICS_FILE_NAME, Tracker, read_metrics, truncate_metrics_after, val_acc_keys
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -199,3 +199,12 @@ def test_wandb_offline_run_records_config(tmp_path: Path, how: str) -> None:
     assert 1 <= len(records) <= 2  # two runs in the same second share one folder name
     data = records[0].read_bytes()  # protobuf records: config items and metric names appear verbatim
     assert b"lr" in data and b"1e-6" in data and b"critic/score/mean" in data
+
+
+def test_val_acc_keys_are_the_mean_at_k_keys_ordered_by_k_as_numbers():
+    records = [
+        {"step": 5, "val/acc/mean@16": 0.5, "val/acc/mean@16/ci95": 0.1, "val/acc/pass@16": 0.9},
+        {"step": 10, "val/acc/mean@4": 0.25, "val/acc/mean@32x": 1.0, "train/val/acc/mean@2": 0.0},
+    ]
+    assert val_acc_keys(records) == ["val/acc/mean@4", "val/acc/mean@16"]  # 4 < 16, though "16" < "4" as text
+    assert val_acc_keys([{"step": 1, "critic/score/mean": 0.0}]) == []

@@ -17,11 +17,12 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from dapo.infra.tracking import val_acc_keys
+
 __all__ = ["MeanStd", "RunSummary", "SeedBand", "config_of_run", "group_share_series", "mean_std", "seed_band",
            "series", "steps_to_reach", "summarize_run", "val_acc_key_of"]
 
 _SEED_SUFFIX = re.compile(r"^(?P<config>.+)-s(?P<seed>\d+)$")
-_VAL_ACC = re.compile(r"^val/acc/mean@(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -66,8 +67,8 @@ def series(records: Sequence[Mapping], key: str) -> list[tuple[int, float]]:
 
 def val_acc_key_of(records: Sequence[Mapping]) -> str | None:
     """The run's ``val/acc/mean@k`` key (the largest k when several were logged)."""
-    ks = {int(m[1]) for r in records for key in r if (m := _VAL_ACC.match(key))}
-    return f"val/acc/mean@{max(ks)}" if ks else None
+    keys = val_acc_keys(records)
+    return keys[-1] if keys else None
 
 
 def steps_to_reach(points: Sequence[tuple[int, float]], threshold: float) -> int | None:

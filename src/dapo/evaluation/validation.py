@@ -17,23 +17,19 @@ Metrics come under two sets of names:
 from __future__ import annotations
 
 import math
-import re
 from collections import defaultdict
 from typing import Sequence
 
 from dapo.config import DapoConfig
 from dapo.reward.scored_groups import ScoredGroup, score_rollout
 from dapo.data.prompts import PromptItem
-from dapo.evaluation.statistics import mean_std
+from dapo.evaluation.statistics import mean_std, val_acc_key_of
 from dapo.rollout.base import RolloutEngine, SamplingParams
-
-
-_MEAN_AT_K = re.compile(r"^val/acc/mean@\d+$")  # not its /ci95 companion
 
 
 def val_acc_key(metrics: dict[str, float]) -> str | None:
     """The ``val/acc/mean@k`` key among logged metrics (k is rollout.val_kwargs.n), or None."""
-    return next((k for k in metrics if _MEAN_AT_K.match(k)), None)
+    return val_acc_key_of([metrics])
 
 
 def summarize_validation(groups: Sequence[ScoredGroup], k: int) -> dict[str, float]:

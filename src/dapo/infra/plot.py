@@ -18,7 +18,6 @@ naming the file.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,9 +27,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from dapo.infra.atomic import FileOperationError, atomic_write
-from dapo.infra.tracking import read_metrics
+from dapo.infra.tracking import read_metrics, val_acc_keys
 
-__all__ = ["PANELS", "PANEL_NAMES", "Panel", "VAL_ACC_PATTERN", "make_figure", "plot_runs"]
+__all__ = ["PANELS", "PANEL_NAMES", "Panel", "make_figure", "plot_runs"]
 
 
 @dataclass(frozen=True)
@@ -53,7 +52,6 @@ PANELS: tuple[Panel, ...] = (
     Panel("train_acc", "training accuracy (kept groups)", "acc/mean", "acc/mean", accuracy=True),
 )
 PANEL_NAMES: tuple[str, ...] = tuple(p.name for p in PANELS)
-VAL_ACC_PATTERN = re.compile(r"^val/acc/mean@(\d+)$")
 _VAL = "val/acc/mean@*"
 _LINE_STYLES = ("-", "--", ":", "-.")
 
@@ -88,12 +86,6 @@ def _ema(values: list[float], weight: float) -> list[float]:
     return out
 
 
-def _val_keys(records: list[dict[str, Any]]) -> list[str]:
-    """The ``val/acc/mean@k`` keys a run logged, ordered by k."""
-    keys = {key for record in records for key in record if VAL_ACC_PATTERN.match(key)}
-    return sorted(keys, key=lambda k: int(VAL_ACC_PATTERN.match(k).group(1)))  # type: ignore[union-attr]
-
-
 def _default_labels(run_dirs: Sequence[Path]) -> list[str]:
     names = [Path(d).name or str(d) for d in run_dirs]
     if len(set(names)) == len(names):
@@ -119,8 +111,7 @@ def _resolve_panels(metrics: Sequence[str] | None, runs: list[list[dict[str, Any
         if panel.key != _VAL:
             out.append(panel)
             continue
-        ks = sorted({key for records in runs for key in _val_keys(records)},
-                    key=lambda k: int(VAL_ACC_PATTERN.match(k).group(1)))  # type: ignore[union-attr]
+        ks = val_acc_keys([record for records in runs for record in records])
         if len(ks) <= 1:
             out.append(Panel(panel.name, panel.title, ks[0] if ks else _VAL, ks[0] if ks else panel.ylabel, True))
         else:

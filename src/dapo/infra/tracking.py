@@ -19,6 +19,7 @@ import json
 import logging
 import math
 import os
+import re
 import secrets
 import string
 import sys
@@ -35,9 +36,19 @@ __all__ = [
     "Tracker",
     "read_metrics",
     "truncate_metrics_after",
+    "val_acc_keys",
 ]
 
 logger = logging.getLogger(__name__)
+
+# Validation accuracy is logged as val/acc/mean@k, k = rollout.val_kwargs.n; its /ci95 companion does not match.
+_VAL_ACC_KEY = re.compile(r"^val/acc/mean@(\d+)$")
+
+
+def val_acc_keys(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The ``val/acc/mean@k`` keys the records hold, ordered by k."""
+    ks = {int(m[1]) for record in records for key in record if (m := _VAL_ACC_KEY.match(key))}
+    return [f"val/acc/mean@{k}" for k in sorted(ks)]
 
 METRICS_FILE_NAME = "metrics.jsonl"
 BACKENDS = ("jsonl", "tensorboard", "wandb", "console")

@@ -59,6 +59,14 @@ def test_generation_shares_tile_the_batch_in_order() -> None:
     assert gather_in_rank_order((1, 2), World()) == [1, 2]
 
 
+def test_the_ranks_of_a_tensor_parallel_engine_share_one_slice() -> None:
+    # 6 ranks, engines of 2 consecutive ranks: 3 engines tile 7 prompts as 3 / 2 / 2, both ranks of an engine alike.
+    shares = [generation_share(7, World(rank=r, world_size=6), 2) for r in range(6)]
+    assert shares == [slice(0, 3), slice(0, 3), slice(3, 5), slice(3, 5), slice(5, 7), slice(5, 7)]
+    with pytest.raises(ValueError, match=r"tensor_model_parallel_size \(4\) must divide the number of ranks \(6\)"):
+        generation_share(7, World(rank=0, world_size=6), 4)
+
+
 @pytest.mark.slow
 def test_two_ranks_train_and_checkpoints_move_between_world_sizes(tmp_path: Path) -> None:
     run_dir = tmp_path / "tiny-synth"

@@ -57,3 +57,9 @@ def test_unknown_engine_names_are_rejected_by_the_config() -> None:
     with pytest.raises(ConfigError, match="rollout.name"):
         build_config({}, ["rollout.name=sglang"])
     assert factory.ENGINE_NAMES == ("hf", "vllm")
+
+
+def test_tensor_parallel_with_the_transformers_engine_is_refused(policy: Policy) -> None:
+    cfg = build_config(overrides=["rollout.name=hf", "rollout.tensor_model_parallel_size=2"])
+    with pytest.raises(EngineUnavailableError, match="rollout.tensor_model_parallel_size=2: the Transformers engine"):
+        build_rollout_engine(cfg, policy)

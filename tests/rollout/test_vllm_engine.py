@@ -10,6 +10,7 @@ import copy
 import logging
 import os
 import random
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
@@ -19,7 +20,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 import dapo
-from dapo.rollout.base import SamplingParams
+from dapo.rollout.base import SamplingParams, WeightStream
 from dapo.rollout.vllm_engine import (
     CPU_INSTALL_COMMAND,
     VLLMRolloutEngine,
@@ -191,6 +192,58 @@ def test_a_tied_lm_head_in_the_push_is_accepted(engine: VLLMRolloutEngine, hf_mo
     engine.update_weights(everything)
     torch.testing.assert_close(torch.tensor(engine.log_probs_of(PROMPT, RESPONSE)), reference(hf_model),
                                atol=1e-4, rtol=0)
+
+
+def test_a_weight_stream_is_loaded_as_it_comes(engine: VLLMRolloutEngine, hf_model: PreTrainedModel) -> None:
+    # A sharded actor gathers each parameter when asked for it: the engine must load each one before asking for the
+    # next few, never collect them all. The stream hands out clones that only the engine holds, and records how many
+    # of the earlier ones are still alive whenever it is asked for another.
+    params = list(hf_model.named_parameters())
+    shifted = copy.deepcopy(hf_model)
+    with torch.no_grad():
+        for p in shifted.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    alive_when_asked: list[int] = []
+    handed_out: list[weakref.ref] = []
+
+    def gathered() -> Iterator[tuple[str, torch.Tensor]]:
+        for name, p in shifted.named_parameters():
+            alive_when_asked.append(sum(ref() is not None for ref in handed_out))
+            tensor = p.detach().clone()
+            handed_out.append(weakref.ref(tensor))
+            yield name, tensor
+            del tensor
+
+    names = tuple(name for name, _ in params)
+    try:
+        engine.update_weights(WeightStream(names, gathered()))
+        torch.testing.assert_close(torch.tensor(engine.log_probs_of(PROMPT, RESPONSE)), reference(shifted),
+                                   atol=1e-4, rtol=0)
+        assert len(alive_when_asked) == len(params) > 10
+        # vLLM buffers a fused layer's parts (q/k/v with biases: 6 tensors) until the layer is complete.
+        assert max(alive_when_asked) <= 6, alive_when_asked
+
+        # The names are checked before the first tensor is asked for: a stream announcing part of a layer loads nothing.
+        asked: list[str] = []
+
+        def never_read() -> Iterator[tuple[str, torch.Tensor]]:
+            for name, p in params[:3]:
+                asked.append(name)
+                yield name, p
+        q_only = tuple(n for n in names if n.endswith("layers.0.self_attn.q_proj.weight"))
+        with pytest.raises(ValueError, match="would be loaded in part"):
+            engine.update_weights(WeightStream(q_only, never_read()))
+        assert asked == []
+    finally:
+        engine.update_weights((name, p.detach().clone()) for name, p in hf_model.named_parameters())
+
+
+def test_a_stream_yielding_other_names_than_announced_fails() -> None:
+    stream = WeightStream(("a", "b"), iter([("a", torch.zeros(1)), ("c", torch.zeros(1))]))
+    with pytest.raises(ValueError, match="tensor 2 is 'c', announced as 'b'"):
+        list(stream)
+    with pytest.raises(ValueError, match="1 tensors streamed, 2 announced"):
+        list(WeightStream(("a", "b"), iter([("a", torch.zeros(1))])))
 
 
 def test_close_is_idempotent_and_another_engine_can_start(

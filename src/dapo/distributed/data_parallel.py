@@ -31,23 +31,58 @@ from dapo.distributed.world import World
 T = TypeVar("T")
 
 
-def generation_share(num_prompts: int, world: World) -> slice:
-    """This rank's contiguous slice of a generation batch of ``num_prompts``: sizes differ by at most one (the first
-    ``num_prompts % world_size`` ranks take one more), and the slices of ranks 0..N-1 tile the batch in order.
+def check_tensor_parallel(world: World, tensor_parallel: int) -> None:
+    """Refuse a tensor-parallel size that does not tile the world into whole engine groups."""
+    if tensor_parallel < 1 or world.world_size % tensor_parallel != 0:
+        raise ValueError(f"rollout.tensor_model_parallel_size ({tensor_parallel}) must divide the number of ranks "
+                         f"({world.world_size}): every rank belongs to exactly one rollout engine")
+
+
+def engine_index(world: World, tensor_parallel: int = 1) -> tuple[int, int]:
+    """(which engine this rank serves, how many engines): ranks ``k*tp .. k*tp + tp - 1`` form engine ``k``, a
+    tensor-parallel group that decodes the same prompts with the same seeds (vLLM's layout: tensor parallel is the
+    innermost dimension of the world, so a group is consecutive ranks, on one node when tp divides the node's GPUs)."""
+    check_tensor_parallel(world, tensor_parallel)
+    return world.rank // tensor_parallel, world.world_size // tensor_parallel
+
+
+def generation_share(num_prompts: int, world: World, tensor_parallel: int = 1) -> slice:
+    """This rank's contiguous slice of a generation batch of ``num_prompts``: the share of its engine (every rank of a
+    tensor-parallel group gets the same one). Sizes differ by at most one (the first ``num_prompts % engines`` engines
+    take one more), and the slices of engines 0..E-1 tile the batch in order.
 
     Contiguous, not strided, so that gathering the shares in rank order gives back the batch order. Response lengths
     are not known before generating, so the split balances prompts, not tokens (the update balances tokens).
     """
-    base, extra = divmod(num_prompts, world.world_size)
-    start = world.rank * base + min(world.rank, extra)
-    return slice(start, start + base + (1 if world.rank < extra else 0))
+    index, count = engine_index(world, tensor_parallel)
+    base, extra = divmod(num_prompts, count)
+    start = index * base + min(index, extra)
+    return slice(start, start + base + (1 if index < extra else 0))
 
 
-def gather_in_rank_order(items: Sequence[T], world: World) -> list[T]:
-    """Every rank's ``items`` concatenated in rank order, on every rank (one object all-gather; identity alone)."""
+def is_engine_leader(world: World, tensor_parallel: int = 1) -> bool:
+    """Whether this rank is the first of its rollout engine's ranks: the one whose outputs are scored and gathered."""
+    return world.rank % tensor_parallel == 0
+
+
+def gather_in_rank_order(items: Sequence[T], world: World, tensor_parallel: int = 1, *,
+                         generated: Any = None) -> list[T]:
+    """Every engine's ``items`` concatenated in engine order, on every rank (one object all-gather; identity alone).
+
+    With tensor parallel the items of each group's first rank are taken (its peers generated the same share and need
+    not score it: they may pass nothing). ``generated``, what each rank's engine returned (the response token ids),
+    is compared among the ranks of a group first: ranks that sampled differently would leave the group's engines in
+    disagreement with the batch that is trained on, an error and never a silent choice."""
     if not world.distributed:
         return list(items)
-    return [item for part in world.all_gather_objects(list(items)) for item in part]
+    check_tensor_parallel(world, tensor_parallel)
+    parts = world.all_gather_objects((list(items), generated))
+    for first in range(0, world.world_size, tensor_parallel):
+        for peer in range(first + 1, first + tensor_parallel):
+            if parts[peer][1] != parts[first][1]:
+                raise RuntimeError(f"ranks {first} and {peer} of one tensor-parallel rollout engine generated different "
+                                   "outputs for the same prompts and seeds: the engine's ranks have diverged")
+    return [item for part, _ in parts[::tensor_parallel] for item in part]
 
 
 def balanced_group_shares(group_tokens: Sequence[int], world_size: int) -> list[list[int]]:

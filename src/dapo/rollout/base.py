@@ -26,7 +26,7 @@ Every generator (the hand-written Hugging Face engine in :mod:`dapo.rollout.hf_e
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
@@ -157,6 +157,28 @@ class RolloutOutput:
         return len(self.prompt_index)
 
 
+@dataclass(frozen=True)
+class WeightStream:
+    """Named tensors that exist one at a time (a sharded actor gathers each parameter when it is asked for), with
+    their names known before the first: an engine can check a push before loading anything and then copy each
+    tensor in as it comes, holding at most one (or one layer's) beside its own weights, never a whole gathered state
+    dict. Iterable once, in ``names`` order; a stream that yields another name than announced raises ``ValueError``.
+    """
+
+    names: tuple[str, ...]
+    tensors: Iterable[tuple[str, torch.Tensor]]
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        count = 0
+        for count, (name, tensor) in enumerate(self.tensors, start=1):
+            if count > len(self.names) or name != self.names[count - 1]:
+                expected = self.names[count - 1] if count <= len(self.names) else "nothing more"
+                raise ValueError(f"WeightStream: tensor {count} is {name!r}, announced as {expected!r}")
+            yield name, tensor
+        if count != len(self.names):
+            raise ValueError(f"WeightStream: {count} tensors streamed, {len(self.names)} announced")
+
+
 @runtime_checkable
 class RolloutEngine(Protocol):
     """Generates responses for token-id prompts and follows the actor's weights."""
@@ -172,6 +194,7 @@ class RolloutEngine(Protocol):
         engine sharing the actor's module) are skipped; every other tensor is copied in. After it returns, the next
         ``generate`` samples from the new weights (caches that depend on the weights, e.g. a prefix cache, are reset).
         A partial push must cover whole layers (every tensor of a module, e.g. q/k/v together with their biases).
+        A :class:`WeightStream` is consumed as it comes (one tensor at a time), after its names are checked.
         """
         ...
 

@@ -35,15 +35,22 @@ def default_engine_name(device_type: str) -> str:
     return "vllm" if device_type == "cuda" and engine_available("vllm")[0] else "hf"
 
 
-def build_rollout_engine(cfg: DapoConfig, policy: Policy, *, module: torch.nn.Module | None = None) -> RolloutEngine:
+def build_rollout_engine(cfg: DapoConfig, policy: Policy, *, module: torch.nn.Module | None = None,
+                         distributed: bool = False) -> RolloutEngine:
     """The engine ``cfg.rollout.name`` names, loaded with the policy's weights.
 
     ``hf`` shares the actor's module (the optimizer step is the weight update; pushes are no-ops), or generates from
     ``module``, an unsharded copy of it that every push refreshes (a sharded actor cannot generate: its forward runs
     collectives, and ranks decode different prompts for different numbers of steps). ``vllm`` loads the policy's
-    Hugging Face folder in its own runtime and receives every update through ``update_weights``.
+    Hugging Face folder in its own runtime and receives every update through ``update_weights``; under torchrun
+    (``distributed``) every rank holds its own engine, or its tensor-parallel shard of one, inside the trainer's
+    process group.
     """
     r = cfg.rollout
+    if r.name == "hf" and r.tensor_model_parallel_size != 1:
+        raise EngineUnavailableError(
+            f"rollout.tensor_model_parallel_size={r.tensor_model_parallel_size}: the Transformers engine (rollout.name=hf) "
+            "has no tensor parallelism; use rollout.name=vllm or set it to 1")
     if r.name == "hf":
         from dapo.rollout.hf_engine import HFRolloutEngine
 
@@ -77,6 +84,7 @@ def build_rollout_engine(cfg: DapoConfig, policy: Policy, *, module: torch.nn.Mo
             free_cache_engine=r.free_cache_engine,
             cpu_kvcache_space_gb=r.cpu_kvcache_space_gb,
             enable_prefix_caching=r.enable_prefix_caching,
+            join_process_group=distributed,
         )
     raise EngineUnavailableError(f"rollout.name: unknown engine {r.name!r}; choose one of {ENGINE_NAMES}")
 

@@ -11,7 +11,9 @@ to be right, and why:
 already set it): the engine core and, with ``tensor_parallel_size == 1``, the worker run in this process.
 ``update_weights`` then hands the actor's tensors to the worker without serialising them, ``params.seed`` can
 re-seed the worker's RNG and restore the caller's afterwards, and no ``if __name__ == "__main__"`` guard is needed
-(nothing is spawned).
+(nothing is spawned). Under torchrun (``join_process_group=True``) every rank is one worker of an engine, in process,
+through vLLM's ``external_launcher`` backend: vLLM builds its groups inside the trainer's world (tensor parallel over
+consecutive ranks, independent engines beyond), and ``close`` leaves the trainer's default process group standing.
 
 **Log-probs.** ``logprobs_mode="processed_logprobs"``: vLLM then reports log_softmax of the logits after temperature and
 top-k/top-p masking, which is the distribution the token was drawn from (dapo's contract). Read from vLLM 0.32's
@@ -107,7 +109,7 @@ from typing import Any
 
 import torch
 
-from dapo.rollout.base import RolloutOutput, SamplingParams
+from dapo.rollout.base import RolloutOutput, SamplingParams, WeightStream
 
 logger = logging.getLogger(__name__)
 
@@ -267,6 +269,32 @@ def _restore_process_rng_states(states: tuple[Any, ...]) -> None:
         torch.cuda.set_rng_state_all(cuda_state)
 
 
+@contextlib.contextmanager
+def _keeping_default_process_group(keep: bool) -> Iterator[None]:
+    """While vLLM shuts down, destroy only the process groups vLLM made (``_WORLD`` and the model-parallel groups),
+    not torch's default group: under torchrun that one belongs to the trainer, which still has collectives to run.
+    vLLM 0.32's ``cleanup_dist_env_and_memory`` calls ``destroy_distributed_environment``, which also destroys the
+    default group; the module attribute is swapped for the duration of the shutdown."""
+    if not keep:
+        yield
+        return
+    from vllm.distributed import parallel_state
+
+    original = parallel_state.destroy_distributed_environment
+
+    def destroy_vllm_groups_only() -> None:
+        if parallel_state._WORLD is not None:
+            parallel_state._WORLD.destroy()
+        parallel_state._WORLD = None
+        parallel_state._NODE_COUNT = None
+
+    parallel_state.destroy_distributed_environment = destroy_vllm_groups_only
+    try:
+        yield
+    finally:
+        parallel_state.destroy_distributed_environment = original
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -284,8 +312,9 @@ class VLLMRolloutEngine:
         seed: vLLM's engine seed. In process, ``SamplingParams(seed=None)`` draws from the caller's torch RNG.
         gpu_memory_utilization: share of GPU memory vLLM may take (weights + KV cache). On CPU it is the share of host
             memory it reserves, and is only used when ``cpu_kvcache_space_gb`` is None.
-        tensor_parallel_size: GPUs per engine. Above 1 the workers are separate processes and ``update_weights``
-            sends tensors through vLLM's RPC (serialised): correct, not fast.
+        tensor_parallel_size: devices per engine. In one process, above 1 the workers are separate processes and
+            ``update_weights`` sends tensors through vLLM's RPC (serialised): correct, not fast. Under torchrun
+            (``join_process_group``) each rank is one tensor-parallel shard of the engine, in process.
         enforce_eager: no CUDA graphs / torch.compile. True by default (CPU start-up would otherwise compile for
             minutes).
         max_num_batched_tokens: tokens per engine step (None: vLLM's default).
@@ -316,6 +345,7 @@ class VLLMRolloutEngine:
         cpu_kvcache_space_gb: float | None = 1.0,
         max_num_seqs: int | None = None,
         enable_prefix_caching: bool = True,
+        join_process_group: bool = False,
     ) -> None:
         self._llm: Any = None  # set last, so that close() after a failed start is a no-op
         eos = (eos_token_ids,) if _is_int(eos_token_ids) else tuple(eos_token_ids)  # type: ignore[arg-type]
@@ -355,7 +385,15 @@ class VLLMRolloutEngine:
 
         # In-process engine core (see the module docstring); respect a caller who chose otherwise.
         os.environ.setdefault(_MULTIPROCESSING_ENV, "0")
-        self._in_process = os.environ[_MULTIPROCESSING_ENV] == "0" and tensor_parallel_size == 1
+        if join_process_group:
+            if not torch.distributed.is_initialized():
+                raise ValueError("VLLMRolloutEngine: join_process_group=True needs an initialised torch.distributed "
+                                 "process group (torchrun)")
+            if os.environ[_MULTIPROCESSING_ENV] != "0":
+                raise ValueError(f"VLLMRolloutEngine: under torchrun the engine runs in each rank's process; unset "
+                                 f"{_MULTIPROCESSING_ENV} (it is {os.environ[_MULTIPROCESSING_ENV]!r})")
+        self.joined_process_group = bool(join_process_group)
+        self._in_process = os.environ[_MULTIPROCESSING_ENV] == "0" and (tensor_parallel_size == 1 or join_process_group)
         self.on_cpu = bool(current_platform.is_cpu())
         sleep_mode = bool(free_cache_engine) and bool(current_platform.is_sleep_mode_available())
         if free_cache_engine and not sleep_mode:
@@ -379,6 +417,10 @@ class VLLMRolloutEngine:
             # Defaults come from dapo's SamplingParams, never from the folder's generation_config.json.
             "generation_config": "vllm",
         }
+        if join_process_group:
+            # Each torchrun rank is one worker of an engine made of consecutive ranks (tensor parallel innermost);
+            # vLLM builds its groups inside the trainer's world and reads RANK / LOCAL_RANK from the environment.
+            kwargs["distributed_executor_backend"] = "external_launcher"
         for name, value in (
             ("max_model_len", max_model_len),
             ("max_num_batched_tokens", max_num_batched_tokens),
@@ -502,13 +544,19 @@ class VLLMRolloutEngine:
         loaded, and so does a name the checkpoint does not have (``KeyError``).
         """
         llm = self._require_open("update_weights")
-        weights = [
-            (name, tensor.detach())  # references, not copies
-            for name, tensor in named_tensors
+
+        def pushed(name: str) -> bool:
             # A tied lm_head is the embedding (named_parameters(remove_duplicate=False) lists it); vLLM skips it too.
-            if not (self._tied_embeddings and name.startswith("lm_head."))
-        ]
-        self._check_whole_layers([name for name, _ in weights])
+            return not (self._tied_embeddings and name.startswith("lm_head."))
+
+        weights: Iterable[tuple[str, torch.Tensor]]
+        if isinstance(named_tensors, WeightStream) and self._in_process:
+            # Checked on the announced names, then loaded as the tensors come: one gathered tensor at a time.
+            self._check_whole_layers([name for name in named_tensors.names if pushed(name)])
+            weights = ((name, tensor.detach()) for name, tensor in named_tensors if pushed(name))
+        else:  # a worker in another process receives the list serialised
+            weights = [(name, tensor.detach()) for name, tensor in named_tensors if pushed(name)]  # references
+            self._check_whole_layers([name for name, _ in weights])
         self._wake(("weights",))
         benign = frozenset({"RotaryEmbedding", "ParallelLMHead"} if self._tied_embeddings else {"RotaryEmbedding"})
         quiet = _BenignReloadWarnings(benign)
@@ -554,7 +602,9 @@ class VLLMRolloutEngine:
         try:
             # No public LLM.shutdown() in vLLM 0.32; the engine-core client's shutdown also undoes vLLM's gc.freeze()
             # and tears down the (single-process) torch.distributed group, so that another engine can start here.
-            llm.llm_engine.engine_core.shutdown()
+            # Under torchrun that group is the trainer's: vLLM's own groups go, the default group stays.
+            with _keeping_default_process_group(self.joined_process_group):
+                llm.llm_engine.engine_core.shutdown()
         finally:
             del llm
             gc.collect()
@@ -595,6 +645,10 @@ class VLLMRolloutEngine:
         """Bring back what sleep mode released (all of it, or just ``tags``)."""
         wanted = self._asleep if tags is None else self._asleep & set(tags)
         if wanted:
+            if torch.cuda.is_available():
+                # The blocks the actor freed are still held by torch's caching allocator, which vLLM's allocator
+                # cannot reuse: without this the wake-up can run out of memory on a device that has room.
+                torch.cuda.empty_cache()
             self._llm.wake_up(tags=sorted(wanted))
             self._asleep -= wanted
 

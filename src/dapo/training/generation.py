@@ -23,7 +23,8 @@ import torch
 from dapo.config import DapoConfig
 from dapo.core.dynamic_sampling import filter_informative_groups
 from dapo.data.prompts import PromptItem
-from dapo.distributed.data_parallel import gather_in_rank_order, generation_share
+from dapo.distributed.data_parallel import (engine_index, gather_in_rank_order, generation_share,
+                                             is_engine_leader)
 from dapo.distributed.world import World
 from dapo.evaluation.validation import run_validation, summarize_validation
 from dapo.infra.timing import PhaseTimer
@@ -46,10 +47,18 @@ def derive_seed(*parts: object, bits: int = 31) -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << bits) - 1)
 
 
-def rank_seed(seed: int, world: World) -> int:
-    """``seed`` for this rank: itself alone, else one per rank, so that ranks whose engine cannot take per-prompt seeds
-    (vLLM) do not draw the same random numbers for their different shares."""
-    return derive_seed(seed, "rank", world.rank) if world.distributed else seed
+def engine_tensor_parallel(cfg: DapoConfig) -> int:
+    """Ranks per rollout engine: vLLM's tensor-parallel size; the Transformers engine is one rank each."""
+    return cfg.rollout.tensor_model_parallel_size if cfg.rollout.name == "vllm" else 1
+
+
+def rank_seed(seed: int, world: World, tensor_parallel: int = 1) -> int:
+    """``seed`` for this rank's engine: itself alone, else one per engine, so that engines that cannot take per-prompt
+    seeds (vLLM) do not draw the same random numbers for their different shares, while the ranks of one
+    tensor-parallel engine draw the same ones (they must sample identically)."""
+    if not world.distributed:
+        return seed
+    return derive_seed(seed, "rank", engine_index(world, tensor_parallel)[0])
 
 
 def prompt_seeds(seed: int, share: slice) -> tuple[int, ...]:
@@ -67,11 +76,11 @@ def rollout_params(cfg: DapoConfig, step: int, rnd: int) -> SamplingParams:
                           seed=derive_seed(cfg.trainer.seed, "rollout", step, rnd))
 
 
-def share_params(params: SamplingParams, share: slice, world: World) -> SamplingParams:
+def share_params(params: SamplingParams, share: slice, world: World, tensor_parallel: int = 1) -> SamplingParams:
     """``params`` (seeded for the whole batch) for this rank's ``share`` of the batch: the prompts' own seeds, and a
-    call seed of the rank's own for engines that ignore them."""
+    call seed of the engine's own for engines that ignore them."""
     assert params.seed is not None, "training and validation sampling is always seeded"
-    return dataclasses.replace(params, seed=rank_seed(params.seed, world),
+    return dataclasses.replace(params, seed=rank_seed(params.seed, world, tensor_parallel),
                                prompt_seeds=prompt_seeds(params.seed, share))
 
 
@@ -80,31 +89,37 @@ def generate_round(engine: RolloutEngine, prompts: list[PromptItem], tokenizer, 
                    ) -> list[ScoredGroup]:
     """The scored groups of ``prompts``, in prompt order, on every rank; each rank generates and scores its share
     (``params`` are those of the whole batch)."""
-    where = generation_share(len(prompts), world)
+    tp = engine_tensor_parallel(cfg)
+    where = generation_share(len(prompts), world, tp)
     share = prompts[where]
     groups: list[ScoredGroup] = []
-    if share:  # more ranks than prompts: a rank may have none, and still joins the gather
+    generated = None
+    if share:  # more engines than prompts: a rank may have none, and still joins the gather
         with timer("gen"):
-            rollout = engine.generate([p.input_ids for p in share], share_params(params, where, world))
-        with timer("reward"):
-            groups = score_rollout(share, rollout, tokenizer, cfg, scorer)
+            rollout = engine.generate([p.input_ids for p in share], share_params(params, where, world, tp))
+        generated = rollout.response_ids
+        if is_engine_leader(world, tp):  # a tensor-parallel engine's other ranks hold the same rollout
+            with timer("reward"):
+                groups = score_rollout(share, rollout, tokenizer, cfg, scorer)
     if not world.distributed:
         return groups
     with timer("gather"):  # also where a rank waits for the slowest one's generation
-        return gather_in_rank_order(groups, world)
+        return gather_in_rank_order(groups, world, tp, generated=generated)
 
 
 def validate_across_ranks(engine: RolloutEngine, prompts: list[PromptItem], tokenizer, cfg: DapoConfig, *,
                           seed: int, world: World) -> dict[str, float]:
     """``run_validation`` with the prompts shared among ranks; the summary of all groups, identical on every rank and
     (per-prompt seeds, as in training) equal to one process's."""
-    where = generation_share(len(prompts), world)
-    seeds = dict(seed=rank_seed(seed, world), prompt_seeds=prompt_seeds(seed, where))
+    tp = engine_tensor_parallel(cfg)
+    where = generation_share(len(prompts), world, tp)
+    seeds = dict(seed=rank_seed(seed, world, tp), prompt_seeds=prompt_seeds(seed, where))
     if not world.distributed:
         return run_validation(engine, prompts, tokenizer, cfg, **seeds)[0]
     share = prompts[where]
     groups = run_validation(engine, share, tokenizer, cfg, **seeds)[1] if share else []
-    return summarize_validation(gather_in_rank_order(groups, world), cfg.rollout.val_kwargs.n)
+    generated = [r for g in groups for r in g.response_ids]
+    return summarize_validation(gather_in_rank_order(groups, world, tp, generated=generated), cfg.rollout.val_kwargs.n)
 
 
 def generate_and_filter(engine: RolloutEngine, state: RunState, tokenizer, cfg: DapoConfig, step: int,

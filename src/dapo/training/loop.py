@@ -39,6 +39,7 @@ from dapo.config.loading import tracker_backends
 from dapo.config.resume import check_resume
 from dapo.data.prompt_sampler import PromptSampler
 from dapo.data.task import encode_task, read_task
+from dapo.distributed.data_parallel import check_tensor_parallel
 from dapo.distributed.fsdp import check_strategy, shard_actor
 from dapo.distributed.world import World
 from dapo.evaluation.validation import repeated_prompt_warning, val_acc_key
@@ -57,7 +58,7 @@ from dapo.rollout.factory import build_rollout_engine, samples_from_module
 from dapo.training.actor_step import update_actor
 from dapo.training.dynamic_sampling_buffer import DynamicSamplingBuffer
 from dapo.training.errors import TrainingError
-from dapo.training.generation import derive_seed, generate_and_filter, validate_across_ranks
+from dapo.training.generation import derive_seed, engine_tensor_parallel, generate_and_filter, validate_across_ranks
 from dapo.training.run_state import RunState, checkpoint_format, find_resume_checkpoint, resume_run, save_run
 from dapo.training.weight_sync import WeightSync
 
@@ -126,6 +127,7 @@ def train(cfg: DapoConfig, world: World = World()) -> TrainResult:
 
     try:
         check_strategy(cfg.actor, world)
+        check_tensor_parallel(world, engine_tensor_parallel(cfg))
     except ValueError as exc:
         raise TrainingError(str(exc)) from None
     policy = load_policy(cfg.model, device=pick_device(cfg.trainer.device))
@@ -154,7 +156,7 @@ def train(cfg: DapoConfig, world: World = World()) -> TrainResult:
         resume_run(resume_from, state, policy, optimizer, scheduler)
     policy.model.train()
 
-    engine = build_rollout_engine(cfg, policy, module=engine_module)
+    engine = build_rollout_engine(cfg, policy, module=engine_module, distributed=world.distributed)
     engine_samples_from_actor = samples_from_module(engine, policy.model)
     scorer = reward_scorer_of(cfg)
     steps_before = state.step

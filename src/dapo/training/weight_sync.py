@@ -20,7 +20,7 @@ import torch
 
 from dapo.distributed.data_parallel import is_sharded
 from dapo.distributed.fsdp import stream_full_parameters
-from dapo.rollout.base import RolloutEngine
+from dapo.rollout.base import RolloutEngine, WeightStream
 from dapo.training.errors import TrainingError
 
 PROBE_LENGTH = 32
@@ -64,7 +64,11 @@ class WeightSync:
     def push(self, step: int) -> dict[str, float]:
         """Push the weights; return the probe's metrics. Raises ``TrainingError`` when the engine is stale."""
         # A sharded actor streams its parameters one gathered tensor at a time, never a whole gathered state dict.
-        weights = stream_full_parameters(self.model) if is_sharded(self.model) else self.model.named_parameters()
+        if is_sharded(self.model):
+            weights = WeightStream(tuple(name for name, _ in self.model.named_parameters()),
+                                   stream_full_parameters(self.model))
+        else:
+            weights = self.model.named_parameters()
         self.engine.update_weights(weights)
         if not self.enabled:
             return {}

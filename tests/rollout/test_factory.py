@@ -63,3 +63,34 @@ def test_tensor_parallel_with_the_transformers_engine_is_refused(policy: Policy)
     cfg = build_config(overrides=["rollout.name=hf", "rollout.tensor_model_parallel_size=2"])
     with pytest.raises(EngineUnavailableError, match="rollout.tensor_model_parallel_size=2: the Transformers engine"):
         build_rollout_engine(cfg, policy)
+
+
+def test_a_bfloat16_engine_decodes_from_a_copy_that_every_push_refreshes() -> None:
+    policy = load_policy(build_config().model)  # its own: the actor's weights are changed below
+    actor = policy.model
+    assert factory.hf_engine_copy(build_config({}, ["rollout.dtype=auto"]), actor, sharded=False) is None
+    assert factory.hf_engine_copy(build_config({}, ["rollout.dtype=float32"]), actor, sharded=False) is None
+    sharded_copy = factory.hf_engine_copy(build_config({}, ["rollout.dtype=auto"]), actor, sharded=True)
+    assert sharded_copy is not None and next(sharded_copy.parameters()).dtype == torch.float32
+
+    cfg = build_config({}, ["rollout.dtype=bfloat16"])
+    module = factory.hf_engine_copy(cfg, actor, sharded=False)
+    assert module is not None and module is not actor
+    assert all(p.dtype == torch.bfloat16 and not p.requires_grad for p in module.parameters())
+    engine = build_rollout_engine(cfg, policy, module=module)
+    assert not factory.samples_from_module(engine, actor)  # so pi_old is recomputed when the ratio needs it
+
+    with torch.no_grad():
+        for p in actor.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    engine.update_weights(actor.named_parameters())
+    copies = dict(module.named_parameters())
+    for name, p in actor.named_parameters():
+        assert torch.equal(copies[name], p.detach().to(torch.bfloat16)), name
+    # The probe's view: bf16 rounding alone between the copy and the fp32 actor, well inside the stale threshold.
+    prompt, response = [1, 2, 3, 4], [5, 6, 7, 8]
+    with torch.no_grad():
+        logits = actor(input_ids=torch.tensor([prompt + response])).logits[0, len(prompt) - 1: -1]
+    actor_lp = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(response)[:, None])[:, 0]
+    gap = (torch.tensor(engine.log_probs_of(prompt, response)) - actor_lp).abs().mean()
+    assert 0 < gap < 0.05

@@ -109,3 +109,40 @@ def test_non_finite_weights_are_named_as_such_not_as_a_stale_engine() -> None:
         sync.push(step=3)
     assert "step 3" in str(caught.value) and "actor.optim.lr" in str(caught.value)
     assert "stale" not in str(caught.value)
+
+
+def bf16_copy(actor: torch.nn.Module) -> torch.nn.Module:
+    return copy.deepcopy(actor).to(torch.bfloat16)
+
+
+def test_a_bf16_engine_is_judged_by_its_excess_over_the_first_push() -> None:
+    # A bf16 engine against an fp32 actor carries a numerical gap of its own; the first push (same weights) measures
+    # it, and pushes that reach the engine stay within the threshold of it however many updates follow.
+    actor = build_tiny_qwen2(1)
+    engine = HFRolloutEngine(bf16_copy(actor), eos_token_ids=EOS, pad_token_id=PAD)
+    sync = WeightSync(engine, actor, PROBE, threshold=0.05)
+    floor = sync.push(step=0)["rollout/probe_logprob_diff"]
+    assert sync.numerical_gap == floor and floor > 1e-4  # bf16 rounding, far above an fp32 engine's ~1e-7
+    for step in range(1, 4):
+        perturb(actor, scale=0.005, seed=step)
+        sync.push(step)  # measured: 0.022-0.043 against the first push's 0.024 (a stale engine: 0.12, 0.20, 0.24)
+        for (name, p), q in zip(actor.named_parameters(), engine.model.parameters()):
+            assert torch.equal(p.detach().to(torch.bfloat16), q), name
+
+
+def test_a_stale_bf16_engine_is_still_caught() -> None:
+    actor = build_tiny_qwen2(1)
+    engine = PushDroppingEngine(bf16_copy(actor), eos_token_ids=EOS, pad_token_id=PAD)
+    sync = WeightSync(engine, actor, PROBE, threshold=0.05)
+    floor = sync.push(step=0)["rollout/probe_logprob_diff"]
+    perturb(actor, scale=0.005)
+    with pytest.raises(TrainingError, match=rf"step 1: .* more than the {floor:.4g} of the run's first push.*stale"):
+        sync.push(step=1)
+
+
+def test_an_engine_that_is_off_from_the_start_is_refused_at_the_first_push() -> None:
+    actor = build_tiny_qwen2(1)
+    other = build_tiny_qwen2(2)  # another model entirely
+    sync = WeightSync(PushDroppingEngine(other, eos_token_ids=EOS, pad_token_id=PAD), actor, PROBE, threshold=0.05)
+    with pytest.raises(TrainingError, match="step 0: right after loading the actor's weights .* does not compute"):
+        sync.push(step=0)

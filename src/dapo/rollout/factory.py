@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import TYPE_CHECKING
 
 import torch
@@ -87,6 +88,23 @@ def build_rollout_engine(cfg: DapoConfig, policy: Policy, *, module: torch.nn.Mo
             join_process_group=distributed,
         )
     raise EngineUnavailableError(f"rollout.name: unknown engine {r.name!r}; choose one of {ENGINE_NAMES}")
+
+
+def hf_engine_copy(cfg: DapoConfig, model: torch.nn.Module, *, sharded: bool) -> torch.nn.Module | None:
+    """The Transformers engine's own copy of the actor's module, or None where it shares the module itself.
+
+    A copy where the actor will be sharded (its forward runs collectives; call this before sharding) or where
+    ``rollout.dtype`` asks for another dtype than the actor's: e.g. bfloat16 decoding from an fp32 actor. The copy
+    holds no gradients; every weight push copies (and casts) the actor's parameters into it."""
+    if cfg.rollout.name != "hf":
+        return None
+    actor_dtype = next(model.parameters()).dtype
+    dtype = actor_dtype if cfg.rollout.dtype == "auto" else getattr(torch, cfg.rollout.dtype)
+    if not sharded and dtype == actor_dtype:
+        return None
+    clone = copy.deepcopy(model).to(dtype=dtype)
+    clone.requires_grad_(False)
+    return clone.eval()
 
 
 def samples_from_module(engine: RolloutEngine, model: torch.nn.Module) -> bool:

@@ -22,7 +22,6 @@ size.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 import random
@@ -54,7 +53,7 @@ from dapo.model.hub import HubResolveError, resolve_data_config
 from dapo.model.loading import load_policy
 from dapo.reward.custom_fn import load_custom_reward_fn
 from dapo.reward.scored_groups import reward_scorer_of
-from dapo.rollout.factory import build_rollout_engine, samples_from_module
+from dapo.rollout.factory import build_rollout_engine, hf_engine_copy, samples_from_module
 from dapo.training.actor_step import update_actor
 from dapo.training.dynamic_sampling_buffer import DynamicSamplingBuffer
 from dapo.training.errors import TrainingError
@@ -131,10 +130,10 @@ def train(cfg: DapoConfig, world: World = World()) -> TrainResult:
     except ValueError as exc:
         raise TrainingError(str(exc)) from None
     policy = load_policy(cfg.model, device=pick_device(cfg.trainer.device))
-    engine_module = None  # the Transformers engine's own unsharded copy, when the actor is sharded
+    # The Transformers engine's own copy (before sharding: the same architecture and weights), when the actor is
+    # sharded or rollout.dtype differs from the actor's; None: it shares the actor's module.
+    engine_module = hf_engine_copy(cfg, policy.model, sharded=cfg.actor.strategy == "fsdp2")
     if cfg.actor.strategy == "fsdp2":
-        if cfg.rollout.name == "hf":
-            engine_module = copy.deepcopy(policy.model)  # before sharding: the same architecture and weights
         policy = dataclasses.replace(policy, model=shard_actor(
             policy.model, cfg.actor.fsdp, world, gradient_checkpointing=cfg.actor.gradient_checkpointing))
     checkpoint_format(cfg, policy.model)  # a format this actor cannot write fails now, not at the first save

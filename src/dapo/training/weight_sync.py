@@ -3,7 +3,9 @@
 The probe: the log-probs of one fixed sequence under the engine (``RolloutEngine.log_probs_of``) and under the actor
 (a plain fp32 forward pass). A correct push leaves only numerical noise between the two (kernels, precision: ~1e-7 for
 the Transformers engine sharing the module, more for vLLM or bf16); an engine that keeps sampling from old weights
-shows the whole effect of the update. Colocated engines that silently keep stale weights are a known failure of RL
+shows the whole effect of the update. The first push of a run (engine and actor holding the same weights) measures the
+numerical gap alone, and later pushes are judged by their excess over it, so a bf16 engine (a steady ~0.02-0.04 against
+an fp32 actor) and a stale one (a gap that grows with every update) are told apart. Colocated engines that silently keep stale weights are a known failure of RL
 systems, and they train on off-policy samples without any error, so a gap above ``rollout.probe_logprob_threshold``
 stops the run.
 
@@ -60,6 +62,9 @@ class WeightSync:
         self.engine, self.model = engine, model
         self.prompt, self.response = ids[:half], ids[half:]
         self.threshold, self.enabled = threshold, enabled
+        # The gap of the first push, when engine and actor hold the same weights: numerics alone (~1e-7 for an fp32
+        # engine, ~0.02-0.04 for a bf16 one against an fp32 actor). Later pushes are judged by their excess over it.
+        self.numerical_gap: float | None = None
 
     def push(self, step: int) -> dict[str, float]:
         """Push the weights; return the probe's metrics. Raises ``TrainingError`` when the engine is stale."""
@@ -83,12 +88,24 @@ class WeightSync:
                 "weights hold NaN/inf or overflow the logits (a learning rate too high for the model is the usual "
                 "cause; lower actor.optim.lr). The last complete checkpoint is untouched"
             )
-        if self.threshold is not None and not mean_gap <= self.threshold:
+        first = self.numerical_gap is None
+        if first:
+            self.numerical_gap = mean_gap
+        excess = mean_gap if first else mean_gap - self.numerical_gap
+        if self.threshold is not None and not excess <= self.threshold:
+            if first:
+                raise TrainingError(
+                    f"step {step}: right after loading the actor's weights the rollout engine's log-probs differ from "
+                    f"the actor's by {mean_gap:.4g} on average (max {max_gap:.4g}) on the probe sequence, more than "
+                    f"rollout.probe_logprob_threshold={self.threshold}: the engine does not compute what the actor "
+                    "computes (another model, broken weights, or a low precision; raise the threshold if the gap is "
+                    "only numerical)"
+                )
             raise TrainingError(
                 f"step {step}: after the weight push the rollout engine's log-probs differ from the actor's by "
-                f"{mean_gap:.4g} on average (max {max_gap:.4g}) on the probe sequence, more than "
+                f"{mean_gap:.4g} on average (max {max_gap:.4g}) on the probe sequence, {excess:.4g} more than the "
+                f"{self.numerical_gap:.4g} of the run's first push (same weights: numerics alone), above "
                 f"rollout.probe_logprob_threshold={self.threshold}. The engine is most likely generating from stale "
-                "weights (the update did not reach it); if the gap is only numerical (bf16 engine against an fp32 "
-                "actor), raise the threshold"
+                "weights (the update did not reach it)"
             )
         return {"rollout/probe_logprob_diff": mean_gap, "rollout/probe_logprob_diff_max": max_gap}

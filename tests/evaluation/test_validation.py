@@ -1,5 +1,5 @@
 """Validation (dapo.evaluation.validation): summarize_validation's mean@k, pass@k, score and per-data_source keys on
-hand-computed groups, val_acc_key, and run_validation end to end with the real HF engine on the shipped tiny model
+hand-computed groups, val_acc_key, and validation_groups end to end with the real HF engine on the shipped tiny model
 (sampling settings from rollout.val_kwargs, seeded, groups in prompt order, metrics consistent with the groups)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 from dapo.config import DapoConfig, build_config
 from dapo.data.prompts import PromptItem
 from dapo.data.task import load_task
-from dapo.evaluation.validation import run_validation, summarize_validation, val_acc_key
+from dapo.evaluation.validation import summarize_validation, val_acc_key, validation_groups
 from dapo.model.loading import Policy, load_policy
 from dapo.reward.scored_groups import ScoredGroup
 from dapo.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
@@ -139,7 +139,7 @@ def test_val_acc_key_is_none_without_validation_metrics() -> None:
     assert val_acc_key({"train/acc": 0.5, "val/pass@4": 1.0, "val/aime/acc/mean@4": 0.5}) is None
 
 
-# ---- run_validation, end to end --------------------------------------------------------------------------------------
+# ---- validation_groups, end to end --------------------------------------------------------------------------------------
 
 L_MAX = 64
 K = 8
@@ -189,11 +189,11 @@ def _validate(
     policy: Policy, prompts: list[PromptItem], cfg: DapoConfig, seed: int = 0
 ) -> tuple[RecordingEngine, dict[str, float], list[ScoredGroup]]:
     engine = RecordingEngine(build_rollout_engine(cfg, policy))
-    metrics, groups = run_validation(engine, prompts, policy.tokenizer, cfg, seed=seed)
-    return engine, metrics, groups
+    groups = validation_groups(engine, prompts, policy.tokenizer, cfg, seed=seed)
+    return engine, summarize_validation(groups, cfg.rollout.val_kwargs.n), groups
 
 
-def test_run_validation_end_to_end(policy: Policy, val_prompts: list[PromptItem]) -> None:
+def test_validation_groups_end_to_end(policy: Policy, val_prompts: list[PromptItem]) -> None:
     cfg = _cfg()
     engine, metrics, groups = _validate(policy, val_prompts, cfg, seed=0)
 
@@ -225,7 +225,7 @@ def test_run_validation_end_to_end(policy: Policy, val_prompts: list[PromptItem]
     assert metrics[f"val/pass@{K}"] > 0.0
 
 
-def test_run_validation_is_seeded(policy: Policy, val_prompts: list[PromptItem]) -> None:
+def test_validation_groups_is_seeded(policy: Policy, val_prompts: list[PromptItem]) -> None:
     cfg = _cfg()
     _, m1, g1 = _validate(policy, val_prompts, cfg, seed=7)
     _, m2, g2 = _validate(policy, val_prompts, cfg, seed=7)

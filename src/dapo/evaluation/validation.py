@@ -94,13 +94,14 @@ def repeated_prompt_warning(prompts: Sequence[PromptItem], n: int) -> str | None
             "the file (dapo data prepare) and keep n")
 
 
-def run_validation(
+def validation_groups(
     engine: RolloutEngine, prompts: Sequence[PromptItem], tokenizer, cfg: DapoConfig, *, seed: int,
     prompt_seeds: Sequence[int] | None = None,
-) -> tuple[dict[str, float], list[ScoredGroup]]:
-    """Sample and score ``prompts`` at the validation setting; ``prompt_seeds`` (one per prompt, see
-    ``SamplingParams.prompt_seeds``) make each prompt's samples independent of the others in the call, which the
-    trainer uses so that validation shared among ranks equals one process's."""
+) -> list[ScoredGroup]:
+    """Sample and score ``prompts`` at the validation setting (``summarize_validation`` turns the groups into the
+    metrics); ``prompt_seeds`` (one per prompt, see ``SamplingParams.prompt_seeds``) make each prompt's samples
+    independent of the others in the call, which the trainer uses so that validation shared among ranks equals one
+    process's."""
     vk = cfg.rollout.val_kwargs
     params = SamplingParams(
         n=vk.n, temperature=vk.temperature, top_p=vk.top_p, top_k=vk.top_k,
@@ -108,5 +109,4 @@ def run_validation(
         prompt_seeds=None if prompt_seeds is None else tuple(prompt_seeds),
     )
     rollout = engine.generate([p.input_ids for p in prompts], params)
-    groups = score_rollout(prompts, rollout, tokenizer, cfg)
-    return summarize_validation(groups, vk.n), groups
+    return score_rollout(prompts, rollout, tokenizer, cfg)

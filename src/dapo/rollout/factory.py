@@ -102,9 +102,12 @@ def hf_engine_copy(cfg: DapoConfig, model: torch.nn.Module, *, sharded: bool) ->
     dtype = actor_dtype if cfg.rollout.dtype == "auto" else getattr(torch, cfg.rollout.dtype)
     if not sharded and dtype == actor_dtype:
         return None
-    clone = copy.deepcopy(model).to(dtype=dtype)
-    clone.requires_grad_(False)
-    return clone.eval()
+    # Parameters are copied straight into the new dtype (no transient full-precision copy of the model); buffers
+    # (a rotary embedding's inv_freq) stay as they are, as from_pretrained(dtype=...) leaves them.
+    memo: dict[int, object] = {
+        id(p): torch.nn.Parameter(p.detach().to(dtype=dtype, copy=True), requires_grad=False) for p in model.parameters()
+    }
+    return copy.deepcopy(model, memo).eval()
 
 
 def samples_from_module(engine: RolloutEngine, model: torch.nn.Module) -> bool:

@@ -26,7 +26,7 @@ from dapo.data.prompts import PromptItem
 from dapo.distributed.data_parallel import (engine_index, gather_in_rank_order, generation_share,
                                              is_engine_leader)
 from dapo.distributed.world import World
-from dapo.evaluation.validation import run_validation, summarize_validation
+from dapo.evaluation.validation import summarize_validation, validation_groups
 from dapo.infra.timing import PhaseTimer
 from dapo.reward.batch import RewardScorer
 from dapo.reward.scored_groups import ScoredGroup, group_index_of, score_rollout
@@ -109,17 +109,17 @@ def generate_round(engine: RolloutEngine, prompts: list[PromptItem], tokenizer, 
 
 def validate_across_ranks(engine: RolloutEngine, prompts: list[PromptItem], tokenizer, cfg: DapoConfig, *,
                           seed: int, world: World) -> dict[str, float]:
-    """``run_validation`` with the prompts shared among ranks; the summary of all groups, identical on every rank and
+    """Validation with the prompts shared among engines; the summary of all groups, identical on every rank and
     (per-prompt seeds, as in training) equal to one process's."""
     tp = engine_tensor_parallel(cfg)
     where = generation_share(len(prompts), world, tp)
     seeds = dict(seed=rank_seed(seed, world, tp), prompt_seeds=prompt_seeds(seed, where))
-    if not world.distributed:
-        return run_validation(engine, prompts, tokenizer, cfg, **seeds)[0]
     share = prompts[where]
-    groups = run_validation(engine, share, tokenizer, cfg, **seeds)[1] if share else []
-    generated = [r for g in groups for r in g.response_ids]
-    return summarize_validation(gather_in_rank_order(groups, world, tp, generated=generated), cfg.rollout.val_kwargs.n)
+    groups = validation_groups(engine, share, tokenizer, cfg, **seeds) if share else []
+    if world.distributed:
+        generated = [r for g in groups for r in g.response_ids]
+        groups = gather_in_rank_order(groups, world, tp, generated=generated)
+    return summarize_validation(groups, cfg.rollout.val_kwargs.n)
 
 
 def generate_and_filter(engine: RolloutEngine, state: RunState, tokenizer, cfg: DapoConfig, step: int,

@@ -47,13 +47,15 @@ def test_vllm_engine_trains_and_follows_every_weight_push(whole_run) -> None:
     assert "validation val/acc/mean@2: first" in proc.stdout
 
 
-def test_stale_weights_stop_the_run_with_a_clear_message(tmp_path) -> None:
-    # A threshold below vLLM's fp32 kernel noise (~1e-6) makes a correct push look stale: the run must stop with the
-    # message, not a traceback, and name the key that sets it.
+def test_an_engine_off_the_actor_stops_the_run_with_a_clear_message(tmp_path) -> None:
+    # A threshold below vLLM's fp32 kernel noise (~1e-6) makes the engine look off the actor at the run's first push
+    # (same weights on both sides): the run must stop there with the message, not a traceback, and name the key that
+    # sets it. (A push that does not arrive later in the run is tests/training/test_weight_sync.py's.)
     proc = run_dapo(["train", *VLLM, "rollout.probe_logprob_threshold=1e-12", "trainer.experiment_name=stale"],
                     tmp_path, timeout=600)
     assert proc.returncode != 0
-    assert "stale weights" in proc.stderr and "rollout.probe_logprob_threshold" in proc.stderr
+    assert "step 0: right after loading the actor's weights" in proc.stderr
+    assert "rollout.probe_logprob_threshold=1e-12" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 

@@ -39,6 +39,7 @@ from dapo.actor.micro_batching import plan_micro_batches, response_chunks, warn_
 from dapo.actor.precision import autocast_context
 from dapo.core.kl import entropy_from_logits
 from dapo.distributed.data_parallel import is_sharded
+from dapo.model.left_padding import left_pad
 
 if TYPE_CHECKING:
     from dapo.config import ActorConfig
@@ -247,13 +248,8 @@ def share_prompt_sequences(
     row_of: dict[tuple[int, ...], int] = {}
     sample_prompt = [row_of.setdefault(tuple(p.tolist()), len(row_of)) for p in prompt_ids]
     distinct = [torch.as_tensor(key, dtype=torch.long) for key in row_of]
-    width = max(int(p.numel()) for p in distinct)
-    prompt_input_ids = torch.zeros(len(distinct), width, dtype=torch.long)
-    prompt_mask = torch.zeros(len(distinct), width, dtype=torch.long)
-    for row, prompt in enumerate(distinct):
-        prompt_input_ids[row, width - prompt.numel():] = prompt
-        prompt_mask[row, width - prompt.numel():] = 1
-    prompt_position_ids = (prompt_mask.cumsum(dim=-1) - 1).clamp(min=0)
+    prompt_input_ids, prompt_mask, prompt_position_ids = left_pad(distinct)
+    width = prompt_input_ids.shape[1]
 
     lengths = [int(r.numel()) for r in response_ids]
     # Flat position of the hidden state predicting response token j of sample i (j >= 1): its chunk's offset plus

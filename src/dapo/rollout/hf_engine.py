@@ -37,6 +37,7 @@ from transformers import DynamicCache, PreTrainedModel
 from dapo.model.attention import (
     GQA_SDPA, SHARED_PREFIX, SHARED_PREFIX_CACHE, attention_implementation, grouped_query_sdpa,
 )
+from dapo.model.left_padding import left_pad
 from dapo.rollout.base import RolloutOutput, SamplingParams
 from dapo.rollout.kv_cache import preallocated_cache, shared_prompt_cache
 from dapo.rollout.sampler import sample_next_tokens, sample_stream_keys, stream_uniforms
@@ -242,14 +243,8 @@ class HFRolloutEngine:
         row_to_distinct = None
         if len(distinct) < len(rows):
             row_to_distinct = torch.tensor([position_of[p] for p in rows], device=device)
-        width = max(prompts[p].numel() for p in distinct)
-        input_ids = torch.full((len(distinct), width), self.pad_token_id, dtype=torch.long, device=device)
-        attention_mask = torch.zeros((len(distinct), width), dtype=torch.long, device=device)
-        for i, p in enumerate(distinct):
-            length = prompts[p].numel()
-            input_ids[i, width - length :] = prompts[p].to(device)
-            attention_mask[i, width - length :] = 1
-        position_ids = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
+        input_ids, attention_mask, position_ids = left_pad([prompts[p] for p in distinct], self.pad_token_id, device)
+        width = input_ids.shape[1]
         padded = not bool(attention_mask.all())
 
         # The n samples of a prompt decode on one copy of its keys and values (SharedPrefix) when the model runs the

@@ -146,3 +146,19 @@ def test_an_engine_that_is_off_from_the_start_is_refused_at_the_first_push() -> 
     sync = WeightSync(PushDroppingEngine(other, eos_token_ids=EOS, pad_token_id=PAD), actor, PROBE, threshold=0.05)
     with pytest.raises(TrainingError, match="step 0: right after loading the actor's weights .* does not compute"):
         sync.push(step=0)
+
+
+def test_the_actor_side_of_the_probe_runs_in_the_engines_precision() -> None:
+    # A bf16 engine is compared with the actor under bf16 autocast (on SmolLM2 after 30 steps: 0.061 instead of the
+    # 0.199 against the fp32 forward, whose gap grows as training sharpens the model).
+    actor = build_tiny_qwen2(1)
+    engine = HFRolloutEngine(bf16_copy(actor), eos_token_ids=EOS, pad_token_id=PAD)
+    sync = WeightSync(engine, actor, PROBE, threshold=None, engine_dtype=torch.bfloat16)
+    gap = sync.push(step=0)["rollout/probe_logprob_diff"]
+    engine_lp = torch.tensor(engine.log_probs_of(sync.prompt, sync.response))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = actor(input_ids=torch.tensor([sync.prompt + sync.response])).logits[0, len(sync.prompt) - 1: -1]
+    autocast_lp = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(sync.response)[:, None])[:, 0]
+    fp32_lp = actor_log_probs_of(actor, sync.prompt, sync.response)
+    assert gap == pytest.approx(float((engine_lp - autocast_lp).abs().mean()), rel=1e-5)
+    assert gap != pytest.approx(float((engine_lp - fp32_lp).abs().mean()), rel=1e-3)

@@ -68,8 +68,7 @@ def build_rollout_engine(cfg: DapoConfig, policy: Policy, *, module: torch.nn.Mo
             )
         from dapo.rollout.vllm_engine import VLLMRolloutEngine
 
-        device_type = next(policy.model.parameters()).device.type
-        dtype = r.dtype if r.dtype != "auto" else ("bfloat16" if device_type == "cuda" else "float32")
+        dtype = str(engine_compute_dtype(cfg, policy.model)).removeprefix("torch.")
         return VLLMRolloutEngine(
             str(policy.hf_dir),
             eos_token_ids=policy.eos_token_ids,
@@ -99,7 +98,7 @@ def hf_engine_copy(cfg: DapoConfig, model: torch.nn.Module, *, sharded: bool) ->
     if cfg.rollout.name != "hf":
         return None
     actor_dtype = next(model.parameters()).dtype
-    dtype = actor_dtype if cfg.rollout.dtype == "auto" else getattr(torch, cfg.rollout.dtype)
+    dtype = engine_compute_dtype(cfg, model)
     if not sharded and dtype == actor_dtype:
         return None
     # Parameters are copied straight into the new dtype (no transient full-precision copy of the model); buffers
@@ -108,6 +107,17 @@ def hf_engine_copy(cfg: DapoConfig, model: torch.nn.Module, *, sharded: bool) ->
         id(p): torch.nn.Parameter(p.detach().to(dtype=dtype, copy=True), requires_grad=False) for p in model.parameters()
     }
     return copy.deepcopy(model, memo).eval()
+
+
+def engine_compute_dtype(cfg: DapoConfig, actor: torch.nn.Module) -> torch.dtype:
+    """The dtype ``cfg.rollout``'s engine computes in for this actor: ``rollout.dtype``, with ``auto`` resolved as the
+    engine resolves it (hf: the actor's; vllm: float32 on CPU, bfloat16 on a GPU)."""
+    parameter = next(actor.parameters())
+    if cfg.rollout.dtype != "auto":
+        return getattr(torch, cfg.rollout.dtype)
+    if cfg.rollout.name == "vllm":
+        return torch.bfloat16 if parameter.device.type == "cuda" else torch.float32
+    return parameter.dtype
 
 
 def samples_from_module(engine: RolloutEngine, model: torch.nn.Module) -> bool:

@@ -53,7 +53,7 @@ from dapo.model.hub import HubResolveError, resolve_data_config
 from dapo.model.loading import load_policy
 from dapo.reward.custom_fn import load_custom_reward_fn
 from dapo.reward.scored_groups import reward_scorer_of
-from dapo.rollout.factory import build_rollout_engine, hf_engine_copy, samples_from_module
+from dapo.rollout.factory import build_rollout_engine, engine_compute_dtype, hf_engine_copy, samples_from_module
 from dapo.training.actor_step import update_actor
 from dapo.training.dynamic_sampling_buffer import DynamicSamplingBuffer
 from dapo.training.errors import TrainingError
@@ -170,8 +170,11 @@ def train(cfg: DapoConfig, world: World = World()) -> TrainResult:
     except OSError as exc:
         close_quietly([("the reward scorer", scorer.close), ("the rollout engine", engine.close)])
         raise TrainingError(describe_os_error(exc, f"writing the run record {writing}")) from exc
+    actor_dtype = next(policy.model.parameters()).dtype
+    probe_dtype = engine_compute_dtype(cfg, policy.model)
     sync = WeightSync(engine, policy.model, task.train[0].input_ids, threshold=cfg.rollout.probe_logprob_threshold,
-                      enabled=cfg.rollout.weight_sync_probe)
+                      enabled=cfg.rollout.weight_sync_probe,
+                      engine_dtype=probe_dtype if probe_dtype.itemsize < actor_dtype.itemsize else None)
 
     def validate(step: int) -> dict[str, float]:
         t0 = time.perf_counter()

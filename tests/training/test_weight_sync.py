@@ -162,3 +162,36 @@ def test_the_actor_side_of_the_probe_runs_in_the_engines_precision() -> None:
     fp32_lp = actor_log_probs_of(actor, sync.prompt, sync.response)
     assert gap == pytest.approx(float((engine_lp - autocast_lp).abs().mean()), rel=1e-5)
     assert gap != pytest.approx(float((engine_lp - fp32_lp).abs().mean()), rel=1e-3)
+
+
+def test_a_low_precision_engine_is_judged_by_whether_it_follows_the_actor() -> None:
+    # Updates large enough to grow the bf16 gap well past the threshold (a fixed bound would stop this healthy run)
+    # still pass: each push moves the engine as far as the update moved the actor.
+    actor = build_tiny_qwen2(1)
+    engine = HFRolloutEngine(bf16_copy(actor), eos_token_ids=EOS, pad_token_id=PAD)
+    sync = WeightSync(engine, actor, PROBE, threshold=0.01, engine_dtype=torch.bfloat16)
+    sync.push(step=0)
+    for step in range(1, 4):
+        perturb(actor, scale=0.05, seed=step)
+        metrics = sync.push(step)
+        assert metrics["rollout/probe_engine_moved"] > 0.5 * metrics["rollout/probe_actor_moved"] > 0
+
+
+def test_a_stale_low_precision_engine_is_caught_by_not_moving() -> None:
+    actor = build_tiny_qwen2(1)
+    engine = PushDroppingEngine(bf16_copy(actor), eos_token_ids=EOS, pad_token_id=PAD)
+    sync = WeightSync(engine, actor, PROBE, threshold=0.05, engine_dtype=torch.bfloat16)
+    sync.push(step=0)
+    perturb(actor, scale=0.005)
+    with pytest.raises(TrainingError, match=r"step 1: the update moved the actor's log-probs .* bfloat16 rollout "
+                                            r"engine's by 0: the engine is generating from stale weights"):
+        sync.push(step=1)
+
+
+def test_a_low_precision_engine_of_another_model_is_refused_at_the_first_push() -> None:
+    actor = build_tiny_qwen2(1)
+    other = bf16_copy(build_tiny_qwen2(2))
+    sync = WeightSync(PushDroppingEngine(other, eos_token_ids=EOS, pad_token_id=PAD), actor, PROBE, threshold=0.05,
+                      engine_dtype=torch.bfloat16)
+    with pytest.raises(TrainingError, match="more than a precision accounts for"):
+        sync.push(step=0)

@@ -4,8 +4,12 @@ The probe: the log-probs of one fixed sequence under the engine (``RolloutEngine
 (a plain fp32 forward pass). A correct push leaves only numerical noise between the two (kernels, precision: ~1e-7 for
 the Transformers engine sharing the module, more for vLLM or bf16); an engine that keeps sampling from old weights
 shows the whole effect of the update. The first push of a run (engine and actor holding the same weights) measures the
-numerical gap alone, and later pushes are judged by their excess over it, so a bf16 engine (a steady ~0.02-0.04 against
-an fp32 actor) and a stale one (a gap that grows with every update) are told apart. Colocated engines that silently keep stale weights are a known failure of RL
+numerical gap alone, and later pushes are judged by their excess over it. An engine in a lower precision than the
+actor (``engine_dtype``: a bf16 engine, an fp32 actor) is judged otherwise, because its gap is not steady: it grows as
+training sharpens the model (SmolLM2 in bf16: 0.044 at the start, 0.1 within 8 steps, 0.2 after 30, with the copy's
+weights exactly the actor's in bf16), so any fixed bound either misses stale weights or stops healthy runs. Its
+probe is taken before and after every push: the push must move the engine's log-probs at least half as far as the
+update moved the actor's (a stale engine does not move at all). Colocated engines that silently keep stale weights are a known failure of RL
 systems, and they train on off-policy samples without any error, so a gap above ``rollout.probe_logprob_threshold``
 stops the run.
 
@@ -26,6 +30,12 @@ from dapo.rollout.base import RolloutEngine, WeightStream
 from dapo.training.errors import TrainingError
 
 PROBE_LENGTH = 32
+# A low-precision engine's first probe, same weights on both sides, must be within this mean gap: bf16 measured
+# 0.02-0.05 on the tiny model and SmolLM2 at the start, 0.2 on SmolLM2 after 30 steps; another model is nats away.
+LOW_PRECISION_FIRST_GAP = 0.5
+# The actor must have moved by at least threshold x this for the movement check to judge a push (an update too small
+# to see in the probe cannot show whether it arrived).
+MOVEMENT_FLOOR = 0.01
 
 
 def actor_log_probs_of(model: torch.nn.Module, prompt: Sequence[int], response: Sequence[int], *,
@@ -74,9 +84,14 @@ class WeightSync:
         # The gap of the first push, when engine and actor hold the same weights: numerics alone (~1e-7 for an fp32
         # engine, ~0.02-0.04 for a bf16 one against an fp32 actor). Later pushes are judged by their excess over it.
         self.numerical_gap: float | None = None
+        self.previous_actor_lp: torch.Tensor | None = None  # the actor side of the last probe
 
     def push(self, step: int) -> dict[str, float]:
         """Push the weights; return the probe's metrics. Raises ``TrainingError`` when the engine is stale."""
+        low_precision = self.enabled and self.engine_dtype is not None
+        # A low-precision engine is judged by whether it follows the actor: its log-probs before the push are needed.
+        engine_before = (torch.tensor(self.engine.log_probs_of(self.prompt, self.response), dtype=torch.float32)
+                         if low_precision and self.previous_actor_lp is not None else None)
         # A sharded actor streams its parameters one gathered tensor at a time, never a whole gathered state dict.
         if is_sharded(self.model):
             weights = WeightStream(tuple(name for name, _ in self.model.named_parameters()),
@@ -97,11 +112,18 @@ class WeightSync:
                 "weights hold NaN/inf or overflow the logits (a learning rate too high for the model is the usual "
                 "cause; lower actor.optim.lr). The last complete checkpoint is untouched"
             )
+        metrics = {"rollout/probe_logprob_diff": mean_gap, "rollout/probe_logprob_diff_max": max_gap}
         first = self.numerical_gap is None
         if first:
             self.numerical_gap = mean_gap
+        previous_actor_lp, self.previous_actor_lp = self.previous_actor_lp, actor_lp
+        if self.threshold is None:
+            return metrics
+        if low_precision:
+            self._check_low_precision(step, mean_gap, actor_lp, previous_actor_lp, engine_before, engine_lp, metrics)
+            return metrics
         excess = mean_gap if first else mean_gap - self.numerical_gap
-        if self.threshold is not None and not excess <= self.threshold:
+        if not excess <= self.threshold:
             if first:
                 raise TrainingError(
                     f"step {step}: right after loading the actor's weights the rollout engine's log-probs differ from "
@@ -115,8 +137,34 @@ class WeightSync:
                 f"{mean_gap:.4g} on average (max {max_gap:.4g}) on the probe sequence, {excess:.4g} more than the "
                 f"{self.numerical_gap:.4g} of the run's first push (same weights: numerics alone), above "
                 f"rollout.probe_logprob_threshold={self.threshold}. The engine is most likely generating from stale "
-                "weights (the update did not reach it). The actor side of the probe runs in the engine's precision "
-                "(rollout.dtype), but a low-precision gap still varies with the weights; if that is all it is, raise "
-                "the threshold"
+                "weights (the update did not reach it)"
             )
-        return {"rollout/probe_logprob_diff": mean_gap, "rollout/probe_logprob_diff_max": max_gap}
+        return metrics
+
+    def _check_low_precision(self, step: int, mean_gap: float, actor_lp: torch.Tensor,
+                             previous_actor_lp: torch.Tensor | None, engine_before: torch.Tensor | None,
+                             engine_lp: torch.Tensor, metrics: dict[str, float]) -> None:
+        """A low-precision engine's gap to the actor grows as training sharpens the model (module docstring), so a
+        fixed bound on it either misses stale weights or stops healthy runs. What a push must do instead: move the
+        engine's log-probs as far as the update moved the actor's. A stale engine does not move at all."""
+        dtype = str(self.engine_dtype).removeprefix("torch.")
+        if previous_actor_lp is None or engine_before is None:  # the first push: the engine must be the same model
+            if not mean_gap <= LOW_PRECISION_FIRST_GAP:
+                raise TrainingError(
+                    f"step {step}: right after loading the actor's weights the {dtype} rollout engine's "
+                    f"log-probs differ from the actor's by {mean_gap:.4g} on average on the probe sequence, more than "
+                    f"a precision accounts for ({LOW_PRECISION_FIRST_GAP}): the engine does not compute what the "
+                    "actor computes (another model or broken weights)"
+                )
+            return
+        actor_moved = float((actor_lp - previous_actor_lp).abs().mean())
+        engine_moved = float((engine_lp - engine_before).abs().mean())
+        metrics["rollout/probe_actor_moved"] = actor_moved
+        metrics["rollout/probe_engine_moved"] = engine_moved
+        if actor_moved > self.threshold * MOVEMENT_FLOOR and engine_moved < 0.5 * actor_moved:
+            raise TrainingError(
+                f"step {step}: the update moved the actor's log-probs on the probe sequence by {actor_moved:.4g} on "
+                f"average, but the weight push moved the {dtype} rollout engine's by {engine_moved:.4g}: "
+                "the engine is generating from stale weights (the update did not reach it)"
+            )
+

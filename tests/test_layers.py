@@ -71,6 +71,8 @@ PEER_IMPORTS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("reward",), "dapo.rollout.base"),  # scoring reads a RolloutOutput
     (("rollout",), "dapo.model.loading"),  # the factory takes the loaded Policy
     (("rollout",), "dapo.model.attention"),  # the engine runs the model's grouped-query attention while generating
+    (("rollout", "actor"), "dapo.model.left_padding"),  # the engine's prefill and the actor's shared-prompt pass
+    #                                                    must lay the prompts out alike
     (("infra",), "dapo.distributed.world"),  # a sharded checkpoint is written by every rank of the World
     (("training",), "dapo.evaluation.validation"),  # the loop validates every test_freq steps
     (("actor",), "dapo.distributed.world"),  # the update sums gradients over the ranks of the World

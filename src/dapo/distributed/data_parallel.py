@@ -80,8 +80,8 @@ def gather_in_rank_order(items: Sequence[T], world: World, tensor_parallel: int 
     for first in range(0, world.world_size, tensor_parallel):
         for peer in range(first + 1, first + tensor_parallel):
             if parts[peer][1] != parts[first][1]:
-                raise RuntimeError(f"ranks {first} and {peer} of one tensor-parallel rollout engine generated different "
-                                   "outputs for the same prompts and seeds: the engine's ranks have diverged")
+                raise RuntimeError(f"ranks {first} and {peer} of one tensor-parallel rollout engine generated "
+                                   "different outputs for the same prompts and seeds: the engine's ranks have diverged")
     return [item for part, _ in parts[::tensor_parallel] for item in part]
 
 

@@ -50,8 +50,8 @@ def build_rollout_engine(cfg: DapoConfig, policy: Policy, *, module: torch.nn.Mo
     r = cfg.rollout
     if r.name == "hf" and r.tensor_model_parallel_size != 1:
         raise EngineUnavailableError(
-            f"rollout.tensor_model_parallel_size={r.tensor_model_parallel_size}: the Transformers engine (rollout.name=hf) "
-            "has no tensor parallelism; use rollout.name=vllm or set it to 1")
+            f"rollout.tensor_model_parallel_size={r.tensor_model_parallel_size}: the Transformers engine "
+            "(rollout.name=hf) has no tensor parallelism; use rollout.name=vllm or set it to 1")
     if r.name == "hf":
         from dapo.rollout.hf_engine import HFRolloutEngine
 
@@ -103,9 +103,8 @@ def hf_engine_copy(cfg: DapoConfig, model: torch.nn.Module, *, sharded: bool) ->
         return None
     # Parameters are copied straight into the new dtype (no transient full-precision copy of the model); buffers
     # (a rotary embedding's inv_freq) stay as they are, as from_pretrained(dtype=...) leaves them.
-    memo: dict[int, object] = {
-        id(p): torch.nn.Parameter(p.detach().to(dtype=dtype, copy=True), requires_grad=False) for p in model.parameters()
-    }
+    memo: dict[int, object] = {id(p): torch.nn.Parameter(p.detach().to(dtype=dtype, copy=True), requires_grad=False)
+                               for p in model.parameters()}
     return copy.deepcopy(model, memo).eval()
 
 

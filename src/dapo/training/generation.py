@@ -97,7 +97,8 @@ def generate_round(engine: RolloutEngine, prompts: list[PromptItem], tokenizer, 
     if share:  # more engines than prompts: a rank may have none, and still joins the gather
         with timer("gen"):
             rollout = engine.generate([p.input_ids for p in share], share_params(params, where, world, tp))
-        generated = rollout.response_ids
+        if tp > 1:  # checked among the ranks of each engine in the gather
+            generated = rollout.response_ids
         if is_engine_leader(world, tp):  # a tensor-parallel engine's other ranks hold the same rollout
             with timer("reward"):
                 groups = score_rollout(share, rollout, tokenizer, cfg, scorer)
@@ -117,7 +118,7 @@ def validate_across_ranks(engine: RolloutEngine, prompts: list[PromptItem], toke
     share = prompts[where]
     groups = validation_groups(engine, share, tokenizer, cfg, **seeds) if share else []
     if world.distributed:
-        generated = [r for g in groups for r in g.response_ids]
+        generated = [r for g in groups for r in g.response_ids] if tp > 1 else None
         groups = gather_in_rank_order(groups, world, tp, generated=generated)
     return summarize_validation(groups, cfg.rollout.val_kwargs.n)
 

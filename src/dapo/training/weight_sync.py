@@ -7,11 +7,11 @@ shows the whole effect of the update. The first push of a run (engine and actor 
 numerical gap alone, and later pushes are judged by their excess over it. An engine in a lower precision than the
 actor (``engine_dtype``: a bf16 engine, an fp32 actor) is judged otherwise, because its gap is not steady: it grows as
 training sharpens the model (SmolLM2 in bf16: 0.044 at the start, 0.1 within 8 steps, 0.2 after 30, with the copy's
-weights exactly the actor's in bf16), so any fixed bound either misses stale weights or stops healthy runs. Its
-probe is taken before and after every push: the push must move the engine's log-probs at least half as far as the
-update moved the actor's (a stale engine does not move at all). Colocated engines that silently keep stale weights are a known failure of RL
-systems, and they train on off-policy samples without any error, so a gap above ``rollout.probe_logprob_threshold``
-stops the run.
+weights exactly the actor's in bf16), so any fixed bound either misses stale weights or stops healthy runs. Each
+push must instead move the engine's probe log-probs (against those after the previous push) at least half as far as
+the update moved the actor's; a stale engine does not move at all. Colocated engines that silently keep stale weights
+are a known failure of RL systems, and they train on off-policy samples without any error, so a failed probe stops
+the run.
 
 A sharded actor (FSDP2) pushes into an engine holding its own unsharded copy: every rank gathers each parameter in
 turn (``stream_full_parameters``) and the engine copies it in; the probe's actor side runs through the sharded root,
@@ -66,10 +66,9 @@ class WeightSync:
         threshold: largest mean |engine - actor| log-prob gap accepted; None logs the gap without stopping.
         enabled: False pushes without probing.
         engine_dtype: the dtype the engine computes in, when lower than the actor's: the actor side of the probe then
-            runs under autocast to it. Measured on SmolLM2 after 30 fp32 training steps, a bf16 engine (an exact bf16
-            copy of the weights) is 0.199 off the fp32 actor and 0.061 off the actor under bf16 autocast (0.044 and
-            0.043 before training): the gap of precision grows as training sharpens the model, and only a probe in
-            the engine's precision keeps a stale engine distinguishable from it.
+            runs under autocast to it, and pushes are judged by the movement check (module docstring). Measured on
+            SmolLM2 after 30 fp32 training steps, a bf16 engine (an exact bf16 copy of the weights) is 0.199 off the
+            fp32 actor and 0.061 off the actor under bf16 autocast (0.044 and 0.043 before training).
     """
 
     def __init__(self, engine: RolloutEngine, model: torch.nn.Module, probe_ids: Sequence[int], *,
@@ -84,14 +83,13 @@ class WeightSync:
         # The gap of the first push, when engine and actor hold the same weights: numerics alone (~1e-7 for an fp32
         # engine, ~0.02-0.04 for a bf16 one against an fp32 actor). Later pushes are judged by their excess over it.
         self.numerical_gap: float | None = None
-        self.previous_actor_lp: torch.Tensor | None = None  # the actor side of the last probe
+        # Both sides of the last probe: the engine's weights do not change between pushes, so its log-probs after the
+        # last push are its log-probs before this one.
+        self.previous_actor_lp: torch.Tensor | None = None
+        self.previous_engine_lp: torch.Tensor | None = None
 
     def push(self, step: int) -> dict[str, float]:
         """Push the weights; return the probe's metrics. Raises ``TrainingError`` when the engine is stale."""
-        low_precision = self.enabled and self.engine_dtype is not None
-        # A low-precision engine is judged by whether it follows the actor: its log-probs before the push are needed.
-        engine_before = (torch.tensor(self.engine.log_probs_of(self.prompt, self.response), dtype=torch.float32)
-                         if low_precision and self.previous_actor_lp is not None else None)
         # A sharded actor streams its parameters one gathered tensor at a time, never a whole gathered state dict.
         if is_sharded(self.model):
             weights = WeightStream(tuple(name for name, _ in self.model.named_parameters()),
@@ -117,10 +115,12 @@ class WeightSync:
         if first:
             self.numerical_gap = mean_gap
         previous_actor_lp, self.previous_actor_lp = self.previous_actor_lp, actor_lp
+        previous_engine_lp, self.previous_engine_lp = self.previous_engine_lp, engine_lp
         if self.threshold is None:
             return metrics
-        if low_precision:
-            self._check_low_precision(step, mean_gap, actor_lp, previous_actor_lp, engine_before, engine_lp, metrics)
+        if self.engine_dtype is not None:
+            self._check_low_precision(step, mean_gap, actor_lp, previous_actor_lp, engine_lp, previous_engine_lp,
+                                      metrics)
             return metrics
         excess = mean_gap if first else mean_gap - self.numerical_gap
         if not excess <= self.threshold:
@@ -142,13 +142,13 @@ class WeightSync:
         return metrics
 
     def _check_low_precision(self, step: int, mean_gap: float, actor_lp: torch.Tensor,
-                             previous_actor_lp: torch.Tensor | None, engine_before: torch.Tensor | None,
-                             engine_lp: torch.Tensor, metrics: dict[str, float]) -> None:
+                             previous_actor_lp: torch.Tensor | None, engine_lp: torch.Tensor,
+                             previous_engine_lp: torch.Tensor | None, metrics: dict[str, float]) -> None:
         """A low-precision engine's gap to the actor grows as training sharpens the model (module docstring), so a
         fixed bound on it either misses stale weights or stops healthy runs. What a push must do instead: move the
         engine's log-probs as far as the update moved the actor's. A stale engine does not move at all."""
         dtype = str(self.engine_dtype).removeprefix("torch.")
-        if previous_actor_lp is None or engine_before is None:  # the first push: the engine must be the same model
+        if previous_actor_lp is None or previous_engine_lp is None:  # the first push: it must be the same model
             if not mean_gap <= LOW_PRECISION_FIRST_GAP:
                 raise TrainingError(
                     f"step {step}: right after loading the actor's weights the {dtype} rollout engine's "
@@ -158,7 +158,7 @@ class WeightSync:
                 )
             return
         actor_moved = float((actor_lp - previous_actor_lp).abs().mean())
-        engine_moved = float((engine_lp - engine_before).abs().mean())
+        engine_moved = float((engine_lp - previous_engine_lp).abs().mean())
         metrics["rollout/probe_actor_moved"] = actor_moved
         metrics["rollout/probe_engine_moved"] = engine_moved
         if actor_moved > self.threshold * MOVEMENT_FLOOR and engine_moved < 0.5 * actor_moved:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import click
 
+from dapo.cli.explain_compute import GPU_NAMES, compute_lines
 from dapo.config import ConfigError, load_config
 
 
@@ -34,10 +35,14 @@ class _Refused(click.ClickException):
 @click.option("--gpu-memory-gib", type=float, default=80.0, show_default=True, help="Memory of one GPU.")
 @click.option("--model-config", type=click.Path(exists=True), default=None,
               help="A config.json (or a folder holding one) to size the model from, instead of model.path.")
+@click.option("--gpu", type=click.Choice(GPU_NAMES, case_sensitive=False), default="H100", show_default=True,
+              help="GPU whose datasheet peak the compute section uses (dapo.infra.perf).")
+@click.option("--mfu", type=click.FloatRange(0.0, 1.0, min_open=True), default=0.4, show_default=True,
+              help="Model FLOPs utilization assumed for the step-time estimate.")
 @click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
 def explain_command(config_path: str | None, nnodes: int, nproc_per_node: int, informative_fraction: float,
                     prompt_tokens: int | None, response_tokens: int | None, gpu_memory_gib: float,
-                    model_config: str | None, overrides: tuple[str, ...]) -> None:
+                    model_config: str | None, gpu: str, mfu: float, overrides: tuple[str, ...]) -> None:
     """Print the layout of a training step: batches, rounds, optimizer steps, micro-batches, memory per GPU.
 
     OVERRIDES are dotted keys, as for `dapo train`. An inconsistent config exits with status 2, naming the keys.
@@ -62,6 +67,7 @@ def explain_command(config_path: str | None, nnodes: int, nproc_per_node: int, i
         lines = "\n".join(f"  - {p}" for p in exc.problems)
         raise _Refused(f"this config cannot be laid out on {nnodes} x {nproc_per_node} ranks:\n{lines}") from None
     click.echo(render(layout, cfg, config_path or "defaults", overrides, model_note))
+    click.echo("\n".join(compute_lines(layout, cfg, gpu, mfu)))
 
 
 def resolve_model_shape(cfg, model_config: str | None):  # -> tuple[ModelShape | None, str]

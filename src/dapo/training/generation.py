@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+from collections.abc import Callable
 
 import torch
 
@@ -124,7 +125,8 @@ def validate_across_ranks(engine: RolloutEngine, prompts: list[PromptItem], toke
 
 
 def generate_and_filter(engine: RolloutEngine, state: RunState, tokenizer, cfg: DapoConfig, step: int,
-                        timer: PhaseTimer, scorer: RewardScorer | None = None, world: World = World()
+                        timer: PhaseTimer, scorer: RewardScorer | None = None, world: World = World(),
+                        on_round: Callable[[list[ScoredGroup]], None] | None = None
                         ) -> tuple[list[ScoredGroup], dict[str, float]]:
     """Generation rounds of gen_batch_size prompts until train_batch_size informative groups are held.
 
@@ -135,7 +137,8 @@ def generate_and_filter(engine: RolloutEngine, state: RunState, tokenizer, cfg: 
     plus those of surplus groups discarded (not carried over), against ``train/generated_tokens``; both also as run
     totals (``*_total``, kept in the checkpoint). Every drawn prompt's pass rate goes to the sampler's record (a no-op
     unless ``algorithm.filter_groups.skip_solved_prompts.enable``), and the prompts it skipped as solved are counted in
-    ``train/num_skipped_solved_prompts``. With several ranks (``world``) each generates its share of every round and
+    ``train/num_skipped_solved_prompts``. ``on_round`` sees every round's groups, kept or not (the FLOP count of
+    ``dapo.training.perf_metrics``). With several ranks (``world``) each generates its share of every round and
     all of them return the same groups and metrics (reward failures summed over ranks)."""
     buffer = state.buffer
     failures_before = dict(scorer.counts) if scorer is not None else {}
@@ -148,6 +151,8 @@ def generate_and_filter(engine: RolloutEngine, state: RunState, tokenizer, cfg: 
         prompts = [d.item for d in draws]
         groups = generate_round(engine, prompts, tokenizer, cfg, rollout_params(cfg, step, rnd), timer, scorer,
                                 world)
+        if on_round is not None:
+            on_round(groups)
         acc = torch.tensor([float(a) for g in groups for a in g.acc])
         decision = filter_informative_groups(acc, group_index_of(groups))  # Eq. 11, on raw accuracy
         state.sampler.record_pass_rates(draws, decision.pass_rate.tolist())  # groups come in prompt order

@@ -58,6 +58,7 @@ from dapo.training.actor_step import update_actor
 from dapo.training.dynamic_sampling_buffer import DynamicSamplingBuffer
 from dapo.training.errors import TrainingError
 from dapo.training.generation import derive_seed, engine_tensor_parallel, generate_and_filter, validate_across_ranks
+from dapo.training.perf_metrics import StepPerf
 from dapo.training.run_state import RunState, checkpoint_format, find_resume_checkpoint, resume_run, save_run
 from dapo.training.weight_sync import WeightSync
 
@@ -175,6 +176,7 @@ def train(cfg: DapoConfig, world: World = World()) -> TrainResult:
     sync = WeightSync(engine, policy.model, task.train[0].input_ids, threshold=cfg.rollout.probe_logprob_threshold,
                       enabled=cfg.rollout.weight_sync_probe,
                       engine_dtype=probe_dtype if probe_dtype.itemsize < actor_dtype.itemsize else None)
+    perf = StepPerf.for_run(policy.model, cfg, engine_dtype=probe_dtype, num_devices=world.world_size)
 
     def validate(step: int) -> dict[str, float]:
         t0 = time.perf_counter()
@@ -206,7 +208,7 @@ def train(cfg: DapoConfig, world: World = World()) -> TrainResult:
                 with timer("step"):
                     # Lines 3-9: sample, generate G outputs per prompt, reward, dynamic sampling until full.
                     groups, generated = generate_and_filter(engine, state, policy.tokenizer, cfg, step,
-                                                            timer, scorer, world)
+                                                            timer, scorer, world, on_round=perf.count_generated)
                     metrics.update(generated)
                     if groups:  # lines 10-12, then the new weights go to the engine
                         metrics.update(update_actor(groups, policy, optimizer, scheduler, cfg, step, timer,
@@ -219,6 +221,8 @@ def train(cfg: DapoConfig, world: World = World()) -> TrainResult:
                                     int(metrics["train/num_gen_batches"]))
                 metrics.update(timer.metrics())
                 metrics["perf/throughput"] = metrics["rollout/num_tokens"] / max(timer.seconds["step"], 1e-9)
+                metrics.update(perf.metrics(groups, timer.seconds,
+                                            recomputed=bool(metrics.get("actor/old_log_prob_recomputed"))))
                 state.step = step
 
                 is_last = step == total_steps

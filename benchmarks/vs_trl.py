@@ -28,7 +28,9 @@ Jobs (``--job``):
 
 TRL mirrors dapo's *resolved* config (``dapo train --print-config`` with the same overrides): learning rate, warm-up,
 weight decay, AdamW betas/eps, gradient clip, clip ratios, L_max / L_cache of the soft overlong punishment
-(``trl.rewards.get_soft_overlong_punishment``), sampling temperature/top-p/top-k. The rule reward is dapo's own scorer
+(``trl.rewards.get_soft_overlong_punishment``), sampling temperature/top-p/top-k, gradient checkpointing (TRL 1.16
+turns it on by default), overlong filtering and bf16 autocast. Every keyword goes through ``grpo_config_kwargs``, and
+tests/benchmarks/test_vs_trl_mapping.py checks each against the dapo value it mirrors. The rule reward is dapo's own scorer
 (``dapo.reward.score_one``) on the decoded completion, so both are judged alike.
 
 Also measured per job: rollout throughput of dapo's HF engine vs ``model.generate`` on the same batch, by running
@@ -285,7 +287,56 @@ def trl_spec(job: Job, cfg: dict[str, Any], args: argparse.Namespace, data_file:
         "top_k": 0 if rollout["top_k"] in (-1, 0) else rollout["top_k"],
         "norm_adv_by_std": cfg["algorithm"]["norm_adv_by_std_in_grpo"],
         "max_prompt_length": cfg["data"]["max_prompt_length"],
+        # TRL 1.16 turns gradient checkpointing on by default; dapo's resolved setting decides for both
+        "gradient_checkpointing": bool(actor["gradient_checkpointing"]),
+        "mask_truncated": bool(cfg["algorithm"]["overlong_filter"]),  # dapo's overlong filtering
+        "bf16": actor["dtype"] == "bf16",
     }
+
+
+def grpo_config_kwargs(spec: dict[str, Any], reward_weights: list[float]) -> dict[str, Any]:
+    """TRL ``GRPOConfig`` keyword arguments for a job ``spec`` (:func:`trl_spec`, from dapo's resolved config): every
+    setting the harness gives TRL, in one pure function (tests/benchmarks/test_vs_trl_mapping.py checks each)."""
+    return dict(
+        output_dir=spec["output_dir"],
+        seed=spec["seed"],
+        use_cpu=spec["device"] == "cpu",
+        bf16=spec["bf16"],
+        fp16=False,
+        gradient_checkpointing=spec["gradient_checkpointing"],
+        learning_rate=spec["lr"],
+        lr_scheduler_type="constant",  # replaced by dapo's warm-up-then-constant in TimedGRPO.create_scheduler
+        weight_decay=spec["weight_decay"],
+        adam_beta1=spec["betas"][0],
+        adam_beta2=spec["betas"][1],
+        adam_epsilon=spec["adam_eps"],
+        max_grad_norm=spec["grad_clip"],
+        optim="adamw_torch",
+        max_steps=spec["steps"] * spec["opt_steps"],
+        per_device_train_batch_size=spec["micro_batch"],
+        gradient_accumulation_steps=spec["grad_accum"],
+        steps_per_generation=spec["steps_per_generation"],
+        num_iterations=1,
+        num_generations=spec["samples"],
+        max_completion_length=spec["max_tokens"],
+        temperature=spec["temperature"],
+        top_p=spec["top_p"],
+        top_k=spec["top_k"],
+        shuffle_dataset=False,
+        loss_type="dapo",
+        epsilon=spec["epsilon"],
+        epsilon_high=spec["epsilon_high"],
+        beta=0.0,
+        scale_rewards="group" if spec["norm_adv_by_std"] else "none",
+        mask_truncated_completions=spec["mask_truncated"],
+        reward_weights=reward_weights,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        log_completions=False,
+        dataloader_num_workers=0,
+    )
 
 
 # ------------------------------------------------------------------------------------------------ dapo run
@@ -481,45 +532,7 @@ def trl_worker(spec_path: str) -> None:
     if spec["overlong"]:
         reward_funcs.append(get_soft_overlong_punishment(spec["max_tokens"], spec["overlong_len"]))
         weights.append(float(spec["overlong_factor"]))
-    config = GRPOConfig(
-        output_dir=spec["output_dir"],
-        seed=spec["seed"],
-        use_cpu=spec["device"] == "cpu",
-        bf16=False,
-        fp16=False,
-        learning_rate=spec["lr"],
-        lr_scheduler_type="constant",  # replaced by dapo's warm-up-then-constant in TimedGRPO.create_scheduler
-        weight_decay=spec["weight_decay"],
-        adam_beta1=spec["betas"][0],
-        adam_beta2=spec["betas"][1],
-        adam_epsilon=spec["adam_eps"],
-        max_grad_norm=spec["grad_clip"],
-        optim="adamw_torch",
-        max_steps=spec["steps"] * spec["opt_steps"],
-        per_device_train_batch_size=spec["micro_batch"],
-        gradient_accumulation_steps=spec["grad_accum"],
-        steps_per_generation=spec["steps_per_generation"],
-        num_iterations=1,
-        num_generations=spec["samples"],
-        max_completion_length=spec["max_tokens"],
-        temperature=spec["temperature"],
-        top_p=spec["top_p"],
-        top_k=spec["top_k"],
-        shuffle_dataset=False,
-        loss_type="dapo",
-        epsilon=spec["epsilon"],
-        epsilon_high=spec["epsilon_high"],
-        beta=0.0,
-        scale_rewards="group" if spec["norm_adv_by_std"] else "none",
-        mask_truncated_completions=False,
-        reward_weights=weights,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        log_completions=False,
-        dataloader_num_workers=0,
-    )
+    config = GRPOConfig(**grpo_config_kwargs(spec, weights))
     trainer = TimedGRPO(model=model, reward_funcs=reward_funcs, args=config, train_dataset=dataset,
                         processing_class=tokenizer, callbacks=[StepTimer()])
     print(f"trl {trl.__version__}: {spec['prompts']} prompts x {spec['samples']}, micro-batch {spec['micro_batch']}, "

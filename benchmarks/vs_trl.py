@@ -678,6 +678,18 @@ def write_json(results: dict[str, Any], path: Path) -> None:
     atomic_write(path, json.dumps(results, indent=1, default=str) + "\n")
 
 
+def host_cpu() -> str:
+    """The CPU's model name (recorded with every result: scripts/render_docs.py prints it beside the figures)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -708,7 +720,8 @@ def run_job(name: str, args: argparse.Namespace) -> dict[str, Any]:
                 "seed": args.seed, "device": args.device, "model_dir": str(job.model_dir), "data_file": str(data_file),
                 "dapo_config": str(job.config) if job.config else "(defaults)", "dapo_overrides": base,
                 "lr": spec["lr"], "overlong_len": spec["overlong_len"], "trl": {k: spec[k] for k in (
-                    "micro_batch", "grad_accum", "steps_per_generation", "epsilon", "epsilon_high", "warmup_steps")}}
+                    "micro_batch", "grad_accum", "steps_per_generation", "epsilon", "epsilon_high", "warmup_steps",
+                    "gradient_checkpointing")}}
     runs: list[dict[str, Any]] = []
     for rep in range(args.reps):
         for program in ("dapo", "trl"):
@@ -776,7 +789,7 @@ def main(argv: list[str] | None = None) -> None:
         names = ["tiny", "smollm2"] if args.job == "both" else [args.job]
         results = {"meta": {"started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                             "argv": sys.argv, "versions": versions(), "cpu_count": os.cpu_count(),
-                            "machine": platform.platform()},
+                            "machine": platform.platform(), "cpu": host_cpu()},
                    "jobs": {}}
         for name in names:
             results["jobs"][name] = run_job(name, args)

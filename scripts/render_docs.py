@@ -1,0 +1,245 @@
+"""Render the published figures of README.md and docs/*.md from the result files recorded in the repository.
+
+Every figure between ``<!-- generated:NAME -->`` and ``<!-- /generated -->`` in a document is the output of
+``RENDERERS[NAME]`` on the recorded files, never typed by hand:
+
+  docs/img/vs_trl_tiny.json, vs_trl_smollm2.json, vs_trl_smollm2_bf16_rollout.json
+      what benchmarks/vs_trl.py wrote (meta: date, argv, versions, host CPU; per job: settings, every run's steps,
+      the medians and ratios)
+  docs/runs/default/metrics.jsonl.gz, run.json
+      the default `dapo train` run's raw metrics and its date, commit, host CPU, command, printed summary
+
+    python scripts/render_docs.py            # rewrite the generated blocks in place
+    python scripts/render_docs.py --check    # exit 1, naming each block that differs (tests/test_docs_generated.py)
+
+A new measurement replaces a recorded file (or adds one and a renderer); the documents follow by running this script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import re
+import sys
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ("README.md", "docs/performance.md", "docs/results.md", "docs/tiny-model.md")
+BLOCK = re.compile(r"<!-- generated:([\w-]+) -->(.*?)<!-- /generated -->", re.S)
+VS_TRL = {"tiny": "docs/img/vs_trl_tiny.json", "smollm2": "docs/img/vs_trl_smollm2.json",
+          "smollm2-bf16": "docs/img/vs_trl_smollm2_bf16_rollout.json"}
+DEFAULT_RUN = "docs/runs/default"
+
+
+@cache
+def vs_trl(key: str) -> dict:
+    return json.loads((ROOT / VS_TRL[key]).read_text(encoding="utf-8"))
+
+
+def vs_trl_job(key: str) -> dict:
+    (job,) = vs_trl(key)["jobs"].values()
+    return job
+
+
+@cache
+def default_run() -> tuple[dict, list[dict]]:
+    folder = ROOT / DEFAULT_RUN
+    meta = json.loads((folder / "run.json").read_text(encoding="utf-8"))
+    with gzip.open(folder / "metrics.jsonl.gz", "rt", encoding="utf-8") as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    return meta, records
+
+
+def _sec(x: float) -> str:
+    return f"{x:.2f}" if x < 10 else f"{x:.1f}"
+
+
+def _ratio(x: float | None) -> str:
+    return "—" if x is None else f"{x:.2f}"
+
+
+def _command(key: str) -> str:
+    argv = vs_trl(key)["meta"]["argv"]
+    keep, skip = [], False
+    for a in argv:  # the output paths are where that run wrote, not part of what was measured
+        if skip:
+            skip = False
+            continue
+        if a in ("--out", "--plot", "--work-dir"):
+            skip = True
+            continue
+        keep.append(a)
+    return "python " + " ".join(keep)
+
+
+def _provenance(key: str) -> str:
+    meta = vs_trl(key)["meta"]
+    cpu = meta.get("cpu", "not recorded")
+    return (f"`{VS_TRL[key]}`: {meta['started'][:16].replace('T', ' ')} UTC, `{_command(key)}`, torch "
+            f"{meta['versions']['torch']}, TRL {meta['versions']['trl']}, CPU: {cpu}")
+
+
+def step_ratio(key: str) -> str:
+    return f"{vs_trl_job(key)['summary']['ratio_dapo_over_trl']['step']:.2f}x"
+
+
+# ---------------------------------------------------------------------------------------------------- renderers
+def readme_vs_trl() -> str:
+    return f"{step_ratio('tiny')} TRL's step time on the tiny job, {step_ratio('smollm2')} on SmolLM2-135M"
+
+
+ROWS = [  # label, dapo key, TRL key, format
+    ("gen (s)", "gen", "gen", _sec),
+    ("old log-prob (s)", "old_log_prob", "old_log_prob", _sec),
+    ("update (dapo) / train (TRL) (s)", "update", "train", _sec),
+    ("actor = old log-prob + update (s)", "actor", "actor", _sec),
+    ("step total (s)", "step", "step", _sec),
+    ("actor tokens/s", "actor_tokens_per_s", "actor_tokens_per_s", lambda x: f"{x:,.0f}"),
+    ("peak RSS (GB)", "peak_rss_gb", "peak_rss_gb", lambda x: f"{x:.2f}"),
+    ("rollout accuracy, last step (median over runs)", "acc_last", "acc_last", lambda x: f"{x:.3f}"),
+]
+
+
+def vs_trl_results() -> str:
+    lines = ["", "| job | phase | dapo | TRL | dapo : TRL |", "| --- | --- | --- | --- | --- |"]
+    for key, label in (("tiny", "tiny"), ("smollm2", "smollm2"), ("smollm2-bf16", "smollm2, `rollout.dtype=bfloat16`")):
+        s = vs_trl_job(key)["summary"]
+        for name, dkey, tkey, fmt in ROWS:
+            d, t, r = s["dapo"].get(dkey), s["trl"].get(tkey), s["ratio_dapo_over_trl"].get(dkey)
+            ratio = _ratio(r) if d else ("0 (skipped)" if d == 0 and t else "—")
+            if dkey == "step":
+                ratio = f"**{ratio}**"
+            lines.append(f"| {label} | {name} | {fmt(d) if d is not None else '—'} | "
+                         f"{fmt(t) if t is not None else '—'} | {ratio} |")
+    lines.append("")
+    lines.append("Recorded in:")
+    lines.append("")
+    for key in VS_TRL:
+        job = vs_trl_job(key)
+        s = job["summary"]
+        lines.append(f"* {_provenance(key)}; medians over {s['dapo']['timed_steps']:.0f} dapo and "
+                     f"{s['trl']['timed_steps']:.0f} TRL timed steps")
+    return "\n".join(lines) + "\n"
+
+
+def vs_trl_rollout() -> str:
+    lines = ["", "| job | dapo HF engine (tokens/s) | `model.generate` (tokens/s) | engine : generate |",
+             "| --- | --- | --- | --- |"]
+    for key in ("tiny", "smollm2"):
+        job = vs_trl_job(key)
+        ro, st = job["rollout"], job["settings"]
+        rates = ro["tokens_per_s"]
+        lines.append(f"| {key} ({st['prompts']} x {st['samples']}, {st['max_tokens']} tokens) | {rates['engine']:,.0f} "
+                     f"| {rates['generate']:,.0f} | **{ro['engine_vs_generate']:.2f}** |")
+    return "\n".join(lines) + "\n"
+
+
+def vs_trl_benchmark_row() -> str:
+    parts = []
+    for key, label in (("tiny", "tiny 32×8"), ("smollm2", "SmolLM2-135M 8×8")):
+        s = vs_trl_job(key)["summary"]
+        parts.append(f"{label}: {s['dapo']['step']:.2f} vs {s['trl']['step']:.2f} s per step "
+                     f"(**{s['ratio_dapo_over_trl']['step']:.2f}×**), peak RSS {s['dapo']['peak_rss_gb']:.2f} vs "
+                     f"{s['trl']['peak_rss_gb']:.2f} GB")
+    return "; ".join(parts) + f" ({vs_trl('tiny')['meta']['started'][:10]})"
+
+
+def _val(records: list[dict]) -> list[tuple[int, float, float]]:
+    return [(r["step"], r["val/acc/mean@8"], r["val/pass@8"]) for r in records if "val/acc/mean@8" in r]
+
+
+def readme_default_run() -> str:
+    meta, records = default_run()
+    (s0, a0, _), (s1, a1, _) = _val(records)[0], _val(records)[-1]
+    return (f"\n```\ndone: {s1} steps in {meta['wall_s']} s, peak memory {meta['peak_rss_mb']} MB\n"
+            f"validation val/acc/mean@8: first {a0:.3f} (step {s0}) -> last {a1:.3f} (step {s1}), "
+            f"{100 * (a1 - a0):+.1f} points\n"
+            "metrics: runs/tiny-synth/metrics.jsonl; plots: runs/tiny-synth/plots/training.png\n```\n")
+
+
+def default_run_accuracy() -> str:
+    _, records = default_run()
+    val = _val(records)
+    return f"from {val[0][1]:.2f} to {val[-1][1]:.2f}"
+
+
+def default_run_table() -> str:
+    meta, records = default_run()
+    val = _val(records)
+    steps = [r for r in records if r["step"] > 0 and "timing_s/step" in r]
+    best = max(val, key=lambda v: v[1])
+    first, last = steps[0], steps[-1]
+    curve = ", ".join(f"{a:.3f}" for _, a, _ in val)
+    med = sorted(r["timing_s/step"] for r in steps)[len(steps) // 2]
+    rows = [
+        ("validation acc mean@8", f"**{val[0][1]:.3f} → {val[-1][1]:.3f}** ({100 * (val[-1][1] - val[0][1]):+.1f} "
+                                  f"points; best {best[1]:.3f} at step {best[0]})"),
+        ("validation mean@8 at steps " + ", ".join(str(s) for s, _, _ in val), curve),
+        ("validation pass@8", f"{val[0][2]:.3f} → {val[-1][2]:.3f}"),
+        ("wall time", f"{meta['wall_s']} s for the whole command, median {med:.2f} s per step"),
+        ("peak memory (max RSS)", f"{meta['peak_rss_mb']} MB"),
+        ("generation entropy", f"{first['actor/entropy']:.3f} → {last['actor/entropy']:.3f}"),
+        ("mean token probability", f"{first['actor/mean_prob']:.3f} → {last['actor/mean_prob']:.3f}"),
+    ]
+    lines = ["", "| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows), "",
+             f"Recorded: `{DEFAULT_RUN}/` (`metrics.jsonl.gz`, the run's raw metrics; `run.json`: "
+             f"{meta['date']}, commit {meta['commit']}, `{meta['command']}`, {meta['host_cpu']})."]
+    return "\n".join(lines) + "\n"
+
+
+RENDERERS: dict[str, Callable[[], str]] = {
+    "readme-vs-trl": readme_vs_trl,
+    "readme-default-run": readme_default_run,
+    "default-run-accuracy": default_run_accuracy,
+    "default-run-table": default_run_table,
+    "vs-trl-results": vs_trl_results,
+    "vs-trl-rollout": vs_trl_rollout,
+    "vs-trl-benchmark-row": vs_trl_benchmark_row,
+}
+
+
+def render(text: str, where: str = "") -> str:
+    """``text`` with every generated block replaced by its renderer's output."""
+    def replace(m: re.Match) -> str:
+        name = m.group(1)
+        if name not in RENDERERS:
+            raise KeyError(f"{where}: unknown generated block {name!r} (known: {', '.join(sorted(RENDERERS))})")
+        return f"<!-- generated:{name} -->{RENDERERS[name]()}<!-- /generated -->"
+    return BLOCK.sub(replace, text)
+
+
+def stale_blocks(root: Path = ROOT) -> list[str]:
+    """The ``doc: block`` names whose text differs from what the recorded files render."""
+    stale = []
+    for doc in DOCS:
+        text = (root / doc).read_text(encoding="utf-8")
+        for m, fresh in zip(BLOCK.finditer(text), BLOCK.finditer(render(text, doc))):
+            if m.group(0) != fresh.group(0):
+                stale.append(f"{doc}: {m.group(1)}")
+    return stale
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="only report blocks that differ (exit 1 if any)")
+    args = parser.parse_args(argv)
+    if args.check:
+        stale = stale_blocks()
+        for name in stale:
+            print(f"stale: {name} (python scripts/render_docs.py rewrites it)")
+        return 1 if stale else 0
+    for doc in DOCS:
+        path = ROOT / doc
+        text = path.read_text(encoding="utf-8")
+        new = render(text, doc)
+        if new != text:
+            path.write_text(new, encoding="utf-8")
+            print(f"rewrote {doc}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The one short script for a lent GPU machine (the `device` tool): the GPU-only tests, a rollout benchmark in bf16 on
-# CUDA, a short training run with the packed actor layout (flash-attention's varlen kernel where it is installed).
+# The one short script for a lent GPU machine (the `device` tool): the GPU tests this machine can run (it first lists
+# which of them skip and why), a rollout benchmark in bf16 on CUDA, a short training run with the packed actor layout
+# (flash-attention's varlen kernel where it is installed) and with the padded one, MFU included.
 #
 #   bash scripts/gpu_check.sh --prepare      # HERE, once: wheels the GPU image lacks, into .whl/ (git-ignored)
 #   bash scripts/gpu_check.sh                # THERE, with `.whl` carried: run(command=..., carry=[".whl"])
@@ -9,7 +10,7 @@
 # matplotlib, tensorboard, but not pydantic, and nothing can be fetched there. vLLM cannot be carried: its wheel is
 # ~440 MB against the 64 MiB a call may carry, so the vLLM tests skip there with "vLLM is not installed". dapo is
 # installed with --no-deps (its torch pin is the CPU one; the image's CUDA torch is used). Output also goes to
-# $OUT/gpu_check.log. About 5 minutes on one H200.
+# $OUT/gpu_check.log. About 6 minutes on one H200 (never run yet: see docs/gpu-walkthrough.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--prepare" ]; then
@@ -26,7 +27,24 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD
 python3 -c "import torch, dapo; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
-timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu -rs 2>&1 | tail -12
+# What this machine can run, before running it: every GPU test and what it needs. On a one-GPU machine without vLLM
+# (the lent image) only tests/gpu/test_gpu_one_device.py runs; the vLLM tests (sleep mode, a step with vLLM on CUDA)
+# and the 2-rank NCCL/FSDP2 test skip, and so do the vLLM tests of the CPU suite.
+python3 - <<'PY'
+import torch
+from dapo.rollout.vllm_engine import vllm_available
+gpus, (vllm, why) = torch.cuda.device_count(), vllm_available()
+print(f"{gpus} CUDA device(s); vLLM {'installed' if vllm else 'missing: ' + why}")
+for test, needs_gpus, needs_vllm in (
+        ("tests/gpu/test_gpu_one_device.py::test_train_on_cuda_with_the_transformers_engine[fp32,bf16]", 1, False),
+        ("tests/gpu/test_gpu_paths.py::test_vllm_sleeps_between_generations_and_wakes_with_the_pushed_weights", 1, True),
+        ("tests/gpu/test_gpu_paths.py::test_one_training_step_with_vllm_on_cuda", 1, True),
+        ("tests/gpu/test_gpu_paths.py::test_two_nccl_ranks_with_a_bf16_fsdp2_actor_and_vllm", 2, True)):
+    missing = [m for m, lacking in (("a GPU" if needs_gpus == 1 else "2 GPUs", gpus < needs_gpus),
+                                    ("vLLM", needs_vllm and not vllm)) if lacking]
+    print(("SKIPS (needs " + " and ".join(missing) + "): " if missing else "runs: ") + test)
+PY
+timeout 420 python3 -m pytest -q -p no:cacheprovider tests/gpu -rs 2>&1 | tail -12
 timeout 240 python3 benchmarks/bench_rollout.py --device cuda --dtype bfloat16 --prompts 64 --n 8 --max-tokens 256 \
     --repeats 3 2>&1 | tail -12
 for layout in packed padded; do
@@ -38,6 +56,7 @@ import json, sys
 for line in open(sys.argv[1]):
     r = json.loads(line)
     print(sys.argv[2], r["step"], {k: round(v, 4) for k, v in r.items() if k in (
-        "timing_s/gen", "timing_s/update_actor", "timing_s/step", "perf/throughput", "actor/pg_loss")})
+        "timing_s/gen", "timing_s/update_actor", "timing_s/step", "perf/throughput", "actor/pg_loss",
+        "perf/mfu/actor", "perf/mfu/rollout", "perf/tokens_per_s/rollout")})
 PY
 done

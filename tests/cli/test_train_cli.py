@@ -7,6 +7,7 @@ import json
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.cli.cli_helpers import run_dapo
+from tests.training.test_perf_metrics import check_perf_metrics
 
 REQUIRED_STEP_KEYS = {
     "response_length/mean", "response_length/max", "response_length/min", "response_length/clip_ratio",
@@ -15,12 +16,14 @@ REQUIRED_STEP_KEYS = {
     "train/num_gen_batches", "train/kept_group_ratio", "train/wasted_tokens", "timing_s/gen", "timing_s/reward",
     "timing_s/old_log_prob", "timing_s/update_actor", "timing_s/step", "perf/throughput",
     "actor/old_log_prob_recomputed", "actor/num_zero_advantage_samples", "perf/max_memory_rss_gb",
-    "perf/max_memory_rss_gb/update_actor",
+    "perf/max_memory_rss_gb/update_actor", "perf/mfu/actor", "perf/mfu/rollout", "perf/tokens_per_s/actor",
+    "perf/tokens_per_s/rollout", "perf/flops/actor", "perf/flops/rollout",
 }
 
 
 def test_short_train_through_the_cli(tmp_path, fast_args):
-    proc = run_dapo(["train", *fast_args, "trainer.experiment_name=short"], tmp_path)
+    proc = run_dapo(["train", *fast_args, "trainer.experiment_name=short"], tmp_path,
+                    extra_env={"XDG_CACHE_HOME": str(tmp_path / "cache")})  # the matmul probe's cache (perf/mfu/*)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = tmp_path / "short"
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -35,6 +38,7 @@ def test_short_train_through_the_cli(tmp_path, fast_args):
         assert record["actor/old_log_prob_recomputed"] == 0.0 and record["timing_s/old_log_prob"] == 0.0
         assert 0.1 < record["perf/max_memory_rss_gb/update_actor"] <= record["perf/max_memory_rss_gb"] < 64
         assert record["response_length/min"] <= record["response_length/mean"] <= record["response_length/max"]
+        check_perf_metrics(record)  # model FLOPs, MFU, tokens/s per phase
     assert "val/acc/mean@2" in records[-1]
     # The final checkpoint is a Hugging Face folder that from_pretrained loads.
     hf = run_dir / "checkpoints" / "global_step_2" / "hf"

@@ -12,6 +12,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoModelForCausalLM
 
+from dapo.infra import perf
 from dapo.infra.perf import (attention_flops_per_key, datasheet_peak, group_forward_flops, matmul_params,
                              measure_matmul_flops, peak_flops, sequence_forward_flops)
 
@@ -82,7 +83,8 @@ def test_datasheet_names() -> None:
     assert datasheet_peak("AMD EPYC 7B13", "fp32") is None
 
 
-def test_cpu_peak_is_probed_once_and_cached(tmp_path) -> None:
+def test_cpu_peak_is_probed_once_and_cached(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(perf, "_cpu_busy", lambda: False)  # this shared machine's load decides nothing here
     cache = tmp_path / "peak.json"
     first = peak_flops(torch.device("cpu"), "fp32", cache=cache)
     assert first.flops_per_s > 0 and first.source.startswith("measured: fp32 matmul probe")
@@ -92,6 +94,14 @@ def test_cpu_peak_is_probed_once_and_cached(tmp_path) -> None:
     table[key] = 1234.0  # a second call reads the cache instead of probing again
     cache.write_text(json.dumps(table))
     assert peak_flops(torch.device("cpu"), "fp32", cache=cache).flops_per_s == 1234.0
+
+
+def test_a_probe_on_a_busy_cpu_is_not_cached(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(perf, "_cpu_busy", lambda: True)
+    cache = tmp_path / "peak.json"
+    peak = peak_flops(torch.device("cpu"), "fp32", cache=cache)
+    assert peak.flops_per_s > 0 and "not cached: the CPU was busy" in peak.source
+    assert not cache.exists()
 
 
 def test_probe_leaves_the_global_rng_alone() -> None:

@@ -31,7 +31,9 @@ The peak
 A GPU's peak comes from its datasheet (dense, no sparsity; bf16 on the tensor cores, fp32 on the CUDA cores, since
 PyTorch runs fp32 matmuls without TF32 by default). Anything else (a CPU, a GPU not in the table) gets its peak
 measured once by a short matmul probe, cached in ``$XDG_CACHE_HOME/dapo/peak_flops.json`` (``~/.cache/dapo``): MFU is
-then relative to the best dense matmul rate this machine reaches, not to a datasheet.
+then relative to the best dense matmul rate this machine reaches, not to a datasheet. A CPU probe taken while the
+1-minute load average exceeds the cores is used for that run but not cached (a contended figure would otherwise stay
+the reference and later steps would read MFU above 1); delete the file to measure again.
 """
 
 from __future__ import annotations
@@ -207,12 +209,26 @@ def peak_flops(device: torch.device, dtype: str, *, cache: Path | None = None) -
     except (OSError, ValueError):
         table = {}
     value = table.get(key)
+    note = ""
     if not isinstance(value, (int, float)) or value <= 0:
         value = measure_matmul_flops(device, dtype)
-        table[key] = value
-        try:
-            atomic_write(path, json.dumps(table, indent=1, sort_keys=True))
-        except OSError:  # an unwritable cache costs a probe per run, nothing else
-            pass
+        if device.type == "cpu" and _cpu_busy():
+            # other processes held the cores: the figure is far below the machine's and would stay cached (MFU above
+            # 1 later); this run uses it, the next one measures again
+            note = ", not cached: the CPU was busy"
+        else:
+            table[key] = value
+            try:
+                atomic_write(path, json.dumps(table, indent=1, sort_keys=True))
+            except OSError:  # an unwritable cache costs a probe per run, nothing else
+                pass
     threads_note = f", {threads} threads" if threads else ""
-    return PeakFlops(float(value), dtype, f"measured: {dtype} matmul probe on {name}{threads_note} ({path})")
+    return PeakFlops(float(value), dtype, f"measured: {dtype} matmul probe on {name}{threads_note} ({path}{note})")
+
+
+def _cpu_busy() -> bool:
+    """Whether runnable processes outnumber the cores (the 1-minute load average), so a probe measures contention."""
+    try:
+        return os.getloadavg()[0] > (os.cpu_count() or 1)
+    except OSError:
+        return False

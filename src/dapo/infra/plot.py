@@ -50,6 +50,9 @@ PANELS: tuple[Panel, ...] = (
     Panel("rollout_acc", "rollout accuracy (all groups, before filtering)", "rollout/acc/mean", "rollout/acc/mean",
           accuracy=True),
     Panel("train_acc", "training accuracy (kept groups)", "acc/mean", "acc/mean", accuracy=True),
+    # model FLOPs / (seconds x peak) per phase (dapo.training.perf_metrics); a CPU's peak is a measured matmul rate
+    Panel("mfu_actor", "actor MFU (update)", "perf/mfu/actor", "perf/mfu/actor"),
+    Panel("mfu_rollout", "rollout MFU (generation)", "perf/mfu/rollout", "perf/mfu/rollout"),
 )
 PANEL_NAMES: tuple[str, ...] = tuple(p.name for p in PANELS)
 _VAL = "val/acc/mean@*"

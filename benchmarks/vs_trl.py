@@ -360,6 +360,9 @@ def dapo_steps(metrics_path: Path, job: Job) -> list[dict[str, float]]:
             "batch_tokens": tokens, "actor_tokens_per_s": tokens / actor if actor > 0 else float("nan"),
             "acc": get("rollout/acc/mean"), "rss_logged_gb": get("perf/cpu_memory_used_gb"),
             "timing_keys": {k: v for k, v in row.items() if k.startswith("timing_s/")},
+            # dapo's own efficiency metrics (model FLOPs, MFU, tokens/s per phase; docs/performance.md)
+            "perf": {k: v for k, v in row.items() if k.startswith(("perf/mfu/", "perf/flops", "perf/peak_flops/",
+                                                                 "perf/tokens_per_s/"))},
         })
     return steps
 
@@ -583,6 +586,11 @@ def summarize(runs: list[dict[str, Any]], skip_first: bool) -> dict[str, dict[st
                     "batch_tokens"):
             out[key] = _median([s.get(key) for s in timed])
         out["step"] = _median([s.get("step_s") for s in timed])
+        for key in ("perf/mfu/actor", "perf/mfu/rollout", "perf/tokens_per_s/actor", "perf/tokens_per_s/rollout",
+                    "perf/flops_per_s/actor", "perf/flops_per_s/rollout", "perf/peak_flops/actor"):
+            values = [s.get("perf", {}).get(key) for s in timed]
+            if any(v is not None for v in values):  # dapo's runs only (and only from runs that logged them)
+                out[key] = _median(values)
         out["acc_last"] = _median([r["steps"][-1].get("acc") for r in ok])
         out["acc_mean"] = _median([statistics.mean(s["acc"] for s in r["steps"]) for r in ok])
         out["peak_rss_gb"] = _median([r["peak_rss_gb"] for r in ok])

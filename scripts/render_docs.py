@@ -147,6 +147,25 @@ def vs_trl_benchmark_row() -> str:
     return "; ".join(parts) + f" ({vs_trl('tiny')['meta']['started'][:10]})"
 
 
+def vs_trl_mfu() -> str:
+    """dapo's MFU and tokens/s per phase in the vs_trl jobs, from the records that logged them (vs_trl.py keeps the
+    perf/* metrics of dapo's metrics.jsonl since the efficiency metrics exist; earlier records have none)."""
+    lines = ["", "| job | actor MFU | rollout MFU | actor tokens/s | rollout tokens/s | peak (FLOP/s per device) |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    missing = []
+    for key in VS_TRL:
+        d = vs_trl_job(key)["summary"]["dapo"]
+        if d.get("perf/mfu/actor") is None:
+            missing.append(f"`{VS_TRL[key]}`")
+            continue
+        lines.append(f"| {key} | {100 * d['perf/mfu/actor']:.1f} % | {100 * d['perf/mfu/rollout']:.1f} % | "
+                     f"{d['perf/tokens_per_s/actor']:,.0f} | {d['perf/tokens_per_s/rollout']:,.0f} | "
+                     f"{d['perf/peak_flops/actor']:.3g} |")
+    if missing:
+        lines.append(f"| {', '.join(missing)} | not recorded: these runs predate the efficiency metrics | | | | |")
+    return "\n".join(lines) + "\n"
+
+
 def _val(records: list[dict]) -> list[tuple[int, float, float]]:
     return [(r["step"], r["val/acc/mean@8"], r["val/pass@8"]) for r in records if "val/acc/mean@8" in r]
 
@@ -198,6 +217,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "vs-trl-results": vs_trl_results,
     "vs-trl-rollout": vs_trl_rollout,
     "vs-trl-benchmark-row": vs_trl_benchmark_row,
+    "vs-trl-mfu": vs_trl_mfu,
 }
 
 

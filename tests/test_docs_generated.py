@@ -35,3 +35,11 @@ def test_the_superseded_trl_ratios_are_gone() -> None:
     for doc, stale in (("README.md", ("0.21x", "0.40x")), ("docs/results.md", ("0.44×", "0.89×"))):
         text = (ROOT / doc).read_text(encoding="utf-8")
         assert not [s for s in stale if s in text], doc
+
+
+def test_the_mfu_table_fills_from_a_record_that_has_them(monkeypatch) -> None:
+    summary = {"dapo": {"perf/mfu/actor": 0.123, "perf/mfu/rollout": 0.045, "perf/tokens_per_s/actor": 5000.0,
+                        "perf/tokens_per_s/rollout": 2000.0, "perf/peak_flops/actor": 1.5e11}}
+    monkeypatch.setattr(render_docs, "vs_trl_job", lambda key: {"summary": summary})
+    table = render_docs.vs_trl_mfu()
+    assert "| tiny | 12.3 % | 4.5 % | 5,000 | 2,000 | 1.5e+11 |" in table and "not recorded" not in table

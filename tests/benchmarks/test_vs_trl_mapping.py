@@ -108,3 +108,19 @@ def test_trl_keeps_what_it_is_given(case: str) -> None:
                 "adam_beta2", "adam_epsilon", "num_iterations", "shuffle_dataset"):
         assert getattr(config, key) == kwargs[key], (trl.__version__, key)
     assert str(config.scale_rewards) == kwargs["scale_rewards"]
+
+
+def test_summary_keeps_dapos_mfu_from_its_metrics(tmp_path: Path) -> None:
+    import json
+
+    job = vs_trl.job_definition("tiny", ARGS)
+    rows = [{"step": s, "timing_s/step": 2.0, "timing_s/gen": 1.0, "timing_s/update_actor": 0.5,
+             "perf/mfu/actor": mfu, "perf/mfu/rollout": mfu / 2} for s, mfu in ((1, 0.9), (2, 0.2), (3, 0.4))]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("\n".join(map(json.dumps, rows)) + "\n")
+    steps = vs_trl.dapo_steps(path, job)
+    runs = [{"program": "dapo", "steps": steps, "peak_rss_gb": 1.0},
+            {"program": "trl", "steps": [dict(s, train=0.5, step_s=2.0) for s in steps], "peak_rss_gb": 1.0}]
+    summary = vs_trl.summarize(runs, skip_first=True)
+    assert summary["dapo"]["perf/mfu/actor"] == pytest.approx(0.3)  # median of steps 2 and 3 (the first is left out)
+    assert summary["dapo"]["perf/mfu/rollout"] == pytest.approx(0.15) and "perf/mfu/actor" not in summary["trl"]

@@ -120,7 +120,9 @@ def test_summary_keeps_dapos_mfu_from_its_metrics(tmp_path: Path) -> None:
     path.write_text("\n".join(map(json.dumps, rows)) + "\n")
     steps = vs_trl.dapo_steps(path, job)
     runs = [{"program": "dapo", "steps": steps, "peak_rss_gb": 1.0},
-            {"program": "trl", "steps": [dict(s, train=0.5, step_s=2.0) for s in steps], "peak_rss_gb": 1.0}]
+            {"program": "trl", "steps": [{**{k: v for k, v in s.items() if k != "perf"}, "train": 0.5}
+                                         for s in steps], "peak_rss_gb": 1.0}]
     summary = vs_trl.summarize(runs, skip_first=True)
     assert summary["dapo"]["perf/mfu/actor"] == pytest.approx(0.3)  # median of steps 2 and 3 (the first is left out)
-    assert summary["dapo"]["perf/mfu/rollout"] == pytest.approx(0.15) and "perf/mfu/actor" not in summary["trl"]
+    assert summary["dapo"]["perf/mfu/rollout"] == pytest.approx(0.15)
+    assert "perf/mfu/actor" not in summary["trl"]

@@ -107,3 +107,35 @@ def test_the_in_process_stream_is_the_blocking_engine_behind_submit_and_receive(
     stream.push_weights(policy.model.named_parameters(), version=3)
     _, versions = generate_through(stream, PROMPTS, params)
     assert stream.weight_version == 3 and all(set(v) <= {3} for v in versions)
+
+
+def test_a_partial_rollout_spans_two_versions_and_each_token_is_scored_under_its_own(actor: Policy) -> None:
+    """A push that arrives while a request generates is loaded between two segments: the samples keep their tokens
+    and continue under the new weights; each token's log-prob is the one of the weights that drew it."""
+    before = load_policy(ModelConfig())
+    _perturb(before, 4)  # version 0: the weights the worker is given first
+    after = load_policy(ModelConfig())
+    _perturb(after, 5)  # version 1
+    engine = RemoteEngine.start(EngineSpec(name="hf"), ModelConfig(), WorkerOptions(num_threads=1,
+                                                                                   partial_chunk_tokens=2))
+    try:
+        engine.push_weights(before.model.named_parameters(), version=0)
+        text = before.tokenizer.apply_chat_template([{"role": "user", "content": "What is 12 + 35?"}],
+                                                    add_generation_prompt=True, tokenize=False)
+        prompt = before.tokenizer(text)["input_ids"]
+        request = engine.submit([prompt], SamplingParams(n=4, max_tokens=24, seed=3, prompt_seeds=(9,)))
+        engine.push_weights(after.model.named_parameters(), version=1)  # served after the request's first segment
+        done = engine.receive(timeout=300)
+    finally:
+        engine.close()
+    assert [d.request_id for d in done] == [request]
+    output, versions = done[0].output, done[0].token_versions
+    spanning = [k for k, v in enumerate(versions) if set(v) == {0, 1}]
+    assert spanning, f"no sample spans the push: {versions}"
+    for k in spanning:
+        v = versions[k]
+        assert v == sorted(v) and v[:2] == [0, 0]  # the first segment under version 0, the rest under 1
+        response = output.response_ids[k]
+        expected = torch.where(torch.tensor(v) == 0, actor_log_probs_of(before.model, prompt, response),
+                               actor_log_probs_of(after.model, prompt, response))
+        assert torch.allclose(torch.tensor(output.logprobs[k]), expected, atol=1e-4), k

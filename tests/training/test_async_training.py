@@ -90,6 +90,24 @@ def test_a_run_killed_with_sigkill_resumes_to_the_uninterrupted_run(straight: Pa
     assert [_same(r) for r in _records(run_dir)] == [_same(r) for r in _records(straight)]
 
 
+FULLY_ASYNC = [a for a in ASYNC if not a.startswith("async_training.mode")] + [
+    "async_training.mode=fully_async", "async_training.staleness_threshold=1", "async_training.partial_rollout=true",
+    "async_training.partial_rollout_chunk_tokens=4", "trainer.total_training_steps=5", "trainer.save_freq=0"]
+
+
+def test_fully_async_with_partial_rollouts_never_trains_a_sample_older_than_the_threshold(tmp_path: Path) -> None:
+    result = run_dapo(["train", *FULLY_ASYNC, "trainer.experiment_name=fully"], tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [r for r in _records(tmp_path / "fully") if r["step"] > 0]
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
+    for r in records:
+        lags = {int(k.rsplit("_", 1)[1]): v for k, v in r.items() if k.startswith("async/staleness/samples_lag_")}
+        assert sum(lags.values()) > 0 and max(lags) <= 1, r  # every sample counted, none older than 1 version
+        assert r["async/staleness/max"] <= 1 and 0 <= r["async/partial_fraction"] <= 1
+        assert r["actor/old_log_prob_recomputed"] == 1.0
+    assert records[0]["async/staleness/max"] == 0
+
+
 def test_staleness_metrics_count_every_sample_and_token() -> None:
     batch = ProducedBatch(groups=[], metrics={}, token_versions=[[[3, 3], [2, 3, 3]], [[1], []]])
     assert sample_lags(batch, actor_version=3) == [0, 1, 2, 0]
@@ -106,6 +124,8 @@ def test_one_step_off_refuses_what_it_cannot_run() -> None:
 
     with pytest.raises(ConfigError, match="carry_over_surplus"):
         build_config({}, ["async_training.mode=one_step_off", "algorithm.filter_groups.carry_over_surplus=true"])
+    with pytest.raises(ConfigError, match="partial_rollout=true needs async_training.mode=fully_async"):
+        build_config({}, ["async_training.mode=one_step_off", "async_training.partial_rollout=true"])
     with pytest.raises(ConfigError, match="trigger_parameter_sync_step must be 1"):
         build_config({}, ["async_training.mode=one_step_off", "async_training.trigger_parameter_sync_step=2"])
     assert build_config({}, []).async_training.mode == "sync"  # the default run is the synchronous loop

@@ -345,7 +345,8 @@ class AsyncTrainingConfig(_Section):
     mode: Literal["sync", "one_step_off", "fully_async"] = Field(
         "sync", description="sync: generate, then train (Algorithm 1 as written); one_step_off: a rollout worker "
         "process generates step k+1's batch with the weights of step k-1 while step k trains (every sample one "
-        "version behind at most); fully_async: bounded by staleness_threshold"
+        "version behind at most); fully_async: the worker generates continuously, each batch starting once the "
+        "weights are at most staleness_threshold versions behind the actor that will train on it"
     )
     staleness_threshold: int = Field(
         1, ge=0, description="fully_async: how many weight versions a sample may lag behind the actor it trains"
@@ -353,6 +354,9 @@ class AsyncTrainingConfig(_Section):
     partial_rollout: bool = Field(
         False, description="fully_async: a weight push interrupts in-flight generations, which resume under the new "
         "weights keeping the tokens produced (each token tagged with its version)"
+    )
+    partial_rollout_chunk_tokens: int = Field(
+        8, gt=0, description="partial_rollout: tokens generated between two chances to load a push"
     )
     trigger_parameter_sync_step: int = Field(
         1, ge=1, description="optimizer steps between weight pushes into the rollout worker (1: after every step)"
@@ -441,9 +445,9 @@ class DapoConfig(_Section):
         if at.mode != "sync" and self.algorithm.filter_groups.carry_over_surplus:
             problems.append(f"async_training.mode={at.mode} does not carry surplus groups over "
                             "(algorithm.filter_groups.carry_over_surplus=false): their weight version is not tracked")
-        if at.mode == "fully_async":
-            problems.append("async_training.mode=fully_async (staleness_threshold, partial_rollout) is not built yet; "
-                            "use one_step_off")
+        if at.partial_rollout and at.mode != "fully_async":
+            problems.append("async_training.partial_rollout=true needs async_training.mode=fully_async (only there "
+                            "does a push arrive while a generation runs)")
         if problems:
             raise ValueError("; ".join(problems))
         return self

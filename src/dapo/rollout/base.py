@@ -137,6 +137,9 @@ class RolloutOutput:
     response_ids: list[list[int]]
     logprobs: list[list[float]]
     finish_reason: list[str]
+    # Per sample, per token: the weight version that drew it; set by engines that follow versioned pushes (a rollout
+    # worker), None otherwise.
+    token_versions: list[list[int]] | None = None
 
     def __post_init__(self) -> None:
         count = len(self.prompt_index)

@@ -24,9 +24,14 @@ size.
 
 from __future__ import annotations
 
+import collections
+import copy
+import dataclasses
 import logging
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 from dapo.config import DapoConfig
 from dapo.distributed.world import World
@@ -34,10 +39,11 @@ from dapo.infra.timing import PhaseTimer
 from dapo.training.actor_step import update_actor
 from dapo.training.generation import generate_and_filter
 from dapo.training.run import Run, TrainResult, build_run, pick_device, run_dir_of, total_steps_of
-from dapo.training.staleness import ProducedBatch, staleness_metrics
+from dapo.training.errors import TrainingError
+from dapo.training.staleness import ProducedBatch, sample_lags, staleness_metrics
 
-__all__ = ["TrainResult", "build_run", "pick_device", "run_dir_of", "total_steps_of", "train", "train_one_step_off",
-           "train_sync"]
+__all__ = ["TrainResult", "build_run", "pick_device", "run_dir_of", "total_steps_of", "train", "train_fully_async",
+           "train_one_step_off", "train_sync"]
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +51,9 @@ log = logging.getLogger(__name__)
 def train(cfg: DapoConfig, world: World = World()) -> TrainResult:
     """Build the run, then train it with the loop ``async_training.mode`` names."""
     run = build_run(cfg, world)
+    loops = {"sync": train_sync, "one_step_off": train_one_step_off, "fully_async": train_fully_async}
     try:
-        return train_sync(run) if cfg.async_training.mode == "sync" else train_one_step_off(run)
+        return loops[cfg.async_training.mode](run)
     finally:
         run.close()
 
@@ -100,14 +107,13 @@ def train_one_step_off(run: Run) -> TrainResult:
     try:
         with run.record() as (tracker, progress):
             pending = run.start(tracker)
-            if state.prefetched is None and state.step < run.total_steps:
-                state.prefetched = produce(state.step + 1).result()
+            if not state.prefetched and state.step < run.total_steps:
+                state.prefetched = [produce(state.step + 1).result()]
             for step in range(state.step + 1, run.total_steps + 1):
                 timer = run.timer("train", "wait_rollout")
                 metrics, pending = pending, {}
                 with timer("step"):
-                    batch, state.prefetched = state.prefetched, None
-                    assert batch is not None
+                    batch, state.prefetched = state.prefetched[0], []
                     ahead = produce(step + 1) if step < run.total_steps else None  # the engine works meanwhile
                     metrics.update(batch.metrics)
                     metrics.update(staleness_metrics(batch, actor_version=step - 1))
@@ -118,12 +124,12 @@ def train_one_step_off(run: Run) -> TrainResult:
                         else:
                             skipped_update(step, metrics)
                     with timer("wait_rollout"):  # the trainer idles while the engine finishes step+1's batch
-                        state.prefetched = ahead.result() if ahead is not None else None
+                        state.prefetched = [ahead.result()] if ahead is not None else []
                     if batch.groups:
                         with timer("sync_weights"):
                             metrics.update(run.sync.push(step))
                 train_s, wait_s = timer.seconds["train"], timer.seconds["wait_rollout"]
-                produce_s = state.prefetched.metrics["async/produce_s"] if state.prefetched else 0.0
+                produce_s = state.prefetched[0].metrics["async/produce_s"] if state.prefetched else 0.0
                 metrics["async/overlap_s"] = min(train_s, produce_s)  # both sides busy
                 metrics["async/trainer_idle_s"] = wait_s
                 metrics["async/engine_idle_s"] = max(0.0, timer.seconds["step"] - produce_s)
@@ -131,6 +137,118 @@ def train_one_step_off(run: Run) -> TrainResult:
     finally:
         producer.shutdown(wait=False, cancel_futures=True)
     return run.result()
+
+
+def train_fully_async(run: Run) -> TrainResult:
+    """Algorithm 1 with a rollout worker that generates continuously (``async_training.mode=fully_async``).
+
+    A producer thread builds batch j (generation in the worker, scoring and Eq. 11 filtering here) as soon as the
+    weights the worker holds are at most ``staleness_threshold`` versions behind the actor that will train on it
+    (step j trains the weights of step j-1, so batch j starts once step j-1-s is pushed): no sample is ever older,
+    and every batch is checked before it trains. The trainer pushes after every update without waiting for the
+    generation in flight; with ``partial_rollout`` the worker loads the push between two segments of a request and
+    the samples continue under the new weights, each token tagged with the version that drew it.
+
+    Checkpoint: the batches complete at the save are saved with the generation state right after the last of them;
+    a batch still generating is dropped and, after a resume, regenerated from the same seeds (docs/async.md)."""
+    cfg, state, policy = run.cfg, run.state, run.policy
+    bound = cfg.async_training.staleness_threshold
+    arrived = threading.Condition()
+    ready: collections.deque[ProducedBatch] = collections.deque(state.prefetched)
+    state.prefetched = []
+    shared: dict[str, Any] = {"actor_version": state.step, "stop": False, "error": None,
+                              "snapshot": _generation_state(state)}
+
+    def produce() -> None:
+        try:
+            for j in range(state.step + 1 + len(ready), run.total_steps + 1):
+                with arrived:
+                    arrived.wait_for(lambda: shared["stop"] or shared["actor_version"] >= j - 1 - bound)
+                    if shared["stop"]:
+                        return
+                versions: dict[int, list[list[int]]] = {}
+                timer = PhaseTimer("gen", "reward")
+                t0 = time.perf_counter()
+                groups, metrics = generate_and_filter(run.engine, state, policy.tokenizer, cfg, j, timer, run.scorer,
+                                                      versions=versions)
+                metrics.update(timer.metrics(prefix="timing_s/produce_"))
+                metrics["async/produce_s"] = time.perf_counter() - t0
+                batch = ProducedBatch(groups, metrics, [versions[id(g)] for g in groups])
+                with arrived:
+                    ready.append(batch)
+                    shared["snapshot"] = _generation_state(state)
+                    arrived.notify_all()
+        except BaseException as exc:  # noqa: BLE001 - handed to the trainer's thread, which raises it
+            with arrived:
+                shared["error"] = exc
+                arrived.notify_all()
+
+    def checkpoint_state() -> _AsyncCheckpoint:
+        with arrived:
+            return _AsyncCheckpoint(state.step, state.val_history, shared["snapshot"], list(ready))
+
+    producer = threading.Thread(target=produce, name="dapo-producer", daemon=True)
+    try:
+        with run.record() as (tracker, progress):
+            pending = run.start(tracker)
+            producer.start()
+            for step in range(state.step + 1, run.total_steps + 1):
+                timer = run.timer("train", "wait_rollout")
+                metrics, pending = pending, {}
+                with timer("step"):
+                    with timer("wait_rollout"), arrived:
+                        arrived.wait_for(lambda: bool(ready) or shared["error"] is not None)
+                        if not ready:
+                            raise shared["error"]
+                        batch = ready.popleft()
+                    lags = sample_lags(batch, actor_version=step - 1)
+                    if max(lags, default=0) > bound:  # cannot happen by construction; never train on it if it does
+                        raise TrainingError(f"step {step}: a sample lags {max(lags)} weight versions behind the actor, "
+                                            f"more than async_training.staleness_threshold={bound}")
+                    metrics.update(batch.metrics)
+                    metrics.update(staleness_metrics(batch, actor_version=step - 1))
+                    with timer("train"):
+                        if batch.groups:
+                            metrics.update(update_actor(batch.groups, policy, run.optimizer, run.scheduler, cfg,
+                                                        step, timer, world=run.world, off_policy=True))
+                        else:
+                            skipped_update(step, metrics)
+                    with timer("sync_weights"):
+                        metrics.update(run.sync.push(step))
+                    with arrived:
+                        shared["actor_version"] = step
+                        arrived.notify_all()
+                metrics["async/trainer_idle_s"] = timer.seconds["wait_rollout"]
+                metrics["async/overlap_s"] = min(timer.seconds["train"], batch.metrics["async/produce_s"])
+                pending = run.end_step(step, metrics, timer, tracker, progress, checkpoint_state)
+    finally:
+        with arrived:
+            shared["stop"] = True
+            arrived.notify_all()
+    return run.result()
+
+
+def _generation_state(state) -> dict[str, Any]:
+    """What the producer's side of the run state is right now (sampler, buffer, token totals)."""
+    full = state.state_dict()
+    return {key: full[key] for key in ("sampler", "accumulator", "token_totals")}
+
+
+@dataclasses.dataclass
+class _AsyncCheckpoint:
+    """The run state a fully asynchronous checkpoint saves: the trainer's step and validation history, the generation
+    state after the last complete batch, and the complete batches not yet trained."""
+
+    step: int
+    val_history: list
+    generation: dict[str, Any]
+    prefetched: list[ProducedBatch]
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {"step": self.step, **copy.deepcopy(self.generation), "val_history": list(self.val_history)}
+        if self.prefetched:
+            state["prefetched"] = [batch.state_dict() for batch in self.prefetched]
+        return state
 
 
 def skipped_update(step: int, metrics: dict[str, float]) -> None:

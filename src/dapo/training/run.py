@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,7 +120,10 @@ def build_engine(cfg: DapoConfig, spec: EngineSpec, policy: Policy, module: torc
         return build_rollout_engine(spec, policy, module=module)
     from dapo.rollout.worker import RemoteEngine, WorkerOptions
 
-    return RemoteEngine.start(spec, cfg.model, WorkerOptions(num_threads=cfg.async_training.rollout_num_threads))
+    at = cfg.async_training
+    return RemoteEngine.start(spec, cfg.model, WorkerOptions(
+        num_threads=at.rollout_num_threads,
+        partial_chunk_tokens=at.partial_rollout_chunk_tokens if at.partial_rollout else None))
 
 
 @dataclass
@@ -185,9 +188,10 @@ class Run:
         return pending
 
     def end_step(self, step: int, metrics: dict[str, float], timer: PhaseTimer, tracker: Tracker,
-                 progress: TrainingProgress) -> dict[str, float]:
+                 progress: TrainingProgress, checkpoint_state: Callable[[], Any] | None = None) -> dict[str, float]:
         """Timings, validation every test_freq steps, the record, the checkpoint every save_freq steps; returns the
-        metrics that go into the next step's record."""
+        metrics that go into the next step's record. ``checkpoint_state`` gives what the checkpoint saves as the run
+        state (default: the run state itself; the fully asynchronous loop saves a consistent snapshot)."""
         cfg, state = self.cfg, self.state
         metrics.update(timer.metrics())
         metrics["perf/throughput"] = metrics["rollout/num_tokens"] / max(timer.seconds["step"], 1e-9)
@@ -204,7 +208,8 @@ class Run:
         if (cfg.trainer.save_freq > 0 and step % cfg.trainer.save_freq == 0) or is_last:
             t0 = time.perf_counter()
             try:
-                save_run(self.run_dir, state, self.policy, self.optimizer, self.scheduler, cfg, self.world)
+                save_run(self.run_dir, state if checkpoint_state is None else checkpoint_state(), self.policy,
+                         self.optimizer, self.scheduler, cfg, self.world)
             except CheckpointError as exc:
                 raise TrainingError(str(exc)) from exc
             pending["timing_s/save_checkpoint"] = time.perf_counter() - t0

@@ -1,6 +1,12 @@
 """The package's folders are its layers, and imports only run downwards: read from the source, not from a document.
 
-core <- {config} ;  {data, reward, model, rollout, actor, infra, distributed} <- {training, evaluation} <- serve <- cli
+The floors, lowest first (a layer imports only layers on lower floors; layers on one floor never import each other):
+
+    core, config  <-  distributed (world, FSDP2, weight transport)  <-  infra (atomic files, checkpoints: a sharded
+    checkpoint is written by every rank)  <-  model, data  <-  rollout (the engines run the model), actor (the update
+    sums gradients over the world)  <-  reward (scores a rollout's groups of data prompts), serve (an engine behind
+    an HTTP API)  <-  evaluation  <-  training  <-  cli
+
 Concrete rollout engines are named only inside rollout/ (everything above builds one through the factory).
 """
 
@@ -12,13 +18,18 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "dapo"
-LEVEL = {
-    "core": 0, "config": 0,
-    "data": 1, "reward": 1, "model": 1, "rollout": 1, "actor": 1, "infra": 1, "distributed": 1,
-    "training": 2, "evaluation": 2,
-    "serve": 3,
-    "cli": 4,
-}
+FLOORS: tuple[tuple[str, ...], ...] = (
+    ("core", "config"),
+    ("distributed",),
+    ("infra",),
+    ("model", "data"),
+    ("rollout", "actor"),
+    ("reward", "serve"),
+    ("evaluation",),
+    ("training",),
+    ("cli",),
+)
+LEVEL = {layer: floor for floor, layers in enumerate(FLOORS) for layer in layers}
 CONCRETE_ENGINES = ("HFRolloutEngine", "VLLMRolloutEngine", "dapo.rollout.hf_engine", "dapo.rollout.vllm_engine")
 
 
@@ -52,32 +63,23 @@ def test_imports_only_run_downwards(path: Path) -> None:
     importer = layer_of(path)
     for name in dapo_imports(path):
         imported = name.split(".")[1]
-        where = f"{path.relative_to(PACKAGE)} ({importer}) imports {name}"
+        where = f"{path.relative_to(PACKAGE)} ({importer}, floor {LEVEL[importer]}) imports {name}"
         assert imported in LEVEL, f"{where}: not a layer"
-        if imported == importer or LEVEL[imported] < LEVEL[importer]:
+        assert imported == importer or LEVEL[imported] < LEVEL[importer], (
+            f"{where} (floor {LEVEL[imported]}): imports run to lower floors only")
+
+
+def test_every_floor_is_needed() -> None:
+    """The floors are the real order, not a wish: each layer above the ground imports some layer on the floor right
+    below its own (else it belongs lower), so the declared order is what the import graph forces."""
+    imports: dict[str, set[str]] = {}
+    for path in modules():
+        imports.setdefault(layer_of(path), set()).update(n.split(".")[1] for n in dapo_imports(path))
+    for layer, floor in LEVEL.items():
+        if floor == 0 or layer not in imports:
             continue
-        assert LEVEL[imported] == LEVEL[importer] and _peer_import_allowed(importer, name), (
-            f"{where}: imports run downwards (or to the few shared modules of a peer listed in PEER_IMPORTS)")
-
-
-def _peer_import_allowed(importer: str, name: str) -> bool:
-    return any(importer in importers and name == module for importers, module in PEER_IMPORTS)
-
-
-# Same-level imports that are allowed, and why: a leaf utility, and the plain data types that cross boundaries.
-PEER_IMPORTS: tuple[tuple[tuple[str, ...], str], ...] = (
-    (("data", "reward", "model", "rollout", "actor", "distributed"), "dapo.infra.atomic"),  # the one atomic writer
-    (("reward",), "dapo.data.prompts"),  # a scored group holds its PromptItem
-    (("reward",), "dapo.rollout.base"),  # scoring reads a RolloutOutput
-    (("rollout",), "dapo.model.loading"),  # the factory takes the loaded Policy
-    (("rollout",), "dapo.model.attention"),  # the engine runs the model's grouped-query attention while generating
-    (("rollout", "actor"), "dapo.model.left_padding"),  # the engine's prefill and the actor's shared-prompt pass
-    #                                                    must lay the prompts out alike
-    (("infra",), "dapo.distributed.world"),  # a sharded checkpoint is written by every rank of the World
-    (("training",), "dapo.evaluation.validation"),  # the loop validates every test_freq steps
-    (("actor",), "dapo.distributed.world"),  # the update sums gradients over the ranks of the World
-    (("actor",), "dapo.distributed.data_parallel"),  # ...and trains on its share of whole groups
-)
+        assert any(LEVEL.get(other) == floor - 1 for other in imports[layer] - {layer}), (
+            f"{layer} (floor {floor}) imports nothing from floor {floor - 1}: it belongs on a lower floor")
 
 
 @pytest.mark.parametrize("path", [p for p in modules() if layer_of(p) != "rollout"],

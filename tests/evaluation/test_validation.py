@@ -16,7 +16,7 @@ from dapo.evaluation.validation import summarize_validation, val_acc_key, valida
 from dapo.model.loading import Policy, load_policy
 from dapo.reward.scored_groups import ScoredGroup
 from dapo.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
-from dapo.rollout.factory import build_rollout_engine
+from dapo.rollout.factory import EngineSpec, build_rollout_engine
 
 
 def _group(uid: int, source: str, acc: list[bool], lengths: list[int], penalty: float = 0.0) -> ScoredGroup:
@@ -188,7 +188,7 @@ def val_prompts(policy: Policy) -> list[PromptItem]:
 def _validate(
     policy: Policy, prompts: list[PromptItem], cfg: DapoConfig, seed: int = 0
 ) -> tuple[RecordingEngine, dict[str, float], list[ScoredGroup]]:
-    engine = RecordingEngine(build_rollout_engine(cfg, policy))
+    engine = RecordingEngine(build_rollout_engine(EngineSpec(seed=cfg.trainer.seed), policy))
     groups = validation_groups(engine, prompts, policy.tokenizer, cfg, seed=seed)
     return engine, summarize_validation(groups, cfg.rollout.val_kwargs.n), groups
 

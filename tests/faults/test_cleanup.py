@@ -15,7 +15,7 @@ from dapo.data.schema import DataValidationError
 from dapo.reward.batch import RewardScorer
 from dapo.reward.pool import RewardScoringError
 from dapo.rollout.hf_engine import HFRolloutEngine
-from dapo.training import loop
+from dapo.training import loop, run
 from tests.cli.cli_helpers import FAST
 
 
@@ -53,7 +53,7 @@ def test_bad_data_is_reported_before_the_model_is_loaded(tmp_path, monkeypatch) 
     def no_model(*args, **kwargs):
         raise AssertionError("the model was loaded before the data files were checked")
 
-    monkeypatch.setattr(loop, "load_policy", no_model)
+    monkeypatch.setattr(run, "load_policy", no_model)
     cfg = build_config({}, [*FAST, f"trainer.default_local_dir={tmp_path}", f"data.train_files=[{bad}]"])
     with pytest.raises(DataValidationError, match=r"bad\.jsonl, row 0 \(line 1\), field 'reward_model"):
         loop.train(cfg)

@@ -14,7 +14,9 @@ from dapo.data.task import load_task
 from dapo.infra.timing import PhaseTimer
 from dapo.model.loading import load_policy
 from dapo.reward.scored_groups import score_rollout
+from dapo.distributed.world import World
 from dapo.rollout.factory import build_rollout_engine, samples_from_module
+from dapo.training.run import engine_spec_of
 from dapo.training.actor_step import old_log_prob_source, update_actor
 from dapo.training.generation import rollout_params
 
@@ -51,7 +53,7 @@ def _step(overrides: list[str]) -> tuple[dict[str, torch.Tensor], dict[str, floa
     torch.manual_seed(0)
     policy = load_policy(cfg.model)
     task = load_task(cfg.data, policy.tokenizer)
-    engine = build_rollout_engine(cfg, policy)
+    engine = build_rollout_engine(engine_spec_of(cfg, World()), policy)
     prompts = task.train[:4]
     rollout = engine.generate([p.input_ids for p in prompts], rollout_params(cfg, 1, 0))
     # Alternate right / wrong inside every group, as dynamic sampling would guarantee: every sample then carries a

@@ -20,6 +20,7 @@ from rich.table import Table
 
 from dapo.evaluation.backends import EvalError
 from dapo.evaluation.problems import SYNTH_NAME, TEMPLATES
+from dapo.rollout.factory import ENGINE_NAMES
 
 
 def _slug(text: str) -> str:
@@ -70,10 +71,10 @@ def build_local_backend(model: str | None, backend: str, device: str, max_tokens
     """Load the policy and build the engine through the rollout factory (HF or vLLM); returns a LocalBackend."""
     import torch
 
-    from dapo.config import DapoConfig, DataConfig, ModelConfig, RolloutConfig, TrainerConfig
+    from dapo.config import ModelConfig
     from dapo.evaluation.backends import LocalBackend
     from dapo.model.loading import load_policy
-    from dapo.rollout.factory import build_rollout_engine, default_engine_name
+    from dapo.rollout.factory import EngineSpec, build_rollout_engine, default_engine_name
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -81,15 +82,9 @@ def build_local_backend(model: str | None, backend: str, device: str, max_tokens
         backend = default_engine_name(device)
     policy = load_policy(ModelConfig(path=model), device=device)
     prompt_len = max_prompt_length or 4096
-    cfg = DapoConfig(
-        model=ModelConfig(path=model),
-        # max_response_length only has to pass the training-config checks; the engine gets max_tokens per call.
-        data=DataConfig(max_prompt_length=prompt_len, max_response_length=max(max_tokens, 64)),
-        rollout=RolloutConfig(name=backend, max_batch_size=max_batch_size, max_model_len=prompt_len + max_tokens,
-                              tensor_model_parallel_size=tensor_parallel_size),
-        trainer=TrainerConfig(seed=seed),
-    )
-    engine = build_rollout_engine(cfg, policy)
+    spec = EngineSpec(name=backend, seed=seed, max_batch_size=max_batch_size, max_model_len=prompt_len + max_tokens,
+                      tensor_parallel_size=tensor_parallel_size)
+    engine = build_rollout_engine(spec, policy)
     return LocalBackend(engine, policy.tokenizer, max_prompt_length=max_prompt_length), backend
 
 
@@ -129,7 +124,7 @@ def _test_file_id(name: str, synth_config: Path | None) -> str:
               help="--base-url: retries of a 408/429/5xx/connection failure, with exponential back-off")
 @click.option("--request-timeout", type=click.FloatRange(min=0.1), default=600.0, show_default=True,
               help="--base-url: seconds per request")
-@click.option("--backend", type=click.Choice(["auto", "hf", "vllm"]), default="auto", show_default=True,
+@click.option("--backend", type=click.Choice(["auto", *ENGINE_NAMES]), default="auto", show_default=True,
               help="local engine: auto = vLLM on a GPU when installed, else HF")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True,

@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from dapo.data.template import apply_dapo_template
+from dapo.rollout.factory import ENGINE_NAMES
 
 
 @click.command("generate")
@@ -27,7 +28,7 @@ from dapo.data.template import apply_dapo_template
 @click.option("--top-k", type=click.IntRange(min=-1), default=-1, show_default=True)
 @click.option("--max-tokens", type=click.IntRange(min=1), default=256, show_default=True)
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
-@click.option("--backend", type=click.Choice(["auto", "hf", "vllm"]), default="auto", show_default=True)
+@click.option("--backend", type=click.Choice(["auto", *ENGINE_NAMES]), default="auto", show_default=True)
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 def generate_command(model, prompt_text, file, template, limit, n, temperature, top_p, top_k, max_tokens, seed,
                      backend, device) -> None:

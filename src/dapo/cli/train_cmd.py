@@ -33,7 +33,9 @@ def train_command(config_path: str | None, print_config: bool, overrides: tuple[
         return
     # The Transformers engine generates in this process: nothing else computes alongside, so threads may spin; not so
     # with several torchrun ranks on one machine, which share its cores (torchrun's variable: torch is not loaded yet).
-    spin_when_alone(cfg.rollout.name == "hf" and int(os.environ.get("LOCAL_WORLD_SIZE", "1")) <= 1)
+    # An asynchronous run's rollout worker computes alongside the trainer: never spin there.
+    spin_when_alone(cfg.rollout.name == "hf" and cfg.async_training.mode == "sync"
+                    and int(os.environ.get("LOCAL_WORLD_SIZE", "1")) <= 1)
 
     # Imported here so `dapo --help` and config errors stay instant (and torch loads after the OpenMP choice).
     from dapo.data.prompts import PromptTooLongError

@@ -102,8 +102,12 @@ class ValSamplingConfig(_Section):
 
 
 class RolloutConfig(_Section):
-    name: Literal["hf", "vllm"] = Field(
-        "hf", description="rollout engine: 'hf' (hand-written KV-cached Transformers engine) or 'vllm'"
+    # Checked against the engine registry (dapo.rollout.factory.ENGINES, a layer above this one) when the run is
+    # built, before anything is loaded: the registry is the one list of engine names.
+    name: str = Field(
+        "hf", min_length=1,
+        description="rollout engine, one registered in dapo.rollout.factory: 'hf' (hand-written KV-cached "
+        "Transformers engine) or 'vllm'"
     )
     n: int = Field(8, gt=0, description="G: responses sampled per prompt")
     temperature: float = Field(1.0, gt=0.0)
@@ -334,6 +338,39 @@ class CustomRewardFunctionConfig(_Section):
     name: str = Field("compute_score", description="the function's name in that file")
 
 
+# ------------------------------------------------------------------------------------------ async training
+class AsyncTrainingConfig(_Section):
+    """Overlapping generation with training (docs/async.md); verl's ``async_training.*`` key names."""
+
+    mode: Literal["sync", "one_step_off", "fully_async"] = Field(
+        "sync", description="sync: generate, then train (Algorithm 1 as written); one_step_off: a rollout worker "
+        "process generates step k+1's batch with the weights of step k-1 while step k trains (every sample one "
+        "version behind at most); fully_async: the worker generates continuously, each batch starting once the "
+        "weights are at most staleness_threshold versions behind the actor that will train on it"
+    )
+    staleness_threshold: int = Field(
+        1, ge=0, description="fully_async: how many weight versions a sample may lag behind the actor it trains"
+    )
+    partial_rollout: bool = Field(
+        False, description="fully_async: a weight push interrupts in-flight generations, which resume under the new "
+        "weights keeping the tokens produced (each token tagged with its version)"
+    )
+    partial_rollout_chunk_tokens: int = Field(
+        8, gt=0, description="partial_rollout: tokens generated between two chances to load a push"
+    )
+    trigger_parameter_sync_step: int = Field(
+        1, ge=1, description="optimizer steps between weight pushes into the rollout worker (1: after every step)"
+    )
+    pi_old: Literal["recompute", "bypass"] = Field(
+        "recompute", description="pi_old of off-policy samples: recompute = the actor's log-probs before the update "
+        "(decoupled PPO: the proximal policy, the engine's log-probs stay the behaviour policy for "
+        "algorithm.rollout_correction); bypass = the engine's sampling log-probs"
+    )
+    rollout_num_threads: int | None = Field(
+        None, gt=0, description="torch threads of the rollout worker process (None: torch's default)"
+    )
+
+
 # ------------------------------------------------------------------------------------------ trainer
 class TrainerConfig(_Section):
     total_training_steps: int | None = Field(30, gt=0, description="steps to train (None = total_epochs passes)")
@@ -375,6 +412,7 @@ class DapoConfig(_Section):
     reward_model: RewardModelConfig = Field(default_factory=RewardModelConfig)
     custom_reward_function: CustomRewardFunctionConfig = Field(default_factory=CustomRewardFunctionConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    async_training: AsyncTrainingConfig = Field(default_factory=AsyncTrainingConfig)
 
     @model_validator(mode="after")
     def _cross_section(self) -> "DapoConfig":
@@ -397,6 +435,19 @@ class DapoConfig(_Section):
                 "algorithm.rollout_correction.rollout_is weighs pi_old against the engine's log-probs, so it needs "
                 "actor.recompute_old_log_prob=auto or always (never makes pi_old the engine's log-probs: weight 1)"
             )
+        at = self.async_training
+        if at.mode != "sync" and self.actor.strategy != "replicated":
+            problems.append(f"async_training.mode={at.mode} runs the actor replicated (actor.strategy=replicated); "
+                            "a sharded actor's weight push to a rollout worker is not built")
+        if at.mode != "sync" and at.trigger_parameter_sync_step != 1:
+            problems.append("async_training.trigger_parameter_sync_step must be 1 (a push after every step): longer "
+                            "intervals are not built")
+        if at.mode != "sync" and self.algorithm.filter_groups.carry_over_surplus:
+            problems.append(f"async_training.mode={at.mode} does not carry surplus groups over "
+                            "(algorithm.filter_groups.carry_over_surplus=false): their weight version is not tracked")
+        if at.partial_rollout and at.mode != "fully_async":
+            problems.append("async_training.partial_rollout=true needs async_training.mode=fully_async (only there "
+                            "does a push arrive while a generation runs)")
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -137,6 +137,9 @@ class RolloutOutput:
     response_ids: list[list[int]]
     logprobs: list[list[float]]
     finish_reason: list[str]
+    # Per sample, per token: the weight version that drew it; set by engines that follow versioned pushes (a rollout
+    # worker), None otherwise.
+    token_versions: list[list[int]] | None = None
 
     def __post_init__(self) -> None:
         count = len(self.prompt_index)
@@ -209,4 +212,50 @@ class RolloutEngine(Protocol):
 
     def close(self) -> None:
         """Release what the engine holds (processes, device memory). Idempotent; a no-op for in-process engines."""
+        ...
+
+
+@dataclass
+class FinishedRequest:
+    """A submitted request whose every sample has finished, with the weight versions it was sampled under.
+
+    Attributes:
+        request_id: what ``submit`` returned.
+        output: the samples, laid out as ``generate`` lays them out.
+        token_versions: per sample, per response token, the weight version (pushes counted by the trainer) the
+            token was drawn under; one value throughout unless a partial rollout spanned a push.
+    """
+
+    request_id: int
+    output: RolloutOutput
+    token_versions: list[list[int]]
+
+
+@runtime_checkable
+class StreamingEngine(Protocol):
+    """The non-blocking side of an engine: requests go in, finished ones come back as they finish, weights arrive
+    tagged with a version. A blocking ``generate`` is the special case "submit, then receive until it is back"
+    (:func:`dapo.rollout.stream.generate_through`); an in-process engine gets this interface from
+    :class:`dapo.rollout.stream.InProcessStream`, an engine in its own process from
+    :class:`dapo.rollout.worker.RemoteEngine`."""
+
+    @property
+    def weight_version(self) -> int:
+        """The version of the weights the engine samples from now (0: the ones it was built with)."""
+        ...
+
+    def submit(self, prompt_token_ids: Sequence[Sequence[int]], params: SamplingParams) -> int:
+        """Queue a request; returns its id at once."""
+        ...
+
+    def receive(self, timeout: float | None = None) -> list[FinishedRequest]:
+        """The requests that finished since the last call; waits up to ``timeout`` seconds (None: until one has)."""
+        ...
+
+    def abort(self, request_id: int) -> None:
+        """Drop a queued or running request; it is never returned."""
+        ...
+
+    def push_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> dict[str, float]:
+        """Load the actor's weights as ``version``; returns the transfer's metrics (bytes, seconds)."""
         ...

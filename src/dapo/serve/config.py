@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-BACKENDS: tuple[str, ...] = ("auto", "hf", "vllm")
+from dapo.rollout.factory import ENGINE_NAMES
+
+BACKENDS: tuple[str, ...] = ("auto", *ENGINE_NAMES)  # the registry's engines, or the default for the device
 
 
 class ServeConfigError(ValueError):

@@ -45,9 +45,9 @@ def load_engine(cfg: ServeConfig):
     """(engine, tokenizer, max_model_len, backend name) for a config."""
     import torch
 
-    from dapo.config import DapoConfig, DataConfig, ModelConfig, RolloutConfig, TrainerConfig
+    from dapo.config import ModelConfig
     from dapo.model.loading import load_policy
-    from dapo.rollout.factory import build_rollout_engine
+    from dapo.rollout.factory import EngineSpec, build_rollout_engine
 
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
@@ -55,14 +55,9 @@ def load_engine(cfg: ServeConfig):
     backend = resolve_backend(cfg, device)
     policy = load_policy(ModelConfig(path=cfg.model), device=device)
     max_len = cfg.max_model_len or int(getattr(policy.model.config, "max_position_embeddings", 0) or 4096)
-    dapo_cfg = DapoConfig(
-        model=ModelConfig(path=cfg.model),
-        data=DataConfig(max_prompt_length=max_len, max_response_length=max(64, min(cfg.max_tokens_limit, max_len))),
-        rollout=RolloutConfig(name=backend, tensor_model_parallel_size=cfg.tensor_parallel_size,
-                              max_batch_size=cfg.max_batch_rows, max_model_len=max_len),
-        trainer=TrainerConfig(seed=cfg.seed),
-    )
-    engine = build_rollout_engine(dapo_cfg, policy)
+    spec = EngineSpec(name=backend, seed=cfg.seed, max_model_len=max_len, max_batch_size=cfg.max_batch_rows,
+                      tensor_parallel_size=cfg.tensor_parallel_size)
+    engine = build_rollout_engine(spec, policy)
     return engine, policy.tokenizer, max_len, backend
 
 

@@ -67,8 +67,18 @@ def check_actor_logits(policy: Policy, groups: Sequence[ScoredGroup], step: int)
         )
 
 
-def old_log_prob_source(cfg: DapoConfig, *, num_groups: int, engine_samples_from_actor: bool) -> str:
-    """Where pi_old comes from this step: "recompute", "current" or "rollout" (see the module docstring)."""
+def old_log_prob_source(cfg: DapoConfig, *, num_groups: int, engine_samples_from_actor: bool,
+                        off_policy: bool = False) -> str:
+    """Where pi_old comes from this step: "recompute", "current" or "rollout" (see the module docstring).
+
+    ``off_policy``: the samples were drawn by older weights than the actor's (``async_training``). The shortcuts
+    assume the engine held the actor's current weights, so they do not apply: pi_old is recomputed by the actor
+    (decoupled PPO: the proximal policy is the actor before this update, the engine's log-probs remain the behaviour
+    policy that ``algorithm.rollout_correction`` weighs against), or, with ``async_training.pi_old=bypass``, it is
+    the engine's sampling log-probs."""
+    if off_policy:
+        bypass = cfg.async_training.pi_old == "bypass" and cfg.algorithm.rollout_correction.rollout_is is None
+        return "rollout" if bypass else "recompute"
     mode = cfg.actor.recompute_old_log_prob
     if mode == "always":
         return "recompute"
@@ -98,11 +108,13 @@ def gathered_record(record: FirstPassRecord, world: World) -> FirstPassRecord:
 
 def update_actor(groups: Sequence[ScoredGroup], policy: Policy, optimizer, scheduler, cfg: DapoConfig, step: int,
                  timer: PhaseTimer, *, engine_samples_from_actor: bool = False,
-                 world: World = World()) -> dict[str, float]:
+                 world: World = World(), off_policy: bool = False) -> dict[str, float]:
     """Lines 10-12 on the whole batch; with several ranks (``world``) each trains its share and all return the same
-    metrics (``dapo.actor.update.update_policy``)."""
+    metrics (``dapo.actor.update.update_policy``). ``off_policy``: samples from older weights (see
+    :func:`old_log_prob_source`)."""
     batch = build_train_batch(groups, cfg)  # line 10: group-relative advantages (Eq. 9)
-    source = old_log_prob_source(cfg, num_groups=batch.num_groups, engine_samples_from_actor=engine_samples_from_actor)
+    source = old_log_prob_source(cfg, num_groups=batch.num_groups, engine_samples_from_actor=engine_samples_from_actor,
+                                 off_policy=off_policy)
     metrics: dict[str, float] = {"actor/old_log_prob_recomputed": float(source == "recompute")}
     record = None if source == "recompute" else FirstPassRecord()
     if source == "recompute":

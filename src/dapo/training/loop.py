@@ -1,4 +1,4 @@
-"""The DAPO training loop: Algorithm 1 of the paper, and nothing else.
+"""The DAPO training loops: Algorithm 1 of the paper, and the same steps with generation one step ahead.
 
     for step = 1..M:
         sample a batch of prompts; the old policy samples G outputs for each          (generate)
@@ -9,8 +9,10 @@
         push the new weights into the rollout engine (and probe that they arrived)
         log metrics; validate every test_freq steps; checkpoint every save_freq steps
 
-Each piece is a function from a lower layer or a sibling module of this package; this file only calls them in order.
-The engine is whatever ``rollout.name`` chose: the loop sees only the ``RolloutEngine`` interface.
+``train_sync`` is that, step by step. ``train_one_step_off`` (``async_training.mode=one_step_off``) runs the same
+steps with the engine in a rollout worker process that generates step k+1's batch, with the weights of step k-1,
+while step k trains; the push waits for that batch, so every sample is at most one version behind the actor
+(docs/async.md). Both are short functions over a :class:`~dapo.training.run.Run` (``build_run``: the set-up).
 
 Data parallel (``world``, built by the command line under torchrun): every rank runs this same loop on a replica of
 the model, or on its shards (``actor.strategy=fsdp2``: the rollout engine then generates from an unsharded copy that
@@ -22,226 +24,235 @@ size.
 
 from __future__ import annotations
 
+import collections
+import copy
 import dataclasses
 import logging
-import random
+import threading
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
-import torch
-import yaml
-
-from dapo.actor.optim import build_lr_scheduler, build_optimizer
-from dapo.config import ConfigError, DapoConfig, config_to_dict
-from dapo.config.loading import tracker_backends
-from dapo.config.resume import check_resume
-from dapo.data.prompt_sampler import PromptSampler
-from dapo.data.task import encode_task, read_task
-from dapo.distributed.data_parallel import check_tensor_parallel
-from dapo.distributed.fsdp import check_strategy, shard_actor
+from dapo.config import DapoConfig
 from dapo.distributed.world import World
-from dapo.evaluation.validation import repeated_prompt_warning, val_acc_key
-from dapo.infra.atomic import atomic_write, describe_os_error
-from dapo.infra.checkpoint import CheckpointError
-from dapo.infra.cleanup import close_quietly
-from dapo.infra.progress import TrainingProgress
-from dapo.infra.memory import PeakMemory
 from dapo.infra.timing import PhaseTimer
-from dapo.infra.tracking import Tracker, truncate_metrics_after
-from dapo.model.hub import HubResolveError, resolve_data_config
-from dapo.model.loading import load_policy
-from dapo.reward.custom_fn import load_custom_reward_fn
-from dapo.reward.scored_groups import reward_scorer_of
-from dapo.rollout.factory import build_rollout_engine, engine_compute_dtype, hf_engine_copy, samples_from_module
 from dapo.training.actor_step import update_actor
-from dapo.training.dynamic_sampling_buffer import DynamicSamplingBuffer
+from dapo.training.generation import generate_and_filter
+from dapo.training.run import Run, TrainResult, build_run, pick_device, run_dir_of, total_steps_of
 from dapo.training.errors import TrainingError
-from dapo.training.generation import derive_seed, engine_tensor_parallel, generate_and_filter, validate_across_ranks
-from dapo.training.perf_metrics import StepPerf
-from dapo.training.run_state import RunState, checkpoint_format, find_resume_checkpoint, resume_run, save_run
-from dapo.training.weight_sync import WeightSync
+from dapo.training.staleness import ProducedBatch, sample_lags, staleness_metrics
+
+__all__ = ["TrainResult", "build_run", "pick_device", "run_dir_of", "total_steps_of", "train", "train_fully_async",
+           "train_one_step_off", "train_sync"]
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class TrainResult:
-    run_dir: Path
-    steps_done: int
-    wall_s: float
-    peak_rss_mb: float
-    val_history: list[tuple[int, dict[str, float]]] = field(default_factory=list)
-    steps_run: int = 0  # steps trained by this call (0: the run was already finished)
-
-    def val_acc(self, index: int) -> float | None:
-        if not self.val_history:
-            return None
-        metrics = self.val_history[index][1]
-        key = val_acc_key(metrics)
-        return metrics[key] if key else None
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise TrainingError("trainer.device=cuda but no CUDA device is available")
-    return torch.device(name)
-
-
-def run_dir_of(cfg: DapoConfig) -> Path:
-    return Path(cfg.trainer.default_local_dir) / cfg.trainer.experiment_name
-
-
-def total_steps_of(cfg: DapoConfig, num_train_prompts: int) -> int:
-    if cfg.trainer.total_training_steps is not None:
-        return cfg.trainer.total_training_steps
-    return max(1, cfg.trainer.total_epochs * num_train_prompts // cfg.data.train_batch_size)
-
-
-def check_custom_reward(cfg: DapoConfig) -> None:
-    """Fail now, not at the first generation round, if the custom reward function cannot be loaded."""
-    custom = cfg.custom_reward_function
-    if custom.path is not None:
-        try:
-            load_custom_reward_fn(f"{custom.path}:{custom.name}")
-        except (OSError, ImportError, AttributeError, TypeError, ValueError) as exc:
-            raise TrainingError(f"custom_reward_function: {exc}") from exc
-
-
 def train(cfg: DapoConfig, world: World = World()) -> TrainResult:
-    wall0 = time.perf_counter()
-    memory = PeakMemory()  # per-phase peaks reset the kernel's high-water mark, so the run's peak is kept here
-    if cfg.trainer.num_threads is not None:
-        torch.set_num_threads(cfg.trainer.num_threads)
-    random.seed(cfg.trainer.seed)
-    torch.manual_seed(cfg.trainer.seed)
-    run_dir = run_dir_of(cfg)
-    check_custom_reward(cfg)
+    """Build the run, then train it with the loop ``async_training.mode`` names."""
+    run = build_run(cfg, world)
+    loops = {"sync": train_sync, "one_step_off": train_one_step_off, "fully_async": train_fully_async}
     try:
-        data_cfg = resolve_data_config(cfg.data)
-    except HubResolveError as exc:
-        raise TrainingError(str(exc)) from None
-    records = read_task(data_cfg)  # every file and row checked before seconds go into loading the model
+        return loops[cfg.async_training.mode](run)
+    finally:
+        run.close()
+
+
+def train_sync(run: Run) -> TrainResult:
+    """Algorithm 1 (module docstring): generate, filter, update, push, record."""
+    cfg, state, policy = run.cfg, run.state, run.policy
+    with run.record() as (tracker, progress):
+        pending = run.start(tracker)
+        for step in range(state.step + 1, run.total_steps + 1):
+            timer = run.timer()
+            metrics, pending = pending, {}
+            with timer("step"):
+                # Lines 3-9: sample, generate G outputs per prompt, reward, dynamic sampling until full.
+                groups, generated = generate_and_filter(run.engine, state, policy.tokenizer, cfg, step, timer,
+                                                        run.scorer, run.world, on_round=run.perf.count_generated)
+                metrics.update(generated)
+                if groups:  # lines 10-12, then the new weights go to the engine
+                    metrics.update(update_actor(groups, policy, run.optimizer, run.scheduler, cfg, step, timer,
+                                                engine_samples_from_actor=run.engine_samples_from_actor,
+                                                world=run.world))
+                    with timer("sync_weights"):
+                        metrics.update(run.sync.push(step))
+                else:  # train_on_partial after rounds that kept nothing: there is no gradient to take
+                    skipped_update(step, metrics)
+            metrics.update(run.perf.metrics(groups, timer.seconds,
+                                            recomputed=bool(metrics.get("actor/old_log_prob_recomputed"))))
+            pending = run.end_step(step, metrics, timer, tracker, progress)
+    return run.result()
+
+
+def train_one_step_off(run: Run) -> TrainResult:
+    """Algorithm 1 with generation one step ahead (module docstring). The batch of step k+1 is generated (by the
+    rollout worker, scored and filtered in a thread of this process) while step k trains; the push of step k's
+    weights waits for it. At a checkpoint that batch is complete and saved with the run state, so a resumed run
+    trains on exactly the samples it would have trained on (docs/async.md)."""
+    cfg, state, policy = run.cfg, run.state, run.policy
+    producer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dapo-producer")
+
+    def produce(step: int) -> Future[ProducedBatch]:
+        version = run.engine.weight_version  # no push until this batch is back: every sample has this version
+
+        def work() -> ProducedBatch:
+            timer = PhaseTimer("gen", "reward")
+            t0 = time.perf_counter()
+            groups, metrics = generate_and_filter(run.engine, state, policy.tokenizer, cfg, step, timer, run.scorer)
+            metrics.update(timer.metrics(prefix="timing_s/produce_"))
+            metrics["async/produce_s"] = time.perf_counter() - t0
+            return ProducedBatch.of_version(groups, metrics, version)
+
+        return producer.submit(work)
 
     try:
-        check_strategy(cfg.actor, world)
-        check_tensor_parallel(world, engine_tensor_parallel(cfg))
-    except ValueError as exc:
-        raise TrainingError(str(exc)) from None
-    policy = load_policy(cfg.model, device=pick_device(cfg.trainer.device))
-    # The Transformers engine's own copy (before sharding: the same architecture and weights), when the actor is
-    # sharded or rollout.dtype differs from the actor's; None: it shares the actor's module.
-    engine_module = hf_engine_copy(cfg, policy.model, sharded=cfg.actor.strategy == "fsdp2")
-    if cfg.actor.strategy == "fsdp2":
-        policy = dataclasses.replace(policy, model=shard_actor(
-            policy.model, cfg.actor.fsdp, world, gradient_checkpointing=cfg.actor.gradient_checkpointing))
-    checkpoint_format(cfg, policy.model)  # a format this actor cannot write fails now, not at the first save
-    task = encode_task(records, data_cfg, policy.tokenizer)  # only the prompt lengths need the tokenizer
-    if warning := repeated_prompt_warning(task.val, cfg.rollout.val_kwargs.n):
-        log.warning("%s", warning)
-    optimizer = build_optimizer(policy.model, cfg.actor.optim)
-    scheduler = build_lr_scheduler(optimizer, cfg.actor.optim)
-    state = RunState(PromptSampler.from_config(task.train, cfg),
-                     DynamicSamplingBuffer.from_config(cfg))
-    total_steps = total_steps_of(cfg, len(task.train))
-    # Rank 0 picks the checkpoint and every rank loads that one (a rank that cannot read it fails, never diverges).
-    resume_from = world.broadcast_object(find_resume_checkpoint(run_dir, cfg) if world.is_main else None)
-    if resume_from is not None:
-        try:
-            check_resume(run_dir, cfg)  # never continue a run silently with other hyper-parameters
-        except ConfigError as exc:
-            raise TrainingError(str(exc)) from None
-        resume_run(resume_from, state, policy, optimizer, scheduler)
-    policy.model.train()
-
-    engine = build_rollout_engine(cfg, policy, module=engine_module, distributed=world.distributed)
-    engine_samples_from_actor = samples_from_module(engine, policy.model)
-    scorer = reward_scorer_of(cfg)
-    steps_before = state.step
-    writing = run_dir / "config.yaml"
-    try:
-        # The run is known to start: only now is its record touched. A resumed run keeps the metrics up to its
-        # checkpoint; a fresh run in an old run dir starts a fresh record.
-        if world.is_main:
-            atomic_write(writing, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-            writing = run_dir / "metrics.jsonl"
-            truncate_metrics_after(run_dir, state.step if state.step > 0 else -1)
-    except OSError as exc:
-        close_quietly([("the reward scorer", scorer.close), ("the rollout engine", engine.close)])
-        raise TrainingError(describe_os_error(exc, f"writing the run record {writing}")) from exc
-    actor_dtype = next(policy.model.parameters()).dtype
-    probe_dtype = engine_compute_dtype(cfg, policy.model)
-    sync = WeightSync(engine, policy.model, task.train[0].input_ids, threshold=cfg.rollout.probe_logprob_threshold,
-                      enabled=cfg.rollout.weight_sync_probe,
-                      engine_dtype=probe_dtype if probe_dtype.itemsize < actor_dtype.itemsize else None)
-    perf = StepPerf.for_run(policy.model, cfg, engine_dtype=probe_dtype, num_devices=world.world_size)
-
-    def validate(step: int) -> dict[str, float]:
-        t0 = time.perf_counter()
-        metrics = validate_across_ranks(engine, task.val, policy.tokenizer, cfg,
-                                        seed=derive_seed(cfg.trainer.seed, "val"), world=world)
-        metrics["timing_s/val"] = time.perf_counter() - t0
-        state.val_history.append((step, metrics))
-        return metrics
-
-    progress = TrainingProgress(total_steps, enabled=cfg.trainer.progress, initial_step=state.step,
-                                silent=not world.is_main)
-    if resume_from is not None:
-        progress.note(f"resumed from {resume_from} (step {state.step})")
-    if state.step >= total_steps:
-        progress.note(f"nothing to do: the checkpoint is at step {state.step} of {total_steps}")
-    progress.note(f"dapo: model {policy.source}; engine {cfg.rollout.name}; task {task.description}; "
-                  f"{len(task.train)} train / {len(task.val)} val prompts; run dir {run_dir}")
-    try:
-        backends = tracker_backends(cfg) if world.is_main else ()  # a Tracker without backends records nothing
-        with Tracker(run_dir, backends=backends, project=cfg.trainer.project_name,
-                     experiment=cfg.trainer.experiment_name, config=config_to_dict(cfg)) as tracker, progress:
-            pending = sync.push(state.step)  # the engine may have loaded other weights (a resumed run's are newer)
-            if cfg.trainer.val_before_train and state.step == 0 and task.val:
-                tracker.log({**pending, **validate(0)}, step=0)
-                pending = {}
-            for step in range(state.step + 1, total_steps + 1):
-                timer = PhaseTimer("gen", "reward", "old_log_prob", memory=memory)
+        with run.record() as (tracker, progress):
+            pending = run.start(tracker)
+            if not state.prefetched and state.step < run.total_steps:
+                state.prefetched = [produce(state.step + 1).result()]
+            for step in range(state.step + 1, run.total_steps + 1):
+                timer = run.timer("train", "wait_rollout")
                 metrics, pending = pending, {}
                 with timer("step"):
-                    # Lines 3-9: sample, generate G outputs per prompt, reward, dynamic sampling until full.
-                    groups, generated = generate_and_filter(engine, state, policy.tokenizer, cfg, step,
-                                                            timer, scorer, world, on_round=perf.count_generated)
-                    metrics.update(generated)
-                    if groups:  # lines 10-12, then the new weights go to the engine
-                        metrics.update(update_actor(groups, policy, optimizer, scheduler, cfg, step, timer,
-                                                    engine_samples_from_actor=engine_samples_from_actor,
-                                                    world=world))
+                    batch, state.prefetched = state.prefetched[0], []
+                    ahead = produce(step + 1) if step < run.total_steps else None  # the engine works meanwhile
+                    metrics.update(batch.metrics)
+                    metrics.update(staleness_metrics(batch, actor_version=step - 1))
+                    with timer("train"):
+                        if batch.groups:
+                            metrics.update(update_actor(batch.groups, policy, run.optimizer, run.scheduler, cfg,
+                                                        step, timer, world=run.world, off_policy=True))
+                        else:
+                            skipped_update(step, metrics)
+                    with timer("wait_rollout"):  # the trainer idles while the engine finishes step+1's batch
+                        state.prefetched = [ahead.result()] if ahead is not None else []
+                    if batch.groups:
                         with timer("sync_weights"):
-                            metrics.update(sync.push(step))
-                    else:  # train_on_partial after rounds that kept nothing: there is no gradient to take
-                        log.warning("step %d: no informative group after %d rounds; skipping the update", step,
-                                    int(metrics["train/num_gen_batches"]))
-                metrics.update(timer.metrics())
-                metrics["perf/throughput"] = metrics["rollout/num_tokens"] / max(timer.seconds["step"], 1e-9)
-                metrics.update(perf.metrics(groups, timer.seconds,
-                                            recomputed=bool(metrics.get("actor/old_log_prob_recomputed"))))
-                state.step = step
-
-                is_last = step == total_steps
-                if task.val and ((cfg.trainer.test_freq > 0 and step % cfg.trainer.test_freq == 0) or is_last):
-                    metrics.update(validate(step))
-                # The record first, then the checkpoint: a kill between the two resumes from the previous checkpoint,
-                # which drops this record (truncate_metrics_after) and writes it again; in the other order the record
-                # of a checkpointed step would be lost. The save's time therefore goes into the next step's record.
-                tracker.log(metrics, step=step)
-                progress.update(step, metrics)
-                if (cfg.trainer.save_freq > 0 and step % cfg.trainer.save_freq == 0) or is_last:
-                    t0 = time.perf_counter()
-                    try:
-                        save_run(run_dir, state, policy, optimizer, scheduler, cfg, world)
-                    except CheckpointError as exc:
-                        raise TrainingError(str(exc)) from exc
-                    pending["timing_s/save_checkpoint"] = time.perf_counter() - t0
+                            metrics.update(run.sync.push(step))
+                train_s, wait_s = timer.seconds["train"], timer.seconds["wait_rollout"]
+                produce_s = state.prefetched[0].metrics["async/produce_s"] if state.prefetched else 0.0
+                metrics["async/overlap_s"] = min(train_s, produce_s)  # both sides busy
+                metrics["async/trainer_idle_s"] = wait_s
+                metrics["async/engine_idle_s"] = max(0.0, timer.seconds["step"] - produce_s)
+                pending = run.end_step(step, metrics, timer, tracker, progress)
     finally:
-        close_quietly([("the reward scorer", scorer.close), ("the rollout engine", engine.close)])
-    memory.read()  # the last window: the run's peak includes everything since the last phase
-    return TrainResult(run_dir, state.step, time.perf_counter() - wall0, memory.run_peak_bytes / 1024**2,
-                       state.val_history, steps_run=state.step - steps_before)
+        producer.shutdown(wait=False, cancel_futures=True)
+    return run.result()
+
+
+def train_fully_async(run: Run) -> TrainResult:
+    """Algorithm 1 with a rollout worker that generates continuously (``async_training.mode=fully_async``).
+
+    A producer thread builds batch j (generation in the worker, scoring and Eq. 11 filtering here) as soon as the
+    weights the worker holds are at most ``staleness_threshold`` versions behind the actor that will train on it
+    (step j trains the weights of step j-1, so batch j starts once step j-1-s is pushed): no sample is ever older,
+    and every batch is checked before it trains. The trainer pushes after every update without waiting for the
+    generation in flight; with ``partial_rollout`` the worker loads the push between two segments of a request and
+    the samples continue under the new weights, each token tagged with the version that drew it.
+
+    Checkpoint: the batches complete at the save are saved with the generation state right after the last of them;
+    a batch still generating is dropped and, after a resume, regenerated from the same seeds (docs/async.md)."""
+    cfg, state, policy = run.cfg, run.state, run.policy
+    bound = cfg.async_training.staleness_threshold
+    arrived = threading.Condition()
+    ready: collections.deque[ProducedBatch] = collections.deque(state.prefetched)
+    state.prefetched = []
+    shared: dict[str, Any] = {"actor_version": state.step, "stop": False, "error": None,
+                              "snapshot": _generation_state(state)}
+
+    def produce() -> None:
+        try:
+            for j in range(state.step + 1 + len(ready), run.total_steps + 1):
+                with arrived:
+                    arrived.wait_for(lambda: shared["stop"] or shared["actor_version"] >= j - 1 - bound)
+                    if shared["stop"]:
+                        return
+                versions: dict[int, list[list[int]]] = {}
+                timer = PhaseTimer("gen", "reward")
+                t0 = time.perf_counter()
+                groups, metrics = generate_and_filter(run.engine, state, policy.tokenizer, cfg, j, timer, run.scorer,
+                                                      versions=versions)
+                metrics.update(timer.metrics(prefix="timing_s/produce_"))
+                metrics["async/produce_s"] = time.perf_counter() - t0
+                batch = ProducedBatch(groups, metrics, [versions[id(g)] for g in groups])
+                with arrived:
+                    ready.append(batch)
+                    shared["snapshot"] = _generation_state(state)
+                    arrived.notify_all()
+        except BaseException as exc:  # noqa: BLE001 - handed to the trainer's thread, which raises it
+            with arrived:
+                shared["error"] = exc
+                arrived.notify_all()
+
+    def checkpoint_state() -> _AsyncCheckpoint:
+        with arrived:
+            return _AsyncCheckpoint(state.step, state.val_history, shared["snapshot"], list(ready))
+
+    producer = threading.Thread(target=produce, name="dapo-producer", daemon=True)
+    try:
+        with run.record() as (tracker, progress):
+            pending = run.start(tracker)
+            producer.start()
+            for step in range(state.step + 1, run.total_steps + 1):
+                timer = run.timer("train", "wait_rollout")
+                metrics, pending = pending, {}
+                with timer("step"):
+                    with timer("wait_rollout"), arrived:
+                        arrived.wait_for(lambda: bool(ready) or shared["error"] is not None)
+                        if not ready:
+                            raise shared["error"]
+                        batch = ready.popleft()
+                    lags = sample_lags(batch, actor_version=step - 1)
+                    if max(lags, default=0) > bound:  # cannot happen by construction; never train on it if it does
+                        raise TrainingError(f"step {step}: a sample lags {max(lags)} weight versions behind the actor, "
+                                            f"more than async_training.staleness_threshold={bound}")
+                    metrics.update(batch.metrics)
+                    metrics.update(staleness_metrics(batch, actor_version=step - 1))
+                    with timer("train"):
+                        if batch.groups:
+                            metrics.update(update_actor(batch.groups, policy, run.optimizer, run.scheduler, cfg,
+                                                        step, timer, world=run.world, off_policy=True))
+                        else:
+                            skipped_update(step, metrics)
+                    with timer("sync_weights"):
+                        metrics.update(run.sync.push(step))
+                    with arrived:
+                        shared["actor_version"] = step
+                        arrived.notify_all()
+                metrics["async/trainer_idle_s"] = timer.seconds["wait_rollout"]
+                metrics["async/overlap_s"] = min(timer.seconds["train"], batch.metrics["async/produce_s"])
+                pending = run.end_step(step, metrics, timer, tracker, progress, checkpoint_state)
+    finally:
+        with arrived:
+            shared["stop"] = True
+            arrived.notify_all()
+    return run.result()
+
+
+def _generation_state(state) -> dict[str, Any]:
+    """What the producer's side of the run state is right now (sampler, buffer, token totals)."""
+    full = state.state_dict()
+    return {key: full[key] for key in ("sampler", "accumulator", "token_totals")}
+
+
+@dataclasses.dataclass
+class _AsyncCheckpoint:
+    """The run state a fully asynchronous checkpoint saves: the trainer's step and validation history, the generation
+    state after the last complete batch, and the complete batches not yet trained."""
+
+    step: int
+    val_history: list
+    generation: dict[str, Any]
+    prefetched: list[ProducedBatch]
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {"step": self.step, **copy.deepcopy(self.generation), "val_history": list(self.val_history)}
+        if self.prefetched:
+            state["prefetched"] = [batch.state_dict() for batch in self.prefetched]
+        return state
+
+
+def skipped_update(step: int, metrics: dict[str, float]) -> None:
+    log.warning("step %d: no informative group after %d rounds; skipping the update", step,
+                int(metrics["train/num_gen_batches"]))

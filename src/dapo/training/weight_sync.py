@@ -96,9 +96,16 @@ class WeightSync:
                                    stream_full_parameters(self.model))
         else:
             weights = self.model.named_parameters()
-        self.engine.update_weights(weights)
+        # An engine in its own process takes the push tagged with the step its weights belong to (the samples it
+        # draws carry that version) and reports the transfer.
+        push_weights = getattr(self.engine, "push_weights", None)
+        if push_weights is not None:
+            transfer = push_weights(weights, version=step)
+        else:
+            self.engine.update_weights(weights)
+            transfer = {}
         if not self.enabled:
-            return {}
+            return transfer
         engine_lp = torch.tensor(self.engine.log_probs_of(self.prompt, self.response), dtype=torch.float32)
         actor_lp = actor_log_probs_of(self.model, self.prompt, self.response, compute_dtype=self.engine_dtype)
         gap = (engine_lp - actor_lp).abs()
@@ -110,7 +117,7 @@ class WeightSync:
                 "weights hold NaN/inf or overflow the logits (a learning rate too high for the model is the usual "
                 "cause; lower actor.optim.lr). The last complete checkpoint is untouched"
             )
-        metrics = {"rollout/probe_logprob_diff": mean_gap, "rollout/probe_logprob_diff_max": max_gap}
+        metrics = {**transfer, "rollout/probe_logprob_diff": mean_gap, "rollout/probe_logprob_diff_max": max_gap}
         first = self.numerical_gap is None
         if first:
             self.numerical_gap = mean_gap

@@ -1,0 +1,366 @@
+"""A rollout worker: a process of its own that owns one engine (HF or vLLM), takes prompts, returns finished
+requests, and receives weights from the trainer over a torch.distributed group (``dapo.distributed.weight_transport``).
+
+:class:`RemoteEngine` is the trainer's handle on it. It is a :class:`~dapo.rollout.base.RolloutEngine` (blocking
+``generate``, ``update_weights``, ``log_probs_of`` for the weight-sync probe) and a
+:class:`~dapo.rollout.base.StreamingEngine` (``submit`` returns at once; the worker generates while the trainer
+trains; ``receive`` collects what finished). Control messages (requests, push announcements, results) travel over a
+pipe; weights over the process group, never through files.
+
+The worker serves its messages in order: a push announced while a request is generating is loaded once that request
+has finished, so a request is sampled under one version (``token_versions`` records it per token).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import multiprocessing
+import os
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dapo.rollout.base import FinishedRequest, RolloutOutput, SamplingParams
+from dapo.rollout.factory import EngineSpec
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 600.0  # loading vLLM on a busy 2-core CPU takes minutes
+
+
+class RolloutWorkerError(RuntimeError):
+    """The rollout worker failed or died; the message carries its traceback or exit code."""
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """How the worker process runs.
+
+    Attributes:
+        num_threads: torch threads in the worker (None: torch's default); the trainer keeps the rest of the cores.
+        drop_pushes_after: fault injection for tests of the weight-sync probe: pushes after this many are received
+            but not loaded (None: every push is loaded).
+        partial_chunk_tokens: partial rollouts: generate requests in segments of this many tokens and load a push
+            that arrived between two segments (None: a push waits until the running request has finished).
+    """
+
+    num_threads: int | None = None
+    drop_pushes_after: int | None = None
+    partial_chunk_tokens: int | None = None
+
+
+def _segment_seed(seed: int, sample: int, segment: int) -> int:
+    """The seed of a segment of a partial rollout: a function of the request's seed, the sample and the segment."""
+    return (seed * 1_000_003 + sample * 7_919 + segment * 104_729 + 1) % (1 << 62)
+
+
+class _Worker:
+    """The worker's side: serves messages in order; with ``partial_chunk_tokens`` a request is generated in segments
+    of that many tokens, and a push that arrived meanwhile is loaded between two segments (the samples continue under
+    the new weights, keeping their tokens; each token keeps the version that drew it)."""
+
+    def __init__(self, engine: Any, transport: Any, conn: Any, options: WorkerOptions) -> None:
+        self.engine, self.transport, self.conn, self.options = engine, transport, conn, options
+        self.version, self.pushes = 0, 0
+        self.inbox: collections.deque[tuple] = collections.deque()
+
+    def next_message(self) -> tuple:
+        return self.inbox.popleft() if self.inbox else self.conn.recv()
+
+    def serve(self) -> None:
+        while True:
+            message = self.next_message()
+            if message[0] == "close":
+                return
+            try:
+                self.handle(message)
+            except Exception:  # noqa: BLE001 - one failed request must reach the trainer, not kill the worker silently
+                self.conn.send(("error", traceback.format_exc()))
+
+    def handle(self, message: tuple) -> None:
+        kind = message[0]
+        if kind == "generate":
+            _, request_id, prompts, params = message
+            if self.options.partial_chunk_tokens is None:
+                output = self.engine.generate(prompts, params)
+                versions = [[self.version] * len(ids) for ids in output.response_ids]
+            else:
+                output, versions = self.generate_in_segments(prompts, params)
+            self.conn.send(("finished", request_id, output, versions))
+        elif kind == "push":
+            _, new_version, layout = message
+            named, stats = self.transport.receive(layout)
+            self.pushes += 1
+            if self.options.drop_pushes_after is None or self.pushes <= self.options.drop_pushes_after:
+                self.engine.update_weights(named)
+                self.version = new_version
+            self.conn.send(("pushed", new_version, stats.seconds))
+        elif kind == "log_probs":
+            _, prompt, response = message
+            self.conn.send(("log_probs", self.engine.log_probs_of(prompt, response)))
+        else:
+            self.conn.send(("error", f"unknown message {kind!r}"))
+
+    def take_pushes(self) -> None:
+        """Between two segments: serve the pushes and probes that arrived; keep other messages for later."""
+        while self.conn.poll(0):
+            message = self.conn.recv()
+            if message[0] in ("push", "log_probs"):
+                self.handle(message)
+            else:
+                self.inbox.append(message)
+
+    def generate_in_segments(self, prompts: list[list[int]], params: SamplingParams
+                             ) -> tuple[RolloutOutput, list[list[int]]]:
+        n, chunk = params.n, self.options.partial_chunk_tokens
+        assert chunk is not None
+        seeds = params.prompt_seeds or tuple(params.seed or 0 for _ in prompts)
+        ids: list[list[int]] = [[] for _ in range(len(prompts) * n)]
+        logprobs: list[list[float]] = [[] for _ in ids]
+        versions: list[list[int]] = [[] for _ in ids]
+        reasons: list[str | None] = [None] * len(ids)
+        segment = 0
+        while any(r is None for r in reasons):
+            if segment > 0:
+                self.take_pushes()
+            active = [k for k, r in enumerate(reasons) if r is None]
+            room = [params.max_tokens - len(ids[k]) for k in active]
+            step = dataclasses.replace(
+                params, n=1, max_tokens=min(chunk, min(room)),
+                seed=_segment_seed(params.seed or 0, 0, segment),
+                prompt_seeds=tuple(_segment_seed(seeds[k // n], k % n, segment) for k in active))
+            out = self.engine.generate([prompts[k // n] + ids[k] for k in active], step)
+            for j, k in enumerate(active):
+                ids[k] += out.response_ids[j]
+                logprobs[k] += out.logprobs[j]
+                versions[k] += [self.version] * len(out.response_ids[j])
+                if out.finish_reason[j] == "stop":
+                    reasons[k] = "stop"
+                elif len(ids[k]) >= params.max_tokens:
+                    reasons[k] = "length"
+            segment += 1
+        output = RolloutOutput([k // n for k in range(len(ids))], ids, logprobs, [str(r) for r in reasons])
+        return output, versions
+
+
+def _worker_main(spec: EngineSpec, model_cfg: Any, options: WorkerOptions, conn: Any,
+                 address: tuple[str, int]) -> None:
+    """The worker process: join the weight group, build the engine, then serve messages until ``close``."""
+    from dapo.distributed.weight_transport import WeightTransport
+    from dapo.model.loading import load_policy
+    from dapo.rollout.factory import build_rollout_engine
+
+    try:
+        if options.num_threads is not None:
+            torch.set_num_threads(options.num_threads)
+        transport = WeightTransport.connect(address)
+        transport.group  # noqa: B018 - the rendezvous, before the slow part
+        policy = load_policy(model_cfg)
+        engine = build_rollout_engine(spec, policy)
+        conn.send(("ready", os.getpid()))
+    except BaseException:  # noqa: BLE001 - the parent reports it
+        conn.send(("error", traceback.format_exc()))
+        return
+    try:
+        _Worker(engine, transport, conn, options).serve()
+    finally:
+        engine.close()
+        transport.close()
+
+
+class RemoteEngine:
+    """The trainer's handle on a rollout worker process (module docstring). Build it with :meth:`start`.
+
+    A reader thread files every message of the worker as it arrives (finished requests, replies to pushes and probes,
+    failures), so that one thread may wait for generations while another pushes weights."""
+
+    def __init__(self, process: Any, conn: Any, transport: Any) -> None:
+        self._process, self._conn, self._transport = process, conn, transport
+        self._next_id = 0
+        self._pending: set[int] = set()
+        self._aborted: set[int] = set()
+        self._finished: dict[int, FinishedRequest] = {}
+        self._replies: collections.deque[tuple] = collections.deque()
+        self._failure: str | None = None
+        self._version = 0
+        self._send_lock = threading.Lock()
+        self._reply_lock = threading.Lock()  # one push or probe at a time
+        self._arrived = threading.Condition()
+        self.last_push: dict[str, float] = {}
+        self._closed = False
+        self._reader = threading.Thread(target=self._read, name="dapo-rollout-reader", daemon=True)
+        self._reader.start()
+
+    @classmethod
+    def start(cls, spec: EngineSpec, model_cfg: Any, options: WorkerOptions = WorkerOptions()) -> RemoteEngine:
+        """Spawn the worker, join the weight group with it, and wait until its engine is built."""
+        from dapo.distributed.weight_transport import WeightTransport
+
+        ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked torch threads or CUDA state
+        transport = WeightTransport.host()
+        parent, child = ctx.Pipe()
+        process = ctx.Process(target=_worker_main, args=(spec, model_cfg, options, child, transport.address),
+                              name="dapo-rollout-worker", daemon=True)
+        process.start()
+        child.close()
+        engine = cls(process, parent, transport)
+        try:
+            transport.group  # noqa: B018 - the rendezvous with the worker
+            engine._reply("ready", timeout=START_TIMEOUT_S)
+        except BaseException:
+            engine.close()
+            raise
+        return engine
+
+    # ------------------------------------------------------------------ the streaming interface
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    def submit(self, prompt_token_ids: Sequence[Sequence[int]], params: SamplingParams) -> int:
+        with self._arrived:
+            request_id, self._next_id = self._next_id, self._next_id + 1
+            self._pending.add(request_id)
+        self._send(("generate", request_id, [list(p) for p in prompt_token_ids], params))
+        return request_id
+
+    def receive(self, timeout: float | None = None) -> list[FinishedRequest]:
+        with self._arrived:
+            self._wait(lambda: bool(self._finished) or not self._pending, timeout)
+            finished = list(self._finished.values())
+            self._finished.clear()
+        return finished
+
+    def abort(self, request_id: int) -> None:
+        # The worker runs a request to its end (its messages are served in order); the result is dropped here.
+        with self._arrived:
+            if request_id in self._pending:
+                self._aborted.add(request_id)
+                self._pending.discard(request_id)
+            self._arrived.notify_all()
+
+    def push_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> dict[str, float]:
+        """Announce the push, broadcast the tensors, and wait until the worker has loaded them (it serves requests
+        queued before the push first, or, with partial rollouts, takes it between two segments of a request)."""
+        layout, tensors = self._transport.layout_of(named_tensors)
+        with self._reply_lock:
+            t0 = time.perf_counter()
+            with self._send_lock:
+                self._send(("push", version, layout), locked=True)
+                stats = self._transport.send(layout, tensors)
+            self._reply("pushed", timeout=None)
+        self._version = version
+        self.last_push = {"async/weight_transfer_s": time.perf_counter() - t0,
+                          "async/weight_broadcast_s": stats.seconds,
+                          "async/weight_transfer_bytes": float(stats.num_bytes)}
+        return self.last_push
+
+    # ------------------------------------------------------------------ the blocking RolloutEngine interface
+    def generate(self, prompt_token_ids: Sequence[Sequence[int]], params: SamplingParams) -> RolloutOutput:
+        """Blocking generation; the output's ``token_versions`` say which weights drew each token."""
+        request_id = self.submit(prompt_token_ids, params)
+        with self._arrived:
+            self._wait(lambda: request_id in self._finished, None)
+            done = self._finished.pop(request_id)
+        done.output.token_versions = done.token_versions
+        return done.output
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.push_weights(named_tensors, self._version + 1)
+
+    def log_probs_of(self, prompt_token_ids: Sequence[int], response_ids: Sequence[int]) -> list[float]:
+        with self._reply_lock:
+            self._send(("log_probs", list(prompt_token_ids), list(response_ids)))
+            return self._reply("log_probs", timeout=None)[1]
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._process.is_alive():
+                with self._send_lock:
+                    self._conn.send(("close",))
+        except (OSError, EOFError, BrokenPipeError):
+            pass
+        self._process.join(timeout=30)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join(timeout=10)
+        self._reader.join(timeout=5)
+        self._conn.close()
+        self._transport.close()
+
+    # ------------------------------------------------------------------ plumbing
+    def _read(self) -> None:
+        """The reader thread: file each message until the pipe closes."""
+        while True:
+            try:
+                message = self._conn.recv()
+            except (OSError, EOFError):
+                with self._arrived:
+                    self._failure = self._failure or "the pipe to the rollout worker closed"
+                    self._arrived.notify_all()
+                return
+            with self._arrived:
+                kind = message[0]
+                if kind == "finished":
+                    _, request_id, output, token_versions = message
+                    if request_id in self._aborted:
+                        self._aborted.discard(request_id)
+                    else:
+                        self._pending.discard(request_id)
+                        self._finished[request_id] = FinishedRequest(request_id, output, token_versions)
+                elif kind == "error":
+                    self._failure = f"the rollout worker failed:\n{message[1]}"
+                else:
+                    self._replies.append(message)
+                self._arrived.notify_all()
+
+    def _wait(self, ready: Callable[[], bool], timeout: float | None) -> bool:
+        """Under ``self._arrived``: wait until ``ready()``, a failure, the worker's death, or ``timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not ready():
+            if self._failure is not None:
+                raise RolloutWorkerError(self._failure)
+            if not self._process.is_alive() and not ready():
+                raise self._died()
+            left = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
+            if left <= 0:
+                return False
+            self._arrived.wait(left)
+        return True
+
+    def _reply(self, kind: str, timeout: float | None) -> tuple:
+        with self._arrived:
+            if not self._wait(lambda: bool(self._replies), timeout):
+                raise RolloutWorkerError(f"the rollout worker sent nothing for {timeout:.0f} s")
+            reply = self._replies.popleft()
+        if reply[0] != kind:
+            raise RolloutWorkerError(f"the rollout worker answered {reply[0]!r} where {kind!r} was due")
+        return reply
+
+    def _send(self, message: tuple, *, locked: bool = False) -> None:
+        if self._closed:
+            raise RolloutWorkerError("the rollout worker is closed")
+        try:
+            if locked:
+                self._conn.send(message)
+            else:
+                with self._send_lock:
+                    self._conn.send(message)
+        except (OSError, EOFError, BrokenPipeError) as exc:
+            raise self._died(exc) from None
+
+    def _died(self, exc: BaseException | None = None) -> RolloutWorkerError:
+        self._process.join(timeout=5)
+        code = self._process.exitcode
+        return RolloutWorkerError(f"the rollout worker process exited (exit code {code})"
+                                  + (f": {exc}" if exc else ""))

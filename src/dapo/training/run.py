@@ -1,0 +1,305 @@
+"""Everything a training run is set up from, built once: ``build_run(cfg, world) -> Run``.
+
+The loops (``dapo.training.loop``) are short functions over a :class:`Run`: the model and its optimizer, the task,
+the engine and the weight push into it, the reward scorer, the run state that checkpoints save, and the run's
+record (config, metrics, progress). Set-up problems (a config that cannot run here, unreadable data, a checkpoint
+that does not fit) stop here, before the first step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from dapo.actor.optim import build_lr_scheduler, build_optimizer
+from dapo.config import ConfigError, DapoConfig, config_to_dict
+from dapo.config.loading import tracker_backends
+from dapo.config.resume import check_resume
+from dapo.data.prompt_sampler import PromptSampler
+from dapo.data.task import Task, encode_task, read_task
+from dapo.distributed.data_parallel import check_tensor_parallel
+from dapo.distributed.fsdp import check_strategy, shard_actor
+from dapo.distributed.world import World
+from dapo.evaluation.validation import repeated_prompt_warning, val_acc_key
+from dapo.infra.atomic import atomic_write, describe_os_error
+from dapo.infra.checkpoint import CheckpointError
+from dapo.infra.cleanup import close_quietly
+from dapo.infra.memory import PeakMemory
+from dapo.infra.progress import TrainingProgress
+from dapo.infra.timing import PhaseTimer
+from dapo.infra.tracking import Tracker, truncate_metrics_after
+from dapo.model.hub import HubResolveError, resolve_data_config
+from dapo.model.loading import Policy, load_policy
+from dapo.reward.batch import RewardScorer
+from dapo.reward.custom_fn import load_custom_reward_fn
+from dapo.reward.scored_groups import reward_scorer_of
+from dapo.rollout.base import RolloutEngine
+from dapo.rollout.factory import (EngineSpec, build_rollout_engine, check_engine_name, engine_compute_dtype,
+                                  hf_engine_copy, samples_from_module)
+from dapo.training.dynamic_sampling_buffer import DynamicSamplingBuffer
+from dapo.training.errors import TrainingError
+from dapo.training.generation import derive_seed, engine_tensor_parallel, validate_across_ranks
+from dapo.training.perf_metrics import StepPerf
+from dapo.training.run_state import RunState, checkpoint_format, find_resume_checkpoint, resume_run, save_run
+from dapo.training.weight_sync import WeightSync
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    steps_done: int
+    wall_s: float
+    peak_rss_mb: float
+    val_history: list[tuple[int, dict[str, float]]] = field(default_factory=list)
+    steps_run: int = 0  # steps trained by this call (0: the run was already finished)
+
+    def val_acc(self, index: int) -> float | None:
+        if not self.val_history:
+            return None
+        metrics = self.val_history[index][1]
+        key = val_acc_key(metrics)
+        return metrics[key] if key else None
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise TrainingError("trainer.device=cuda but no CUDA device is available")
+    return torch.device(name)
+
+
+def run_dir_of(cfg: DapoConfig) -> Path:
+    return Path(cfg.trainer.default_local_dir) / cfg.trainer.experiment_name
+
+
+def total_steps_of(cfg: DapoConfig, num_train_prompts: int) -> int:
+    if cfg.trainer.total_training_steps is not None:
+        return cfg.trainer.total_training_steps
+    return max(1, cfg.trainer.total_epochs * num_train_prompts // cfg.data.train_batch_size)
+
+
+def check_custom_reward(cfg: DapoConfig) -> None:
+    """Fail now, not at the first generation round, if the custom reward function cannot be loaded."""
+    custom = cfg.custom_reward_function
+    if custom.path is not None:
+        try:
+            load_custom_reward_fn(f"{custom.path}:{custom.name}")
+        except (OSError, ImportError, AttributeError, TypeError, ValueError) as exc:
+            raise TrainingError(f"custom_reward_function: {exc}") from exc
+
+
+def engine_spec_of(cfg: DapoConfig, world: World) -> EngineSpec:
+    """The engine ``cfg.rollout`` describes, as the factory's own small spec."""
+    r = cfg.rollout
+    return EngineSpec(
+        name=r.name, dtype=r.dtype, seed=cfg.trainer.seed, max_batch_size=r.max_batch_size,
+        tensor_parallel_size=r.tensor_model_parallel_size, gpu_memory_utilization=r.gpu_memory_utilization,
+        enforce_eager=r.enforce_eager, max_num_batched_tokens=r.max_num_batched_tokens, max_num_seqs=r.max_num_seqs,
+        # +1: vLLM must be able to generate one token after a teacher-forced probe of full length
+        max_model_len=r.max_model_len or cfg.data.max_prompt_length + cfg.data.max_response_length + 1,
+        free_cache_engine=r.free_cache_engine, cpu_kvcache_space_gb=r.cpu_kvcache_space_gb,
+        enable_prefix_caching=r.enable_prefix_caching, join_process_group=world.distributed,
+    )
+
+
+def build_engine(cfg: DapoConfig, spec: EngineSpec, policy: Policy, module: torch.nn.Module | None) -> RolloutEngine:
+    """In this process (``async_training.mode=sync``), or in a rollout worker process of its own."""
+    if cfg.async_training.mode == "sync":
+        return build_rollout_engine(spec, policy, module=module)
+    from dapo.rollout.worker import RemoteEngine, WorkerOptions
+
+    at = cfg.async_training
+    return RemoteEngine.start(spec, cfg.model, WorkerOptions(
+        num_threads=at.rollout_num_threads,
+        partial_chunk_tokens=at.partial_rollout_chunk_tokens if at.partial_rollout else None))
+
+
+@dataclass
+class Run:
+    """A run, set up: what the loops read and change (module docstring)."""
+
+    cfg: DapoConfig
+    world: World
+    run_dir: Path
+    policy: Policy
+    optimizer: Any
+    scheduler: Any
+    task: Task
+    state: RunState
+    engine: RolloutEngine
+    sync: WeightSync
+    scorer: RewardScorer | None
+    total_steps: int
+    resume_from: Path | None
+    engine_samples_from_actor: bool
+    memory: PeakMemory
+    wall0: float
+    perf: StepPerf
+    steps_before: int = 0
+
+    def timer(self, *phases: str) -> PhaseTimer:
+        return PhaseTimer("gen", "reward", "old_log_prob", *phases, memory=self.memory)
+
+    def validate(self, step: int) -> dict[str, float]:
+        t0 = time.perf_counter()
+        metrics = validate_across_ranks(self.engine, self.task.val, self.policy.tokenizer, self.cfg,
+                                        seed=derive_seed(self.cfg.trainer.seed, "val"), world=self.world)
+        metrics["timing_s/val"] = time.perf_counter() - t0
+        self.state.val_history.append((step, metrics))
+        return metrics
+
+    @contextlib.contextmanager
+    def record(self) -> Iterator[tuple[Tracker, TrainingProgress]]:
+        """The tracker and the progress display, open for the loop."""
+        cfg, state = self.cfg, self.state
+        progress = TrainingProgress(self.total_steps, enabled=cfg.trainer.progress, initial_step=state.step,
+                                    silent=not self.world.is_main)
+        if self.resume_from is not None:
+            progress.note(f"resumed from {self.resume_from} (step {state.step})")
+        if state.step >= self.total_steps:
+            progress.note(f"nothing to do: the checkpoint is at step {state.step} of {self.total_steps}")
+        progress.note(f"dapo: model {self.policy.source}; engine {cfg.rollout.name}"
+                      f"{'' if cfg.async_training.mode == 'sync' else ' in a rollout worker process'}; "
+                      f"task {self.task.description}; {len(self.task.train)} train / {len(self.task.val)} val "
+                      f"prompts; run dir {self.run_dir}")
+        backends = tracker_backends(cfg) if self.world.is_main else ()  # a Tracker without backends records nothing
+        with Tracker(self.run_dir, backends=backends, project=cfg.trainer.project_name,
+                     experiment=cfg.trainer.experiment_name, config=config_to_dict(cfg)) as tracker, progress:
+            yield tracker, progress
+
+    def start(self, tracker: Tracker) -> dict[str, float]:
+        """The first push (the engine may hold other weights: a resumed run's are newer) and the validation before
+        training; returns the metrics for the first step's record."""
+        pending = self.sync.push(self.state.step)
+        if self.cfg.trainer.val_before_train and self.state.step == 0 and self.task.val:
+            tracker.log({**pending, **self.validate(0)}, step=0)
+            pending = {}
+        return pending
+
+    def end_step(self, step: int, metrics: dict[str, float], timer: PhaseTimer, tracker: Tracker,
+                 progress: TrainingProgress, checkpoint_state: Callable[[], Any] | None = None) -> dict[str, float]:
+        """Timings, validation every test_freq steps, the record, the checkpoint every save_freq steps; returns the
+        metrics that go into the next step's record. ``checkpoint_state`` gives what the checkpoint saves as the run
+        state (default: the run state itself; the fully asynchronous loop saves a consistent snapshot)."""
+        cfg, state = self.cfg, self.state
+        metrics.update(timer.metrics())
+        metrics["perf/throughput"] = metrics["rollout/num_tokens"] / max(timer.seconds["step"], 1e-9)
+        state.step = step
+        is_last = step == self.total_steps
+        if self.task.val and ((cfg.trainer.test_freq > 0 and step % cfg.trainer.test_freq == 0) or is_last):
+            metrics.update(self.validate(step))
+        # The record first, then the checkpoint: a kill between the two resumes from the previous checkpoint,
+        # which drops this record (truncate_metrics_after) and writes it again; in the other order the record
+        # of a checkpointed step would be lost. The save's time therefore goes into the next step's record.
+        tracker.log(metrics, step=step)
+        progress.update(step, metrics)
+        pending: dict[str, float] = {}
+        if (cfg.trainer.save_freq > 0 and step % cfg.trainer.save_freq == 0) or is_last:
+            t0 = time.perf_counter()
+            try:
+                save_run(self.run_dir, state if checkpoint_state is None else checkpoint_state(), self.policy,
+                         self.optimizer, self.scheduler, cfg, self.world)
+            except CheckpointError as exc:
+                raise TrainingError(str(exc)) from exc
+            pending["timing_s/save_checkpoint"] = time.perf_counter() - t0
+        return pending
+
+    def result(self) -> TrainResult:
+        self.memory.read()  # the last window: the run's peak includes everything since the last phase
+        return TrainResult(self.run_dir, self.state.step, time.perf_counter() - self.wall0,
+                           self.memory.run_peak_bytes / 1024**2, self.state.val_history,
+                           steps_run=self.state.step - self.steps_before)
+
+    def close(self) -> None:
+        close_quietly([("the reward scorer", self.scorer.close if self.scorer else lambda: None),
+                       ("the rollout engine", self.engine.close)])
+
+
+def build_run(cfg: DapoConfig, world: World = World()) -> Run:
+    """Set the run up: seeds, data, model (sharded under fsdp2), optimizer, resume, engine, scorer, weight sync,
+    and the run's record on disk (module docstring)."""
+    wall0 = time.perf_counter()
+    memory = PeakMemory()  # per-phase peaks reset the kernel's high-water mark, so the run's peak is kept here
+    if cfg.trainer.num_threads is not None:
+        torch.set_num_threads(cfg.trainer.num_threads)
+    random.seed(cfg.trainer.seed)
+    torch.manual_seed(cfg.trainer.seed)
+    run_dir = run_dir_of(cfg)
+    check_engine_name(cfg.rollout.name)
+    if cfg.async_training.mode != "sync" and world.distributed:
+        raise TrainingError(f"async_training.mode={cfg.async_training.mode} runs in one trainer process with one "
+                            "rollout worker; under torchrun use async_training.mode=sync")
+    check_custom_reward(cfg)
+    try:
+        data_cfg = resolve_data_config(cfg.data)
+    except HubResolveError as exc:
+        raise TrainingError(str(exc)) from None
+    records = read_task(data_cfg)  # every file and row checked before seconds go into loading the model
+
+    try:
+        check_strategy(cfg.actor, world)
+        check_tensor_parallel(world, engine_tensor_parallel(cfg))
+    except ValueError as exc:
+        raise TrainingError(str(exc)) from None
+    policy = load_policy(cfg.model, device=pick_device(cfg.trainer.device))
+    spec = engine_spec_of(cfg, world)
+    # The Transformers engine's own copy (before sharding: the same architecture and weights), when the actor is
+    # sharded or rollout.dtype differs from the actor's; None: it shares the actor's module.
+    engine_module = (hf_engine_copy(spec, policy.model, sharded=cfg.actor.strategy == "fsdp2")
+                     if cfg.async_training.mode == "sync" else None)
+    if cfg.actor.strategy == "fsdp2":
+        policy = dataclasses.replace(policy, model=shard_actor(
+            policy.model, cfg.actor.fsdp, world, gradient_checkpointing=cfg.actor.gradient_checkpointing))
+    checkpoint_format(cfg, policy.model)  # a format this actor cannot write fails now, not at the first save
+    task = encode_task(records, data_cfg, policy.tokenizer)  # only the prompt lengths need the tokenizer
+    if warning := repeated_prompt_warning(task.val, cfg.rollout.val_kwargs.n):
+        log.warning("%s", warning)
+    optimizer = build_optimizer(policy.model, cfg.actor.optim)
+    scheduler = build_lr_scheduler(optimizer, cfg.actor.optim)
+    state = RunState(PromptSampler.from_config(task.train, cfg),
+                     DynamicSamplingBuffer.from_config(cfg))
+    # Rank 0 picks the checkpoint and every rank loads that one (a rank that cannot read it fails, never diverges).
+    resume_from = world.broadcast_object(find_resume_checkpoint(run_dir, cfg) if world.is_main else None)
+    if resume_from is not None:
+        try:
+            check_resume(run_dir, cfg)  # never continue a run silently with other hyper-parameters
+        except ConfigError as exc:
+            raise TrainingError(str(exc)) from None
+        resume_run(resume_from, state, policy, optimizer, scheduler)
+    policy.model.train()
+
+    engine = build_engine(cfg, spec, policy, engine_module)
+    scorer = reward_scorer_of(cfg)
+    writing = run_dir / "config.yaml"
+    try:
+        # The run is known to start: only now is its record touched. A resumed run keeps the metrics up to its
+        # checkpoint; a fresh run in an old run dir starts a fresh record.
+        if world.is_main:
+            atomic_write(writing, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+            writing = run_dir / "metrics.jsonl"
+            truncate_metrics_after(run_dir, state.step if state.step > 0 else -1)
+    except OSError as exc:
+        close_quietly([("the reward scorer", scorer.close), ("the rollout engine", engine.close)])
+        raise TrainingError(describe_os_error(exc, f"writing the run record {writing}")) from exc
+    actor_dtype = next(policy.model.parameters()).dtype
+    probe_dtype = engine_compute_dtype(spec, policy.model)
+    sync = WeightSync(engine, policy.model, task.train[0].input_ids, threshold=cfg.rollout.probe_logprob_threshold,
+                      enabled=cfg.rollout.weight_sync_probe,
+                      engine_dtype=probe_dtype if probe_dtype.itemsize < actor_dtype.itemsize else None)
+    return Run(cfg, world, run_dir, policy, optimizer, scheduler, task, state, engine, sync, scorer,
+               total_steps_of(cfg, len(task.train)), resume_from, samples_from_module(engine, policy.model),
+               memory, wall0, StepPerf.for_run(policy.model, cfg, engine_dtype=probe_dtype,
+                                               num_devices=world.world_size), steps_before=state.step)

@@ -1,0 +1,132 @@
+"""One-step-off-policy training with the engine in a rollout worker process: the staleness bound holds on every
+sample, the actor recomputes pi_old for stale samples, the weights travel over the process group, and a run killed
+with SIGKILL resumes to exactly the uninterrupted run (the batch generated ahead is saved with the checkpoint)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from dapo.config import build_config
+from dapo.infra.checkpoint import find_latest_checkpoint, is_complete_checkpoint
+from dapo.training.staleness import ProducedBatch, sample_lags, staleness_metrics
+from tests.cli.cli_helpers import FAST, run_dapo
+
+ASYNC = [*FAST, "trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.test_freq=0",
+         "trainer.val_before_train=false", "data.max_response_length=24", "async_training.mode=one_step_off",
+         "async_training.rollout_num_threads=1"]
+
+
+def _records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _same(record: dict) -> dict:
+    """What must be equal between two runs: everything but times, throughput and memory."""
+    return {k: v for k, v in record.items() if not (k.startswith(("timing_s/", "perf/", "async/"))
+                                                     or "memory" in k or "_s" in k.rsplit("/", 1)[-1])}
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("async")
+    result = run_dapo(["train", *ASYNC, "trainer.experiment_name=straight"], root, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return root / "straight"
+
+
+def test_no_sample_is_older_than_one_version(straight: Path) -> None:
+    records = [r for r in _records(straight) if r["step"] > 0]
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    for r in records:
+        lag_keys = {k for k in r if k.startswith("async/staleness/samples_lag_")}
+        total = sum(r[k] for k in lag_keys)
+        assert total > 0 and total % 4 == 0  # whole groups of rollout.n=4 samples, each counted once
+        # every sample of the batch is counted under its lag, and none lags more than one version
+        assert all(int(k.rsplit("_", 1)[1]) <= 1 for k in lag_keys), r
+        assert r["async/staleness/max"] <= 1
+    assert records[0]["async/staleness/max"] == 0  # step 1 trains on the initial weights' samples
+    assert all(r["async/staleness/mean"] == 1 and r["async/staleness/max"] == 1 for r in records[1:])
+    assert all(r["async/partial_fraction"] == 0 for r in records)
+
+
+def test_stale_samples_get_pi_old_from_the_actor_and_the_weights_travel(straight: Path) -> None:
+    records = [r for r in _records(straight) if r["step"] > 0]
+    assert all(r["actor/old_log_prob_recomputed"] == 1.0 for r in records)
+    assert all(r["async/weight_transfer_bytes"] > 1e6 for r in records)  # the tiny model, fp32: ~4 MB
+    assert all(r["rollout/probe_logprob_diff"] < 1e-3 for r in records)  # the worker holds the pushed weights
+    assert all(r["async/trainer_idle_s"] >= 0 and r["async/overlap_s"] >= 0 for r in records)
+
+
+def test_a_run_killed_with_sigkill_resumes_to_the_uninterrupted_run(straight: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "killed"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    args = ["train", *ASYNC, "trainer.experiment_name=killed", f"trainer.default_local_dir={tmp_path}"]
+    proc = subprocess.Popen([sys.executable, "-m", "dapo.cli.main", *args], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    ckpt2 = run_dir / "checkpoints" / "global_step_2"
+    deadline = time.monotonic() + 600
+    while not is_complete_checkpoint(ckpt2) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run ended before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)  # the trainer and its rollout worker, mid generation of step 4's batch
+    proc.wait()
+    assert find_latest_checkpoint(run_dir / "checkpoints").name == "global_step_2"
+
+    resumed = run_dapo(args[:-1], tmp_path, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a = load_file(straight / "checkpoints" / "global_step_4" / "hf" / "model.safetensors")
+    b = load_file(run_dir / "checkpoints" / "global_step_4" / "hf" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
+    assert [_same(r) for r in _records(run_dir)] == [_same(r) for r in _records(straight)]
+
+
+FULLY_ASYNC = [a for a in ASYNC if not a.startswith("async_training.mode")] + [
+    "async_training.mode=fully_async", "async_training.staleness_threshold=1", "async_training.partial_rollout=true",
+    "async_training.partial_rollout_chunk_tokens=4", "trainer.total_training_steps=5", "trainer.save_freq=0"]
+
+
+def test_fully_async_with_partial_rollouts_never_trains_a_sample_older_than_the_threshold(tmp_path: Path) -> None:
+    result = run_dapo(["train", *FULLY_ASYNC, "trainer.experiment_name=fully"], tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [r for r in _records(tmp_path / "fully") if r["step"] > 0]
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
+    for r in records:
+        lags = {int(k.rsplit("_", 1)[1]): v for k, v in r.items() if k.startswith("async/staleness/samples_lag_")}
+        assert sum(lags.values()) > 0 and max(lags) <= 1, r  # every sample counted, none older than 1 version
+        assert r["async/staleness/max"] <= 1 and 0 <= r["async/partial_fraction"] <= 1
+        assert r["actor/old_log_prob_recomputed"] == 1.0
+    assert records[0]["async/staleness/max"] == 0
+
+
+def test_staleness_metrics_count_every_sample_and_token() -> None:
+    batch = ProducedBatch(groups=[], metrics={}, token_versions=[[[3, 3], [2, 3, 3]], [[1], []]])
+    assert sample_lags(batch, actor_version=3) == [0, 1, 2, 0]
+    m = staleness_metrics(batch, actor_version=3)
+    assert m["async/staleness/mean"] == 0.75 and m["async/staleness/max"] == 2
+    assert m["async/staleness/token_mean"] == pytest.approx((0 + 0 + 1 + 0 + 0 + 2) / 6)
+    assert m["async/partial_fraction"] == 0.25  # one of four samples spans two versions
+    assert (m["async/staleness/samples_lag_0"], m["async/staleness/samples_lag_1"],
+            m["async/staleness/samples_lag_2"]) == (2, 1, 1)
+
+
+def test_one_step_off_refuses_what_it_cannot_run() -> None:
+    from dapo.config import ConfigError
+
+    with pytest.raises(ConfigError, match="carry_over_surplus"):
+        build_config({}, ["async_training.mode=one_step_off", "algorithm.filter_groups.carry_over_surplus=true"])
+    with pytest.raises(ConfigError, match="partial_rollout=true needs async_training.mode=fully_async"):
+        build_config({}, ["async_training.mode=one_step_off", "async_training.partial_rollout=true"])
+    with pytest.raises(ConfigError, match="trigger_parameter_sync_step must be 1"):
+        build_config({}, ["async_training.mode=one_step_off", "async_training.trigger_parameter_sync_step=2"])
+    assert build_config({}, []).async_training.mode == "sync"  # the default run is the synchronous loop
+

@@ -25,6 +25,7 @@ __all__ = [
     "ModelConfig",
     "OptimConfig",
     "OverlongBufferConfig",
+    "PolicyLossConfig",
     "RewardModelConfig",
     "RolloutConfig",
     "SkipSolvedPromptsConfig",
@@ -177,6 +178,30 @@ class FsdpConfig(_Section):
                               "memory (CPUOffloadPolicy); the optimizer step then runs on the CPU")
 
 
+class PolicyLossConfig(_Section):
+    """verl's ``actor.policy_loss``: which objective the actor minimises (docs/objectives.md) and the knobs only some
+    objectives read (Clip-Cov / KL-Cov, arXiv 2505.22617)."""
+
+    loss_mode: Literal["vanilla", "gspo", "gspo_token", "cispo", "geo_mean", "sapo", "clip_cov", "kl_cov"] = Field(
+        "vanilla", description="vanilla = DAPO Eq. 10 (Clip-Higher, dual clip); gspo / gspo_token (sequence ratio), "
+        "cispo (clipped detached IS weight), geo_mean (GMPO), sapo (soft gate), clip_cov / kl_cov; see "
+        "docs/objectives.md for each one's formula and recommended clip values")
+    clip_cov_ratio: float = Field(0.0002, gt=0.0, le=1.0, description="clip_cov: share of tokens whose gradient is "
+                                  "detached, drawn among those with covariance in (clip_cov_lb, clip_cov_ub)")
+    clip_cov_lb: float = Field(1.0, description="clip_cov: lower bound of the covariance band")
+    clip_cov_ub: float = Field(5.0, description="clip_cov: upper bound of the covariance band")
+    kl_cov_ratio: float = Field(0.0002, gt=0.0, le=1.0,
+                                description="kl_cov: share of tokens (largest covariance) given the KL penalty")
+    ppo_kl_coef: float = Field(1.0, ge=0.0, description="kl_cov: coefficient of the |log(pi/pi_old)| penalty")
+
+    @model_validator(mode="after")
+    def _band_ordered(self) -> "PolicyLossConfig":
+        if not self.clip_cov_lb < self.clip_cov_ub:
+            raise ValueError(f"actor.policy_loss.clip_cov_lb ({self.clip_cov_lb}) must be < clip_cov_ub "
+                             f"({self.clip_cov_ub})")
+        return self
+
+
 class ActorConfig(_Section):
     strategy: Literal["replicated", "fsdp2"] = Field(
         "replicated", description="data parallel under torchrun: every rank a full replica (gradients all-reduced), "
@@ -220,6 +245,9 @@ class ActorConfig(_Section):
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = Field(
         "token-mean", description="token-mean is DAPO's token-level loss (Eq. 12)"
     )
+    policy_loss: PolicyLossConfig = Field(default_factory=PolicyLossConfig)
+    tau_pos: float = Field(1.0, gt=0.0, description="sapo: gate temperature of positive-advantage tokens")
+    tau_neg: float = Field(1.05, gt=0.0, description="sapo: gate temperature of negative-advantage tokens")
     entropy_coeff: float = Field(0.0, description="entropy bonus (off in DAPO)")
     use_kl_loss: bool = Field(False, description="KL to the reference policy (off in DAPO)")
     kl_loss_coef: float = Field(0.001, ge=0.0)

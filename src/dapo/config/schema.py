@@ -318,7 +318,10 @@ class RolloutCorrectionConfig(_Section):
 
 
 class AlgorithmConfig(_Section):
-    adv_estimator: Literal["grpo"] = "grpo"
+    adv_estimator: Literal["grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "grpo_passk"] = Field(
+        "grpo", description="grpo (DAPO Eq. 9; Dr. GRPO with norm_adv_by_std_in_grpo=false), rloo (leave-one-out "
+        "baseline), reinforce_plus_plus (batch token whitening), reinforce_plus_plus_baseline (group mean, then "
+        "token whitening), grpo_passk (only each group's best response learns); see docs/objectives.md")
     norm_adv_by_std_in_grpo: bool = Field(True, description="False = Dr. GRPO (no std division)")
     filter_groups: FilterGroupsConfig = Field(default_factory=FilterGroupsConfig)
     overlong_filter: bool = Field(False, description="mask truncated samples out of the loss (overlong filtering)")
@@ -418,6 +421,8 @@ class DapoConfig(_Section):
             problems.append(
                 f"reward_model.overlong_buffer.len ({ob.len}) must be <= data.max_response_length ({d.max_response_length})"
             )
+        if self.algorithm.adv_estimator == "grpo_passk" and self.rollout.n < 2:
+            problems.append("algorithm.adv_estimator=grpo_passk needs rollout.n >= 2 (a best and a second best)")
         if self.algorithm.filter_groups.enable and self.rollout.n < 2:
             problems.append("algorithm.filter_groups.enable needs rollout.n >= 2 (a group of one is never kept)")
         if self.actor.recompute_old_log_prob == "never" and self.algorithm.rollout_correction.rollout_is is not None:

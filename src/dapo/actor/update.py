@@ -253,6 +253,8 @@ def trained_samples(mini_batch: TrainBatch, cfg: ActorConfig) -> list[int]:
     term is on or the policy loss needs them (``PolicyLoss.zero_advantage_no_gradient``), with a non-zero advantage
     (see the module docstring for why the others contribute exactly 0)."""
     keep = mini_batch.sample_mask.clone()
+    if mini_batch.token_mask is not None:  # every token rejected (rollout correction): nothing left to train
+        keep &= mini_batch.loss_mask().any(dim=1)
     skippable = get_policy_loss(cfg.policy_loss.loss_mode).zero_advantage_no_gradient
     if cfg.entropy_coeff == 0.0 and not cfg.use_kl_loss and skippable:
         keep &= mini_batch.advantages != 0

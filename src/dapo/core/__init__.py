@@ -18,11 +18,13 @@ from dapo.core.policy_loss import (POLICY_LOSSES, PolicyLoss, PolicyLossOutput, 
                                    get_policy_loss, register_policy_loss)
 # The other objectives register themselves in POLICY_LOSSES on import (one file each).
 from dapo.core import cispo, covariance_losses, gmpo, gspo, sapo  # noqa: E402,F401  isort: skip
-from dapo.core.rollout_correction import ROLLOUT_IS_LEVELS, ImportanceWeights, truncated_importance_weights
+from dapo.core.rollout_correction import (ROLLOUT_IS_LEVELS, ROLLOUT_RS_MODES, ImportanceWeights, RejectionMask,
+                                         rejection_mask, truncated_importance_weights)
 
 __all__ = [
     "ADV_ESTIMATORS",
     "ROLLOUT_IS_LEVELS",
+    "ROLLOUT_RS_MODES",
     "GroupFilterResult",
     "ImportanceWeights",
     "KL_ESTIMATORS",
@@ -32,6 +34,7 @@ __all__ = [
     "PolicyLoss",
     "PolicyLossOutput",
     "PolicyLossParams",
+    "RejectionMask",
     "aggregate_loss",
     "broadcast_advantage",
     "compute_grpo_outcome_advantage",
@@ -48,5 +51,6 @@ __all__ = [
     "overlong_filter_mask",
     "register_adv_estimator",
     "register_policy_loss",
+    "rejection_mask",
     "truncated_importance_weights",
 ]

@@ -122,7 +122,7 @@ def compute_rloo_outcome_advantage(
     scores: Tensor, group_index: Tensor, *, norm_adv_by_std: bool = True, eps: float = 1e-6,
     response_lengths: Tensor | None = None,
 ) -> Tensor:
-    """RLOO (REINFORCE Leave-One-Out; Ahmadian et al. 2024, arXiv 2402.14740, Eq. 6): the baseline of response i is
+    """RLOO (REINFORCE Leave-One-Out; Ahmadian et al. 2024, "Back to Basics", arXiv 2402.14740): the baseline of response i is
     the mean reward of the OTHER responses of its group::
 
         A_i = R_i - 1/(G-1) sum_{j != i} R_j  =  G/(G-1) * (R_i - mean(R_group))
@@ -188,8 +188,8 @@ def compute_grpo_passk_outcome_advantage(
     scores: Tensor, group_index: Tensor, *, norm_adv_by_std: bool = True, eps: float = 1e-6,
     response_lengths: Tensor | None = None,
 ) -> Tensor:
-    """Pass@k GRPO (Chen et al. 2025, "Pass@k Training", arXiv 2503.19595, as verl's ``grpo_passk``): only the best
-    response of a group learns, from the margin over the second best::
+    """Pass@k GRPO, as verl's ``grpo_passk`` (which cites arXiv 2503.19595): only the best response of a group learns,
+    from the margin over the second best (a group solved once is worth as much as one solved by every sample)::
 
         A_best = (R_max - R_second) / (std(R_group) + eps)    (no division with norm_adv_by_std=False),  others 0
 

@@ -13,7 +13,7 @@ with the weights detached (they scale the gradient, they are not differentiated)
 the variance the correction can add; verl's default is 2.0. ``pi_old`` is the actor's recomputed log-prob and ``mu``
 the engine's reported one (see ``dapo.rollout.base`` for what the engine reports).
 
-IcePop (Ling team, Ring-1T report, arXiv 2510.18855): with a band ``[lower, upper]`` instead of one threshold, a
+IcePop (the Ling team's Ring-1T report, 2025): with a band ``[lower, upper]`` instead of one threshold, a
 token (or sequence) whose ratio leaves the band gets weight 0 instead of a truncated one: it is masked out of the
 gradient, not shrunk (``rollout_is_threshold="0.5_2.0"`` in verl's spelling).
 

@@ -189,7 +189,8 @@ def compute_grpo_passk_outcome_advantage(
     response_lengths: Tensor | None = None,
 ) -> Tensor:
     """Pass@k GRPO, as verl's ``grpo_passk`` (which cites arXiv 2503.19595): only the best response of a group learns,
-    from the margin over the second best (a group solved once is worth as much as one solved by every sample)::
+    from the margin over the second best (with 0/1 rewards: a group solved by exactly one sample pushes that sample
+    up; a group solved by two or more, or by none, gives no signal)::
 
         A_best = (R_max - R_second) / (std(R_group) + eps)    (no division with norm_adv_by_std=False),  others 0
 

@@ -82,3 +82,28 @@ def test_bypass_and_rejection_pick_where_pi_old_comes_from() -> None:
     rs = build_config(None, ["algorithm.rollout_correction.rollout_rs=seq_mean_k1",
                              "algorithm.rollout_correction.rollout_rs_threshold=0.99_1.01"])
     assert old_log_prob_source(rs, num_groups=8, engine_samples_from_actor=True) == "recompute"
+
+
+@pytest.mark.parametrize(("trl", "mode", "agg"), [
+    ("loss_type=grpo", "vanilla", "seq-mean-token-mean"),
+    ("loss_type=dr_grpo", "vanilla", "seq-mean-token-sum-norm"),
+    ("loss_type=dapo", "vanilla", "token-mean"),
+    ("loss_type=bnpo", "vanilla", "token-mean"),
+    ("loss_type=cispo", "cispo", "token-mean"),
+    ("loss_type=sapo", "sapo", "seq-mean-token-mean"),
+    ("importance_sampling_level=sequence", "gspo", "token-mean"),
+])
+def test_trl_spellings(trl: str, mode: str, agg: str) -> None:
+    cfg = build_config(None, [trl, "epsilon=0.1", "epsilon_high=0.3", "scale_rewards=false"])
+    assert (cfg.actor.policy_loss.loss_mode, cfg.actor.loss_agg_mode) == (mode, agg)
+    assert (cfg.actor.clip_ratio_low, cfg.actor.clip_ratio_high) == (0.1, 0.3)
+    assert cfg.algorithm.norm_adv_by_std_in_grpo is False
+
+
+def test_trl_and_verl_values_without_a_counterpart_are_refused() -> None:
+    with pytest.raises(ConfigError, match=r"loss_type='ppo': allowed: grpo, dr_grpo"):
+        build_config(None, ["loss_type=ppo"])
+    with pytest.raises(ConfigError, match="'reinforce' loss is not implemented"):
+        build_config(None, ["algorithm.rollout_correction.loss_type=reinforce"])
+    build_config(None, ["algorithm.rollout_correction.loss_type=ppo_clip",
+                        "algorithm.rollout_correction.rollout_is_batch_normalize=false"])

@@ -84,3 +84,18 @@ def test_print_config_names_the_resolved_objective() -> None:
     assert first.startswith("# objective: policy loss cispo (clip_ratio_low=0.2, clip_ratio_high=0.28)")
     assert "advantages rloo" in first and "rollout_rs=seq_mean_k1 [0.99, 1.01]" in first
     assert "loss_mode: cispo" in out.output
+
+
+@pytest.mark.parametrize("top_p", [0.7, 1.0])
+def test_top_p_sampling_keeps_the_on_policy_ratio_at_one(top_p: float, tmp_path: Path) -> None:
+    """trl#6789 here: with top-p 0.7 the engine reports log-probs of the truncated distribution, far from the actor's
+    full softmax (the gap every actor-vs-engine ratio would inherit, so those are refused in the config); pi_old is
+    then the actor's own, and the PPO ratio of an on-policy update is exactly 1. Without truncation the two agree."""
+    cfg = build_config(None, [*FAST, f"trainer.default_local_dir={tmp_path}", "trainer.experiment_name=top_p",
+                              "actor.ppo_mini_batch_size=2", f"rollout.top_p={top_p}"])
+    result = train(cfg)
+    step = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()][-1]
+    assert step["actor/num_optimizer_steps"] == 1
+    assert step["actor/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    gap = step["rollout/log_prob_diff/mean"]
+    assert gap > 0.01 if top_p < 1.0 else gap < 1e-4

@@ -2,17 +2,20 @@
 
 For each of ``ppo_epochs`` passes, the batch is cut into mini-batches of ``ppo_mini_batch_size`` prompt groups; every
 mini-batch is one optimizer step (so 512 prompts x 16 responses with mini-batch 32 prompts = 16 steps per epoch).
-A mini-batch is processed in micro-batches (token budget or fixed size); each micro-batch's loss is aggregated with the
-MINI-batch's global token / sequence counts (``dapo.core.loss_aggregation``), so summing the micro-batch gradients
-gives exactly the gradient of the uncut mini-batch loss, with no rescaling here.
+A mini-batch is processed in micro-batches (token budget or fixed size) of whole responses, as its ``MiniBatchPlan``
+says; each micro-batch's loss is aggregated with the MINI-batch's global token / sequence counts
+(``dapo.core.loss_aggregation``), so summing the micro-batch gradients gives exactly the gradient of the uncut
+mini-batch loss, with no rescaling here.
 
 The loss of a micro-batch (all terms aggregated with ``loss_agg_mode``):
-    pg_loss (DAPO Eq. 10 per token, Eq. 12 aggregation)  - entropy_coeff * entropy  + kl_loss_coef * KL(pi || pi_ref)
+    pg_loss (per token: the policy loss ``actor.policy_loss.loss_mode`` names, DAPO Eq. 10 by default, looked up in
+    ``dapo.core.policy_loss.POLICY_LOSSES``; Eq. 12 aggregation)  - entropy_coeff * entropy  + kl_loss_coef * KL
 DAPO itself uses only the first term (entropy_coeff = 0, no KL). The token entropy is computed either way: it is the
 ``actor/entropy`` metric, the signal of the entropy collapse that Clip-Higher counters (paper Sec. 3.1).
 
 Samples that cannot move the policy cost no compute: those with ``sample_mask`` False (overlong filtering), and, when
-the entropy and KL terms are off (DAPO), those whose advantage is exactly 0. For the latter, Eq. 10's per-token
+the entropy and KL terms are off (DAPO) and the policy loss allows it (``PolicyLoss.zero_advantage_no_gradient``;
+every loss but Clip-Cov / KL-Cov), those whose advantage is exactly 0. For the latter, Eq. 10's per-token
 term is -min(r * 0, clip(r) * 0) = 0 whatever the ratio r, so its gradient is exactly 0; the sample still counts in
 the token-mean denominator of Eq. 12 (``count_loss_normalizers`` runs on the whole mini-batch), so leaving it out of
 the forward and backward leaves the update identical (``tests/actor/test_update.py`` proves it). With dynamic

@@ -352,8 +352,8 @@ class RolloutCorrectionConfig(_Section):
         None, description="bound of rollout_rs: k1 modes a ratio 'lower_upper' (one number u means 1/u_u); k2/k3 an "
         "upper bound of the divergence")
     bypass_mode: bool = Field(
-        False, description="pi_old = the engine's log-probs, no old-log-prob pass: the PPO ratio pi/mu then carries the "
-        "correction itself (verl's bypass_mode with loss_type=ppo_clip)")
+        False, description="pi_old = the engine's log-probs, no old-log-prob pass: the PPO ratio pi/mu then "
+        "carries the correction itself (verl's bypass_mode with loss_type=ppo_clip)")
 
     @model_validator(mode="after")
     def _thresholds_parse(self) -> "RolloutCorrectionConfig":

@@ -122,8 +122,8 @@ def compute_rloo_outcome_advantage(
     scores: Tensor, group_index: Tensor, *, norm_adv_by_std: bool = True, eps: float = 1e-6,
     response_lengths: Tensor | None = None,
 ) -> Tensor:
-    """RLOO (REINFORCE Leave-One-Out; Ahmadian et al. 2024, "Back to Basics", arXiv 2402.14740): the baseline of response i is
-    the mean reward of the OTHER responses of its group::
+    """RLOO (REINFORCE Leave-One-Out; Ahmadian et al. 2024, "Back to Basics", arXiv 2402.14740): the baseline of
+    response i is the mean reward of the OTHER responses of its group::
 
         A_i = R_i - 1/(G-1) sum_{j != i} R_j  =  G/(G-1) * (R_i - mean(R_group))
 

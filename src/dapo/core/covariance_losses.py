@@ -40,9 +40,9 @@ def _selected_count(ratio: float, response_mask: Tensor) -> int:
 @register_policy_loss("clip_cov", zero_advantage_no_gradient=False)
 def clip_cov_policy_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
                          params: PolicyLossParams) -> PolicyLossOutput:
-    """Clip-Cov: PPO's clipped loss (``eps_low`` / ``eps_high``) with the gradient of a random ``clip_cov_ratio`` share of
-    the tokens whose covariance lies in ``(clip_cov_lb, clip_cov_ub)`` detached. ``pg_clipfrac`` = PPO-clipped or
-    detached tokens."""
+    """Clip-Cov: PPO's clipped loss (``eps_low`` / ``eps_high``) with the gradient of a random ``clip_cov_ratio``
+    share of the tokens whose covariance lies in ``(clip_cov_lb, clip_cov_ub)`` detached. ``pg_clipfrac`` =
+    PPO-clipped or detached tokens."""
     check_same_shape("clip_cov", log_prob=log_prob, old_log_prob=old_log_prob, advantages=advantages,
                      response_mask=response_mask)
     check_clip_ratios("clip_cov", params.clip_ratio_low, params.clip_ratio_high)

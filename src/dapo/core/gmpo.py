@@ -3,7 +3,7 @@
 GRPO maximises the arithmetic mean of the token terms ``r_t A``; one token with an extreme ratio then dominates.
 GMPO maximises their geometric mean, with the clip applied per token in log space (maximised)::
 
-    J_GMPO = E[ 1/G sum_i  sgn(A_i) * ( prod_t | min( r_i,t A_i, clip(r_i,t, e^-eps_low, e^eps_high) A_i ) | )^(1/|o_i|) ]
+    J_GMPO = E[ 1/G sum_i sgn(A_i) (prod_t |min(r_i,t A_i, clip(r_i,t, e^-eps_low, e^eps_high) A_i)|)^(1/|o_i|) ]
 
 which, since ``|A_i|`` factors out of the product, is ``A_i * exp( 1/|o_i| sum_t l_i,t )`` with the pessimistic
 clipped log-ratio ``l_i,t = sgn(A) * min( sgn(A) log r_i,t, sgn(A) clip(log r_i,t, -eps_low, eps_high) )``.

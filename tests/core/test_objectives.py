@@ -205,3 +205,28 @@ def test_shape_mismatch_and_padding_never_leak(name: str) -> None:
     out.loss_mat.sum().backward()
     assert out.loss_mat[0, 1].item() == 0.0 and lp.grad[0, 1].item() == 0.0
     assert bool(torch.isfinite(lp.grad).all())
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(-2, 2), min_size=1, max_size=6), st.floats(-3, 3).filter(lambda a: abs(a) > 1e-3),
+       st.floats(0.05, 0.95), st.floats(0.05, 1.0))
+def test_gmpo_clip_bounds_the_side_that_helps_the_advantage(log_ratios: list[float], a: float, lo: float,
+                                                            hi: float) -> None:
+    """Like PPO's clip, GMPO's pessimistic log-space clip caps the sequence ratio above at e^eps_high when A > 0 and
+    below at e^-eps_low when A < 0 (the other side stays open: the objective never rewards it)."""
+    n = len(log_ratios)
+    out, _ = run("geo_mean", [log_ratios], [[0.0] * n], [[a] * n], [[1] * n], clip_ratio_low=lo, clip_ratio_high=hi)
+    seq_ratio = out.loss_mat[0, 0].item() / -a
+    geometric_mean = math.exp(sum(log_ratios) / n)
+    if a > 0:
+        assert seq_ratio <= min(geometric_mean, math.exp(hi)) * (1 + 1e-9)
+    else:
+        assert seq_ratio >= max(geometric_mean, math.exp(-lo)) * (1 - 1e-9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.floats(-3, 3).filter(lambda a: abs(a) > 1e-3), st.floats(0.1, 5.0), st.floats(0.1, 5.0))
+def test_sapo_on_policy_gradient_is_the_policy_gradient_for_any_temperature(a: float, tau_pos: float,
+                                                                            tau_neg: float) -> None:
+    _, grad = run("sapo", [[-1.3]], [[-1.3]], [[a]], [[1]], tau_pos=tau_pos, tau_neg=tau_neg)
+    assert grad.item() == pytest.approx(-a)  # slope of f_tau at r = 1 is 1 whatever tau

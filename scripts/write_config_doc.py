@@ -30,6 +30,8 @@ def verl_rows() -> list[str]:
     out = []
     for e in verl_keys.RENAMED:
         out.append(f"| `{e.key}` | renamed: `{e.target}` | {e.why} |")
+    for x in verl_keys.EXPANDED:
+        out.append(f"| `{x.key}` | TRL name, sets several keys | {x.why} |")
     for v in verl_keys.VALUES:
         out.append(f"| `{v.key}` | value translated | {v.why} |")
     for f in verl_keys.FIXED:

@@ -158,3 +158,77 @@ def test_register_rejects_a_second_function_for_a_name() -> None:
             register_adv_estimator("grpo")(my_estimator)
     finally:
         ADV_ESTIMATORS.pop("test-only-zero", None)
+
+
+# ---------------------------------------------------------------- the other estimators (verl's names), by hand
+# Group 0: rewards (3, 1, 1), lengths (1, 2, 3); group 1: rewards (5, 5, 0), lengths (1, 1, 2); group 2: (2,) alone.
+EST_SCORES = torch.tensor([3.0, 1.0, 1.0, 5.0, 5.0, 0.0, 2.0], dtype=torch.float64)
+EST_GROUPS = torch.tensor([0, 0, 0, 1, 1, 1, 2])
+EST_LENGTHS = torch.tensor([1, 2, 3, 1, 1, 2, 4])
+
+
+def estimate(name: str, **kwargs: object) -> torch.Tensor:
+    return get_adv_estimator(name)(EST_SCORES, EST_GROUPS, response_lengths=EST_LENGTHS, **kwargs)
+
+
+def test_registry_holds_verl_estimator_names() -> None:
+    assert {"grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "grpo_passk"} <= set(ADV_ESTIMATORS)
+    from dapo.config import AlgorithmConfig
+
+    assert set(AlgorithmConfig.model_fields["adv_estimator"].annotation.__args__) == set(ADV_ESTIMATORS)
+
+
+def test_rloo_hand_computed() -> None:
+    # A_i = R_i - mean of the others: group 0: 3 - 1 = 2, 1 - (3+1)/2 = -1, -1; group 1: 5 - 2.5 = 2.5 (twice),
+    # 0 - 5 = -5; the lone response has no other: 0.
+    torch.testing.assert_close(estimate("rloo"), torch.tensor([2.0, -1.0, -1.0, 2.5, 2.5, -5.0, 0.0],
+                                                              dtype=torch.float64))
+
+
+def test_reinforce_plus_plus_hand_computed() -> None:
+    # Token-weighted over 14 tokens: mean = (3*1 + 1*2 + 1*3 + 5 + 5 + 0*2 + 2*4) / 14 = 26/14;
+    # unbiased token variance = sum_i L_i (R_i - mean)^2 / 13.
+    mean = 26 / 14
+    rewards, lengths = [3, 1, 1, 5, 5, 0, 2], [1, 2, 3, 1, 1, 2, 4]
+    var = sum(n * (r - mean) ** 2 for r, n in zip(rewards, lengths)) / 13
+    want = [(r - mean) / math.sqrt(var + 1e-8) for r in rewards]
+    torch.testing.assert_close(estimate("reinforce_plus_plus"), torch.tensor(want, dtype=torch.float64))
+
+
+def test_reinforce_plus_plus_baseline_hand_computed() -> None:
+    # Group-centred first: (4/3, -2/3, -2/3), (5/3, 5/3, -10/3), (0); then whitened over the 14 tokens.
+    centred = [4 / 3, -2 / 3, -2 / 3, 5 / 3, 5 / 3, -10 / 3, 0.0]
+    lengths = [1, 2, 3, 1, 1, 2, 4]
+    mean = sum(c * n for c, n in zip(centred, lengths)) / 14
+    var = sum(n * (c - mean) ** 2 for c, n in zip(centred, lengths)) / 13
+    want = [(c - mean) / math.sqrt(var + 1e-8) for c in centred]
+    torch.testing.assert_close(estimate("reinforce_plus_plus_baseline"), torch.tensor(want, dtype=torch.float64))
+
+
+def test_grpo_passk_hand_computed() -> None:
+    scores = torch.tensor([3.0, 1.0, 1.0, 5.0, 5.0, 0.0, 1.0, 4.0], dtype=torch.float64)
+    groups = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2])
+    # Group 0: best 3, second 1, margin 2, std(3, 1, 1) = sqrt(4/3) -> 2 / sqrt(4/3) = sqrt(3) on the first response.
+    # Group 1: tie at 5 -> margin 0. Group 2: best is the second response, margin 3, std sqrt(4.5).
+    adv = get_adv_estimator("grpo_passk")(scores, groups, eps=0.0)
+    want = torch.tensor([math.sqrt(3), 0, 0, 0, 0, 0, 0, 3 / math.sqrt(4.5)], dtype=torch.float64)
+    torch.testing.assert_close(adv, want)
+    unnormalised = get_adv_estimator("grpo_passk")(scores, groups, norm_adv_by_std=False)
+    torch.testing.assert_close(unnormalised, torch.tensor([2.0, 0, 0, 0, 0, 0, 0, 3.0], dtype=torch.float64))
+    with pytest.raises(ValueError, match="at least 2 responses"):
+        get_adv_estimator("grpo_passk")(EST_SCORES, EST_GROUPS)
+
+
+def test_reinforce_plus_plus_needs_lengths() -> None:
+    with pytest.raises(ValueError, match="response_lengths"):
+        get_adv_estimator("reinforce_plus_plus")(EST_SCORES, EST_GROUPS)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(-5, 5), min_size=2, max_size=8))
+def test_rloo_is_grpo_without_std_rescaled_by_g_over_g_minus_1(rewards: list[float]) -> None:
+    scores = torch.tensor(rewards, dtype=torch.float64)
+    groups = torch.zeros(len(rewards), dtype=torch.long)
+    g = len(rewards)
+    dr_grpo = compute_grpo_outcome_advantage(scores, groups, norm_adv_by_std=False)
+    torch.testing.assert_close(get_adv_estimator("rloo")(scores, groups), dr_grpo * g / (g - 1))

@@ -180,3 +180,73 @@ def test_property_weights_are_one_when_the_policies_agree(
     assert out.truncated_fraction == 0.0
     if mask.any():
         assert out.mean == out.max == out.min == 1.0
+
+
+# ------------------------------------------------------------ IcePop's band, weight statistics, rejection sampling
+from dapo.core.rollout_correction import ROLLOUT_RS_MODES, rejection_mask  # noqa: E402
+
+
+def test_icepop_band_masks_instead_of_truncating() -> None:
+    # Band [0.6, 2.5] on the valid ratios (1, 3, 0.5 | 2, 2): 3 and 0.5 leave it -> weight 0; the others keep theirs.
+    old, rollout = _with_garbage_padding(OLD, ROLLOUT, MASK)
+    out = truncated_importance_weights(old, rollout, MASK, level="token", threshold=2.5, lower=0.6)
+    torch.testing.assert_close(out.weights, torch.tensor([[1.0, 0.0, 0.0, 0.0], [2.0, 2.0, 0.0, 0.0]]))
+    assert out.masked_fraction == pytest.approx(2 / 5)
+    # Applied weights (1, 0, 0, 2, 2): mean 1, mean square 9/5 -> ESS 5/9, population std sqrt(9/5 - 1).
+    assert out.eff_sample_size == pytest.approx(5 / 9)
+    assert out.std == pytest.approx(math.sqrt(0.8))
+
+
+def test_tis_effective_sample_size_by_hand() -> None:
+    # Truncated weights (1, 2, 0.5, 2, 2), mean 1.5: mean of (w / 1.5)^2 = 13.25 / 2.25 / 5 -> ESS = 11.25 / 13.25.
+    out = truncated_importance_weights(OLD, ROLLOUT, MASK, level="token", threshold=2.0)
+    assert out.eff_sample_size == pytest.approx(11.25 / 13.25)
+    assert out.masked_fraction == 0.0
+
+
+@pytest.mark.parametrize(
+    ("mode", "upper", "lower", "keep_row0", "keep_row1"),
+    [
+        # k1 on the ratio itself, two-sided.
+        ("token_k1", 2.5, 0.6, [True, False, False], [True, True]),
+        ("seq_sum_k1", 2.0, 0.5, [True] * 3, [False] * 2),  # products 1.5 and 4
+        ("seq_mean_k1", 1.9, None, [True] * 3, [False] * 2),  # geometric means 1.5^(1/3) = 1.145 and 2; lower 1/1.9
+        # k2 = 0.5 log(r)^2: row 0 (0, 0.6035, 0.2402), row 1 (0.2402, 0.2402).
+        ("token_k2", 0.3, None, [True, False, True], [True, True]),
+        ("seq_sum_k2", 0.5, None, [False] * 3, [True] * 2),  # sums 0.8437 and 0.4805
+        ("seq_max_k2", 0.3, None, [False] * 3, [True] * 2),  # maxima 0.6035 and 0.2402
+        # k3 = r - 1 - log r: row 0 (0, 0.9014, 0.1931), row 1 (0.3069, 0.3069).
+        ("token_k3", 0.5, None, [True, False, True], [True, True]),
+        ("seq_mean_k3", 0.35, None, [False] * 3, [True] * 2),  # means 0.3648 and 0.3069
+        ("seq_max_k3", 0.95, None, [True] * 3, [True] * 2),
+    ],
+)
+def test_rejection_modes_by_hand(mode: str, upper: float, lower: float | None, keep_row0: list[bool],
+                                 keep_row1: list[bool]) -> None:
+    old, rollout = _with_garbage_padding(OLD, ROLLOUT, MASK)
+    out = rejection_mask(old, rollout, MASK, mode=mode, upper=upper, lower=lower)
+    want = torch.tensor([keep_row0 + [False], keep_row1 + [False, False]])
+    assert torch.equal(out.keep, want)
+    assert out.masked_fraction == pytest.approx((5 - int(want.sum())) / 5)
+    seqs_hit = int(not all(keep_row0)) + int(not all(keep_row1))
+    assert out.seq_masked_fraction == pytest.approx(seqs_hit / 2)
+    assert torch.equal(out.keep_sequence, torch.tensor([all(keep_row0), all(keep_row1)]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(ROLLOUT_RS_MODES), st.integers(0, 1000))
+def test_rejection_keeps_everything_when_the_policies_agree(mode: str, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    lp = torch.randn(3, 5, generator=g, dtype=torch.float64) - 1.0
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 0, 0, 0, 0]])
+    out = rejection_mask(lp, lp, mask, mode=mode, upper=1e-3 if not mode.endswith("k1") else 1.001)
+    assert torch.equal(out.keep, mask.bool()) and out.masked_fraction == 0.0
+
+
+def test_rejection_argument_errors() -> None:
+    with pytest.raises(ValueError, match="mode must be one of"):
+        rejection_mask(OLD, ROLLOUT, MASK, mode="seq_max_k1", upper=2.0)
+    with pytest.raises(ValueError, match="from above only"):
+        rejection_mask(OLD, ROLLOUT, MASK, mode="token_k2", upper=2.0, lower=0.1)
+    with pytest.raises(ValueError, match="lower <= upper"):
+        rejection_mask(OLD, ROLLOUT, MASK, mode="token_k1", upper=2.0, lower=3.0)

@@ -55,6 +55,8 @@ class TrainBatch:
         ref_log_probs: per-response log-probs under the reference policy; needed only for the optional KL loss.
         is_weights: per-response, per-token truncated importance weights pi_old / mu (rollout correction) that scale
             each token's policy-gradient loss, or None (weight 1).
+        token_mask: per-response bool tensors, False on tokens rejected from the loss (token-level rejection
+            sampling, ``dapo.core.rollout_correction.rejection_mask``), or None (every token kept).
     """
 
     prompt_ids: list[Tensor]
@@ -66,6 +68,7 @@ class TrainBatch:
     rollout_log_probs: list[Tensor] | None = None
     ref_log_probs: list[Tensor] | None = None
     is_weights: list[Tensor] | None = None
+    token_mask: list[Tensor] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.prompt_ids)
@@ -109,6 +112,14 @@ class TrainBatch:
                         f"TrainBatch.{name}[{i}] must be a float tensor of shape {tuple(resp.shape)} "
                         f"(its response length), got {got}"
                     )
+        if self.token_mask is not None:
+            if len(self.token_mask) != n:
+                raise ValueError(f"TrainBatch.token_mask has {len(self.token_mask)} entries for {n} samples")
+            for i, (m, resp) in enumerate(zip(self.token_mask, responses, strict=True)):
+                if not isinstance(m, Tensor) or m.shape != resp.shape or m.dtype != torch.bool:
+                    got = f"{tuple(m.shape)} {m.dtype}" if isinstance(m, Tensor) else type(m).__name__
+                    raise ValueError(f"TrainBatch.token_mask[{i}] must be a bool tensor of shape "
+                                     f"{tuple(resp.shape)} (its response length), got {got}")
 
     def __len__(self) -> int:
         return len(self.prompt_ids)
@@ -161,6 +172,7 @@ class TrainBatch:
             rollout_log_probs=pick(self.rollout_log_probs),
             ref_log_probs=pick(self.ref_log_probs),
             is_weights=pick(self.is_weights),
+            token_mask=pick(self.token_mask),
         )
 
     def split_into_mini_batches(
@@ -192,11 +204,15 @@ class TrainBatch:
         return dataclasses.replace(self, is_weights=is_weights)
 
     def loss_mask(self) -> Tensor:
-        """[B, T_max] bool: True on response tokens of samples kept by ``sample_mask`` (T_max = longest response)."""
+        """[B, T_max] bool: True on response tokens of samples kept by ``sample_mask`` and not rejected by
+        ``token_mask`` (T_max = longest response)."""
         lengths = torch.tensor(self.response_lengths, dtype=torch.long)
         width = int(lengths.max()) if len(self) > 0 else 0
         in_response = torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)
-        return in_response & self.sample_mask.unsqueeze(1)
+        mask = in_response & self.sample_mask.unsqueeze(1)
+        if self.token_mask is not None and len(self) > 0:
+            mask &= pad_per_token([m.to(torch.uint8) for m in self.token_mask], width).bool()
+        return mask
 
 
 def pad_per_token(values: Sequence[Tensor], width: int | None = None, pad_value: float = 0.0) -> Tensor:

@@ -2,17 +2,20 @@
 
 For each of ``ppo_epochs`` passes, the batch is cut into mini-batches of ``ppo_mini_batch_size`` prompt groups; every
 mini-batch is one optimizer step (so 512 prompts x 16 responses with mini-batch 32 prompts = 16 steps per epoch).
-A mini-batch is processed in micro-batches (token budget or fixed size); each micro-batch's loss is aggregated with the
-MINI-batch's global token / sequence counts (``dapo.core.loss_aggregation``), so summing the micro-batch gradients
-gives exactly the gradient of the uncut mini-batch loss, with no rescaling here.
+A mini-batch is processed in micro-batches (token budget or fixed size) of whole responses, as its ``MiniBatchPlan``
+says; each micro-batch's loss is aggregated with the MINI-batch's global token / sequence counts
+(``dapo.core.loss_aggregation``), so summing the micro-batch gradients gives exactly the gradient of the uncut
+mini-batch loss, with no rescaling here.
 
 The loss of a micro-batch (all terms aggregated with ``loss_agg_mode``):
-    pg_loss (DAPO Eq. 10 per token, Eq. 12 aggregation)  - entropy_coeff * entropy  + kl_loss_coef * KL(pi || pi_ref)
+    pg_loss (per token: the policy loss ``actor.policy_loss.loss_mode`` names, DAPO Eq. 10 by default, looked up in
+    ``dapo.core.policy_loss.POLICY_LOSSES``; Eq. 12 aggregation)  - entropy_coeff * entropy  + kl_loss_coef * KL
 DAPO itself uses only the first term (entropy_coeff = 0, no KL). The token entropy is computed either way: it is the
 ``actor/entropy`` metric, the signal of the entropy collapse that Clip-Higher counters (paper Sec. 3.1).
 
 Samples that cannot move the policy cost no compute: those with ``sample_mask`` False (overlong filtering), and, when
-the entropy and KL terms are off (DAPO), those whose advantage is exactly 0. For the latter, Eq. 10's per-token
+the entropy and KL terms are off (DAPO) and the policy loss allows it (``PolicyLoss.zero_advantage_no_gradient``;
+every loss but Clip-Cov / KL-Cov), those whose advantage is exactly 0. For the latter, Eq. 10's per-token
 term is -min(r * 0, clip(r) * 0) = 0 whatever the ratio r, so its gradient is exactly 0; the sample still counts in
 the token-mean denominator of Eq. 12 (``count_loss_normalizers`` runs on the whole mini-batch), so leaving it out of
 the forward and backward leaves the update identical (``tests/actor/test_update.py`` proves it). With dynamic
@@ -45,7 +48,7 @@ from dapo.actor.micro_batching import padding_micro_batches, plan_micro_batches,
 from dapo.actor.precision import autocast_context
 from dapo.core.kl import kl_penalty
 from dapo.core.loss_aggregation import aggregate_loss, count_loss_normalizers
-from dapo.core.policy_loss import compute_policy_loss
+from dapo.core.policy_loss import PolicyLossParams, get_policy_loss
 from dapo.distributed.data_parallel import (balanced_group_shares, clip_grad_norm, first_non_finite, forward_through,
                                             is_sharded, sum_gradients)
 from dapo.distributed.world import World
@@ -55,10 +58,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FirstPassRecord",
+    "MiniBatchPlan",
     "MiniBatchResult",
     "NonFiniteLossError",
     "accumulate_mini_batch_gradients",
     "configure_model_for_training",
+    "plan_mini_batch",
+    "policy_loss_params",
     "update_policy",
 ]
 
@@ -181,6 +187,60 @@ def sharded_share(mini_batch: TrainBatch, cfg: ActorConfig, world: World, layout
                         padding_micro_batches([len(c.micro_batches) for c in cuts], world.rank), filler)
 
 
+@dataclass(frozen=True)
+class MiniBatchPlan:
+    """One mini-batch as this rank trains it: the one place its counts come from, read by every objective and every
+    aggregation mode (``dapo.core.loss_aggregation``), whatever the world size or strategy.
+
+    Attributes:
+        share: the samples this rank trains (the whole mini-batch on one process; a share of whole groups otherwise).
+        num_tokens, num_seqs: the WHOLE mini-batch's valid tokens and sequences with >= 1 valid token (Eq. 12's
+            normalisers), so that summing the micro-batch (and rank) losses gives the uncut mini-batch loss.
+        norm_length: the constant length of ``seq-mean-token-sum-norm``.
+        micro_batches: indices into ``share``, each one forward/backward; every response is whole in one of them,
+            so per-sequence quantities (GSPO's and GMPO's sequence ratios) see the complete sequence.
+        num_oversized, num_zero_advantage: counts of the cut, for the metrics.
+        padding: (filler batch, count) of zero-weight passes a sharded rank adds (see the module docstring).
+    """
+
+    share: TrainBatch
+    num_tokens: int
+    num_seqs: int
+    norm_length: int
+    micro_batches: list[list[int]]
+    num_oversized: int = 0
+    num_zero_advantage: int = 0
+    padding: tuple[TrainBatch, int] | None = None
+
+
+def plan_mini_batch(mini_batch: TrainBatch, cfg: ActorConfig, *, layout: str, norm_length: int,
+                    world: World | None = None, sharded: bool = False) -> MiniBatchPlan:
+    """The plan of ``mini_batch`` on this rank of ``world``: the whole of it on one process, a token-balanced share of
+    whole groups under data parallelism, with zero-weight padding passes under a sharded actor (``sharded``)."""
+    num_tokens, num_seqs = count_loss_normalizers(mini_batch.loss_mask())
+    if world is None or not world.distributed:
+        share, padding = mini_batch, None
+        cut = cut_micro_batches(share, cfg, layout) if num_tokens else MicroBatchCut([])
+    elif sharded:  # every rank runs the same number of micro-batch passes
+        planned = sharded_share(mini_batch, cfg, world, layout)
+        share, cut, padding = planned.share, planned.cut, (planned.filler, planned.num_padding)
+    else:
+        share, padding = rank_share(mini_batch, world), None
+        cut = cut_micro_batches(share, cfg, layout) if num_tokens else MicroBatchCut([])
+    return MiniBatchPlan(share, num_tokens, num_seqs, norm_length, cut.micro_batches, cut.num_oversized,
+                         cut.num_zero_advantage, padding)
+
+
+def policy_loss_params(cfg: ActorConfig, generator: torch.Generator | None = None) -> PolicyLossParams:
+    """The knobs of ``cfg.policy_loss.loss_mode`` (every loss reads its own from the one object)."""
+    pl = cfg.policy_loss
+    return PolicyLossParams(
+        clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
+        tau_pos=cfg.tau_pos, tau_neg=cfg.tau_neg, clip_cov_ratio=pl.clip_cov_ratio, clip_cov_lb=pl.clip_cov_lb,
+        clip_cov_ub=pl.clip_cov_ub, kl_cov_ratio=pl.kl_cov_ratio, ppo_kl_coef=pl.ppo_kl_coef, generator=generator,
+    )
+
+
 def reduce_metrics(result: MiniBatchResult, world: World) -> None:
     """Sum a share's loss and token-weighted metric sums over ranks (the counts are global already)."""
     names = TOKEN_METRICS  # the same list on every rank, whatever its share held
@@ -193,9 +253,13 @@ def reduce_metrics(result: MiniBatchResult, world: World) -> None:
 
 def trained_samples(mini_batch: TrainBatch, cfg: ActorConfig) -> list[int]:
     """Indices of the samples whose gradient can be non-zero: kept by ``sample_mask``, and, unless an entropy or KL
-    term is on, with a non-zero advantage (see the module docstring for why the others contribute exactly 0)."""
+    term is on or the policy loss needs them (``PolicyLoss.zero_advantage_no_gradient``), with a non-zero advantage
+    (see the module docstring for why the others contribute exactly 0)."""
     keep = mini_batch.sample_mask.clone()
-    if cfg.entropy_coeff == 0.0 and not cfg.use_kl_loss:
+    if mini_batch.token_mask is not None:  # every token rejected (rollout correction): nothing left to train
+        keep &= mini_batch.loss_mask().any(dim=1)
+    skippable = get_policy_loss(cfg.policy_loss.loss_mode).zero_advantage_no_gradient
+    if cfg.entropy_coeff == 0.0 and not cfg.use_kl_loss and skippable:
         keep &= mini_batch.advantages != 0
     return keep.nonzero().flatten().tolist()
 
@@ -234,6 +298,8 @@ def accumulate_mini_batch_gradients(
     record: FirstPassRecord | None = None,
     record_under_old: bool = False,
     padding: tuple[TrainBatch, int] | None = None,
+    plan: MiniBatchPlan | None = None,
+    generator: torch.Generator | None = None,
 ) -> MiniBatchResult:
     """Forward and backward every micro-batch of ``mini_batch``; the parameters' ``.grad`` gain the mini-batch gradient.
 
@@ -249,25 +315,37 @@ def accumulate_mini_batch_gradients(
     ``padding`` (filler batch, count): after the real micro-batches, ``count`` forward/backward passes over the filler
     with a loss multiplied by 0.0 (equal collective counts for a sharded actor); they add nothing to the gradients,
     the metrics or ``record``.
+    ``plan`` (from :func:`plan_mini_batch`) replaces ``micro_batches``, ``normalizers``, ``norm_length`` and
+    ``padding``: ``mini_batch`` must then be ``plan.share``. ``generator``: random source of the policy loss (Clip-Cov).
     """
     if mini_batch.old_log_probs is None and not on_policy:
         raise ValueError("accumulate_mini_batch_gradients: the batch has no old_log_probs (compute them first)")
     if cfg.use_kl_loss and mini_batch.ref_log_probs is None:
         raise ValueError("actor.use_kl_loss is set but the batch has no ref_log_probs")
     result = MiniBatchResult()
-    result.num_tokens, result.num_seqs = normalizers or count_loss_normalizers(mini_batch.loss_mask())
+    layout = resolve_layout(cfg.layout, model)
+    if plan is None:
+        num_tokens, num_seqs = normalizers or count_loss_normalizers(mini_batch.loss_mask())
+        if num_tokens == 0:
+            cut = MicroBatchCut([])
+        elif micro_batches is None:
+            cut = cut_micro_batches(mini_batch, cfg, layout)
+        else:
+            cut = MicroBatchCut(micro_batches)
+        plan = MiniBatchPlan(mini_batch, num_tokens, num_seqs, norm_length, cut.micro_batches, cut.num_oversized,
+                             cut.num_zero_advantage, padding)
+    elif plan.share is not mini_batch:
+        raise ValueError("accumulate_mini_batch_gradients: mini_batch must be the plan's share")
+    result.num_tokens, result.num_seqs = plan.num_tokens, plan.num_seqs
     if result.num_tokens == 0:
         return result
-
-    layout = resolve_layout(cfg.layout, model)
-    if micro_batches is None:
-        cut = cut_micro_batches(mini_batch, cfg, layout)
-        micro_batches, result.num_oversized = cut.micro_batches, cut.num_oversized
-        result.num_zero_advantage = cut.num_zero_advantage
+    result.num_oversized, result.num_zero_advantage = plan.num_oversized, plan.num_zero_advantage
+    policy_loss = get_policy_loss(cfg.policy_loss.loss_mode).fn
+    loss_params = policy_loss_params(cfg, generator)
     # (batch, sorted indices, loss weight); a sorted subset keeps every group contiguous
-    passes = [(mini_batch, sorted(indices), 1.0) for indices in micro_batches]
-    if padding is not None:
-        passes += [(padding[0], [0], 0.0)] * padding[1]
+    passes = [(mini_batch, sorted(indices), 1.0) for indices in plan.micro_batches]
+    if plan.padding is not None:
+        passes += [(plan.padding[0], [0], 0.0)] * plan.padding[1]
 
     device = next(model.parameters()).device
     # Metrics stay on the device until the mini-batch is done: one host sync per micro-batch (the finiteness check).
@@ -299,10 +377,7 @@ def accumulate_mini_batch_gradients(
             old_log_prob = pad_per_token([lp.to(device=device, dtype=torch.float32) for lp in micro.old_log_probs])
         mask = micro.loss_mask().to(device)
         advantages = micro.advantages.to(device=device, dtype=torch.float32).unsqueeze(1).expand_as(log_prob)
-        out = compute_policy_loss(
-            log_prob, old_log_prob, advantages, mask,
-            clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
-        )
+        out = policy_loss(log_prob, old_log_prob, advantages, mask, loss_params)
 
         loss_mat = out.loss_mat
         if micro.is_weights is not None:  # truncated IS against the rollout engine (dapo.core.rollout_correction)
@@ -311,7 +386,7 @@ def accumulate_mini_batch_gradients(
         def aggregate(loss_mat: Tensor) -> Tensor:
             return aggregate_loss(
                 loss_mat, mask, cfg.loss_agg_mode, global_num_tokens=result.num_tokens,
-                global_num_seqs=result.num_seqs, norm_length=norm_length,
+                global_num_seqs=result.num_seqs, norm_length=plan.norm_length,
             )
 
         terms = {"policy-gradient loss": aggregate(loss_mat)}
@@ -417,27 +492,20 @@ def update_policy(
     lr = float(optimizer.param_groups[0]["lr"])
     data_parallel = world is not None and world.distributed
     sharded = data_parallel and is_sharded(model)
+    layout = resolve_layout(cfg.layout, model)
     optimizer.zero_grad(set_to_none=True)
     for epoch in range(cfg.ppo_epochs):
         mini_batches = batch.split_into_mini_batches(cfg.ppo_mini_batch_size, shuffle=cfg.shuffle, generator=generator)
         for index, mini_batch in enumerate(mini_batches):
             where = f"epoch {epoch}, mini-batch {index}"
-            share, normalizers, cut, padding = mini_batch, None, None, None
-            if sharded:  # every rank runs the same number of micro-batch passes
-                planned = sharded_share(mini_batch, cfg, world, resolve_layout(cfg.layout, model))
-                share, cut, padding = planned.share, planned.cut, (planned.filler, planned.num_padding)
-                normalizers = count_loss_normalizers(mini_batch.loss_mask())
-            elif data_parallel:
-                share, normalizers = rank_share(mini_batch, world), count_loss_normalizers(mini_batch.loss_mask())
+            plan = plan_mini_batch(mini_batch, cfg, layout=layout, norm_length=norm_length, world=world,
+                                   sharded=sharded)
             try:
                 result = accumulate_mini_batch_gradients(
-                    model, share, cfg, temperature=temperature, norm_length=norm_length, where=where,
-                    normalizers=normalizers, on_policy=on_policy, record=record if epoch == 0 else None,
-                    record_under_old=epoch == 0 and index == 0,
-                    micro_batches=None if cut is None else cut.micro_batches, padding=padding,
+                    model, plan.share, cfg, temperature=temperature, norm_length=norm_length, where=where,
+                    on_policy=on_policy, record=record if epoch == 0 else None,
+                    record_under_old=epoch == 0 and index == 0, plan=plan, generator=generator,
                 )
-                if cut is not None:
-                    result.num_oversized, result.num_zero_advantage = cut.num_oversized, cut.num_zero_advantage
             except NonFiniteLossError:
                 optimizer.zero_grad(set_to_none=True)
                 raise

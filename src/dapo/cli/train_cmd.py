@@ -29,6 +29,9 @@ def train_command(config_path: str | None, print_config: bool, overrides: tuple[
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     if print_config:
+        from dapo.config.objective import describe_objective
+
+        click.echo(f"# objective: {describe_objective(cfg)}")  # a YAML comment: the output stays a loadable config
         click.echo(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
         return
     # The Transformers engine generates in this process: nothing else computes alongside, so threads may spin; not so

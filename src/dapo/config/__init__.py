@@ -3,6 +3,7 @@
 from dapo.config.loading import build_config, canonical_key, config_to_dict, load_config, parse_override
 from dapo.config.schema import (
     ActorConfig,
+    PolicyLossConfig,
     AlgorithmConfig,
     ConfigError,
     CustomRewardFunctionConfig,
@@ -22,6 +23,7 @@ from dapo.config.schema import (
 
 __all__ = [
     "ActorConfig",
+    "PolicyLossConfig",
     "AlgorithmConfig",
     "ConfigError",
     "CustomRewardFunctionConfig",

@@ -106,7 +106,8 @@ def _unknown_key_problem(dotted: str) -> str | None:
 
 
 def _verl_spellings() -> list[str]:
-    return [e.key.rstrip(".") for table in (verl_keys.RENAMED, verl_keys.FIXED, verl_keys.MATCHES) for e in table]
+    return [e.key.rstrip(".") for table in (verl_keys.RENAMED, verl_keys.EXPANDED, verl_keys.FIXED, verl_keys.MATCHES)
+            for e in table]
 
 
 def _check_known_key(dotted: str) -> None:
@@ -210,6 +211,15 @@ def build_config_with_report(
             if value is None and target == "actor.ppo_micro_batch_size_per_gpu":
                 continue  # verl's null: not set
             key = target
+        elif isinstance(entry, verl_keys.Expanded):
+            try:
+                targets = entry.expand(value)
+            except ValueError as exc:
+                problems.append(f"{given}={value!r}: {exc} ({entry.why})")
+                continue
+            report.renamed[given] = ", ".join(targets)
+            flat.update(targets)
+            continue
         elif isinstance(entry, verl_keys.Fixed):
             if not any(_same_value(value, a) for a in entry.allowed):
                 allowed = " or ".join(repr(a) for a in entry.allowed)

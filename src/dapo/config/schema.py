@@ -25,6 +25,7 @@ __all__ = [
     "ModelConfig",
     "OptimConfig",
     "OverlongBufferConfig",
+    "PolicyLossConfig",
     "RewardModelConfig",
     "RolloutConfig",
     "SkipSolvedPromptsConfig",
@@ -181,6 +182,30 @@ class FsdpConfig(_Section):
                               "memory (CPUOffloadPolicy); the optimizer step then runs on the CPU")
 
 
+class PolicyLossConfig(_Section):
+    """verl's ``actor.policy_loss``: which objective the actor minimises (docs/objectives.md) and the knobs only some
+    objectives read (Clip-Cov / KL-Cov, arXiv 2505.22617)."""
+
+    loss_mode: Literal["vanilla", "gspo", "gspo_token", "cispo", "geo_mean", "sapo", "clip_cov", "kl_cov"] = Field(
+        "vanilla", description="vanilla = DAPO Eq. 10 (Clip-Higher, dual clip); gspo / gspo_token (sequence ratio), "
+        "cispo (clipped detached IS weight), geo_mean (GMPO), sapo (soft gate), clip_cov / kl_cov; see "
+        "docs/objectives.md for each one's formula and recommended clip values")
+    clip_cov_ratio: float = Field(0.0002, gt=0.0, le=1.0, description="clip_cov: share of tokens whose gradient is "
+                                  "detached, drawn among those with covariance in (clip_cov_lb, clip_cov_ub)")
+    clip_cov_lb: float = Field(1.0, description="clip_cov: lower bound of the covariance band")
+    clip_cov_ub: float = Field(5.0, description="clip_cov: upper bound of the covariance band")
+    kl_cov_ratio: float = Field(0.0002, gt=0.0, le=1.0,
+                                description="kl_cov: share of tokens (largest covariance) given the KL penalty")
+    ppo_kl_coef: float = Field(1.0, ge=0.0, description="kl_cov: coefficient of the |log(pi/pi_old)| penalty")
+
+    @model_validator(mode="after")
+    def _band_ordered(self) -> "PolicyLossConfig":
+        if not self.clip_cov_lb < self.clip_cov_ub:
+            raise ValueError(f"actor.policy_loss.clip_cov_lb ({self.clip_cov_lb}) must be < clip_cov_ub "
+                             f"({self.clip_cov_ub})")
+        return self
+
+
 class ActorConfig(_Section):
     strategy: Literal["replicated", "fsdp2"] = Field(
         "replicated", description="data parallel under torchrun: every rank a full replica (gradients all-reduced), "
@@ -224,6 +249,9 @@ class ActorConfig(_Section):
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = Field(
         "token-mean", description="token-mean is DAPO's token-level loss (Eq. 12)"
     )
+    policy_loss: PolicyLossConfig = Field(default_factory=PolicyLossConfig)
+    tau_pos: float = Field(1.0, gt=0.0, description="sapo: gate temperature of positive-advantage tokens")
+    tau_neg: float = Field(1.05, gt=0.0, description="sapo: gate temperature of negative-advantage tokens")
     entropy_coeff: float = Field(0.0, description="entropy bonus (off in DAPO)")
     use_kl_loss: bool = Field(False, description="KL to the reference policy (off in DAPO)")
     kl_loss_coef: float = Field(0.001, ge=0.0)
@@ -284,17 +312,86 @@ class FilterGroupsConfig(_Section):
     skip_solved_prompts: SkipSolvedPromptsConfig = Field(default_factory=SkipSolvedPromptsConfig)
 
 
+RolloutRSMode = Literal["token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3", "seq_mean_k1",
+                        "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3"]
+
+
+def _bounds(where: str, spec: float | str, *, band_allowed: bool) -> tuple[float, float | None]:
+    """``(upper, lower)`` of a verl threshold: a number (upper only) or a ``"lower_upper"`` string (a band)."""
+    if isinstance(spec, str):
+        parts = spec.strip().split("_")
+        try:
+            values = [float(p) for p in parts]
+        except ValueError:
+            raise ValueError(f"{where}={spec!r}: expected a number or 'lower_upper' (e.g. '0.5_2.0')") from None
+        if len(values) == 1:
+            return _bounds(where, values[0], band_allowed=band_allowed)
+        if len(values) != 2:
+            raise ValueError(f"{where}={spec!r}: expected a number or 'lower_upper' (e.g. '0.5_2.0')")
+        if not band_allowed:
+            raise ValueError(f"{where}={spec!r}: this mode bounds a divergence from above, give one number")
+        lower, upper = values
+        if not 0 < lower <= upper:
+            raise ValueError(f"{where}={spec!r}: need 0 < lower <= upper")
+        return upper, lower
+    if not spec > 0:
+        raise ValueError(f"{where} must be > 0, got {spec}")
+    return float(spec), None
+
+
 class RolloutCorrectionConfig(_Section):
-    """Truncated importance sampling between the rollout engine and the actor (verl's names)."""
+    """Train/inference mismatch correction between the rollout engine and the actor (verl's names and strings;
+    ``dapo.core.rollout_correction``, docs/objectives.md)."""
 
     rollout_is: Literal["token", "sequence"] | None = Field(
-        None, description="weight the PPO loss by min(pi_old/mu, C) per token or per sequence; None = off"
+        None, description="weight the PPO loss by pi_old/mu per token or per sequence (TIS: min(w, C); with a "
+        "'lower_upper' threshold IcePop: 0 outside the band); None = off"
     )
-    rollout_is_threshold: float = Field(2.0, gt=0.0, description="C, the truncation bound of the weight")
+    rollout_is_threshold: float | str = Field(
+        2.0, description="C, the truncation bound of the weight, or 'lower_upper' (e.g. '0.5_2.0') for IcePop's band")
+    rollout_rs: RolloutRSMode | None = Field(
+        None, description="rejection sampling: token_k1/k2/k3, seq_sum_k1/k2/k3, seq_mean_k1/k2/k3 (seq_mean_k1 = "
+        "Geo-RS, geometric-mean ratio), seq_max_k2/k3; rejected tokens or responses leave the loss; None = off")
+    rollout_rs_threshold: float | str | None = Field(
+        None, description="bound of rollout_rs: k1 modes a ratio 'lower_upper' (one number u means 1/u_u); k2/k3 an "
+        "upper bound of the divergence")
+    bypass_mode: bool = Field(
+        False, description="pi_old = the engine's log-probs, no old-log-prob pass: the PPO ratio pi/mu then "
+        "carries the correction itself (verl's bypass_mode with loss_type=ppo_clip)")
+
+    @model_validator(mode="after")
+    def _thresholds_parse(self) -> "RolloutCorrectionConfig":
+        self.is_bounds()
+        if self.rollout_rs is not None:
+            if self.rollout_rs_threshold is None:
+                raise ValueError(f"algorithm.rollout_correction.rollout_rs={self.rollout_rs} needs "
+                                 "rollout_rs_threshold (k1: e.g. '0.999_1.001'; k2/k3: an upper bound)")
+            self.rs_bounds()
+        if self.bypass_mode and (self.rollout_is is not None or self.rollout_rs is not None):
+            raise ValueError("algorithm.rollout_correction.bypass_mode=true makes pi_old the engine's log-probs, so "
+                             "pi_old/mu is 1 and rollout_is / rollout_rs have nothing to weigh or reject; set them to "
+                             "null (the PPO ratio pi/mu and its clip are the correction in bypass mode)")
+        return self
+
+    def is_bounds(self) -> tuple[float, float | None]:
+        """``(C, lower)`` of ``rollout_is``: lower is None for TIS, IcePop's band start otherwise."""
+        return _bounds("algorithm.rollout_correction.rollout_is_threshold", self.rollout_is_threshold,
+                       band_allowed=True)
+
+    def rs_bounds(self) -> tuple[float, float | None]:
+        """``(upper, lower)`` of ``rollout_rs``; a k1 mode given one number u gets the band [1/u, u]."""
+        assert self.rollout_rs is not None and self.rollout_rs_threshold is not None
+        k1 = self.rollout_rs.endswith("k1")
+        upper, lower = _bounds("algorithm.rollout_correction.rollout_rs_threshold", self.rollout_rs_threshold,
+                               band_allowed=k1)
+        return (upper, 1.0 / upper if lower is None else lower) if k1 else (upper, None)
 
 
 class AlgorithmConfig(_Section):
-    adv_estimator: Literal["grpo"] = "grpo"
+    adv_estimator: Literal["grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "grpo_passk"] = Field(
+        "grpo", description="grpo (DAPO Eq. 9; Dr. GRPO with norm_adv_by_std_in_grpo=false), rloo (leave-one-out "
+        "baseline), reinforce_plus_plus (batch token whitening), reinforce_plus_plus_baseline (group mean, then "
+        "token whitening), grpo_passk (only each group's best response learns); see docs/objectives.md")
     norm_adv_by_std_in_grpo: bool = Field(True, description="False = Dr. GRPO (no std division)")
     filter_groups: FilterGroupsConfig = Field(default_factory=FilterGroupsConfig)
     overlong_filter: bool = Field(False, description="mask truncated samples out of the loss (overlong filtering)")
@@ -428,9 +525,12 @@ class DapoConfig(_Section):
             problems.append(
                 f"reward_model.overlong_buffer.len ({ob.len}) must be <= data.max_response_length ({d.max_response_length})"
             )
+        if self.algorithm.adv_estimator == "grpo_passk" and self.rollout.n < 2:
+            problems.append("algorithm.adv_estimator=grpo_passk needs rollout.n >= 2 (a best and a second best)")
         if self.algorithm.filter_groups.enable and self.rollout.n < 2:
             problems.append("algorithm.filter_groups.enable needs rollout.n >= 2 (a group of one is never kept)")
-        if self.actor.recompute_old_log_prob == "never" and self.algorithm.rollout_correction.rollout_is is not None:
+        rc = self.algorithm.rollout_correction
+        if self.actor.recompute_old_log_prob == "never" and rc.rollout_is is not None:
             problems.append(
                 "algorithm.rollout_correction.rollout_is weighs pi_old against the engine's log-probs, so it needs "
                 "actor.recompute_old_log_prob=auto or always (never makes pi_old the engine's log-probs: weight 1)"
@@ -448,6 +548,29 @@ class DapoConfig(_Section):
         if at.partial_rollout and at.mode != "fully_async":
             problems.append("async_training.partial_rollout=true needs async_training.mode=fully_async (only there "
                             "does a push arrive while a generation runs)")
+        if self.actor.recompute_old_log_prob == "never" and rc.rollout_rs is not None:
+            problems.append(
+                "algorithm.rollout_correction.rollout_rs compares pi_old with the engine's log-probs, so it needs "
+                "actor.recompute_old_log_prob=auto or always (never makes pi_old the engine's log-probs)"
+            )
+        if rc.bypass_mode and self.actor.recompute_old_log_prob == "always":
+            problems.append("algorithm.rollout_correction.bypass_mode=true skips the old-log-prob pass; it cannot be "
+                            "combined with actor.recompute_old_log_prob=always")
+        truncated = self.rollout.top_p < 1.0 or self.rollout.top_k > 0
+        compares = [name for name, on in (("algorithm.rollout_correction.rollout_is", rc.rollout_is is not None),
+                                          ("algorithm.rollout_correction.rollout_rs", rc.rollout_rs is not None),
+                                          ("algorithm.rollout_correction.bypass_mode", rc.bypass_mode),
+                                          ("actor.recompute_old_log_prob=never",
+                                           self.actor.recompute_old_log_prob == "never")) if on]
+        if truncated and compares:
+            # trl#6789: the engine reports log-probs of the top-p/top-k truncated distribution it sampled from, the
+            # actor computes the full softmax, so their ratio is biased by the truncated mass on every token.
+            problems.append(
+                f"{compares[0]} compares the actor's log-probs with the engine's, but "
+                f"rollout.top_p={self.rollout.top_p} / rollout.top_k={self.rollout.top_k} make the engine report "
+                "log-probs of the truncated distribution while the actor computes the full softmax: every ratio "
+                "would be biased (trl#6789). Sample with top_p=1.0 and top_k=-1 for training, or turn the "
+                "correction off")
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -8,7 +8,9 @@ Every key of verl's DAPO recipes (``recipe/dapo/run_dapo_qwen2.5_32b.sh``, ``run
 * **renamed** — verl's name for one of our keys, possibly with its value translated (``RENAMED``);
 * **fixed** — a verl setting whose behaviour is the only one here: accepted when it has the value that matches,
   rejected with the reason otherwise (``FIXED``);
-* **warned** — accepted with a one-line warning that says why it does not apply here (``WARNED``).
+* **warned** — accepted with a one-line warning that says why it does not apply here (``WARNED``);
+* **expanded** — a TRL ``GRPOConfig`` name whose one value sets several of our keys (``EXPANDED``; TRL's flat names,
+  e.g. ``loss_type=cispo``, ``importance_sampling_level=sequence``; docs/objectives.md).
 
 ``docs/config.md`` renders these tables (``scripts/write_config_doc.py``).
 """
@@ -18,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-__all__ = ["FIXED", "MATCHES", "RENAMED", "VALUES", "WARNED", "Fixed", "Matches", "Renamed", "Value", "Warned",
-           "lookup"]
+__all__ = ["EXPANDED", "FIXED", "MATCHES", "RENAMED", "VALUES", "WARNED", "Expanded", "Fixed", "Matches", "Renamed",
+           "Value", "Warned", "lookup"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,16 @@ class Matches:
 
 
 @dataclass(frozen=True)
+class Expanded:
+    """A TRL key whose value sets several of our keys: ``expand`` maps it to ``{our key: value}`` (``ValueError``
+    with the allowed values otherwise)."""
+
+    key: str
+    why: str
+    expand: Callable[[Any], dict[str, Any]]
+
+
+@dataclass(frozen=True)
 class Value:
     """One of our keys whose verl spelling of a value is translated (``translate``), e.g. a string for a list."""
 
@@ -83,7 +95,50 @@ _NO_REF = ("no reference model is loaded here: DAPO drops the KL term (actor.use
 _ACTOR_RECOMPUTES = ("the old-policy log-probs are recomputed by the actor, micro-batched by actor.use_dynamic_bsz "
                      "and actor.ppo_max_token_len_per_gpu")
 
+# ----------------------------------------------------------------------------------- the objective (issue 20)
+# TRL's GRPOConfig.loss_type names a policy loss and an aggregation at once (docs/objectives.md, "Aggregation names").
+_TRL_LOSS_TYPES: dict[str, tuple[str, str]] = {
+    "grpo": ("vanilla", "seq-mean-token-mean"),
+    "dr_grpo": ("vanilla", "seq-mean-token-sum-norm"),
+    "dapo": ("vanilla", "token-mean"),
+    "bnpo": ("vanilla", "token-mean"),
+    "cispo": ("cispo", "token-mean"),
+    "sapo": ("sapo", "seq-mean-token-mean"),
+}
+
+
+def _trl_loss_type(value: Any) -> dict[str, Any]:
+    if value not in _TRL_LOSS_TYPES:
+        raise ValueError(f"allowed: {', '.join(_TRL_LOSS_TYPES)}")
+    mode, agg = _TRL_LOSS_TYPES[value]
+    return {"actor.policy_loss.loss_mode": mode, "actor.loss_agg_mode": agg}
+
+
+def _trl_importance_sampling_level(value: Any) -> dict[str, Any]:
+    if value not in ("token", "sequence"):
+        raise ValueError("allowed: token, sequence")
+    return {"actor.policy_loss.loss_mode": "gspo" if value == "sequence" else "vanilla"}
+
+
+def _trl_scale_rewards(value: Any) -> Any:
+    # TRL: True / "group" = divide by the group std (GRPO), False / "none" = do not (Dr. GRPO); "batch" (the batch
+    # std) has no counterpart here and is left for the validation to reject with the allowed values.
+    return {"group": True, "none": False}.get(value, value) if isinstance(value, str) else value
+
+
+EXPANDED: tuple[Expanded, ...] = (
+    Expanded("loss_type", "TRL's GRPOConfig.loss_type: grpo, dr_grpo, dapo, bnpo (vanilla with their aggregation), "
+             "cispo, sapo; sets actor.policy_loss.loss_mode and actor.loss_agg_mode", _trl_loss_type),
+    Expanded("importance_sampling_level", "TRL's GSPO switch: sequence = actor.policy_loss.loss_mode=gspo, token = "
+             "vanilla", _trl_importance_sampling_level),
+)
+
 RENAMED: tuple[Renamed, ...] = (
+    Renamed("epsilon", "actor.clip_ratio_low", "TRL's GRPOConfig name of eps_low"),
+    Renamed("epsilon_high", "actor.clip_ratio_high", "TRL's GRPOConfig name of eps_high (Clip-Higher)"),
+    Renamed("scale_rewards", "algorithm.norm_adv_by_std_in_grpo",
+            "TRL's GRPOConfig switch: true / group = divide by the group std, false / none = Dr. GRPO",
+            _trl_scale_rewards),
     Renamed("model.enable_gradient_checkpointing", "actor.gradient_checkpointing",
             "verl keeps gradient checkpointing under the model section"),
     Renamed("actor.use_token_level_loss", "actor.loss_agg_mode",
@@ -97,6 +152,11 @@ RENAMED: tuple[Renamed, ...] = (
 )
 
 FIXED: tuple[Fixed, ...] = (
+    Fixed("algorithm.rollout_correction.loss_type", ("ppo_clip",),
+          "the correction always sits under the PPO-style loss of actor.policy_loss.loss_mode (verl's 'reinforce' "
+          "loss is not implemented)"),
+    Fixed("algorithm.rollout_correction.rollout_is_batch_normalize", (False,),
+          "the importance weights are not renormalised to mean 1"),
     Fixed("data.prompt_key", ("prompt",), "prompts are read from the DAPO schema's 'prompt' column"),
     Fixed("algorithm.use_kl_in_reward", (False,), "KL-in-reward is not implemented (DAPO removes the KL term)"),
     Fixed("rollout.val_kwargs.do_sample", (True,),
@@ -171,9 +231,9 @@ def value_translation(key: str) -> Value | None:
     return next((v for v in VALUES if v.key == key), None)
 
 
-def lookup(key: str) -> Renamed | Fixed | Matches | Warned | None:
+def lookup(key: str) -> Renamed | Expanded | Fixed | Matches | Warned | None:
     """The entry for a (prefix-mapped) dotted key, exact keys before section prefixes; None if not listed."""
-    for table in (RENAMED, FIXED, MATCHES, WARNED):
+    for table in (RENAMED, EXPANDED, FIXED, MATCHES, WARNED):
         for entry in table:
             if entry.key == key or (entry.key.endswith(".") and key.startswith(entry.key)):
                 return entry

@@ -14,18 +14,27 @@ from dapo.core.kl import KL_ESTIMATORS, entropy_from_logits, kl_penalty
 from dapo.core.loss_aggregation import LOSS_AGG_MODES, aggregate_loss, count_loss_normalizers
 from dapo.core.masked import masked_mean, masked_sum
 from dapo.core.overlong import compute_soft_overlong_penalty, overlong_filter_mask
-from dapo.core.policy_loss import PolicyLossOutput, compute_policy_loss
-from dapo.core.rollout_correction import ROLLOUT_IS_LEVELS, ImportanceWeights, truncated_importance_weights
+from dapo.core.policy_loss import (POLICY_LOSSES, PolicyLoss, PolicyLossOutput, PolicyLossParams, compute_policy_loss,
+                                   get_policy_loss, register_policy_loss)
+# The other objectives register themselves in POLICY_LOSSES on import (one file each).
+from dapo.core import cispo, covariance_losses, gmpo, gspo, sapo  # noqa: E402,F401  isort: skip
+from dapo.core.rollout_correction import (ROLLOUT_IS_LEVELS, ROLLOUT_RS_MODES, ImportanceWeights, RejectionMask,
+                                         rejection_mask, truncated_importance_weights)
 
 __all__ = [
     "ADV_ESTIMATORS",
     "ROLLOUT_IS_LEVELS",
+    "ROLLOUT_RS_MODES",
     "GroupFilterResult",
     "ImportanceWeights",
     "KL_ESTIMATORS",
     "LOSS_AGG_MODES",
     "AdvantageEstimator",
+    "POLICY_LOSSES",
+    "PolicyLoss",
     "PolicyLossOutput",
+    "PolicyLossParams",
+    "RejectionMask",
     "aggregate_loss",
     "broadcast_advantage",
     "compute_grpo_outcome_advantage",
@@ -35,10 +44,13 @@ __all__ = [
     "entropy_from_logits",
     "filter_informative_groups",
     "get_adv_estimator",
+    "get_policy_loss",
     "kl_penalty",
     "masked_mean",
     "masked_sum",
     "overlong_filter_mask",
     "register_adv_estimator",
+    "register_policy_loss",
+    "rejection_mask",
     "truncated_importance_weights",
 ]

@@ -3,9 +3,10 @@
 Every response of a prompt group shares one scalar reward; its advantage is that reward standardised within the group,
 then the same value is given to each of its response tokens (``broadcast_advantage``).
 
-Registry: a config string picks an estimator with ``get_adv_estimator(name)``. Only ``"grpo"`` is registered. Dr. GRPO
-(no division by the group std) is the ``norm_adv_by_std=False`` flag of the same estimator, not a separate name, so a
-config has one switch for it rather than two that could disagree.
+Registry: a config string (``algorithm.adv_estimator``, verl's names) picks an estimator with
+``get_adv_estimator(name)``: ``grpo``, ``rloo``, ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline`` and
+``grpo_passk``. Dr. GRPO (no division by the group std) is the ``norm_adv_by_std=False`` flag of ``grpo``, not a
+separate name, so a config has one switch for it rather than two that could disagree.
 """
 
 from collections.abc import Callable
@@ -19,7 +20,8 @@ class AdvantageEstimator(Protocol):
     """What a registered estimator looks like: per-sample scores and group ids in, per-sample advantages out."""
 
     def __call__(
-        self, scores: Tensor, group_index: Tensor, *, norm_adv_by_std: bool = True, eps: float = 1e-6
+        self, scores: Tensor, group_index: Tensor, *, norm_adv_by_std: bool = True, eps: float = 1e-6,
+        response_lengths: Tensor | None = None,
     ) -> Tensor: ...
 
 
@@ -50,7 +52,8 @@ def get_adv_estimator(name: str) -> AdvantageEstimator:
 
 @register_adv_estimator("grpo")
 def compute_grpo_outcome_advantage(
-    scores: Tensor, group_index: Tensor, *, norm_adv_by_std: bool = True, eps: float = 1e-6
+    scores: Tensor, group_index: Tensor, *, norm_adv_by_std: bool = True, eps: float = 1e-6,
+    response_lengths: Tensor | None = None,
 ) -> Tensor:
     """Group-normalised outcome advantage, DAPO Eq. 9: ``A_i = (R_i - mean(R_group)) / (std(R_group) + eps)``.
 
@@ -64,43 +67,148 @@ def compute_grpo_outcome_advantage(
         group_index: ``[B]`` integer id of each response's prompt group; any ids, in any order.
         norm_adv_by_std: divide by the group std (GRPO/DAPO) or not (Dr. GRPO).
         eps: added to the std so a zero-variance group gives 0, not NaN.
+        response_lengths: unused (the registry's common signature).
 
     Returns:
         ``[B]`` advantages, float32 (float64 when ``scores`` is float64).
     """
-    if scores.dim() != 1 or group_index.dim() != 1 or scores.shape != group_index.shape:
-        raise ValueError(
-            "compute_grpo_outcome_advantage: scores and group_index must both be 1-D with the same length, "
-            f"got scores{tuple(scores.shape)} and group_index{tuple(group_index.shape)}"
-        )
-    if group_index.is_floating_point() or group_index.is_complex() or group_index.dtype == torch.bool:
-        raise TypeError(
-            f"compute_grpo_outcome_advantage: group_index must be an integer tensor, got {group_index.dtype}"
-        )
-    if eps < 0:
-        raise ValueError(f"compute_grpo_outcome_advantage: eps must be >= 0, got {eps}")
-    dtype = torch.float64 if scores.dtype == torch.float64 else torch.float32
-    scores = scores.to(dtype)
-    if not bool(torch.isfinite(scores).all()):
-        bad = torch.nonzero(~torch.isfinite(scores)).flatten().tolist()
-        raise ValueError(
-            f"compute_grpo_outcome_advantage: scores must be finite, got non-finite values at positions {bad}"
-        )
-
-    _, dense_group = torch.unique(group_index, return_inverse=True)
-    num_groups = int(dense_group.max()) + 1 if dense_group.numel() else 0
-    zeros = torch.zeros(num_groups, dtype=dtype, device=scores.device)
-    group_size = zeros.index_add(0, dense_group, torch.ones_like(scores))
-    group_mean = zeros.index_add(0, dense_group, scores) / group_size
-    centered = scores - group_mean[dense_group]
+    g = _Groups.of("compute_grpo_outcome_advantage", scores, group_index, eps)
+    centered = g.scores - g.mean
     if norm_adv_by_std:
-        sum_sq = zeros.index_add(0, dense_group, centered.square())
-        group_std = (sum_sq / (group_size - 1).clamp(min=1)).sqrt()
-        centered = centered / (group_std[dense_group] + eps)
-    group_max = torch.full_like(zeros, -torch.inf).scatter_reduce(0, dense_group, scores, reduce="amax")
-    group_min = torch.full_like(zeros, torch.inf).scatter_reduce(0, dense_group, scores, reduce="amin")
-    constant_group = (group_max == group_min)[dense_group]
-    return torch.where(constant_group, torch.zeros_like(centered), centered)
+        centered = centered / (g.std + eps)
+    return torch.where(g.constant, torch.zeros_like(centered), centered)
+
+
+class _Groups:
+    """Checked scores and their per-sample group statistics: the one group reduction every estimator reads."""
+
+    def __init__(self, scores: Tensor, dense_group: Tensor, num_groups: int) -> None:
+        zeros = torch.zeros(num_groups, dtype=scores.dtype, device=scores.device)
+        size = zeros.index_add(0, dense_group, torch.ones_like(scores))
+        mean = zeros.index_add(0, dense_group, scores) / size
+        sum_sq = zeros.index_add(0, dense_group, (scores - mean[dense_group]).square())
+        group_max = torch.full_like(zeros, -torch.inf).scatter_reduce(0, dense_group, scores, reduce="amax")
+        group_min = torch.full_like(zeros, torch.inf).scatter_reduce(0, dense_group, scores, reduce="amin")
+        self.scores, self.dense_group, self.num_groups = scores, dense_group, num_groups
+        self.size = size[dense_group]  # every statistic per sample
+        self.mean = mean[dense_group]
+        self.std = (sum_sq / (size - 1).clamp(min=1)).sqrt()[dense_group]  # unbiased, as torch.std
+        # All rewards equal (a group of one included): no learning signal, advantage exactly 0 (decided by comparing
+        # rewards, not by rounding-prone std == 0).
+        self.constant = (group_max == group_min)[dense_group]
+
+    @classmethod
+    def of(cls, where: str, scores: Tensor, group_index: Tensor, eps: float) -> "_Groups":
+        if scores.dim() != 1 or group_index.dim() != 1 or scores.shape != group_index.shape:
+            raise ValueError(
+                f"{where}: scores and group_index must both be 1-D with the same length, "
+                f"got scores{tuple(scores.shape)} and group_index{tuple(group_index.shape)}"
+            )
+        if group_index.is_floating_point() or group_index.is_complex() or group_index.dtype == torch.bool:
+            raise TypeError(f"{where}: group_index must be an integer tensor, got {group_index.dtype}")
+        if eps < 0:
+            raise ValueError(f"{where}: eps must be >= 0, got {eps}")
+        dtype = torch.float64 if scores.dtype == torch.float64 else torch.float32
+        scores = scores.to(dtype)
+        if not bool(torch.isfinite(scores).all()):
+            bad = torch.nonzero(~torch.isfinite(scores)).flatten().tolist()
+            raise ValueError(f"{where}: scores must be finite, got non-finite values at positions {bad}")
+        _, dense_group = torch.unique(group_index, return_inverse=True)
+        return cls(scores, dense_group, int(dense_group.max()) + 1 if dense_group.numel() else 0)
+
+
+@register_adv_estimator("rloo")
+def compute_rloo_outcome_advantage(
+    scores: Tensor, group_index: Tensor, *, norm_adv_by_std: bool = True, eps: float = 1e-6,
+    response_lengths: Tensor | None = None,
+) -> Tensor:
+    """RLOO (REINFORCE Leave-One-Out; Ahmadian et al. 2024, "Back to Basics", arXiv 2402.14740): the baseline of
+    response i is the mean reward of the OTHER responses of its group::
+
+        A_i = R_i - 1/(G-1) sum_{j != i} R_j  =  G/(G-1) * (R_i - mean(R_group))
+
+    A group of one has no other response: advantage 0 (verl leaves its raw reward there). ``norm_adv_by_std`` and
+    ``eps`` are not read (RLOO does not normalise).
+    """
+    g = _Groups.of("rloo", scores, group_index, eps)
+    adv = g.size / (g.size - 1).clamp(min=1) * (g.scores - g.mean)
+    return torch.where(g.constant, torch.zeros_like(adv), adv)
+
+
+def _token_whiten(values: Tensor, response_lengths: Tensor | None, where: str) -> Tensor:
+    """Whiten per-sample values over the batch's TOKENS (sample i counts ``response_lengths[i]`` times), as verl's
+    ``masked_whiten``: ``(v - mean) / sqrt(var + 1e-8)`` with the unbiased token variance."""
+    if response_lengths is None:
+        raise ValueError(f"{where}: response_lengths are needed (the whitening is over tokens)")
+    if response_lengths.shape != values.shape:
+        raise ValueError(f"{where}: response_lengths{tuple(response_lengths.shape)} must match scores"
+                         f"{tuple(values.shape)}")
+    weight = response_lengths.to(values.dtype)
+    n = weight.sum()
+    if n <= 1:
+        return torch.zeros_like(values)
+    mean = (weight * values).sum() / n
+    var = (weight * (values - mean).square()).sum() / (n - 1)
+    return (values - mean) * torch.rsqrt(var + 1e-8)
+
+
+@register_adv_estimator("reinforce_plus_plus")
+def compute_reinforce_plus_plus_outcome_advantage(
+    scores: Tensor, group_index: Tensor, *, norm_adv_by_std: bool = True, eps: float = 1e-6,
+    response_lengths: Tensor | None = None,
+) -> Tensor:
+    """REINFORCE++ (Hu 2025, arXiv 2501.03262, Sec. 3): no critic and no group baseline; the return of every token
+    (outcome reward, gamma = 1: the response's reward R_i) is normalised over the whole batch's tokens::
+
+        A_i,t = (R_i - mean_tokens(R)) / sqrt(var_tokens(R) + 1e-8)
+
+    (verl's ``masked_whiten``: token-weighted mean, unbiased token variance). Groups are not read.
+    """
+    g = _Groups.of("reinforce_plus_plus", scores, group_index, eps)
+    return _token_whiten(g.scores, response_lengths, "reinforce_plus_plus")
+
+
+@register_adv_estimator("reinforce_plus_plus_baseline")
+def compute_reinforce_plus_plus_baseline_outcome_advantage(
+    scores: Tensor, group_index: Tensor, *, norm_adv_by_std: bool = True, eps: float = 1e-6,
+    response_lengths: Tensor | None = None,
+) -> Tensor:
+    """REINFORCE++-baseline (arXiv 2501.03262, the group-baseline variant): subtract the group mean reward, then
+    whiten over the batch's tokens like ``reinforce_plus_plus``::
+
+        A_i,t = whiten_tokens( R_i - mean(R_group) )
+    """
+    g = _Groups.of("reinforce_plus_plus_baseline", scores, group_index, eps)
+    centered = torch.where(g.constant, torch.zeros_like(g.scores), g.scores - g.mean)
+    return _token_whiten(centered, response_lengths, "reinforce_plus_plus_baseline")
+
+
+@register_adv_estimator("grpo_passk")
+def compute_grpo_passk_outcome_advantage(
+    scores: Tensor, group_index: Tensor, *, norm_adv_by_std: bool = True, eps: float = 1e-6,
+    response_lengths: Tensor | None = None,
+) -> Tensor:
+    """Pass@k GRPO, as verl's ``grpo_passk`` (which cites arXiv 2503.19595): only the best response of a group learns,
+    from the margin over the second best (with 0/1 rewards: a group solved by exactly one sample pushes that sample
+    up; a group solved by two or more, or by none, gives no signal)::
+
+        A_best = (R_max - R_second) / (std(R_group) + eps)    (no division with norm_adv_by_std=False),  others 0
+
+    Every group needs >= 2 responses. Among tied best responses the first one (lowest position) is "the best"; a
+    tie for first place gives a margin of 0 anyway.
+    """
+    g = _Groups.of("grpo_passk", scores, group_index, eps)
+    if bool((g.size < 2).any()):
+        raise ValueError("grpo_passk: every group needs at least 2 responses (rollout.n >= 2)")
+    adv = torch.zeros_like(g.scores)
+    for group in range(g.num_groups):
+        members = (g.dense_group == group).nonzero().flatten()
+        values = g.scores[members]
+        first_best = int((values == values.max()).nonzero()[0])
+        best = members[first_best]
+        margin = values[first_best] - torch.cat([values[:first_best], values[first_best + 1:]]).max()
+        adv[best] = margin / (g.std[best] + eps) if norm_adv_by_std else margin
+    return adv
 
 
 def broadcast_advantage(adv: Tensor, response_mask: Tensor) -> Tensor:

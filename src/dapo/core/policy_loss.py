@@ -1,10 +1,19 @@
-"""The DAPO clipped policy-gradient objective per token (Eq. 10, Clip-Higher), with optional dual clip.
+"""The policy-loss registry and its default entry, ``vanilla``: the DAPO clipped policy-gradient objective per token
+(Eq. 10, Clip-Higher), with optional dual clip.
 
-Only the per-token loss matrix and its diagnostics are computed here; reducing it to a scalar is
+Only the per-token loss matrix and its diagnostics are computed by a policy loss; reducing it to a scalar is
 ``dapo.core.loss_aggregation.aggregate_loss`` (token-level, Eq. 12), so each half can be tested and swapped alone.
+
+Registry: ``actor.policy_loss.loss_mode`` (verl's ``actor_rollout_ref.actor.policy_loss.loss_mode``) picks a loss with
+``get_policy_loss(name)``. Every registered loss has one signature, ``(log_prob, old_log_prob, advantages,
+response_mask, params) -> PolicyLossOutput``, so ``dapo.actor.update`` calls any of them the same way. The other
+objectives (GSPO, CISPO, GMPO, SAPO, Clip-Cov, KL-Cov) live one per file next to this one and register themselves
+when ``dapo.core`` is imported; docs/objectives.md is their table.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -32,6 +41,123 @@ class PolicyLossOutput:
     pg_clipfrac_lower: Tensor
     ppo_kl: Tensor
     ratio_mean: Tensor
+
+
+@dataclass(frozen=True)
+class PolicyLossParams:
+    """Every knob a registered policy loss may read (each loss reads its own; verl's names and defaults).
+
+    Attributes:
+        clip_ratio_low, clip_ratio_high: ``eps_low`` / ``eps_high`` of the clip (token, sequence or log-space,
+            depending on the loss).
+        clip_ratio_c: dual-clip constant (vanilla only), None = off.
+        tau_pos, tau_neg: SAPO's gate temperatures for positive / negative advantages.
+        clip_cov_ratio, clip_cov_lb, clip_cov_ub: Clip-Cov's share of tokens detached and its covariance band.
+        kl_cov_ratio, ppo_kl_coef: KL-Cov's share of tokens penalised and the coefficient of the penalty.
+        generator: random source of Clip-Cov's token draw (None = torch's global generator).
+    """
+
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.28
+    clip_ratio_c: float | None = None
+    tau_pos: float = 1.0
+    tau_neg: float = 1.05
+    clip_cov_ratio: float = 0.0002
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 0.0002
+    ppo_kl_coef: float = 1.0
+    generator: torch.Generator | None = None
+
+
+class PolicyLossFn(Protocol):
+    """What a registered policy loss looks like: ``[B, T]`` tensors (one row per whole response) in, per-token loss
+    matrix and diagnostics out."""
+
+    def __call__(self, log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
+                 params: PolicyLossParams) -> PolicyLossOutput: ...
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    """A registered loss and what the update needs to know about it.
+
+    Attributes:
+        fn: the loss.
+        zero_advantage_no_gradient: a sample whose advantage is exactly 0 changes nothing in the update: its gradient
+            is exactly 0 and it does not enter any other sample's loss (so the update may skip its forward). False
+            for Clip-Cov and KL-Cov, whose token selection centres over every token of the call (and KL-Cov's
+            penalty does not scale with the advantage).
+    """
+
+    name: str
+    fn: PolicyLossFn
+    zero_advantage_no_gradient: bool = True
+
+
+POLICY_LOSSES: dict[str, PolicyLoss] = {}
+
+
+def register_policy_loss(
+    name: str, *, zero_advantage_no_gradient: bool = True
+) -> Callable[[PolicyLossFn], PolicyLossFn]:
+    """Decorator registering a policy loss under ``name``; a second, different function for it is an error."""
+
+    def decorator(fn: PolicyLossFn) -> PolicyLossFn:
+        existing = POLICY_LOSSES.get(name)
+        if existing is not None and existing.fn is not fn:
+            raise ValueError(f"policy loss {name!r} is already registered to {existing.fn!r}")
+        POLICY_LOSSES[name] = PolicyLoss(name, fn, zero_advantage_no_gradient)
+        return fn
+
+    return decorator
+
+
+def get_policy_loss(name: str) -> PolicyLoss:
+    """The loss registered under ``name``; ``KeyError`` listing the registered names otherwise."""
+    try:
+        return POLICY_LOSSES[name]
+    except KeyError:
+        allowed = ", ".join(sorted(POLICY_LOSSES))
+        raise KeyError(f"unknown policy loss {name!r}; registered losses: {allowed}") from None
+
+
+def check_clip_ratios(where: str, clip_ratio_low: float, clip_ratio_high: float) -> None:
+    """``eps_low`` in [0, 1) and ``eps_high`` >= 0, or ``ValueError`` naming ``where``."""
+    if not 0.0 <= clip_ratio_low < 1.0:
+        raise ValueError(f"{where}: clip_ratio_low (eps_low) must be in [0, 1), got {clip_ratio_low}")
+    if clip_ratio_high < 0.0:
+        raise ValueError(f"{where}: clip_ratio_high (eps_high) must be >= 0, got {clip_ratio_high}")
+
+
+def token_diagnostics(response_mask: Tensor, like: Tensor, *, log_ratio: Tensor, ratio: Tensor,
+                      clipped: Tensor, clipped_lower: Tensor | None = None) -> PolicyLossOutput:
+    """The detached masked-mean diagnostics every loss reports, around a loss matrix filled in by the caller."""
+    metric_dtype = torch.float64 if like.dtype == torch.float64 else torch.float32
+    with torch.no_grad():
+        zero = torch.zeros((), dtype=metric_dtype, device=like.device)
+        return PolicyLossOutput(
+            loss_mat=like,
+            pg_clipfrac=masked_mean(clipped.to(metric_dtype), response_mask),
+            pg_clipfrac_lower=zero if clipped_lower is None else masked_mean(clipped_lower.to(metric_dtype),
+                                                                             response_mask),
+            ppo_kl=masked_mean(-log_ratio.detach().to(metric_dtype), response_mask),
+            ratio_mean=masked_mean(ratio.detach().to(metric_dtype), response_mask),
+        )
+
+
+def masked_loss(loss: Tensor, response_mask: Tensor) -> Tensor:
+    """``loss`` on the valid tokens, exactly 0 on padding (selected with ``where``: a pad value never leaks)."""
+    return torch.where(response_mask.bool(), loss, torch.zeros((), dtype=loss.dtype, device=loss.device))
+
+
+@register_policy_loss("vanilla")
+def vanilla_policy_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
+                        params: PolicyLossParams) -> PolicyLossOutput:
+    """DAPO Eq. 10 (Clip-Higher) with dual clip: :func:`compute_policy_loss` under the registry's signature."""
+    return compute_policy_loss(log_prob, old_log_prob, advantages, response_mask,
+                               clip_ratio_low=params.clip_ratio_low, clip_ratio_high=params.clip_ratio_high,
+                               clip_ratio_c=params.clip_ratio_c)
 
 
 def compute_policy_loss(

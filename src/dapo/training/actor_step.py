@@ -19,7 +19,7 @@ from dapo.actor.batch import TrainBatch, pad_per_token
 from dapo.actor.log_probs import compute_log_probs_and_entropy_batch
 from dapo.actor.update import FirstPassRecord, NonFiniteLossError, update_policy
 from dapo.config import DapoConfig
-from dapo.core.rollout_correction import truncated_importance_weights
+from dapo.core.rollout_correction import rejection_mask, truncated_importance_weights
 from dapo.distributed.data_parallel import forward_through, local_part
 from dapo.distributed.world import World
 from dapo.infra.timing import PhaseTimer
@@ -32,22 +32,38 @@ from dapo.training.weight_sync import actor_log_probs_of
 
 
 def with_rollout_correction(batch: TrainBatch, cfg: DapoConfig) -> tuple[TrainBatch, dict[str, float]]:
-    """Attach truncated importance weights pi_old / mu (``algorithm.rollout_correction``) when they are asked for."""
+    """Apply ``algorithm.rollout_correction`` between pi_old and the engine's mu when asked for: rejection sampling
+    first (rejected tokens leave the loss and its normalisers), then importance weights pi_old / mu (TIS or IcePop)
+    on what is left."""
     rc = cfg.algorithm.rollout_correction
-    if rc.rollout_is is None:
+    if rc.rollout_is is None and rc.rollout_rs is None:
         return batch, {}
     assert batch.old_log_probs is not None and batch.rollout_log_probs is not None
     old = pad_per_token(batch.old_log_probs)
     roll = pad_per_token(batch.rollout_log_probs)
-    mask = batch.loss_mask()
-    iw = truncated_importance_weights(old, roll, mask, level=rc.rollout_is, threshold=rc.rollout_is_threshold)
-    weights = [iw.weights[i, :n] for i, n in enumerate(batch.response_lengths)]
-    return batch.with_is_weights(weights), {
-        "rollout_corr/is_weight_mean": iw.mean,
-        "rollout_corr/is_weight_max": iw.max,
-        "rollout_corr/is_weight_min": iw.min,
-        "rollout_corr/is_truncated_fraction": iw.truncated_fraction,
-    }
+    metrics: dict[str, float] = {}
+    if rc.rollout_rs is not None:
+        upper, lower = rc.rs_bounds()
+        rs = rejection_mask(old, roll, batch.loss_mask(), mode=rc.rollout_rs, upper=upper, lower=lower)
+        batch = dataclasses.replace(batch, token_mask=[rs.keep[i, :n] for i, n in enumerate(batch.response_lengths)])
+        metrics["rollout_corr/rs_masked_fraction"] = rs.masked_fraction
+        metrics["rollout_corr/rs_seq_masked_fraction"] = rs.seq_masked_fraction
+    if rc.rollout_is is not None:
+        threshold, lower = rc.is_bounds()
+        iw = truncated_importance_weights(old, roll, batch.loss_mask(), level=rc.rollout_is, threshold=threshold,
+                                          lower=lower)
+        batch = batch.with_is_weights([iw.weights[i, :n] for i, n in enumerate(batch.response_lengths)])
+        metrics.update({
+            "rollout_corr/is_weight_mean": iw.mean,
+            "rollout_corr/is_weight_max": iw.max,
+            "rollout_corr/is_weight_min": iw.min,
+            "rollout_corr/is_truncated_fraction": iw.truncated_fraction,
+            "rollout_corr/is_weight_std": iw.std,
+            "rollout_corr/is_eff_sample_size": iw.eff_sample_size,
+        })
+        if lower is not None:
+            metrics["rollout_corr/is_masked_fraction"] = iw.masked_fraction
+    return batch, metrics
 
 
 def check_actor_logits(policy: Policy, groups: Sequence[ScoredGroup], step: int) -> None:
@@ -77,14 +93,16 @@ def old_log_prob_source(cfg: DapoConfig, *, num_groups: int, engine_samples_from
     policy that ``algorithm.rollout_correction`` weighs against), or, with ``async_training.pi_old=bypass``, it is
     the engine's sampling log-probs."""
     if off_policy:
-        bypass = cfg.async_training.pi_old == "bypass" and cfg.algorithm.rollout_correction.rollout_is is None
+        rc = cfg.algorithm.rollout_correction
+        bypass = rc.bypass_mode or (cfg.async_training.pi_old == "bypass" and rc.rollout_is is None)
         return "rollout" if bypass else "recompute"
     mode = cfg.actor.recompute_old_log_prob
     if mode == "always":
         return "recompute"
-    if mode == "never":
+    rc = cfg.algorithm.rollout_correction
+    if mode == "never" or rc.bypass_mode:  # bypass: the engine's log-probs are pi_old, the PPO ratio is pi / mu
         return "rollout"
-    if cfg.algorithm.rollout_correction.rollout_is is not None:  # the IS weights compare a real pi_old with mu
+    if rc.rollout_is is not None or rc.rollout_rs is not None:  # they compare a real pi_old with mu
         return "recompute"
     num_mini_batches = -(-num_groups // cfg.actor.ppo_mini_batch_size)
     if cfg.actor.ppo_epochs * num_mini_batches == 1:

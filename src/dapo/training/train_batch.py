@@ -19,7 +19,9 @@ def build_train_batch(groups: Sequence[ScoredGroup], cfg: DapoConfig) -> TrainBa
     rewards = torch.tensor([r for g in groups for r in g.rewards], dtype=torch.float32)
     group_index = group_index_of(groups)
     estimator = get_adv_estimator(cfg.algorithm.adv_estimator)
-    advantages = estimator(rewards, group_index, norm_adv_by_std=cfg.algorithm.norm_adv_by_std_in_grpo)
+    response_lengths = torch.tensor([len(r) for g in groups for r in g.response_ids])
+    advantages = estimator(rewards, group_index, norm_adv_by_std=cfg.algorithm.norm_adv_by_std_in_grpo,
+                           response_lengths=response_lengths)
     truncated = torch.tensor([t for g in groups for t in g.truncated], dtype=torch.bool)
     sample_mask = overlong_filter_mask(truncated) if cfg.algorithm.overlong_filter else torch.ones_like(truncated)
     return TrainBatch(

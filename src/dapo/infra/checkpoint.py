@@ -89,6 +89,7 @@ __all__ = [
     "find_latest_checkpoint",
     "is_complete_checkpoint",
     "load_checkpoint",
+    "rotate_checkpoints",
     "save_checkpoint",
     "save_sharded_checkpoint",
 ]
@@ -259,7 +260,7 @@ def _finish_save(ckpt_root: Path, step: int, temp_dir: Path, previous: Path | No
     complete = _complete_checkpoints(ckpt_root)
     _update_latest_file(ckpt_root, max(complete) if complete else step)
     if keep_last is not None:
-        _rotate(complete, step, keep_last)
+        rotate_checkpoints(ckpt_root, step, keep_last)
     return final_dir
 
 
@@ -565,14 +566,43 @@ def _update_latest_file(ckpt_root: Path, step: int) -> None:
         )
 
 
-def _rotate(complete: dict[int, Path], new_step: int, keep_last: int) -> None:
-    older = sorted(s for s in complete if s < new_step)
+def rotate_checkpoints(ckpt_root: Path, new_step: int, keep_last: int) -> list[Path]:
+    """Delete checkpoints older than ``new_step`` so that the newest ``keep_last`` good ones remain; return the deleted.
+
+    The checkpoint of ``new_step`` (just written and hashed) counts as one of the ``keep_last``. Older complete
+    checkpoints are verified (checksums) newest first, until ``keep_last - 1`` good ones are found: a checkpoint that
+    fails to verify is never counted, so it never takes the place of a good one. Good checkpoints beyond those, and
+    failed ones older than the oldest kept checkpoint, are deleted; a failed one newer than that is left in place (and
+    logged) so it can be inspected, and so is every failed one while fewer good ones than that exist. Checkpoints with a higher step than ``new_step`` are never deleted. Verifying
+    reads the kept checkpoints once more per save (about 1 GB/s), the price of never keeping a corrupt one instead of
+    a good one.
+    """
+    ckpt_root = Path(ckpt_root)
+    complete = _complete_checkpoints(ckpt_root)
     keep_older = keep_last - 1
-    doomed = older[: len(older) - keep_older] if keep_older > 0 else older
-    for step in doomed:
+    kept: list[int] = []
+    failed: list[int] = []
+    doomed: list[int] = []
+    for step in sorted((s for s in complete if s < new_step), reverse=True):
+        if len(kept) >= keep_older:
+            doomed.append(step)
+            continue
+        problem = _manifest_problem(complete[step], verify=True)
+        if problem is None:
+            kept.append(step)
+        else:
+            logger.warning("checkpoint %s does not verify (%s): not counted among the %d kept", complete[step],
+                           problem, keep_last)
+            failed.append(step)
+    if len(kept) == keep_older:  # the quota of good ones is full: a failed one older than all of them is no use
+        oldest_kept = min(kept, default=new_step)
+        doomed += [s for s in failed if s < oldest_kept]
+    deleted = []
+    for step in sorted(doomed):
         logger.info("keep_last=%d: deleting old checkpoint %s", keep_last, complete[step])
         try:
             shutil.rmtree(complete[step])
+            deleted.append(complete[step])
         except OSError as exc:
             logger.warning("could not delete old checkpoint %s: %s", complete[step], exc)
     newer = sorted(s for s in complete if s > new_step)
@@ -582,6 +612,7 @@ def _rotate(complete: dict[int, Path], new_step: int, keep_last: int) -> None:
             [complete[s].name for s in newer],
             new_step,
         )
+    return deleted
 
 
 # --------------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from dapo.config.loading import _flatten, config_to_dict
+from dapo.config.loading import _flatten, brief, config_to_dict, config_tree_problem
 from dapo.config.schema import ConfigError, DapoConfig
 
 __all__ = ["MAY_CHANGE_ON_RESUME", "check_resume", "resume_conflicts"]
@@ -39,7 +39,7 @@ def resume_conflicts(saved: Mapping[str, Any], cfg: DapoConfig) -> list[str]:
             continue
         if key not in old:  # a key added to dapo after the run started: its default is what the run had
             continue
-        lines.append(f"{key}: {old.get(key, '<absent>')!r} -> {new.get(key, '<absent>')!r}")
+        lines.append(f"{key}: {brief(old.get(key, '<absent>'))} -> {brief(new.get(key, '<absent>'))}")
     return lines
 
 
@@ -53,6 +53,9 @@ def check_resume(run_dir: str | Path, cfg: DapoConfig) -> None:
         return
     if not isinstance(saved, dict) or cfg.trainer.resume_with_changes:
         return
+    problem = config_tree_problem(saved, str(path))
+    if problem is not None:
+        raise ConfigError(problem)
     changed = resume_conflicts(saved, cfg)
     if changed:
         raise ConfigError(

@@ -12,6 +12,7 @@ Layout written under ``ckpt_root`` (normally ``run_dir/checkpoints``)::
         rng.pt               # python `random`, numpy, torch CPU and (when available) CUDA RNG states
         trainer_state.json   # the JSON-exact part of the trainer's opaque state dict
         trainer_state.pt     # the rest of it (tensors, tuples, int-keyed dicts ...), absent when empty
+        config.yaml          # the configuration of the run that made this checkpoint (absent when not given)
         manifest.json        # written LAST: every other file with its size in bytes and its SHA-256
 
 Why it is crash safe: everything is first written into a hidden temp folder next to the final one,
@@ -64,6 +65,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+import yaml
 
 from dapo.infra.atomic import (
     atomic_write,
@@ -84,6 +86,7 @@ __all__ = [
     "SHARDED_LAYOUT",
     "MANIFEST_NAME",
     "CheckpointError",
+    "checkpoint_config",
     "checkpoint_dir_name",
     "checkpoint_problems",
     "find_latest_checkpoint",
@@ -97,6 +100,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 MANIFEST_NAME = "manifest.json"
+CONFIG_NAME = "config.yaml"  # the run's configuration when the checkpoint was made
 LATEST_FILE_NAME = "latest_checkpointed_iteration.txt"
 MANIFEST_FORMAT = "dapo-checkpoint/1"
 SHARDED_LAYOUT = "sharded"  # the manifest's "layout" in the sharded format (absent: the full format)
@@ -134,6 +138,7 @@ def save_checkpoint(
     keep_last: int | None = None,
     model_state: dict[str, torch.Tensor] | None = None,
     optimizer_state: dict[str, Any] | None = None,
+    run_config: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``ckpt_root/global_step_{step}`` atomically and return its path.
 
@@ -150,6 +155,8 @@ def save_checkpoint(
 
     ``model_state`` / ``optimizer_state``: the full states to write instead of ``model.state_dict()`` /
     ``optimizer.state_dict()`` (a sharded model's, gathered by the caller; ``model`` then only gives the config).
+    ``run_config``: the configuration that made this checkpoint (a YAML-safe dict), saved as ``config.yaml`` in it
+    (:func:`checkpoint_config` reads it back).
     """
     _check_save_args(step, keep_last)
     json_state, tensor_state = _split_trainer_state(trainer_state)
@@ -172,7 +179,7 @@ def save_checkpoint(
     except BaseException as exc:
         raise _save_failed(exc, current, step, temp_dir, previous) from exc
     return _finish_save(ckpt_root, step, temp_dir, previous, scheduler=scheduler, json_state=json_state,
-                        tensor_state=tensor_state, keep_last=keep_last, layout={})
+                        tensor_state=tensor_state, keep_last=keep_last, layout={}, run_config=run_config)
 
 
 def _check_save_args(step: int, keep_last: int | None) -> None:
@@ -222,7 +229,7 @@ def _file_entries(root: Path, rels: list[str]) -> dict[str, dict[str, Any]]:
 def _finish_save(ckpt_root: Path, step: int, temp_dir: Path, previous: Path | None, *,
                  scheduler: torch.optim.lr_scheduler.LRScheduler | None, json_state: dict[str, Any],
                  tensor_state: dict[str, Any], keep_last: int | None, layout: dict[str, Any],
-                 hashed: dict[str, dict[str, Any]] | None = None) -> Path:
+                 hashed: dict[str, dict[str, Any]] | None = None, run_config: dict[str, Any] | None = None) -> Path:
     """Write the scheduler and trainer state, then the manifest LAST, fsync and rename the temp folder into place.
 
     ``hashed``: manifest entries of files other ranks already hashed (a sharded save); the rest are hashed here.
@@ -242,6 +249,10 @@ def _finish_save(ckpt_root: Path, step: int, temp_dir: Path, previous: Path | No
             current = "trainer_state.pt"
             write_new_file(temp_dir / "trainer_state.pt", lambda f: torch.save(tensor_state, f))
             _check_weights_only_loadable(temp_dir / "trainer_state.pt")
+        if run_config is not None:
+            current = CONFIG_NAME
+            text = yaml.safe_dump(run_config, sort_keys=False).encode("utf-8")
+            write_new_file(temp_dir / CONFIG_NAME, lambda f: f.write(text))
         current = MANIFEST_NAME
         hashed = dict(hashed or {})
         files = {**hashed, **_file_entries(temp_dir, [r for r in _relative_files(temp_dir) if r not in hashed])}
@@ -278,6 +289,7 @@ def save_sharded_checkpoint(
     trainer_state: dict[str, Any],
     keep_last: int | None = None,
     max_shard_bytes: int = HF_SHARD_BYTES,
+    run_config: dict[str, Any] | None = None,
 ) -> Path:
     """The sharded format: EVERY rank calls this; it returns the checkpoint's path on every rank.
 
@@ -348,7 +360,7 @@ def save_sharded_checkpoint(
                 outcome = _finish_save(ckpt_root, step, temp_dir, previous, scheduler=scheduler,
                                        json_state=json_state, tensor_state=tensor_state, keep_last=keep_last,
                                        layout={"layout": SHARDED_LAYOUT, "world_size": world.world_size},
-                                       hashed=hashed)
+                                       hashed=hashed, run_config=run_config)
             except CheckpointError as exc:
                 outcome = exc
     outcome = world.broadcast_object(outcome)
@@ -671,6 +683,16 @@ def checkpoint_problems(ckpt_root: Path) -> dict[Path, str]:
             if problem is not None:
                 problems[entry] = problem
     return problems
+
+
+def checkpoint_config(path: Path) -> dict[str, Any] | None:
+    """The configuration saved with the checkpoint at ``path`` (its ``config.yaml``), or None: a checkpoint written
+    before configurations were saved with checkpoints, or without one, or one whose file is not a YAML mapping."""
+    try:
+        saved = yaml.safe_load((Path(path) / CONFIG_NAME).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    return saved if isinstance(saved, dict) else None
 
 
 def is_complete_checkpoint(path: Path) -> bool:

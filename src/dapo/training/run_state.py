@@ -133,6 +133,15 @@ def find_resume_checkpoint(run_dir: Path, cfg: DapoConfig) -> Path | None:
     return latest
 
 
+def resume_hint(cfg: DapoConfig) -> str:
+    """Where a rerun of the same command resumes, for a message after a crash: the newest checkpoint that verifies."""
+    run_dir = Path(cfg.trainer.default_local_dir) / cfg.trainer.experiment_name
+    latest = find_latest_checkpoint(run_dir / "checkpoints") if cfg.trainer.resume_mode == "auto" else None
+    if latest is None:
+        return "No checkpoint of this run verifies yet: a rerun of the same command starts it from step 0."
+    return f"Resume works: a rerun of the same command continues from {latest} (complete and verified)."
+
+
 def check_resume_config(run_dir: Path, checkpoint: Path, cfg: DapoConfig) -> None:
     """Refuse (``TrainingError``) to resume ``checkpoint`` with other hyper-parameters than those that made it (the
     config saved with it; the run's config.yaml for an older checkpoint), unless ``trainer.resume_with_changes``."""

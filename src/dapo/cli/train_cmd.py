@@ -93,7 +93,10 @@ def train_command(config_path: str | None, print_config: bool, overrides: tuple[
         click.echo(f"warning: {exc}", err=True)
         plot_path = None
     first, last = result.val_acc(0), result.val_acc(-1)
-    click.echo(f"done: {result.steps_done} steps in {result.wall_s:.0f} s, peak memory {result.peak_rss_mb:.0f} MB")
+    trained = (f"{result.steps_done} steps" if result.steps_run == result.steps_done else
+               f"{result.steps_run} steps (resumed at step {result.steps_done - result.steps_run}, now at step "
+               f"{result.steps_done})")
+    click.echo(f"done: {trained} in {result.wall_s:.0f} s, peak memory {result.peak_rss_mb:.0f} MB")
     if first is not None and last is not None:
         k_key = val_acc_key(result.val_history[-1][1])
         click.echo(f"validation {k_key}: first {first:.3f} (step {result.val_history[0][0]}) -> "

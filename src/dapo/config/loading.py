@@ -132,8 +132,11 @@ def _unknown_key_problem(dotted: str) -> str | None:
             where = section or "<top level>"
             close = difflib.get_close_matches(part, [a.split(" ")[0] for a in allowed], n=1)
             hint = f" Did you mean '{close[0]}'?" if close else ""
-            if not close:  # maybe a key of another section, or one of verl's spellings
-                anywhere = difflib.get_close_matches(dotted, _all_keys() + _verl_spellings(), n=1, cutoff=0.75)
+            if not close:  # a key one section deeper (actor.lr is actor.optim.lr), of another section, or verl's
+                deeper = [k for k in _all_keys() if k.startswith(f"{section}.") and k.endswith(f".{part}")
+                          and depth == len(parts) - 1]
+                anywhere = deeper[:1] if len(deeper) == 1 else difflib.get_close_matches(
+                    dotted, _all_keys() + _verl_spellings(), n=1, cutoff=0.75)
                 hint = f" Did you mean '{anywhere[0]}'?" if anywhere else ""
             if dotted == "actor.optim.lr_warmup_steps_ratio":
                 hint = " Use actor.optim.lr_warmup_steps (an absolute number of optimizer steps)."

@@ -192,8 +192,10 @@ def train(cfg: DapoConfig, world: World = World()) -> TrainResult:
                      experiment=cfg.trainer.experiment_name, config=config_to_dict(cfg)) as tracker, progress:
             pending = sync.push(state.step)  # the engine may have loaded other weights (a resumed run's are newer)
             if cfg.trainer.val_before_train and state.step == 0 and task.val:
+                progress.phase(f"step 0: validating on {len(task.val)} prompts before training")
                 tracker.log({**pending, **validate(0)}, step=0)
                 pending = {}
+            progress.start_steps()
             for step in range(state.step + 1, total_steps + 1):
                 timer = PhaseTimer("gen", "reward", "old_log_prob", memory=memory)
                 metrics, pending = pending, {}

@@ -85,3 +85,14 @@ def test_eval_unwritable_output_is_one_line_naming_the_path(tmp_path):
     assert r.exit_code != 0
     assert r.exception is None or isinstance(r.exception, SystemExit), r.exception  # no traceback escapes
     assert "not-a-dir" in r.output and "failed:" in r.output, r.output
+
+
+def test_each_checkpoint_gets_its_own_default_output():
+    from dapo.cli.eval_cmd import default_output
+
+    step_30 = default_output("runs/x/checkpoints/global_step_30/hf", ("synth",))
+    step_40 = default_output("runs/x/checkpoints/global_step_40/hf/", ("synth",))
+    assert step_30 == Path("runs/eval/x-global_step_30__synth.jsonl")  # was runs/eval/hf__synth.jsonl for both
+    assert step_40 == Path("runs/eval/x-global_step_40__synth.jsonl")
+    assert default_output("/models/Qwen2.5-7B", ("data/aime-2024.parquet",)) == Path(
+        "runs/eval/Qwen2.5-7B__aime-2024.jsonl")

@@ -136,6 +136,8 @@ def test_small_token_budget_is_a_warning_not_a_refusal():
     res = explain("--config", SEVEN_B, "--nproc-per-node", "8", "actor.ppo_max_token_len_per_gpu=3000")
     assert res.exit_code == 0, res.output
     assert "warnings" in res.output and "actor.ppo_max_token_len_per_gpu (3000) is smaller than" in res.output
+    # before the numbers they qualify (the micro-batch layout), not after the last table
+    assert res.output.index("actor.ppo_max_token_len_per_gpu (3000) is smaller than") < res.output.index("\nstep\n")
 
 
 @pytest.mark.parametrize("path", [FULL, EARLY, SEVEN_B], ids=lambda p: Path(p).name)

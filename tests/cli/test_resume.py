@@ -46,6 +46,7 @@ def test_kill_then_resume_equals_uninterrupted(tmp_path, fast_args):
     resumed = run_dapo([*args, "trainer.experiment_name=killed"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stdout
+    assert "done: 2 steps (resumed at step 2, now at step 4)" in resumed.stdout  # was "done: 4 steps"
     a, b = _final_weights(tmp_path / "straight"), _final_weights(run_dir)
     assert a.keys() == b.keys()
     for name in a:

@@ -37,6 +37,15 @@ def test_prepare_prints_the_summary_and_writes_the_splits(tmp_path: Path) -> Non
     assert sorted(int(r.ground_truth) for r in train + val) == [1000 * i for i in range(1, 9)]
 
 
+def test_prepare_finds_gsm8k_question_column_without_a_flag(tmp_path: Path) -> None:
+    rows = [{"question": f"Q{i}", "answer": f"work\n#### {i}"} for i in range(1, 5)]
+    src = write_jsonl_rows(tmp_path / "gsm8k.jsonl", rows)
+    code, out = _run("prepare", src, "--out", tmp_path / "out")  # as `dapo eval --test-file gsm8k.jsonl` does
+    assert code == 0, out
+    records = load_records(tmp_path / "out" / "train.parquet")
+    assert sorted(r.ground_truth for r in records) == ["1", "2", "3", "4"]
+
+
 def test_prepare_flags_reach_the_pipeline(tmp_path: Path) -> None:
     rows = [{"problem": "P", "answer": "3/4"}, {"problem": "P", "answer": "3/4"}]
     src = write_jsonl_rows(tmp_path / "d.jsonl", rows)
@@ -47,12 +56,12 @@ def test_prepare_flags_reach_the_pipeline(tmp_path: Path) -> None:
 
 
 def test_prepare_errors_exit_1_with_the_message_and_no_traceback(tmp_path: Path) -> None:
-    src = write_jsonl_rows(tmp_path / "gsm.jsonl", [{"question": "Q", "answer": "#### 1"}])
+    src = write_jsonl_rows(tmp_path / "gsm.jsonl", [{"text": "Q", "answer": "#### 1"}])
     code, out = _run("prepare", src, "--out", tmp_path / "out")
     assert code == 1
     assert "Error:" in out and "no problem column 'problem'" in out and "--problem-key" in out
     assert "Traceback" not in out
-    code, out = _run("prepare", src, "--out", tmp_path / "out", "--problem-key", "question", "--val-size", "1")
+    code, out = _run("prepare", src, "--out", tmp_path / "out", "--problem-key", "text", "--val-size", "1")
     assert code == 1 and "leaves no training rows" in out
 
 

@@ -135,6 +135,24 @@ def test_a_failure_on_one_rank_ends_the_job(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_a_rank_that_dies_is_named_by_the_survivor_with_where_the_rerun_resumes(tmp_path: Path) -> None:
+    # Rank 1's reward worker kills rank 1 (its parent) in step 2, once step 1's checkpoint exists: rank 0 is left in
+    # a collective with a dead peer, where gloo raises "Connection closed by peer".
+    done = tmp_path / "tiny-synth" / "checkpoints" / "global_step_1"
+    fn = tmp_path / "rank1_dies.py"
+    fn.write_text("import os, signal\n\ndef compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                  f"    if os.environ.get('RANK') == '1' and os.path.isdir({str(done)!r}):\n"
+                  "        os.kill(os.getppid(), signal.SIGKILL)\n"
+                  "    return -1.0\n")
+    proc = torchrun([*SMALL, "trainer.total_training_steps=3", f"custom_reward_function.path={fn}",
+                     "reward_model.num_workers=0"], tmp_path, timeout=240)
+    assert proc.returncode != 0
+    assert "rank 0: rank 1 of 2 died" in proc.stderr, proc.stderr[-4000:]
+    assert f"Resume works: a rerun of the same command continues from {done}" in proc.stderr
+    assert "dapo/training/" not in proc.stderr  # no traceback through the training loop
+
+
+@pytest.mark.slow
 def test_fsdp2_ranks_train_and_their_checkpoint_resumes_in_one_replicated_process(tmp_path: Path) -> None:
     run_dir = tmp_path / "tiny-synth"
     two = torchrun([*SMALL, "trainer.total_training_steps=2", "actor.strategy=fsdp2"], tmp_path)

@@ -18,6 +18,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 from safetensors.torch import load_file
 
 from tests.cli.cli_helpers import FAST, run_dapo
@@ -115,6 +116,32 @@ def test_failed_start_up_does_not_overwrite_the_run_config(base_run, tmp_path) -
     assert (run / "config.yaml").read_bytes() == before
 
 
+def test_a_resume_with_changes_that_fails_in_its_first_step_leaves_the_run_config_alone(base_run, tmp_path) -> None:
+    run = _copy(base_run, tmp_path)
+    before = (run / "config.yaml").read_bytes()
+    lr = yaml.safe_load(before)["actor"]["optim"]["lr"]
+    broken = tmp_path / "broken.py"
+    broken.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      "    raise RuntimeError('broken reward')\n")
+    changed = ["trainer.resume_with_changes=true", "actor.optim.lr=0.5", "trainer.total_training_steps=3"]
+    proc = run_dapo(["train", *BASE, "trainer.experiment_name=run", *changed, f"custom_reward_function.path={broken}",
+                     "reward_model.timeout_s=5"], tmp_path)
+    _clean_failure(proc, "broken reward")
+    assert (run / "config.yaml").read_bytes() == before  # was rewritten with lr 0.5 before step 3 had run
+    # Every checkpoint says what made it, so the next start compares with the checkpoint it resumes.
+    made_2 = yaml.safe_load((run / "checkpoints" / "global_step_2" / "config.yaml").read_text())
+    assert made_2["actor"]["optim"]["lr"] == lr
+
+    proc = run_dapo(["train", *BASE, "trainer.experiment_name=run", *changed], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert yaml.safe_load((run / "config.yaml").read_text())["actor"]["optim"]["lr"] == 0.5
+    made_3 = yaml.safe_load((run / "checkpoints" / "global_step_3" / "config.yaml").read_text())
+    assert made_3["actor"]["optim"]["lr"] == 0.5
+    # Resuming step 3 without the changes is now refused: the checkpoint was made with lr 0.5.
+    proc = run_dapo(["train", *BASE, "trainer.experiment_name=run", "trainer.total_training_steps=4"], tmp_path)
+    _clean_failure(proc, "the checkpoint to resume", "actor.optim.lr: 0.5 -> ")
+
+
 def test_full_disk_at_start_up_is_one_message_naming_the_path(base_run, tmp_path) -> None:
     run = _copy(base_run, tmp_path)
     before = (run / "config.yaml").read_bytes()
@@ -125,7 +152,8 @@ def test_full_disk_at_start_up_is_one_message_naming_the_path(base_run, tmp_path
 
     proc = run_dapo(["train", *BASE, "trainer.experiment_name=run", "trainer.total_training_steps=3"], tmp_path,
                     preexec_fn=no_writes)
-    _clean_failure(proc, f"writing the run record {run / 'config.yaml'} failed: file size limit exceeded")
+    # config.yaml is written only after the first step; the first write of the run record is its metrics line
+    _clean_failure(proc, f"writing the run record {run / 'metrics.jsonl'} failed: file size limit exceeded")
     assert (run / "config.yaml").read_bytes() == before
     assert not [p for p in run.iterdir() if ".tmp-" in p.name]
 

@@ -90,3 +90,18 @@ def test_format_duration() -> None:
     assert format_duration(59.6) == "0:01:00"
     assert format_duration(3 * 3600 + 25 * 60 + 7) == "3:25:07"
     assert format_duration(-5) == "0:00:00"
+
+
+def test_time_before_the_first_step_is_not_in_the_eta(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr("dapo.infra.progress.time.monotonic", lambda: clock[0])
+    out = io.StringIO()
+    with TrainingProgress(10, file=out) as progress:
+        progress.phase("step 0: validating on 64 prompts before training")
+        clock[0] += 40.0  # the step-0 validation
+        progress.start_steps()
+        clock[0] += 10.0  # step 1
+        progress.update(1, {})
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "step 0: validating on 64 prompts before training"
+    assert lines[1] == "step 1/10 | 10.00 s/step | ETA 0:01:30"  # was 50.00 s/step and ETA 0:07:30

@@ -58,3 +58,18 @@ def test_custom_code_refusal_names_the_config_key(tmp_path: Path) -> None:
     message = str(info.value)
     assert str(model_dir) in message and "trust_remote_code" in message
     assert "set model.trust_remote_code=true to allow the custom code in the model folder" in message
+
+
+@pytest.mark.parametrize("command", ["generate", "eval"])
+def test_generate_and_eval_name_their_own_switch_for_custom_code(tmp_path: Path, command: str) -> None:
+    from click.testing import CliRunner
+
+    from dapo.cli.main import cli
+
+    model_dir = _custom_code_model(tmp_path)
+    args = ["--prompt", "1+1="] if command == "generate" else ["--test-file", "synth", "--max-problems", "1",
+                                                               "--output", str(tmp_path / "o.jsonl")]
+    result = CliRunner().invoke(cli, [command, "--model", str(model_dir), "--device", "cpu", *args])
+    assert result.exit_code != 0
+    assert "pass --trust-remote-code to allow the custom code" in result.output, result.output
+    assert "model.trust_remote_code" not in result.output  # a key these commands do not have

@@ -52,7 +52,11 @@ def test_published_outputs(response, truth, score, pred):
 def test_strict_box_is_raw_and_on_the_tail():
     assert reference(COT + "\\boxed{42}", "42", strict_box_verify=True)["acc"]
     assert not reference(COT + "\\boxed{ 025 }", "25", strict_box_verify=True)["acc"]  # raw comparison
-    assert reference(COT + "no box", "x", strict_box_verify=True)["pred"] == "[INVALID]"
+    assert reference(COT + "no box", "x", strict_box_verify=True)["pred"] is None  # as published
+    # The published code compares None with the ground truth: a literal "[INVALID]" is not matched by a missing box
+    # (it was, +1, while the missing box was spelled "[INVALID]" here).
+    missing = reference(COT + "no box", "[INVALID]", strict_box_verify=True)
+    assert (missing["score"], missing["acc"], missing["pred"]) == (-1.0, False, None)
     long = "x" * 1000 + "\\boxed{7}" + "y" * 491  # box at 1000 of 1500: the index is applied to the 300-char tail
     assert not reference(long, "7", strict_box_verify=True, pause_tokens_index=[0, 0, 0, 1010])["acc"]
 

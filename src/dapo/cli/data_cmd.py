@@ -96,7 +96,8 @@ def data_group() -> None:
     type=click.Path(file_okay=False, path_type=Path),
     help="output folder for train.parquet (and val.parquet)",
 )
-@click.option("--problem-key", default="problem", show_default=True, help="column holding the problem")
+@click.option("--problem-key", default=None,
+              help="column holding the problem [default: problem, or GSM8K's question in a file without one]")
 @click.option("--answer-key", default="answer", show_default=True, help="column holding the answer")
 @click.option(
     "--format",
@@ -117,7 +118,7 @@ def data_group() -> None:
 def prepare_command(
     inputs: tuple[Path, ...],
     out_dir: Path,
-    problem_key: str,
+    problem_key: str | None,
     answer_key: str,
     answer_format: str,
     data_source: str | None,

@@ -35,8 +35,16 @@ def model_display_name(model: str | None) -> str:
 
 
 def default_output(model: str | None, test_files: tuple[str, ...]) -> Path:
+    """``runs/eval/<model>__<test files>.jsonl``; a checkpoint's ``.../<run>/checkpoints/global_step_N/hf`` is named
+    ``<run>-global_step_N``, so each checkpoint of a run gets its own file (its folder name, ``hf``, is the same)."""
     stem = "+".join(Path(f).stem for f in test_files)
-    return Path("runs") / "eval" / f"{_slug(model_display_name(model))}__{_slug(stem)}.jsonl"
+    name = model_display_name(model)
+    if model:
+        folder = Path(model.rstrip("/"))
+        if folder.name == "hf" and folder.parent.name.startswith("global_step_"):
+            run = folder.parent.parent.parent.name if folder.parent.parent.name == "checkpoints" else ""
+            name = f"{run}-{folder.parent.name}" if run else folder.parent.name
+    return Path("runs") / "eval" / f"{_slug(name)}__{_slug(stem)}.jsonl"
 
 
 def _fmt(value: Any) -> str:
@@ -67,7 +75,8 @@ def print_table(summary: dict[str, Any], console: Console) -> None:
 
 
 def build_local_backend(model: str | None, backend: str, device: str, max_tokens: int, max_batch_size: int | None,
-                        max_prompt_length: int | None, seed: int, tensor_parallel_size: int = 1):
+                        max_prompt_length: int | None, seed: int, tensor_parallel_size: int = 1,
+                        trust_remote_code: bool = False):
     """Load the policy and build the engine through the rollout factory (HF or vLLM); returns a LocalBackend."""
     import torch
 
@@ -80,7 +89,8 @@ def build_local_backend(model: str | None, backend: str, device: str, max_tokens
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if backend == "auto":
         backend = default_engine_name(device)
-    policy = load_policy(ModelConfig(path=model), device=device)
+    model_cfg = ModelConfig(path=model, trust_remote_code=trust_remote_code)
+    policy = load_policy(model_cfg, device=device, remote_code_switch="pass --trust-remote-code")
     prompt_len = max_prompt_length or 4096
     spec = EngineSpec(name=backend, seed=seed, max_batch_size=max_batch_size, max_model_len=prompt_len + max_tokens,
                       tensor_parallel_size=tensor_parallel_size)
@@ -134,10 +144,12 @@ def _test_file_id(name: str, synth_config: Path | None) -> str:
               help="vLLM backend only")
 @click.option("--reward-workers", type=click.IntRange(min=0), default=0, show_default=True,
               help="reward processes (0 = in-process)")
+@click.option("--trust-remote-code", is_flag=True,
+              help="allow custom model code shipped in the model folder (only for a model you trust)")
 @click.option("--quiet", is_flag=True, help="no progress line")
 def eval_command(model, test_files, synth_config, n, temperature, top_p, top_k, max_tokens, seed, template, max_problems, output,
                  base_url, concurrency, max_retries, request_timeout, backend, device, batch_size, max_prompt_length,
-                 tensor_parallel_size, reward_workers, quiet) -> None:
+                 tensor_parallel_size, reward_workers, trust_remote_code, quiet) -> None:
     """Evaluate a model: avg@K, pass@k, maj@K, response length and truncation rate per data_source and overall."""
     from dapo.data.schema import DataError
     from dapo.evaluation.problems import load_problems
@@ -167,7 +179,8 @@ def eval_command(model, test_files, synth_config, n, temperature, top_p, top_k, 
             model_name = model or "<served>"
         else:
             eval_backend, engine_name = build_local_backend(model, backend, device, max_tokens, None,
-                                                            max_prompt_length, seed, tensor_parallel_size)
+                                                            max_prompt_length, seed, tensor_parallel_size,
+                                                            trust_remote_code=trust_remote_code)
             model_name = model or "tiny-qwen2 (embedded)"
         settings = EvalSettings(model=model_name, test_files=tuple(_test_file_id(f, synth_config) for f in test_files), n=n,
                                 temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens, seed=seed,

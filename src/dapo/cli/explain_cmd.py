@@ -160,6 +160,11 @@ def render(layout, cfg, origin: str, overrides, model_note: str) -> str:
         add(f"  informative fraction {s.informative_fraction:g} of groups kept by dynamic sampling "
             "(--informative-fraction; a guess, no published figure: measure train/num_gen_batches)")
     add(f"  {s.gpu_memory_gib:g} GiB per GPU (--gpu-memory-gib)")
+    if lo.warnings:  # before the numbers they qualify, where they are read first
+        add("")
+        add("warnings (they qualify the numbers below)")
+        for line in lo.warnings:
+            add(f"  - {line}")
 
     add("")
     add("step")
@@ -248,9 +253,4 @@ def render(layout, cfg, origin: str, overrides, model_note: str) -> str:
             row("rollout.free_cache_engine", sleeps)
         else:
             add("  (rollout.name=hf: generation uses the actor's own weights, no separate KV reservation)")
-    if lo.warnings:
-        add("")
-        add("warnings")
-        for line in lo.warnings:
-            add(f"  - {line}")
     return "\n".join(out)

@@ -30,8 +30,10 @@ from dapo.rollout.factory import ENGINE_NAMES
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--backend", type=click.Choice(["auto", *ENGINE_NAMES]), default="auto", show_default=True)
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--trust-remote-code", is_flag=True,
+              help="allow custom model code shipped in the model folder (only for a model you trust)")
 def generate_command(model, prompt_text, file, template, limit, n, temperature, top_p, top_k, max_tokens, seed,
-                     backend, device) -> None:
+                     backend, device, trust_remote_code) -> None:
     """Sample answers to questions and print question, ground truth (when known) and output."""
     from dapo.cli.eval_cmd import build_local_backend
     from dapo.data.schema import DataError
@@ -51,7 +53,8 @@ def generate_command(model, prompt_text, file, template, limit, n, temperature, 
         else:
             records = load_test_records(file, template="dapo" if template == "dapo" else "raw")[:limit]
             items = [(r.messages(), r.ground_truth) for r in records]
-        local, _ = build_local_backend(model, backend, device, max_tokens, None, None, seed)
+        local, _ = build_local_backend(model, backend, device, max_tokens, None, None, seed,
+                                       trust_remote_code=trust_remote_code)
         try:
             params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens,
                                     seed=seed)

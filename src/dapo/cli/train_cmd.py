@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 
 import click
@@ -43,6 +44,7 @@ def train_command(config_path: str | None, print_config: bool, overrides: tuple[
     # Imported here so `dapo --help` and config errors stay instant (and torch loads after the OpenMP choice).
     from dapo.data.prompts import PromptTooLongError
     from dapo.data.schema import DataError
+    from dapo.distributed.lost_rank import is_lost_peer, lost_rank_message
     from dapo.distributed.world import World
     from dapo.evaluation.validation import val_acc_key
     from dapo.infra.atomic import FileOperationError
@@ -55,6 +57,7 @@ def train_command(config_path: str | None, print_config: bool, overrides: tuple[
     from dapo.training.dynamic_sampling_buffer import DynamicSamplingExhausted
     from dapo.training.errors import TrainingError
     from dapo.training.loop import train
+    from dapo.training.run_state import resume_hint
 
     try:
         world = World.from_env()  # the single process unless torchrun started this one
@@ -64,6 +67,11 @@ def train_command(config_path: str | None, print_config: bool, overrides: tuple[
     logging.basicConfig(level=logging.INFO if world.is_main else logging.WARNING, stream=sys.stderr,
                         format=("%(levelname)s %(name)s: %(message)s" if not world.distributed else
                                 f"%(levelname)s [rank {world.rank}] %(name)s: %(message)s"))
+    if world.distributed:  # torchrun's SIGTERM after another rank failed: say so, instead of dying silently
+        def stopped_by_torchrun(signum, frame):
+            raise click.ClickException(lost_rank_message(None, world.rank, world.world_size, resume_hint(cfg)))
+
+        signal.signal(signal.SIGTERM, stopped_by_torchrun)
     try:
         result = train(cfg, world=world)
     except (TrainingError, ModelLoadError, DataError, PromptTooLongError, RewardScoringError,
@@ -72,6 +80,10 @@ def train_command(config_path: str | None, print_config: bool, overrides: tuple[
         # No barrier or teardown here: the other ranks may wait in a collective this rank never reaches; this
         # rank's non-zero exit makes torchrun stop them.
         raise click.ClickException(str(exc) if not world.distributed else f"rank {world.rank}: {exc}") from None
+    except RuntimeError as exc:  # another rank died: gloo / NCCL raise from the collective this rank was in
+        if not (world.distributed and is_lost_peer(exc)):
+            raise
+        raise click.ClickException(lost_rank_message(exc, world.rank, world.world_size, resume_hint(cfg))) from None
     world.barrier()  # every rank has finished its last collective before the process group goes
     world.close()
     if not world.is_main:  # rank 0 reports and plots the run: its record is the run's
@@ -86,7 +98,10 @@ def train_command(config_path: str | None, print_config: bool, overrides: tuple[
         click.echo(f"warning: {exc}", err=True)
         plot_path = None
     first, last = result.val_acc(0), result.val_acc(-1)
-    click.echo(f"done: {result.steps_done} steps in {result.wall_s:.0f} s, peak memory {result.peak_rss_mb:.0f} MB")
+    trained = (f"{result.steps_done} steps" if result.steps_run == result.steps_done else
+               f"{result.steps_run} steps (resumed at step {result.steps_done - result.steps_run}, now at step "
+               f"{result.steps_done})")
+    click.echo(f"done: {trained} in {result.wall_s:.0f} s, peak memory {result.peak_rss_mb:.0f} MB")
     if first is not None and last is not None:
         k_key = val_acc_key(result.val_history[-1][1])
         click.echo(f"validation {k_key}: first {first:.3f} (step {result.val_history[0][0]}) -> "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import reprlib
 import types
 import typing
 from dataclasses import dataclass, field
@@ -35,6 +36,48 @@ _KEY_ALIASES: dict[str, str] = {
     "algorithm.clip_ratio_c": "actor.clip_ratio_c",
     "algorithm.loss_agg_mode": "actor.loss_agg_mode",
 }
+
+
+# Bounds on what a config may be, checked before anything walks or echoes it: a YAML alias chain ("billion
+# laughs") of a few hundred bytes expands to millions of values, and a repr of it in an error message to gigabytes.
+MAX_CONFIG_BYTES = 1 << 20  # a config file; dapo's own are a few KB
+MAX_CONFIG_VALUES = 100_000  # values in the tree with every alias expanded; dapo's whole tree has a few hundred
+MAX_CONFIG_DEPTH = 64  # nesting of the tree (dapo's is 4 deep)
+MAX_ECHO_CHARS = 200  # of one value quoted in a message
+MAX_PROBLEMS_SHOWN = 40  # lines of one ConfigError
+
+_ECHO = reprlib.Repr()  # (keyword arguments only from Python 3.12)
+_ECHO.maxlevel, _ECHO.maxstring, _ECHO.maxlong, _ECHO.maxother = 3, 120, 60, 120
+_ECHO.maxtuple = _ECHO.maxlist = _ECHO.maxarray = _ECHO.maxdict = _ECHO.maxset = _ECHO.maxfrozenset = 8
+
+
+def brief(value: Any) -> str:
+    """``repr(value)`` bounded to ``MAX_ECHO_CHARS``, built without expanding the whole value (reprlib stops at
+    a few items per level and a few levels), so a huge or self-referencing value costs nothing to quote."""
+    text = _ECHO.repr(value)
+    return text if len(text) <= MAX_ECHO_CHARS else text[: MAX_ECHO_CHARS - 3] + "..."
+
+
+def config_tree_problem(tree: Any, where: str) -> str | None:
+    """None, or why ``tree`` (a parsed YAML value) is refused: more than ``MAX_CONFIG_VALUES`` values once YAML
+    aliases are expanded (counted with an early stop, so an alias bomb or a self-referencing alias costs at most
+    that many steps), or nested deeper than ``MAX_CONFIG_DEPTH``."""
+    count = 0
+    stack: list[tuple[Any, int]] = [(tree, 0)]
+    while stack:
+        node, depth = stack.pop()
+        count += 1
+        if count > MAX_CONFIG_VALUES:
+            return (f"{where}: more than {MAX_CONFIG_VALUES:,} values once YAML aliases (*name) are expanded; a "
+                    "config has a few hundred. Refused before validation (an alias chain that multiplies "
+                    "a value, a 'billion laughs', would take gigabytes to expand)")
+        if depth > MAX_CONFIG_DEPTH:
+            return f"{where}: nested more than {MAX_CONFIG_DEPTH} levels deep; a config is 4 levels deep"
+        if isinstance(node, Mapping):
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, (list, tuple)):
+            stack.extend((v, depth + 1) for v in node)
+    return None
 
 
 def canonical_key(dotted: str) -> str:
@@ -89,8 +132,11 @@ def _unknown_key_problem(dotted: str) -> str | None:
             where = section or "<top level>"
             close = difflib.get_close_matches(part, [a.split(" ")[0] for a in allowed], n=1)
             hint = f" Did you mean '{close[0]}'?" if close else ""
-            if not close:  # maybe a key of another section, or one of verl's spellings
-                anywhere = difflib.get_close_matches(dotted, _all_keys() + _verl_spellings(), n=1, cutoff=0.75)
+            if not close:  # a key one section deeper (actor.lr is actor.optim.lr), of another section, or verl's
+                deeper = [k for k in _all_keys() if k.startswith(f"{section}.") and k.endswith(f".{part}")
+                          and depth == len(parts) - 1]
+                anywhere = deeper[:1] if len(deeper) == 1 else difflib.get_close_matches(
+                    dotted, _all_keys() + _verl_spellings(), n=1, cutoff=0.75)
                 hint = f" Did you mean '{anywhere[0]}'?" if anywhere else ""
             if dotted == "actor.optim.lr_warmup_steps_ratio":
                 hint = " Use actor.optim.lr_warmup_steps (an absolute number of optimizer steps)."
@@ -132,15 +178,18 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
 def parse_override(text: str) -> tuple[str, Any]:
     """Parse ``key.path=value``; the value is read as YAML (so 0.28, true, null, [a, b] work)."""
     if "=" not in text:
-        raise ConfigError(f"override '{text}' is not of the form key.path=value")
+        raise ConfigError(f"override {brief(text)} is not of the form key.path=value")
     key, raw = text.split("=", 1)
     key = key.strip().lstrip("+")  # hydra's '+key=value' means the same here
     if not key:
-        raise ConfigError(f"override '{text}' has an empty key")
+        raise ConfigError(f"override {brief(text)} has an empty key")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
-        raise ConfigError(f"override '{text}': cannot parse the value: {exc}") from None
+        raise ConfigError(f"override '{brief(text)}': cannot parse the value: {exc}") from None
+    problem = config_tree_problem(value, f"override {key}")
+    if problem is not None:
+        raise ConfigError(problem)
     return key, value
 
 
@@ -152,7 +201,7 @@ def _validation_problems(exc: ValidationError) -> list[str]:
         if err["type"] == "extra_forbidden":
             msg = "unknown key"
         got = err.get("input")
-        got_txt = "" if isinstance(got, dict) else f" (got {got!r})"
+        got_txt = "" if isinstance(got, dict) else f" (got {brief(got)})"
         hint = ""
         if err["type"] == "literal_error" and isinstance(got, str):
             choices = [c.strip().strip("'") for c in str(err.get("ctx", {}).get("expected", "")).replace(" or ", ",").split(",")]
@@ -196,6 +245,9 @@ def build_config_with_report(
     verl keys are mapped as ``dapo.config.verl_keys`` says: renamed (value translated), fixed (accepted when the
     value is the one behaviour here), or accepted with a warning in the report saying why they do not apply.
     """
+    problem = config_tree_problem(tree or {}, origin)
+    if problem is not None:
+        raise ConfigError(problem)
     report = ConfigReport()
     problems: list[str] = []
     warned: dict[str, list[str]] = {}
@@ -223,7 +275,7 @@ def build_config_with_report(
         elif isinstance(entry, verl_keys.Fixed):
             if not any(_same_value(value, a) for a in entry.allowed):
                 allowed = " or ".join(repr(a) for a in entry.allowed)
-                problems.append(f"{given}={value!r}: only {allowed} is supported here: {entry.why}")
+                problems.append(f"{given}={brief(value)}: only {allowed} is supported here: {entry.why}")
             continue
         elif isinstance(entry, verl_keys.Matches):
             matches.append((given, value, entry))
@@ -256,7 +308,7 @@ def build_config_with_report(
         for given, value, entry in matches:
             ours = _get_dotted(cfg, entry.other)
             if not _same_value(value, ours):
-                problems.append(f"{given}={value!r} differs from {entry.other}={ours!r}: {entry.why}")
+                problems.append(f"{given}={brief(value)} differs from {entry.other}={brief(ours)}: {entry.why}")
         run_dir = Path(cfg.trainer.default_local_dir)
         if run_dir.name == cfg.trainer.experiment_name:
             report.warnings.append(
@@ -265,7 +317,10 @@ def build_config_with_report(
                 "checkpoints into default_local_dir itself); pass its parent to get verl's layout")
     if problems:
         head = f"invalid configuration ({origin}): {len(problems)} problem{'s' if len(problems) > 1 else ''}"
-        raise ConfigError("\n".join([head, *(f"  {p}" for p in problems)]))
+        shown = [f"  {p}" for p in problems[:MAX_PROBLEMS_SHOWN]]
+        if len(problems) > MAX_PROBLEMS_SHOWN:
+            shown.append(f"  ... and {len(problems) - MAX_PROBLEMS_SHOWN} more")
+        raise ConfigError("\n".join([head, *shown]))
     for why, keys in warned.items():
         report.warnings.append(f"{', '.join(keys)}: accepted without effect: {why}")
     assert cfg is not None
@@ -287,6 +342,34 @@ def _get_dotted(cfg: BaseModel, dotted: str) -> Any:
     return node
 
 
+def read_config_yaml(p: Path) -> Any:
+    """The parsed YAML of config file ``p``, refused with a ``ConfigError`` that says why when it is missing, larger than
+    ``MAX_CONFIG_BYTES``, binary, not UTF-8 or not valid YAML."""
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        size = p.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{p}: {size:,} bytes; config files over {MAX_CONFIG_BYTES:,} bytes are refused (a "
+                              "config is a few KB: is this the right file?)")
+        data = p.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read it: {exc.strerror or exc}") from None
+    nul = data.find(b"\0")
+    if nul >= 0:
+        raise ConfigError(f"{p}: a binary file (a NUL byte at offset {nul}), not a YAML config: is this the right "
+                          "file?")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not UTF-8 text (byte {exc.start} is {data[exc.start]:#04x}): a config file is YAML "
+                          "in UTF-8") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+
+
 def load_config_with_report(
     path: str | Path | None = None, overrides: Sequence[str] = ()
 ) -> tuple[DapoConfig, ConfigReport]:
@@ -295,12 +378,7 @@ def load_config_with_report(
     origin = "defaults"
     if path is not None:
         p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file not found: {p}")
-        try:
-            loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+        loaded = read_config_yaml(p)
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):

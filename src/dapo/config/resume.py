@@ -3,7 +3,9 @@
 ``resume_conflicts`` compares the ``config.yaml`` a run directory holds with the config of the new command and
 lists every changed key except those that may change between invocations of one run (its length, logging,
 checkpoint frequency, threads, the resume switches themselves). ``check_resume`` turns a non-empty list into one
-``ConfigError`` naming the keys, unless ``trainer.resume_with_changes=true``.
+``ConfigError`` naming the keys, unless ``trainer.resume_with_changes=true``. What is compared is the configuration
+saved with the checkpoint being resumed (every checkpoint records what made it), or the run's ``config.yaml`` for a
+checkpoint without one.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from dapo.config.loading import _flatten, config_to_dict
+from dapo.config.loading import _flatten, brief, config_to_dict, config_tree_problem
 from dapo.config.schema import ConfigError, DapoConfig
 
 __all__ = ["MAY_CHANGE_ON_RESUME", "check_resume", "resume_conflicts"]
@@ -39,24 +41,36 @@ def resume_conflicts(saved: Mapping[str, Any], cfg: DapoConfig) -> list[str]:
             continue
         if key not in old:  # a key added to dapo after the run started: its default is what the run had
             continue
-        lines.append(f"{key}: {old.get(key, '<absent>')!r} -> {new.get(key, '<absent>')!r}")
+        lines.append(f"{key}: {brief(old.get(key, '<absent>'))} -> {brief(new.get(key, '<absent>'))}")
     return lines
 
 
-def check_resume(run_dir: str | Path, cfg: DapoConfig) -> None:
-    """Raise ``ConfigError`` when ``run_dir/config.yaml`` holds other hyper-parameters than ``cfg`` (and
-    ``trainer.resume_with_changes`` is false). A run directory without a readable config.yaml passes."""
+def check_resume(run_dir: str | Path, cfg: DapoConfig, saved_config: Mapping[str, Any] | None = None) -> None:
+    """Raise ``ConfigError`` when the run being resumed had other hyper-parameters than ``cfg`` (and
+    ``trainer.resume_with_changes`` is false).
+
+    ``saved_config``: the configuration saved with the checkpoint being resumed (what made it); without one (a
+    checkpoint from before configurations were saved with checkpoints) ``run_dir/config.yaml`` is compared. A run
+    directory without a readable config.yaml passes."""
     path = Path(run_dir) / "config.yaml"
-    try:
-        saved = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
-        return
+    where = f"{path.parent} holds a run started"
+    saved: Any = saved_config
+    if saved is None:
+        try:
+            saved = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            return
+    else:
+        where = f"the checkpoint to resume in {path.parent} was made"
     if not isinstance(saved, dict) or cfg.trainer.resume_with_changes:
         return
+    problem = config_tree_problem(saved, str(path))
+    if problem is not None:
+        raise ConfigError(problem)
     changed = resume_conflicts(saved, cfg)
     if changed:
         raise ConfigError(
-            f"{path.parent} holds a run started with other hyper-parameters; resuming it would mix the two and "
+            f"{where} with other hyper-parameters; resuming it would mix the two and "
             f"overwrite its config.yaml. Changed ({len(changed)}):\n  " + "\n  ".join(changed) + "\n"
             "Use another trainer.experiment_name (or trainer.resume_mode=disable to start over there), or pass "
             "trainer.resume_with_changes=true to continue with the new values.")

@@ -149,6 +149,15 @@ def _answer_text(value: Any) -> str | None:
     return None
 
 
+def _default_problem_key(rows: list[tuple[int, int | None, Any]]) -> str:
+    """The problem column when none is named: 'problem' (MATH-500), else GSM8K's 'question' when a row has one."""
+    keys: set[str] = set()
+    for _, _, row in rows:
+        if isinstance(row, Mapping):
+            keys.update(str(k) for k in row)
+    return "question" if "problem" not in keys and "question" in keys else "problem"
+
+
 def _file_kind(path: Path, rows: list[tuple[int, int | None, Any]], problem_key: str, answer_key: str) -> str:
     """'raw' or 'dapo' for a file, from the union of its rows' keys; a clear error otherwise."""
     keys: set[str] = set()
@@ -225,7 +234,7 @@ def _extract(
     path: Path,
     summary: PrepareSummary,
     *,
-    problem_key: str,
+    problem_key: str | None,
     answer_key: str,
     answer_format: str,
     integer_only: bool,
@@ -234,6 +243,7 @@ def _extract(
     """The usable examples of one input file; every dropped row is counted in `summary`."""
     rows = read_raw_rows(path)
     summary.rows_read += len(rows)
+    problem_key = problem_key or _default_problem_key(rows)
     kind = _file_kind(path, rows, problem_key, answer_key) if rows else "raw"
     examples = []
     for row_index, _, row in rows:
@@ -278,7 +288,7 @@ def prepare_dataset(
     inputs: str | Path | Sequence[str | Path],
     output_dir: str | Path,
     *,
-    problem_key: str = "problem",
+    problem_key: str | None = None,
     answer_key: str = "answer",
     answer_format: AnswerFormat = "auto",
     data_source: str | None = None,
@@ -294,7 +304,8 @@ def prepare_dataset(
     `data_source` overrides every row's; when None, DAPO-schema rows keep their own and raw rows
     get the input file's stem (``gsm8k-train.jsonl`` -> ``"gsm8k-train"``). Each record's
     ``extra_info`` holds ``index`` (position among the kept problems), ``split``,
-    ``raw_problem``, ``source_file`` and ``source_row`` (0-based row in that file).
+    ``raw_problem``, ``source_file`` and ``source_row`` (0-based row in that file). `problem_key` None: each
+    file's 'problem' column, or GSM8K's 'question' in a file without one.
     """
     if answer_format not in ANSWER_FORMATS:
         raise ValueError(f"answer_format must be one of {ANSWER_FORMATS}, got {answer_format!r}")

@@ -77,25 +77,88 @@ def sample_seed(seed: int, problem_key: str, sample_index: int) -> int:
     return int.from_bytes(hashlib.sha256(blob).digest()[:4], "big") >> 1
 
 
+_LINE_START = b'{"problem_key": '  # how every line _Writer writes begins (json.dumps of _row, keys in order)
+# Every field of a samples line and the types it may have: a resumed line feeds the metrics, so a line whose "acc"
+# is the string "False" (truthy) must be refused, not counted as correct.
+_SAMPLE_FIELDS: dict[str, tuple[type, ...]] = {
+    "problem_key": (str,), "problem_id": (str,), "data_source": (str,), "sample_index": (int,), "prompt": (str,),
+    "ground_truth": (str,), "response": (str,), "prediction": (str, type(None)), "score": (int, float),
+    "acc": (bool,), "finish_reason": (str, type(None)), "prompt_tokens": (int,), "response_tokens": (int,),
+}
+_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false", type(None): "null"}
+
+
+def _sample_problem(row: Any) -> str | None:
+    """None when ``row`` (one parsed line) is a sample line as ``run_eval`` writes it, else what is wrong."""
+    if not isinstance(row, dict):
+        return f"is a JSON {type(row).__name__}, not an object"
+    for name, types in _SAMPLE_FIELDS.items():
+        if name not in row:
+            return f'has no "{name}"'
+        value = row[name]
+        ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+        if not ok:
+            wanted = " or ".join(_TYPE_NAMES[t] for t in types)
+            return f'has "{name}": {json.dumps(value)[:60]}, which must be {wanted}'
+        if name in ("sample_index", "prompt_tokens", "response_tokens") and value < 0:
+            return f'has "{name}": {value}, which must be >= 0'
+    return None
+
+
+def _torn_tail(tail: bytes) -> bool:
+    """Whether ``tail`` (after the last newline) can be the start of a line cut off by a killed run: it begins as
+    every written line begins, and is UTF-8 but for a character cut in two at its very end."""
+    if not (tail.startswith(_LINE_START) or _LINE_START.startswith(tail)):
+        return False
+    for cut in range(4):  # a UTF-8 character has at most 4 bytes, so at most 3 of them can be left over
+        try:
+            tail[: len(tail) - cut].decode("utf-8")
+            return True
+        except UnicodeDecodeError:
+            continue
+    return False
+
+
 def read_samples(path: Path) -> list[dict[str, Any]]:
-    """The complete sample lines of an output file; a torn last line (a killed run) is cut off the file."""
+    """The complete sample lines of an output file; a torn last line (a killed run) is cut off the file.
+
+    Every complete line is checked first (UTF-8, JSON, each field's type, ``_SAMPLE_FIELDS``): a file with any
+    line that is not a sample line is refused with an ``EvalError`` naming the line, and is never modified; the
+    torn last line is cut off only from a file whose every other line is a sample line, and only when it looks like
+    the beginning of one."""
     if not path.exists():
         return []
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        cut = data.rfind(b"\n") + 1
-        with open(path, "r+b") as f:
-            f.truncate(cut)
-        data = data[:cut]
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise EvalError(f"{path}: cannot read it ({exc.strerror or exc}); choose another --output") from None
+    cut = data.rfind(b"\n") + 1
+    not_ours = "it is not a dapo eval samples file, or it was edited: choose another --output"
     rows = []
-    for lineno, line in enumerate(data.decode("utf-8").split("\n"), start=1):
-        if not line.strip():
+    for lineno, raw in enumerate(data[:cut].split(b"\n")[:-1], start=1):
+        if not raw.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise EvalError(f"{path} line {lineno} is not UTF-8 text (byte {exc.start} of the line is "
+                            f"{raw[exc.start]:#04x}); {not_ours}") from None
+        try:
+            row = json.loads(line)
         except json.JSONDecodeError as e:
-            raise EvalError(f"{path} line {lineno} is not JSON ({e.msg}); it is not a dapo eval samples file, "
-                            f"or it was edited: choose another --output") from None
+            raise EvalError(f"{path} line {lineno} is not JSON ({e.msg}); {not_ours}") from None
+        problem = _sample_problem(row)
+        if problem is not None:
+            raise EvalError(f"{path} line {lineno} {problem}; {not_ours}")
+        rows.append(row)
+    tail = data[cut:]
+    if tail:
+        if not _torn_tail(tail):
+            last = data.count(b"\n") + 1
+            raise EvalError(f"{path} line {last} (its last, without a newline) is not the start of a sample line; "
+                            f"{not_ours}")
+        with open(path, "r+b") as f:
+            f.truncate(cut)
     return rows
 
 

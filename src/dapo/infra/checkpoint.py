@@ -12,6 +12,7 @@ Layout written under ``ckpt_root`` (normally ``run_dir/checkpoints``)::
         rng.pt               # python `random`, numpy, torch CPU and (when available) CUDA RNG states
         trainer_state.json   # the JSON-exact part of the trainer's opaque state dict
         trainer_state.pt     # the rest of it (tensors, tuples, int-keyed dicts ...), absent when empty
+        config.yaml          # the configuration of the run that made this checkpoint (absent when not given)
         manifest.json        # written LAST: every other file with its size in bytes and its SHA-256
 
 Why it is crash safe: everything is first written into a hidden temp folder next to the final one,
@@ -64,6 +65,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+import yaml
 
 from dapo.infra.atomic import (
     atomic_write,
@@ -84,11 +86,13 @@ __all__ = [
     "SHARDED_LAYOUT",
     "MANIFEST_NAME",
     "CheckpointError",
+    "checkpoint_config",
     "checkpoint_dir_name",
     "checkpoint_problems",
     "find_latest_checkpoint",
     "is_complete_checkpoint",
     "load_checkpoint",
+    "rotate_checkpoints",
     "save_checkpoint",
     "save_sharded_checkpoint",
 ]
@@ -96,6 +100,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 MANIFEST_NAME = "manifest.json"
+CONFIG_NAME = "config.yaml"  # the run's configuration when the checkpoint was made
 LATEST_FILE_NAME = "latest_checkpointed_iteration.txt"
 MANIFEST_FORMAT = "dapo-checkpoint/1"
 SHARDED_LAYOUT = "sharded"  # the manifest's "layout" in the sharded format (absent: the full format)
@@ -133,6 +138,7 @@ def save_checkpoint(
     keep_last: int | None = None,
     model_state: dict[str, torch.Tensor] | None = None,
     optimizer_state: dict[str, Any] | None = None,
+    run_config: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``ckpt_root/global_step_{step}`` atomically and return its path.
 
@@ -149,6 +155,8 @@ def save_checkpoint(
 
     ``model_state`` / ``optimizer_state``: the full states to write instead of ``model.state_dict()`` /
     ``optimizer.state_dict()`` (a sharded model's, gathered by the caller; ``model`` then only gives the config).
+    ``run_config``: the configuration that made this checkpoint (a YAML-safe dict), saved as ``config.yaml`` in it
+    (:func:`checkpoint_config` reads it back).
     """
     _check_save_args(step, keep_last)
     json_state, tensor_state = _split_trainer_state(trainer_state)
@@ -171,7 +179,7 @@ def save_checkpoint(
     except BaseException as exc:
         raise _save_failed(exc, current, step, temp_dir, previous) from exc
     return _finish_save(ckpt_root, step, temp_dir, previous, scheduler=scheduler, json_state=json_state,
-                        tensor_state=tensor_state, keep_last=keep_last, layout={})
+                        tensor_state=tensor_state, keep_last=keep_last, layout={}, run_config=run_config)
 
 
 def _check_save_args(step: int, keep_last: int | None) -> None:
@@ -221,7 +229,7 @@ def _file_entries(root: Path, rels: list[str]) -> dict[str, dict[str, Any]]:
 def _finish_save(ckpt_root: Path, step: int, temp_dir: Path, previous: Path | None, *,
                  scheduler: torch.optim.lr_scheduler.LRScheduler | None, json_state: dict[str, Any],
                  tensor_state: dict[str, Any], keep_last: int | None, layout: dict[str, Any],
-                 hashed: dict[str, dict[str, Any]] | None = None) -> Path:
+                 hashed: dict[str, dict[str, Any]] | None = None, run_config: dict[str, Any] | None = None) -> Path:
     """Write the scheduler and trainer state, then the manifest LAST, fsync and rename the temp folder into place.
 
     ``hashed``: manifest entries of files other ranks already hashed (a sharded save); the rest are hashed here.
@@ -241,6 +249,10 @@ def _finish_save(ckpt_root: Path, step: int, temp_dir: Path, previous: Path | No
             current = "trainer_state.pt"
             write_new_file(temp_dir / "trainer_state.pt", lambda f: torch.save(tensor_state, f))
             _check_weights_only_loadable(temp_dir / "trainer_state.pt")
+        if run_config is not None:
+            current = CONFIG_NAME
+            text = yaml.safe_dump(run_config, sort_keys=False).encode("utf-8")
+            write_new_file(temp_dir / CONFIG_NAME, lambda f: f.write(text))
         current = MANIFEST_NAME
         hashed = dict(hashed or {})
         files = {**hashed, **_file_entries(temp_dir, [r for r in _relative_files(temp_dir) if r not in hashed])}
@@ -259,7 +271,7 @@ def _finish_save(ckpt_root: Path, step: int, temp_dir: Path, previous: Path | No
     complete = _complete_checkpoints(ckpt_root)
     _update_latest_file(ckpt_root, max(complete) if complete else step)
     if keep_last is not None:
-        _rotate(complete, step, keep_last)
+        rotate_checkpoints(ckpt_root, step, keep_last)
     return final_dir
 
 
@@ -277,6 +289,7 @@ def save_sharded_checkpoint(
     trainer_state: dict[str, Any],
     keep_last: int | None = None,
     max_shard_bytes: int = HF_SHARD_BYTES,
+    run_config: dict[str, Any] | None = None,
 ) -> Path:
     """The sharded format: EVERY rank calls this; it returns the checkpoint's path on every rank.
 
@@ -347,7 +360,7 @@ def save_sharded_checkpoint(
                 outcome = _finish_save(ckpt_root, step, temp_dir, previous, scheduler=scheduler,
                                        json_state=json_state, tensor_state=tensor_state, keep_last=keep_last,
                                        layout={"layout": SHARDED_LAYOUT, "world_size": world.world_size},
-                                       hashed=hashed)
+                                       hashed=hashed, run_config=run_config)
             except CheckpointError as exc:
                 outcome = exc
     outcome = world.broadcast_object(outcome)
@@ -565,14 +578,43 @@ def _update_latest_file(ckpt_root: Path, step: int) -> None:
         )
 
 
-def _rotate(complete: dict[int, Path], new_step: int, keep_last: int) -> None:
-    older = sorted(s for s in complete if s < new_step)
+def rotate_checkpoints(ckpt_root: Path, new_step: int, keep_last: int) -> list[Path]:
+    """Delete checkpoints older than ``new_step`` so that the newest ``keep_last`` good ones remain; return the deleted.
+
+    The checkpoint of ``new_step`` (just written and hashed) counts as one of the ``keep_last``. Older complete
+    checkpoints are verified (checksums) newest first, until ``keep_last - 1`` good ones are found: a checkpoint that
+    fails to verify is never counted, so it never takes the place of a good one. Good checkpoints beyond those, and
+    failed ones older than the oldest kept checkpoint, are deleted; a failed one newer than that is left in place (and
+    logged) so it can be inspected, and so is every failed one while fewer good ones than that exist. Checkpoints with a higher step than ``new_step`` are never deleted. Verifying
+    reads the kept checkpoints once more per save (about 1 GB/s), the price of never keeping a corrupt one instead of
+    a good one.
+    """
+    ckpt_root = Path(ckpt_root)
+    complete = _complete_checkpoints(ckpt_root)
     keep_older = keep_last - 1
-    doomed = older[: len(older) - keep_older] if keep_older > 0 else older
-    for step in doomed:
+    kept: list[int] = []
+    failed: list[int] = []
+    doomed: list[int] = []
+    for step in sorted((s for s in complete if s < new_step), reverse=True):
+        if len(kept) >= keep_older:
+            doomed.append(step)
+            continue
+        problem = _manifest_problem(complete[step], verify=True)
+        if problem is None:
+            kept.append(step)
+        else:
+            logger.warning("checkpoint %s does not verify (%s): not counted among the %d kept", complete[step],
+                           problem, keep_last)
+            failed.append(step)
+    if len(kept) == keep_older:  # the quota of good ones is full: a failed one older than all of them is no use
+        oldest_kept = min(kept, default=new_step)
+        doomed += [s for s in failed if s < oldest_kept]
+    deleted = []
+    for step in sorted(doomed):
         logger.info("keep_last=%d: deleting old checkpoint %s", keep_last, complete[step])
         try:
             shutil.rmtree(complete[step])
+            deleted.append(complete[step])
         except OSError as exc:
             logger.warning("could not delete old checkpoint %s: %s", complete[step], exc)
     newer = sorted(s for s in complete if s > new_step)
@@ -582,6 +624,7 @@ def _rotate(complete: dict[int, Path], new_step: int, keep_last: int) -> None:
             [complete[s].name for s in newer],
             new_step,
         )
+    return deleted
 
 
 # --------------------------------------------------------------------------------------------------
@@ -640,6 +683,16 @@ def checkpoint_problems(ckpt_root: Path) -> dict[Path, str]:
             if problem is not None:
                 problems[entry] = problem
     return problems
+
+
+def checkpoint_config(path: Path) -> dict[str, Any] | None:
+    """The configuration saved with the checkpoint at ``path`` (its ``config.yaml``), or None: a checkpoint written
+    before configurations were saved with checkpoints, or without one, or one whose file is not a YAML mapping."""
+    try:
+        saved = yaml.safe_load((Path(path) / CONFIG_NAME).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    return saved if isinstance(saved, dict) else None
 
 
 def is_complete_checkpoint(path: Path) -> bool:

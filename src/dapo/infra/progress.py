@@ -125,6 +125,19 @@ class TrainingProgress:
         else:
             print(message, file=self._file if self._file is not None else sys.stdout, flush=True)
 
+    def phase(self, text: str) -> None:
+        """Show what the run does before its first step (step-0 validation, say), so a long wait is not silent."""
+        if self._mode == "live":
+            self._progress.update(self._task, status=text)
+        elif self._mode == "plain":
+            print(text, file=self._out, flush=True)
+
+    def start_steps(self) -> None:
+        """Start the clock of s/step and the ETA now, just before the first step: the time spent before it (a
+        step-0 validation, the engine's warm-up) is no step's, and counted in it made the first ETA several times
+        too long."""
+        self._start = time.monotonic()
+
     def update(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Show that ``step`` (1-based count of finished steps) is done, with its metrics."""
         if self._mode is None:

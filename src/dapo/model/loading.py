@@ -103,16 +103,19 @@ def _save_atomically(model, tokenizer, target: Path) -> None:
         log.warning("could not cache the dequantized GGUF model at %s: %s", target, exc)
 
 
-def _with_key_hint(exc: Exception) -> str:
-    """transformers' refusal of custom code names its own argument; name the config key that sets it."""
+def _with_key_hint(exc: Exception, switch: str) -> str:
+    """transformers' refusal of custom code names its own argument; name the switch of this command that sets it."""
     text = str(exc)
     if "trust_remote_code" in text:
-        text += " -- set model.trust_remote_code=true to allow the custom code in the model folder (only if you trust it)"
+        text += f" -- {switch} to allow the custom code in the model folder (only if you trust it)"
     return text
 
 
-def load_policy(cfg: ModelConfig, *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> Policy:
-    """Load model + tokenizer, check the tokenizer has a chat template, and find EOS/pad ids."""
+def load_policy(cfg: ModelConfig, *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                remote_code_switch: str = "set model.trust_remote_code=true") -> Policy:
+    """Load model + tokenizer, check the tokenizer has a chat template, and find EOS/pad ids.
+
+    ``remote_code_switch``: how the calling command allows custom model code, for the message when it is needed."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_model_path(cfg)
@@ -138,7 +141,7 @@ def load_policy(cfg: ModelConfig, *, dtype: torch.dtype = torch.float32, device:
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(tok_path), **kwargs)
     except Exception as exc:  # transformers raises many types here; report them all the same way
-        raise ModelLoadError(f"cannot load the tokenizer from '{tok_path}': {_with_key_hint(exc)}") from exc
+        raise ModelLoadError(f"cannot load the tokenizer from '{tok_path}': {_with_key_hint(exc, remote_code_switch)}") from exc
     if not getattr(tokenizer, "chat_template", None):
         raise ModelLoadError(
             f"the tokenizer at '{tok_path}' has no chat template; DAPO prompts are chat messages. Use an instruct "
@@ -147,7 +150,7 @@ def load_policy(cfg: ModelConfig, *, dtype: torch.dtype = torch.float32, device:
     try:
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, **kwargs)
     except Exception as exc:
-        raise ModelLoadError(f"cannot load a causal LM from '{path}': {_with_key_hint(exc)}") from exc
+        raise ModelLoadError(f"cannot load a causal LM from '{path}': {_with_key_hint(exc, remote_code_switch)}") from exc
     if "gguf_file" in kwargs:
         # GGUF weights are dequantized to full precision on load: nothing quantized remains, so drop the
         # quantizer marker that would make save_pretrained (caches, checkpoints) refuse the model.

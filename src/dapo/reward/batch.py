@@ -23,7 +23,7 @@ import logging
 from collections.abc import Sequence
 
 from dapo.reward.item_scorer import ItemScorer
-from dapo.reward.pool import RewardScoringError, RewardWorkerPool
+from dapo.reward.pool import RewardBatchStopped, RewardScoringError, RewardWorkerPool
 from dapo.reward.records import FAILURE_KINDS, InvalidRewardError, RewardInput, RewardResult
 from dapo.reward.registry import ScorerRegistry
 
@@ -102,9 +102,21 @@ class RewardScorer:
                 self._pool = RewardWorkerPool(max(1, self.num_workers), timeout_s=self.timeout_s,
                                               registry=self.registry, custom_fn_spec=self.custom_fn_spec,
                                               capture_errors=True)
-            results = self._pool.score(items)
+            try:
+                results = self._pool.score(items, stop_after_failures=self._failures_allowed())
+            except RewardBatchStopped as stopped:  # the policy stops the run: no use scoring the rest
+                self._apply_policy(items, stopped.results)
+                raise AssertionError("the reward pool stopped a batch the failure policy lets continue") from None
         self._apply_policy(items, results)
         return results
+
+    def _failures_allowed(self) -> int | None:
+        """Failed calls in the next batch after which the policy stops the run anyway (None: only at its end)."""
+        if self.on_failure == "stop":
+            return 1
+        if self.max_failures is not None:
+            return self.max_failures - self.total_failures + 1
+        return None
 
     @property
     def total_failures(self) -> int:
@@ -113,8 +125,11 @@ class RewardScorer:
     def _what(self) -> str:
         return f"the custom reward function {self.custom_fn_spec}" if self.custom_fn_spec else "the reward scorer"
 
-    def _apply_policy(self, items: Sequence[RewardInput], results: list[RewardResult]) -> None:
-        failed = [i for i, r in enumerate(results) if r.failure]
+    def _apply_policy(self, items: Sequence[RewardInput], results: Sequence[RewardResult | None]) -> None:
+        """Count and log the failed calls of a batch; raise ``RewardScoringError`` when the policy says stop.
+
+        ``results`` holds None for responses not scored because the batch was stopped early."""
+        failed = [i for i, r in enumerate(results) if r is not None and r.failure]
         if not failed:
             return
         batch_counts = dict.fromkeys(FAILURE_KINDS, 0)
@@ -127,9 +142,12 @@ class RewardScorer:
         if len(failed) > _LOGGED_PER_BATCH:
             log.warning("... and %d more failed reward calls in this batch", len(failed) - _LOGGED_PER_BATCH)
         first = results[failed[0]]
+        assert first is not None
+        unscored = sum(r is None for r in results)
         detail = (f"{batch_counts['timeout']} timeouts, {batch_counts['worker_crash']} worker crashes, "
                   f"{batch_counts['error']} errors; first: sample {failed[0]} "
-                  f"(data_source={items[failed[0]].data_source!r}): {first.failure}: {first.error}")
+                  f"(data_source={items[failed[0]].data_source!r}): {first.failure}: {first.error}"
+                  + (f"; the other {unscored} responses of the batch were not scored" if unscored else ""))
         if self.on_failure == "stop":
             raise RewardScoringError(f"a call to {self._what()} failed and reward_model.on_failure=stop ({detail})")
         if len(failed) == len(results):

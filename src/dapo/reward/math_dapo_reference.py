@@ -17,8 +17,8 @@ The published rule:
    prediction equals an empty ground truth.
 3. Strict-box mode: within the last 100 characters of the 300-character tail (or from 100 characters before
    ``pause_tokens_index[-1]`` of that tail, Python slicing, so a small index wraps around), the last
-   ``\\boxed{...}`` is taken raw and compared, unnormalised, with the raw ground truth; ``[INVALID]`` when there is
-   none.
+   ``\\boxed{...}`` is taken raw and compared, unnormalised, with the raw ground truth; the prediction is None when
+   there is none (so it matches no ground truth, not even a literal ``[INVALID]``; the registry reports it as "").
 
 Kept apart from the published code on purpose, for safety only (no effect on any score): a non-``str`` response or
 ground truth raises ``TypeError`` as in ``compute_score`` (the published code crashes on ``.split``), and any other
@@ -94,16 +94,15 @@ def _last_boxed_raw(text: str) -> str | None:
     return None
 
 
-def _strict(tail: str, ground_truth: str, pause_tokens_index: list[int] | None) -> tuple[bool, str]:
+def _strict(tail: str, ground_truth: str, pause_tokens_index: list[int] | None) -> tuple[bool, str | None]:
     if pause_tokens_index is not None:
         if len(pause_tokens_index) != 4:
             raise ValueError(f"pause_tokens_index must hold 4 positions, got {pause_tokens_index!r}")
         window = tail[pause_tokens_index[-1] - 100 :]
     else:
         window = tail[-100:]
-    boxed = _last_boxed_raw(window)
-    pred = boxed if boxed is not None else INVALID
-    return pred == ground_truth, pred
+    boxed = _last_boxed_raw(window)  # None without a box, as published: None never equals a ground truth, so a
+    return boxed == ground_truth, boxed  # ground truth of literally "[INVALID]" is not matched by a missing box
 
 
 def compute_score(
@@ -112,7 +111,8 @@ def compute_score(
     strict_box_verify: bool = False,
     pause_tokens_index: list[int] | None = None,
 ) -> dict[str, Any]:
-    """The published ``compute_score``: ``{"score": +1.0 or -1.0, "acc": bool, "pred": str}``."""
+    """The published ``compute_score``: ``{"score": +1.0 or -1.0, "acc": bool, "pred": str, or None in strict-box
+    mode without a box}``."""
     if not isinstance(solution_str, str):
         raise TypeError(f"solution_str must be str (the decoded response), got {type(solution_str).__name__}")
     if not isinstance(ground_truth, str):

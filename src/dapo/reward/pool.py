@@ -9,6 +9,14 @@ chunk, while the worker warms up its scorers, e.g. starts a math-verify child, `
 applies instead.) A worker that dies by itself
 (out of memory, a segfault in a C extension) is handled the same way. Results keep input order.
 
+Hanging calls run side by side, not one after another: a worker whose current item has run longer than
+``suspect_after_s`` is *detached*: it may finish that one item (a shared limit, set under a lock, stops it before its
+next one), the rest of its chunk is queued again one item per chunk, and a spare worker (at most ``max_spare_workers``
+beyond ``num_workers``) takes its place. So a batch of hanging calls costs about one ``timeout_s`` per
+``num_workers + max_spare_workers`` hanging calls, not ``timeout_s`` each. Spares are stopped at the end of the batch.
+``score(items, stop_after_failures=k)`` stops the batch as soon as ``k`` items failed (``RewardBatchStopped``, with the
+results so far), so a failure policy (``reward_model.max_failures``) does not wait for the rest of a doomed batch.
+
 Workers are spawned (safe beside torch and tokenizer threads), receive a pickled copy of the scorer
 registry and load the custom reward function themselves, and are SIGKILLed by the kernel if the parent
 dies. Each failed item's ``RewardResult`` says why (``failure`` "timeout" or "worker_crash", and ``error``).
@@ -43,8 +51,21 @@ chunks were faster (benchmarks/bench_reward.py: chunk 64 / 256 / 1024 -> 0.58x /
 in-process speed on 2 cores)."""
 
 
+MAX_SPARE_WORKERS = 8
+"""Default bound of the extra workers started while others are stuck on a slow or hanging call (each is a process
+that imports the scorers, tens of MB)."""
+
+
 class RewardScoringError(RuntimeError):
     """A scorer raised (rather than returning -1) while scoring an item in a worker."""
+
+
+class RewardBatchStopped(Exception):
+    """``score(..., stop_after_failures=k)`` saw ``k`` failed items; ``results`` holds what was scored (None: not)."""
+
+    def __init__(self, results: list[RewardResult | None]) -> None:
+        super().__init__(f"stopped after {sum(r is not None and bool(r.failure) for r in results)} failed items")
+        self.results = results
 
 
 @dataclass
@@ -52,7 +73,10 @@ class _Worker:
     process: Any
     conn: Connection
     progress: Any  # multiprocessing RawValue("q"): index in the current chunk, -1 before the first item
+    limit: Any  # multiprocessing RawValue("q"): the worker scores items of its chunk with an index below this only
+    lock: Any  # guards progress and limit together (the worker claims an item, the parent detaches)
     ready: bool = False
+    detached: bool = False  # slow on its current item: no further items; a spare works in its place
     started_at: float = field(default_factory=time.monotonic)
     job: list[int] | None = None  # item indices of the chunk being scored
     seen_progress: int = -1
@@ -76,6 +100,8 @@ class RewardWorkerPool:
         chunk_size: int | None = None,
         start_timeout_s: float = 120.0,
         capture_errors: bool = False,
+        max_spare_workers: int = MAX_SPARE_WORKERS,
+        suspect_after_s: float | None = None,
     ) -> None:
         if not isinstance(num_workers, int) or num_workers < 1:
             raise ValueError(f"RewardWorkerPool num_workers must be an int >= 1, got {num_workers!r}")
@@ -97,16 +123,24 @@ class RewardWorkerPool:
         self.chunk_size = chunk_size
         self.start_timeout_s = float(start_timeout_s)
         self.capture_errors = bool(capture_errors)
+        self.max_spare_workers = max(0, int(max_spare_workers))
+        # A reward call takes microseconds to milliseconds; one running this long is likely to hang.
+        self.suspect_after_s = float(suspect_after_s) if suspect_after_s is not None else min(1.0, self.timeout_s / 4)
         self.kills = 0  # workers killed for hanging or found dead
         # Deaths before a worker said "ready" that are tolerated (a worker can be killed while idle before its ready
         # message was read, e.g. by the OOM killer between batches); a start-up that keeps failing is an error.
         self._start_deaths_left = 2 * num_workers
         self._workers: list[_Worker | None] = [self._start_worker() for _ in range(num_workers)]
         self._closed = False
+        self._one_at_a_time = False  # this batch has a slow item: queue items singly so spares share the rest
+        self._failed = 0  # failed items in this batch
 
     # ------------------------------------------------------------------------------------------ public
-    def score(self, items: Sequence[RewardInput]) -> list[RewardResult]:
-        """Score ``items`` across the workers; a hung or crashed item yields ``RewardResult.failed()``."""
+    def score(self, items: Sequence[RewardInput], *, stop_after_failures: int | None = None) -> list[RewardResult]:
+        """Score ``items`` across the workers; a hung or crashed item yields ``RewardResult.failed()``.
+
+        ``stop_after_failures``: raise ``RewardBatchStopped`` (with the results so far) as soon as that many items
+        failed, instead of scoring the rest; the workers busy on other items are replaced."""
         if self._closed:
             raise RuntimeError("RewardWorkerPool.score called after close()")
         self._item_scorer.prepare(items, warm_up=False)  # an unknown data_source fails here, before any work
@@ -114,7 +148,8 @@ class RewardWorkerPool:
         results: list[RewardResult | None] = [None] * n
         chunk = self.chunk_size or max(1, min(MAX_CHUNK, math.ceil(n / (4 * self.num_workers))))
         pending: deque[list[int]] = deque(list(range(s, min(n, s + chunk))) for s in range(0, n, chunk))
-        poll_s = min(0.05, self.timeout_s / 4)
+        poll_s = min(0.05, self.timeout_s / 4, self.suspect_after_s / 2)
+        self._one_at_a_time, self._failed = False, 0
         try:
             for slot, w in enumerate(self._workers):  # died between batches: replaced now, no item is to blame
                 if w is not None and w.job is None and not w.process.is_alive():
@@ -125,9 +160,16 @@ class RewardWorkerPool:
                 for conn in wait(conns, timeout=poll_s):
                     self._receive(self._slot_of(conn), items, results, pending)
                 self._reap_hung(results, pending)
+                self._detach_slow(pending)
+                if stop_after_failures is not None and self._failed >= stop_after_failures:
+                    self._abandon_batch()
+                    raise RewardBatchStopped(results)
+        except RewardBatchStopped:
+            raise
         except BaseException:
             self.close()
             raise
+        self._stop_spares()
         assert all(r is not None for r in results)
         return results  # type: ignore[return-value]
 
@@ -169,27 +211,102 @@ class RewardWorkerPool:
     def _start_worker(self) -> _Worker:
         parent_conn, child_conn = SPAWN.Pipe()
         progress = SPAWN.RawValue("q", -1)
+        limit = SPAWN.RawValue("q", 0)
+        lock = SPAWN.Lock()
         process = SPAWN.Process(
             target=_worker_main,
-            args=(child_conn, progress, os.getpid(), self._payload, self.capture_errors),
+            args=(child_conn, progress, limit, lock, os.getpid(), self._payload, self.capture_errors),
             name="dapo-reward-worker",
             daemon=True,  # terminated with the parent; it re-enables child processes for itself
         )
         process.start()
         child_conn.close()
-        return _Worker(process, parent_conn, progress)
+        return _Worker(process, parent_conn, progress, limit, lock)
+
+    def _working(self) -> int:
+        """Workers that take new items: started and not detached."""
+        return sum(1 for w in self._workers if w is not None and not w.detached)
+
+    def _top_up(self, waiting: int = 0) -> None:
+        """Start workers until ``num_workers`` take new items; once a batch has a slow item, start spares for up to
+        ``waiting`` queued items at once (at most ``max_spare_workers`` beyond ``num_workers`` in all): where one call
+        hangs, others often do too, and one spare per detached worker would run the hangs nearly one by one again."""
+        target = self.num_workers + (min(self.max_spare_workers, waiting) if self._one_at_a_time else 0)
+        while (self._working() < target
+               and sum(w is not None for w in self._workers) < self.num_workers + self.max_spare_workers):
+            free = next((k for k, w in enumerate(self._workers) if w is None), None)
+            if free is None:
+                self._workers.append(self._start_worker())
+            else:
+                self._workers[free] = self._start_worker()
+
+    def _detach_slow(self, pending: deque[list[int]]) -> None:
+        """Detach every worker slow on its current item: it stops after that item, its other items are queued again
+        one per chunk, and a spare takes its place (see the module)."""
+        now = time.monotonic()
+        for w in list(self._workers):
+            if w is None or w.job is None or w.detached or w.seen_progress < 0 or now - w.since <= self.suspect_after_s:
+                continue
+            with w.lock:  # the worker claims its next item under this lock, so it cannot start one of `rest`
+                k = w.progress.value
+                w.limit.value = k + 1
+            rest = w.job[k + 1 :]
+            w.job = w.job[: k + 1]
+            pending.extendleft([i] for i in reversed(rest))
+            w.detached = True
+            self._one_at_a_time = True
+
+    def _abandon_batch(self) -> None:
+        """Stop every worker busy on this batch (their items are not needed any more) and restore the pool."""
+        for slot, w in enumerate(self._workers):
+            if w is not None and w.job is not None:
+                kill_and_reap(w.process)
+                w.conn.close()
+                self._workers[slot] = None
+        self._top_up()
+        self._stop_spares()
+
+    def _stop_spares(self) -> None:
+        """Back to ``num_workers`` workers after a batch: the extra (idle) ones are stopped."""
+        for w in self._workers:
+            if w is not None:
+                w.detached = False
+        extra = sum(w is not None for w in self._workers) - self.num_workers
+        for slot in reversed(range(len(self._workers))):
+            w = self._workers[slot]
+            if extra <= 0:
+                break
+            if w is None or w.job is not None:
+                continue
+            if w.ready:
+                try:
+                    w.conn.send(None)
+                    w.process.join(timeout=1)
+                except OSError:
+                    pass
+            kill_and_reap(w.process)
+            w.conn.close()
+            self._workers[slot] = None
+            extra -= 1
+        self._workers = [w for w in self._workers if w is not None]
 
     def _slot_of(self, conn: Connection) -> int:
         return next(k for k, w in enumerate(self._workers) if w is not None and w.conn is conn)
 
     def _dispatch(self, pending: deque[list[int]], items: Sequence[RewardInput]) -> None:
+        if pending:  # a spare for each detached worker, and a fresh one for each killed one
+            self._top_up(sum(len(job) for job in pending))
         for slot, w in enumerate(self._workers):
             if not pending:
                 return
-            if w is None or not w.ready or w.job is not None:
+            if w is None or not w.ready or w.job is not None or w.detached:
                 continue
             job = pending.popleft()
+            if self._one_at_a_time and len(job) > 1:
+                pending.appendleft(job[1:])
+                job = job[:1]
             w.progress.value = -1
+            w.limit.value = len(job)
             # Plain tuples pickle several times faster than dataclass instances.
             chunk = [(items[i].data_source, items[i].solution_str, items[i].ground_truth, items[i].extra_info)
                      for i in job]
@@ -218,7 +335,10 @@ class RewardWorkerPool:
             assert w.job is not None and len(message[1]) == len(w.job)
             for i, fields in zip(w.job, message[1]):
                 results[i] = RewardResult(*fields)
+                self._failed += bool(results[i].failure)
             w.job = None
+            if w.detached:  # it finished its slow item; a spare took its place, so it retires if one too many
+                w.detached = False
         elif kind == "error":
             _, k, summary, text = message
             i = w.job[k] if w.job is not None and 0 <= k < len(w.job) else -1
@@ -262,14 +382,17 @@ class RewardWorkerPool:
             else:
                 failure, error = "worker_crash", f"the reward worker died (exit code {w.process.exitcode})"
             results[w.job[k]] = RewardResult.failed(failure=failure, error=error)
+            self._failed += 1
             rest = w.job[:k] + w.job[k + 1 :]
             if rest:
                 pending.appendleft(rest)
-        self._workers[slot] = self._start_worker()
+        self._workers[slot] = None
+        self._top_up()
 
 
 # -------------------------------------------------------------------------------------------- worker
-def _worker_main(conn: Connection, progress: Any, parent_pid: int, payload: bytes, capture_errors: bool) -> None:
+def _worker_main(conn: Connection, progress: Any, limit: Any, lock: Any, parent_pid: int, payload: bytes,
+                 capture_errors: bool) -> None:
     """A worker: receive a chunk of ``RewardInput``, score it item by item, send the results back."""
     die_with_parent(parent_pid)
     multiprocessing.current_process().daemon = False  # may start its own child (the symbolic verifier)
@@ -292,9 +415,12 @@ def _worker_main(conn: Connection, progress: Any, parent_pid: int, payload: byte
         except Exception as e:
             conn.send(("error", 0, _summary(e), traceback.format_exc()))
             continue
-        out: list[tuple[float, bool, str, str, str]] = []
+        out: list[tuple[float, bool, str, str, str]] | None = []
         for k, item in enumerate(chunk):
-            progress.value = k
+            with lock:  # the parent may have taken the rest of the chunk back (it detached this worker)
+                if k >= limit.value:
+                    break
+                progress.value = k
             try:
                 r = item_scorer(item)
             except Exception as e:
@@ -303,9 +429,10 @@ def _worker_main(conn: Connection, progress: Any, parent_pid: int, payload: byte
                     continue
                 # An invalid return value is described in full by its message; a raise needs its traceback.
                 conn.send(("error", k, _summary(e), "" if isinstance(e, InvalidRewardError) else traceback.format_exc()))
+                out = None
                 break
             out.append((r.score, r.acc, r.pred, "", ""))
-        else:
+        if out is not None:
             conn.send(("done", out))
 
 

@@ -62,7 +62,7 @@ def train_sync(run: Run) -> TrainResult:
     """Algorithm 1 (module docstring): generate, filter, update, push, record."""
     cfg, state, policy = run.cfg, run.state, run.policy
     with run.record() as (tracker, progress):
-        pending = run.start(tracker)
+        pending = run.start(tracker, progress)
         for step in range(state.step + 1, run.total_steps + 1):
             timer = run.timer()
             metrics, pending = pending, {}
@@ -108,7 +108,7 @@ def train_one_step_off(run: Run) -> TrainResult:
 
     try:
         with run.record() as (tracker, progress):
-            pending = run.start(tracker)
+            pending = run.start(tracker, progress)
             if not state.prefetched and state.step < run.total_steps:
                 state.prefetched = [produce(state.step + 1).result()]
             for step in range(state.step + 1, run.total_steps + 1):
@@ -192,7 +192,7 @@ def train_fully_async(run: Run) -> TrainResult:
     producer = threading.Thread(target=produce, name="dapo-producer", daemon=True)
     try:
         with run.record() as (tracker, progress):
-            pending = run.start(tracker)
+            pending = run.start(tracker, progress)
             producer.start()
             for step in range(state.step + 1, run.total_steps + 1):
                 timer = run.timer("train", "wait_rollout")

@@ -19,19 +19,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from dapo.actor.optim import build_lr_scheduler, build_optimizer
-from dapo.config import ConfigError, DapoConfig, config_to_dict
+from dapo.config import DapoConfig, config_to_dict
 from dapo.config.loading import tracker_backends
-from dapo.config.resume import check_resume
 from dapo.data.prompt_sampler import PromptSampler
 from dapo.data.task import Task, encode_task, read_task
 from dapo.distributed.data_parallel import check_tensor_parallel
 from dapo.distributed.fsdp import check_strategy, shard_actor
 from dapo.distributed.world import World
 from dapo.evaluation.validation import repeated_prompt_warning, val_acc_key
-from dapo.infra.atomic import atomic_write, describe_os_error
+from dapo.infra.atomic import describe_os_error
 from dapo.infra.checkpoint import CheckpointError
 from dapo.infra.cleanup import close_quietly
 from dapo.infra.memory import PeakMemory
@@ -50,7 +48,8 @@ from dapo.training.dynamic_sampling_buffer import DynamicSamplingBuffer
 from dapo.training.errors import TrainingError
 from dapo.training.generation import derive_seed, engine_tensor_parallel, validate_across_ranks
 from dapo.training.perf_metrics import StepPerf
-from dapo.training.run_state import RunState, checkpoint_format, find_resume_checkpoint, resume_run, save_run
+from dapo.training.run_state import (RunState, check_resume_config, checkpoint_format, find_resume_checkpoint,
+                                    record_run_config, resume_run, save_run)
 from dapo.training.weight_sync import WeightSync
 
 log = logging.getLogger(__name__)
@@ -180,13 +179,15 @@ class Run:
                      experiment=cfg.trainer.experiment_name, config=config_to_dict(cfg)) as tracker, progress:
             yield tracker, progress
 
-    def start(self, tracker: Tracker) -> dict[str, float]:
+    def start(self, tracker: Tracker, progress: TrainingProgress) -> dict[str, float]:
         """The first push (the engine may hold other weights: a resumed run's are newer) and the validation before
         training; returns the metrics for the first step's record."""
         pending = self.sync.push(self.state.step)
         if self.cfg.trainer.val_before_train and self.state.step == 0 and self.task.val:
+            progress.phase(f"step 0: validating on {len(self.task.val)} prompts before training")
             tracker.log({**pending, **self.validate(0)}, step=0)
             pending = {}
+        progress.start_steps()
         return pending
 
     def end_step(self, step: int, metrics: dict[str, float], timer: PhaseTimer, tracker: Tracker,
@@ -205,6 +206,8 @@ class Run:
         # which drops this record (truncate_metrics_after) and writes it again; in the other order the record
         # of a checkpointed step would be lost. The save's time therefore goes into the next step's record.
         tracker.log(metrics, step=step)
+        if step == self.steps_before + 1 and self.world.is_main:
+            record_run_config(self.run_dir, cfg)  # a step under cfg completed: now it describes the run
         progress.update(step, metrics)
         pending: dict[str, float] = {}
         if (cfg.trainer.save_freq > 0 and step % cfg.trainer.save_freq == 0) or is_last:
@@ -274,22 +277,17 @@ def build_run(cfg: DapoConfig, world: World = World()) -> Run:
     # Rank 0 picks the checkpoint and every rank loads that one (a rank that cannot read it fails, never diverges).
     resume_from = world.broadcast_object(find_resume_checkpoint(run_dir, cfg) if world.is_main else None)
     if resume_from is not None:
-        try:
-            check_resume(run_dir, cfg)  # never continue a run silently with other hyper-parameters
-        except ConfigError as exc:
-            raise TrainingError(str(exc)) from None
+        check_resume_config(run_dir, resume_from, cfg)  # never continue a run silently with other hyper-parameters
         resume_run(resume_from, state, policy, optimizer, scheduler)
     policy.model.train()
 
     engine = build_engine(cfg, spec, policy, engine_module)
     scorer = reward_scorer_of(cfg)
-    writing = run_dir / "config.yaml"
+    writing = run_dir / "metrics.jsonl"
     try:
         # The run is known to start: only now is its record touched. A resumed run keeps the metrics up to its
-        # checkpoint; a fresh run in an old run dir starts a fresh record.
+        # checkpoint; a fresh run in an old run dir starts a fresh record. (config.yaml: after the first step.)
         if world.is_main:
-            atomic_write(writing, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-            writing = run_dir / "metrics.jsonl"
             truncate_metrics_after(run_dir, state.step if state.step > 0 else -1)
     except OSError as exc:
         close_quietly([("the reward scorer", scorer.close), ("the rollout engine", engine.close)])

@@ -12,14 +12,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dapo.config import DapoConfig
+import yaml
+
+from dapo.config import ConfigError, DapoConfig, config_to_dict
+from dapo.config.resume import check_resume
 from dapo.data.prompt_sampler import PromptSampler
 from dapo.distributed.data_parallel import is_sharded, replicas_differ
 from dapo.distributed.fsdp import (full_model_state, full_optimizer_state, load_full_model_state,
                                    load_full_optimizer_state, stream_full_state)
 from dapo.distributed.world import World
-from dapo.infra.checkpoint import (CheckpointError, checkpoint_problems, find_latest_checkpoint, load_checkpoint,
-                                   save_checkpoint, save_sharded_checkpoint)
+from dapo.infra.atomic import atomic_write, describe_os_error
+from dapo.infra.checkpoint import (CheckpointError, checkpoint_config, checkpoint_problems, find_latest_checkpoint,
+                                   load_checkpoint, save_checkpoint, save_sharded_checkpoint)
 from dapo.model.loading import Policy
 from dapo.reward.scored_groups import ScoredGroup
 from dapo.training.dynamic_sampling_buffer import DynamicSamplingBuffer
@@ -81,7 +85,7 @@ def save_run(run_dir: Path, state: RunState, policy: Policy, optimizer, schedule
                                        optimizer=optimizer, full_tensors=lambda: stream_full_state(policy.model),
                                        hf_model=policy.model.hf_model, tokenizer=policy.tokenizer,
                                        scheduler=scheduler, trainer_state=state.state_dict(),
-                                       keep_last=cfg.trainer.max_ckpt_to_keep)
+                                       keep_last=cfg.trainer.max_ckpt_to_keep, run_config=config_to_dict(cfg))
     model, model_state, optimizer_state = policy.model, None, None
     if is_sharded(policy.model):
         model_state = full_model_state(policy.model)
@@ -92,7 +96,7 @@ def save_run(run_dir: Path, state: RunState, policy: Policy, optimizer, schedule
     return save_checkpoint(run_dir / "checkpoints", state.step, model=model, tokenizer=policy.tokenizer,
                            optimizer=optimizer, scheduler=scheduler, trainer_state=state.state_dict(),
                            keep_last=cfg.trainer.max_ckpt_to_keep, model_state=model_state,
-                           optimizer_state=optimizer_state)
+                           optimizer_state=optimizer_state, run_config=config_to_dict(cfg))
 
 
 def checkpoint_format(cfg: DapoConfig, model) -> str:
@@ -134,6 +138,35 @@ def find_resume_checkpoint(run_dir: Path, cfg: DapoConfig) -> Path | None:
                 "trainer.resume_mode=disable to start afresh on purpose"
             )
     return latest
+
+
+def resume_hint(cfg: DapoConfig) -> str:
+    """Where a rerun of the same command resumes, for a message after a crash: the newest checkpoint that verifies."""
+    run_dir = Path(cfg.trainer.default_local_dir) / cfg.trainer.experiment_name
+    latest = find_latest_checkpoint(run_dir / "checkpoints") if cfg.trainer.resume_mode == "auto" else None
+    if latest is None:
+        return "No checkpoint of this run verifies yet: a rerun of the same command starts it from step 0."
+    return f"Resume works: a rerun of the same command continues from {latest} (complete and verified)."
+
+
+def check_resume_config(run_dir: Path, checkpoint: Path, cfg: DapoConfig) -> None:
+    """Refuse (``TrainingError``) to resume ``checkpoint`` with other hyper-parameters than those that made it (the
+    config saved with it; the run's config.yaml for an older checkpoint), unless ``trainer.resume_with_changes``."""
+    try:
+        check_resume(run_dir, cfg, checkpoint_config(checkpoint))
+    except ConfigError as exc:
+        raise TrainingError(str(exc)) from None
+
+
+def record_run_config(run_dir: Path, cfg: DapoConfig) -> None:
+    """Write ``run_dir/config.yaml``: called once the first step under ``cfg`` has completed, never before, so a
+    start that fails (a resume with changes that crashes in its first step, say) leaves the record of the run as it
+    was; each checkpoint keeps its own copy of the config that made it."""
+    path = run_dir / "config.yaml"
+    try:
+        atomic_write(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+    except OSError as exc:
+        raise TrainingError(describe_os_error(exc, f"writing the run record {path}")) from exc
 
 
 def resume_run(path: Path, state: RunState, policy: Policy, optimizer, scheduler) -> None:

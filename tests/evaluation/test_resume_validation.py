@@ -1,0 +1,114 @@
+"""``dapo eval`` resume reads back only genuine sample lines: types checked, the line named, foreign files untouched.
+
+Before: a line with ``"acc": "False"`` (a truthy string) counted as correct, and a binary samples file was cut at its
+last newline byte before the crash.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dapo.evaluation.backends import EvalError, LocalBackend
+from dapo.evaluation.problems import load_problems
+from dapo.evaluation.runner import EvalSettings, read_samples, run_eval
+from tests.evaluation.eval_helpers import CharTokenizer, FakeEngine, dapo_row, write_jsonl
+
+
+@pytest.fixture()
+def finished(tmp_path):
+    """A complete eval's samples file (5 problems x 4 samples) and what it takes to run it again."""
+    rows = [dapo_row(f"Problem {i}: what is {i % 4}?", str(i % 4), index=i) for i in range(5)]
+    problems = load_problems([write_jsonl(tmp_path / "t.jsonl", rows)])
+    settings = EvalSettings(model="fake", test_files=("t.jsonl",), n=4, temperature=1.0, top_p=1.0, max_tokens=64,
+                            seed=3, batch_size=2)
+    out = tmp_path / "o.jsonl"
+    run_eval(problems, LocalBackend(FakeEngine(), CharTokenizer()), settings, out)
+    return problems, settings, out
+
+
+def _rerun(problems, settings, out):
+    return run_eval(problems, LocalBackend(FakeEngine(), CharTokenizer()), settings, out)
+
+
+def _edit_line(out, index, **fields):
+    lines = out.read_text().splitlines(keepends=True)
+    row = json.loads(lines[index])
+    row.update(fields)
+    lines[index] = json.dumps(row) + "\n"
+    out.write_text("".join(lines))
+
+
+def _first_wrong(out):
+    return next(i for i, line in enumerate(out.read_text().splitlines()) if not json.loads(line)["acc"])
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("acc", "False", '"acc": "False", which must be true or false'),
+    ("acc", 1, '"acc": 1, which must be true or false'),
+    ("sample_index", "0", '"sample_index": "0", which must be an integer'),
+    ("sample_index", True, '"sample_index": true, which must be an integer'),
+    ("score", None, '"score": null, which must be an integer or a number'),
+    ("response_tokens", -3, '"response_tokens": -3, which must be >= 0'),
+    ("problem_key", ["k"], '"problem_key": ["k"], which must be a string'),
+])
+def test_a_resumed_line_of_the_wrong_type_is_refused_with_its_line_number(finished, field, value, says):
+    problems, settings, out = finished
+    index = _first_wrong(out) if field == "acc" else 6
+    _edit_line(out, index, **{field: value})
+    before = out.read_bytes()
+    with pytest.raises(EvalError, match=f"line {index + 1} ") as info:
+        _rerun(problems, settings, out)
+    assert says in str(info.value)
+    assert out.read_bytes() == before
+
+
+def test_a_line_without_a_field_is_refused(finished):
+    problems, settings, out = finished
+    lines = out.read_text().splitlines(keepends=True)
+    row = json.loads(lines[2])
+    del row["acc"]
+    lines[2] = json.dumps(row) + "\n"
+    out.write_text("".join(lines))
+    with pytest.raises(EvalError, match='line 3 has no "acc"'):
+        read_samples(out)
+
+
+def test_a_binary_file_is_refused_and_left_unmodified(finished):
+    problems, settings, out = finished
+    out.write_bytes(bytes(range(256)) * 19 + b"\x00\x01\x02\x03")  # 4,868 bytes with newlines inside, no final one
+    before = out.read_bytes()
+    with pytest.raises(EvalError, match="line 1 is not JSON"):
+        _rerun(problems, settings, out)
+    assert out.read_bytes() == before
+
+
+def test_a_file_without_any_newline_is_not_truncated_to_nothing(finished):
+    problems, settings, out = finished
+    out.write_bytes(b"PK\x03\x04 a zip archive, say" * 100)
+    before = out.read_bytes()
+    with pytest.raises(EvalError, match="line 1 .*not the start of a sample line"):
+        _rerun(problems, settings, out)
+    assert out.read_bytes() == before
+
+
+def test_an_invalid_utf8_line_is_refused_with_its_number(finished):
+    problems, settings, out = finished
+    lines = out.read_bytes().split(b"\n")
+    lines[4] = lines[4].replace(b'"response": "', b'"response": "\xff\xfe', 1)
+    out.write_bytes(b"\n".join(lines))
+    before = out.read_bytes()
+    with pytest.raises(EvalError, match="line 5 is not UTF-8 text"):
+        _rerun(problems, settings, out)
+    assert out.read_bytes() == before
+
+
+def test_a_torn_last_line_is_still_cut_off_and_resumed(finished):
+    problems, settings, out = finished
+    full = out.read_bytes()
+    lines = full.split(b"\n")
+    torn = b"\n".join(lines[:9]) + b"\n" + lines[9][:40]
+    out.write_bytes(torn + "é".encode()[:1])  # killed in the middle of a two-byte character
+    _rerun(problems, settings, out)
+    assert len(read_samples(out)) == 20

@@ -70,6 +70,7 @@ PEER_IMPORTS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("reward",), "dapo.data.prompts"),  # a scored group holds its PromptItem
     (("reward",), "dapo.rollout.base"),  # scoring reads a RolloutOutput
     (("rollout",), "dapo.model.loading"),  # the factory takes the loaded Policy
+    (("rollout",), "dapo.model.lora"),  # the factory hands a LoRA actor's adapter config to vLLM's native LoRA
     (("rollout",), "dapo.model.attention"),  # the engine runs the model's grouped-query attention while generating
     (("rollout", "actor"), "dapo.model.left_padding"),  # the engine's prefill and the actor's shared-prompt pass
     #                                                    must lay the prompts out alike

@@ -85,8 +85,16 @@ def build_rollout_engine(cfg: DapoConfig, policy: Policy, *, module: torch.nn.Mo
             cpu_kvcache_space_gb=r.cpu_kvcache_space_gb,
             enable_prefix_caching=r.enable_prefix_caching,
             join_process_group=distributed,
+            lora_config=engine_lora_config(policy.model),
         )
     raise EngineUnavailableError(f"rollout.name: unknown engine {r.name!r}; choose one of {ENGINE_NAMES}")
+
+
+def engine_lora_config(model: torch.nn.Module) -> dict | None:
+    """A LoRA actor's adapter config, for an engine that runs adapters natively (vLLM); None for full fine-tuning."""
+    from dapo.model.lora import adapter_config, is_lora
+
+    return adapter_config(model) if is_lora(model) else None
 
 
 def hf_engine_copy(cfg: DapoConfig, model: torch.nn.Module, *, sharded: bool) -> torch.nn.Module | None:

@@ -51,6 +51,7 @@ from dapo.infra.timing import PhaseTimer
 from dapo.infra.tracking import Tracker, truncate_metrics_after
 from dapo.model.hub import HubResolveError, resolve_data_config
 from dapo.model.loading import load_policy
+from dapo.model.lora import with_lora
 from dapo.reward.custom_fn import load_custom_reward_fn
 from dapo.reward.scored_groups import reward_scorer_of
 from dapo.rollout.factory import build_rollout_engine, engine_compute_dtype, hf_engine_copy, samples_from_module
@@ -129,7 +130,7 @@ def train(cfg: DapoConfig, world: World = World()) -> TrainResult:
         check_tensor_parallel(world, engine_tensor_parallel(cfg))
     except ValueError as exc:
         raise TrainingError(str(exc)) from None
-    policy = load_policy(cfg.model, device=pick_device(cfg.trainer.device))
+    policy = with_lora(load_policy(cfg.model, device=pick_device(cfg.trainer.device)), cfg.model)
     # The Transformers engine's own copy (before sharding: the same architecture and weights), when the actor is
     # sharded or rollout.dtype differs from the actor's; None: it shares the actor's module.
     engine_module = hf_engine_copy(cfg, policy.model, sharded=cfg.actor.strategy == "fsdp2")

@@ -21,6 +21,7 @@ from dapo.distributed.world import World
 from dapo.infra.checkpoint import (CheckpointError, checkpoint_problems, find_latest_checkpoint, load_checkpoint,
                                    save_checkpoint, save_sharded_checkpoint)
 from dapo.model.loading import Policy
+from dapo.model.lora import is_lora, load_adapter_state
 from dapo.reward.scored_groups import ScoredGroup
 from dapo.training.dynamic_sampling_buffer import DynamicSamplingBuffer
 from dapo.training.errors import TrainingError
@@ -134,6 +135,8 @@ def resume_run(path: Path, state: RunState, policy: Policy, optimizer, scheduler
 
     A checkpoint that fails verification or cannot be read stops with a ``TrainingError`` naming the file."""
     loaders = {}
+    if is_lora(policy.model):  # hf/ is the adapter folder: only the adapters are saved and loaded
+        loaders = {"load_weights": lambda adapter: load_adapter_state(policy.model, adapter)}
     if is_sharded(policy.model):  # every rank reads the full files and keeps its shards
         loaders = {"load_weights": lambda full: load_full_model_state(policy.model, full),
                    "load_optimizer": lambda full: load_full_optimizer_state(policy.model, optimizer, full)}

@@ -94,8 +94,8 @@ class WeightSync:
         if is_sharded(self.model):
             weights = WeightStream(tuple(name for name, _ in self.model.named_parameters()),
                                    stream_full_parameters(self.model))
-        else:
-            weights = self.model.named_parameters()
+        else:  # frozen parameters (a LoRA actor's base weights) never change: the engine has them since it loaded
+            weights = ((name, p) for name, p in self.model.named_parameters() if p.requires_grad)
         self.engine.update_weights(weights)
         if not self.enabled:
             return {}

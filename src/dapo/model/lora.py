@@ -22,7 +22,7 @@ from torch import nn
 from dapo.config import ModelConfig
 from dapo.model.loading import ModelLoadError, Policy
 
-__all__ = ["ADAPTER_NAME", "adapter_config", "adapter_named_parameters", "apply_lora", "is_lora",
+__all__ = ["ADAPTER_NAME", "AdapterAndMergedExport", "MERGED_SUBFOLDER", "merged_model", "adapter_config", "adapter_named_parameters", "apply_lora", "is_lora",
            "linear_module_names", "load_adapter_state", "merged_named_parameters", "with_lora"]
 
 ADAPTER_NAME = "default"  # PEFT's name of a model's first adapter; it appears in parameter names, not in saved files
@@ -121,3 +121,43 @@ def merged_named_parameters(model: nn.Module) -> Iterator[tuple[str, torch.Tenso
                 yield f"{layer_name}.{leaf}", parameter.detach()
         else:
             yield name, parameter.detach()
+
+
+MERGED_SUBFOLDER = "merged"
+
+
+def merged_model(model: nn.Module) -> nn.Module:
+    """A new plain Hugging Face model (the base architecture, no adapters) holding the merged weights; the LoRA
+    model is left as it is (PEFT's ``merge_and_unload`` would change it in place)."""
+    from transformers import AutoModelForCausalLM
+
+    base = model.get_base_model()
+    merged = AutoModelForCausalLM.from_config(base.config, dtype=next(base.parameters()).dtype)
+    result = merged.load_state_dict(dict(merged_named_parameters(model)), strict=False)
+    state = merged.state_dict()
+    untied = [k for k in result.missing_keys if not any(
+        state[k].data_ptr() == state[other].data_ptr() for other in state if other not in result.missing_keys)]
+    if result.unexpected_keys or untied:
+        raise RuntimeError(f"merged_model: the merged weights do not fit {type(merged).__name__} "
+                           f"(unexpected {result.unexpected_keys[:3]}, missing {untied[:3]})")
+    if getattr(base, "generation_config", None) is not None:
+        merged.generation_config = base.generation_config
+    return merged.eval()
+
+
+class AdapterAndMergedExport:
+    """What a LoRA checkpoint's ``hf/`` holds, through the one ``save_pretrained`` call a checkpoint makes: the
+    adapter folder (``adapter_config.json`` + ``adapter_model.safetensors``, for ``peft.PeftModel.from_pretrained``
+    over the base model) and, in ``merged/``, the merged model with its tokenizer (for transformers, vLLM,
+    ``dapo serve`` / ``dapo eval`` as any Hugging Face folder)."""
+
+    def __init__(self, model: nn.Module, tokenizer: object) -> None:
+        self.model, self.tokenizer = model, tokenizer
+
+    def save_pretrained(self, folder, **kwargs) -> None:
+        from pathlib import Path
+
+        self.model.save_pretrained(folder, **kwargs)
+        merged_dir = Path(folder) / MERGED_SUBFOLDER
+        merged_model(self.model).save_pretrained(merged_dir, **kwargs)
+        self.tokenizer.save_pretrained(merged_dir)

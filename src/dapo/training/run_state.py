@@ -21,7 +21,7 @@ from dapo.distributed.world import World
 from dapo.infra.checkpoint import (CheckpointError, checkpoint_problems, find_latest_checkpoint, load_checkpoint,
                                    save_checkpoint, save_sharded_checkpoint)
 from dapo.model.loading import Policy
-from dapo.model.lora import is_lora, load_adapter_state
+from dapo.model.lora import AdapterAndMergedExport, is_lora, load_adapter_state
 from dapo.reward.scored_groups import ScoredGroup
 from dapo.training.dynamic_sampling_buffer import DynamicSamplingBuffer
 from dapo.training.errors import TrainingError
@@ -83,6 +83,8 @@ def save_run(run_dir: Path, state: RunState, policy: Policy, optimizer, schedule
         model = policy.model.hf_model  # its config and save_pretrained write the gathered state
     if not world.is_main:
         return None
+    if is_lora(model):  # hf/: the adapter folder, and the merged model in hf/merged/
+        model = AdapterAndMergedExport(model, policy.tokenizer)
     return save_checkpoint(run_dir / "checkpoints", state.step, model=model, tokenizer=policy.tokenizer,
                            optimizer=optimizer, scheduler=scheduler, trainer_state=state.state_dict(),
                            keep_last=cfg.trainer.max_ckpt_to_keep, model_state=model_state,

@@ -9,10 +9,10 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
 from dapo.actor.optim import build_optimizer
-from dapo.config import ConfigError, load_config
+from dapo.config import ConfigError, ModelConfig, load_config
 from dapo.infra.checkpoint import load_checkpoint, save_checkpoint
 from dapo.model.loading import EMBEDDED_MODEL_DIR, ModelLoadError, load_policy
-from dapo.model.lora import (adapter_named_parameters, apply_lora, linear_module_names, load_adapter_state,
+from dapo.model.lora import (AdapterAndMergedExport, adapter_named_parameters, apply_lora, linear_module_names, load_adapter_state,
                              merged_named_parameters, with_lora)
 from dapo.rollout.factory import build_rollout_engine, hf_engine_copy
 from dapo.training.errors import TrainingError
@@ -110,6 +110,20 @@ def test_a_checkpoint_holds_the_adapter_folder_that_plain_peft_loads(tmp_path) -
                     load_weights=lambda adapter: load_adapter_state(fresh.model, adapter))
     for (name, a), (_, b) in zip(adapter_named_parameters(policy.model), adapter_named_parameters(fresh.model)):
         assert torch.equal(a, b), name
+
+
+def test_eval_and_serve_load_a_lora_checkpoint_folder_as_its_merged_model(tmp_path) -> None:
+    cfg, policy = _lora_policy()
+    _perturb_adapters(policy.model, seed=6)
+    AdapterAndMergedExport(policy.model, policy.tokenizer).save_pretrained(tmp_path / "hf", safe_serialization=True)
+    loaded = load_policy(ModelConfig(path=str(tmp_path / "hf")))  # what `dapo eval` / `dapo serve` do with a path
+    assert loaded.hf_dir == tmp_path / "hf" / "merged"
+    torch.testing.assert_close(actor_log_probs_of(loaded.model, PROMPT, RESPONSE),
+                               actor_log_probs_of(policy.model, PROMPT, RESPONSE), rtol=0, atol=1e-5)
+    (tmp_path / "bare").mkdir()
+    (tmp_path / "bare" / "adapter_config.json").write_text("{}")
+    with pytest.raises(ModelLoadError, match="is a PEFT adapter folder without a merged model"):
+        load_policy(ModelConfig(path=str(tmp_path / "bare")))
 
 
 def test_loading_a_full_models_weights_into_adapters_is_refused() -> None:

@@ -57,7 +57,7 @@ class VLLMAdapterSlot:
         self.config = dict(config)
         self.adapter_name = adapter_name
         self.rank = int(self.config["r"])
-        self.folder = Path(tempfile.mkdtemp(prefix="dapo-vllm-lora-"))
+        self.folder: Path | None = None  # made at the first push (an engine that fails to start leaves nothing)
         self.request: Any = None  # None until the first push: the engine then generates from the base model
         self._version = 0
 
@@ -79,6 +79,8 @@ class VLLMAdapterSlot:
             tensors[_file_name(name, self.adapter_name)] = tensor.detach().to("cpu", copy=True).contiguous()
         if not tensors:
             raise ValueError("VLLMRolloutEngine.update_weights: no adapter tensors were pushed")
+        if self.folder is None:
+            self.folder = Path(tempfile.mkdtemp(prefix="dapo-vllm-lora-"))
         self._version += 1
         target = self.folder / f"v{self._version}"
         target.mkdir()
@@ -94,4 +96,6 @@ class VLLMAdapterSlot:
             shutil.rmtree(previous.lora_path, ignore_errors=True)
 
     def close(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None

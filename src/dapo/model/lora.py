@@ -14,6 +14,7 @@ term, without a second copy of the weights.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Iterator, Mapping
 
 import torch
@@ -30,9 +31,8 @@ ADAPTER_NAME = "default"  # PEFT's name of a model's first adapter; it appears i
 
 def is_lora(model: nn.Module) -> bool:
     """Whether ``model`` is a PEFT model (an actor training LoRA adapters)."""
-    from peft import PeftModel
-
-    return isinstance(model, PeftModel)
+    peft = sys.modules.get("peft")  # not imported: no model can be a PEFT model (and a full run never imports it)
+    return peft is not None and isinstance(model, peft.PeftModel)
 
 
 def linear_module_names(model: nn.Module) -> list[str]:

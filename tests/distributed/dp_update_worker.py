@@ -1,6 +1,7 @@
 """Run under torchrun (or alone): one PPO update of a tiny Qwen2 on a fixed batch; rank 0 saves the parameters.
 
-Usage: python dp_update_worker.py OUT.pt [replicated|fsdp2]   (environment: DP_LAYOUT, DP_CHECKPOINTING=1, DP_ZERO_GROUP)
+Usage: python dp_update_worker.py OUT.pt [replicated|fsdp2]   (environment: DP_LAYOUT, DP_CHECKPOINTING=1, DP_ZERO_GROUP,
+DP_LORA=1)
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, f
 from dapo.actor.log_probs import compute_log_probs_batch, resolve_layout  # noqa: E402
 from dapo.actor.optim import build_lr_scheduler, build_optimizer  # noqa: E402
 from dapo.actor.update import sharded_share, update_policy  # noqa: E402
-from dapo.config import OptimConfig  # noqa: E402
+from dapo.config import ModelConfig, OptimConfig  # noqa: E402
 from dapo.config.schema import FsdpConfig  # noqa: E402
 from dapo.distributed.fsdp import (full_model_state, full_optimizer_state, load_full_model_state,  # noqa: E402
                                    load_full_optimizer_state, shard_actor, stream_full_parameters)
 from dapo.distributed.world import World  # noqa: E402
+from dapo.model.lora import adapter_named_parameters, apply_lora, merged_named_parameters  # noqa: E402
 from tests.actor.actor_helpers import actor_config, random_batch, tiny_llama, tiny_qwen2  # noqa: E402
 
 
@@ -59,6 +61,13 @@ def main() -> None:
     torch.set_num_threads(1)
     world = World.from_env(backend="gloo")
     model = tiny_qwen2(seed=3)
+    if os.environ.get("DP_LORA") == "1":  # rank-4 LoRA adapters (PEFT), replicated; B away from its zero start
+        torch.manual_seed(4)
+        model = apply_lora(model, ModelConfig(lora_rank=4, lora_alpha=8))
+        with torch.no_grad():
+            for name, p in adapter_named_parameters(model):
+                if ".lora_B." in name:
+                    p.normal_(0.0, 0.1)
     # 5 groups of 3 with lengths up to 12 tokens: uneven token counts, and an odd number of groups for 2 ranks.
     batch = random_batch(5, 3, seed=11, max_prompt=6, max_response=12, masked=(4,))
     if os.environ.get("DP_ZERO_GROUP"):  # that group's samples are skipped: its rank runs fewer micro-batches
@@ -80,10 +89,15 @@ def main() -> None:
     scheduler = build_lr_scheduler(optimizer, OptimConfig(lr=1e-2, lr_warmup_steps=0))
     metrics = update_policy(model, optimizer, scheduler, batch, cfg, temperature=1.0, world=world)
     params = {n: p.detach().clone() for n, p in stream_full_parameters(model)}  # every rank gathers, in order
+    adapters = {}
+    if os.environ.get("DP_LORA") == "1":  # compared under the base model's names (merged), and the adapters alone
+        adapters = {n: p for n, p in params.items() if ".lora_" in n}
+        params = {n: p.clone() for n, p in merged_named_parameters(model)}
     loads_back = strategy != "fsdp2" or (full_states_load_back(model, optimizer, world)
                                          and tied_weights_load_back(world))
     if world.is_main:
-        torch.save({"params": params, "metrics": metrics, "padding": padding, "loads_back": loads_back}, out)
+        torch.save({"params": params, "adapters": adapters, "metrics": metrics, "padding": padding,
+                    "loads_back": loads_back}, out)
     world.barrier()
     world.close()
 

@@ -28,8 +28,9 @@ def free_port() -> int:
 
 
 def run_worker(out: Path, nproc: int, layout: str = "auto", strategy: str = "replicated",
-               checkpointing: bool = False, zero_group: int | None = None) -> None:
+               checkpointing: bool = False, zero_group: int | None = None, lora: bool = False) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DP_LAYOUT": layout, "DP_CHECKPOINTING": str(int(checkpointing)),
+           "DP_LORA": str(int(lora)),
            "DP_ZERO_GROUP": "" if zero_group is None else str(zero_group)}
     if nproc == 1:
         cmd = [sys.executable, str(WORKER), str(out)]
@@ -46,6 +47,18 @@ def test_two_ranks_update_equals_one_process(tmp_path: Path, layout: str) -> Non
     run_worker(tmp_path / "one.pt", 1, layout)
     run_worker(tmp_path / "two.pt", 2, layout)
     assert_same_update(tmp_path / "one.pt", tmp_path / "two.pt")
+
+
+@pytest.mark.slow
+def test_two_ranks_lora_update_equals_one_process(tmp_path: Path) -> None:
+    # LoRA under torchrun: the adapters replicated on every rank, their gradients summed (the frozen base has none).
+    run_worker(tmp_path / "one.pt", 1, "shared_prompt", lora=True)
+    run_worker(tmp_path / "two.pt", 2, "shared_prompt", lora=True, checkpointing=True)
+    two = assert_same_update(tmp_path / "one.pt", tmp_path / "two.pt")  # the merged weights
+    one = torch.load(tmp_path / "one.pt")
+    assert one["adapters"].keys() == two["adapters"].keys() and any(".lora_B." in n for n in two["adapters"])
+    for name, p in one["adapters"].items():
+        torch.testing.assert_close(two["adapters"][name], p, rtol=0, atol=1e-5, msg=name)
 
 
 @pytest.mark.slow

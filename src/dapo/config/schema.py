@@ -90,6 +90,32 @@ class ModelConfig(_Section):
     save_pretrained_cache: bool = Field(
         True, description="after a GGUF load, save an HF copy next to the run so later loads take a second"
     )
+    # LoRA (Hugging Face PEFT, dapo.model.lora); verl's names. lora_rank=0 (verl's default) trains every weight.
+    lora_rank: int = Field(0, ge=0, description="LoRA rank r of the actor's adapters (PEFT); 0 = full fine-tuning")
+    lora_alpha: float = Field(16.0, gt=0.0, description="LoRA alpha: the adapters' update is scaled by alpha / rank")
+    lora_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the adapters' input during training")
+    target_modules: Literal["all-linear"] | list[str] = Field(
+        "all-linear", description="modules that get adapters: 'all-linear' (every linear layer but the output "
+        "head, PEFT's meaning) or a list of module names (e.g. [q_proj, v_proj]), checked against the model's")
+
+    @property
+    def lora(self) -> bool:
+        """Whether the actor trains LoRA adapters (lora_rank >= 1) instead of every weight."""
+        return self.lora_rank >= 1
+
+    @model_validator(mode="after")
+    def _lora_keys_need_a_rank(self) -> "ModelConfig":
+        # As the fsdp keys: a LoRA setting without a rank would silently train every weight instead.
+        defaults = {"lora_alpha": 16.0, "lora_dropout": 0.0, "target_modules": "all-linear"}
+        changed = sorted(k for k, v in defaults.items() if getattr(self, k) != v)
+        if not self.lora and changed:
+            raise ValueError(f"model.{', model.'.join(changed)} only apply with LoRA: set model.lora_rank >= 1 "
+                             "(actor_rollout_ref.model.lora_rank; 0 = full fine-tuning)")
+        if isinstance(self.target_modules, list) and (
+                not self.target_modules or not all(isinstance(m, str) and m for m in self.target_modules)):
+            raise ValueError(f"model.target_modules must be 'all-linear' or a non-empty list of module names, got "
+                             f"{self.target_modules!r}")
+        return self
 
 
 # ------------------------------------------------------------------------------------------ rollout
@@ -571,6 +597,11 @@ class DapoConfig(_Section):
                 "log-probs of the truncated distribution while the actor computes the full softmax: every ratio "
                 "would be biased (trl#6789). Sample with top_p=1.0 and top_k=-1 for training, or turn the "
                 "correction off")
+        if self.model.lora and self.actor.strategy == "fsdp2":
+            problems.append(
+                "model.lora_rank >= 1 (LoRA) runs with actor.strategy=replicated (adapters replicated on every rank, "
+                "their gradients all-reduced); LoRA under actor.strategy=fsdp2 is not supported yet"
+            )
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -64,6 +64,14 @@ def resolve_model_path(cfg: ModelConfig) -> Path:
                              f"and its name as model.gguf_file)")
     if cfg.gguf_file is not None and not (path / cfg.gguf_file).is_file():
         raise ModelLoadError(f"model.gguf_file: '{cfg.gguf_file}' not found in '{path}'")
+    if cfg.gguf_file is None and not (path / "config.json").is_file() and (path / "adapter_config.json").is_file():
+        # A LoRA checkpoint's hf/ (dapo.model.lora): the adapter folder, and in merged/ the model it makes.
+        if (path / "merged" / "config.json").is_file():
+            return path / "merged"
+        raise ModelLoadError(
+            f"model.path: '{path}' is a PEFT adapter folder without a merged model beside it (a dapo LoRA checkpoint "
+            "has hf/merged/); merge it into its base model first, e.g. peft.PeftModel.from_pretrained(base, "
+            "folder).merge_and_unload().save_pretrained(out), and pass that folder")
     if cfg.gguf_file is None and not (path / "config.json").is_file():
         raise ModelLoadError(f"model.path: '{path}' has no config.json; is it a Hugging Face model folder? "
                              f"(for a GGUF file set model.gguf_file)")

@@ -111,7 +111,15 @@ def _build_vllm(spec: EngineSpec, policy: Policy, module: torch.nn.Module | None
         cpu_kvcache_space_gb=spec.cpu_kvcache_space_gb,
         enable_prefix_caching=spec.enable_prefix_caching,
         join_process_group=spec.join_process_group,
+        lora_config=engine_lora_config(policy.model),
     )
+
+
+def engine_lora_config(model: torch.nn.Module) -> dict | None:
+    """A LoRA actor's adapter config, for an engine that runs adapters natively (vLLM); None for full fine-tuning."""
+    from dapo.model.lora import adapter_config, is_lora
+
+    return adapter_config(model) if is_lora(model) else None
 
 
 ENGINES: dict[str, EngineEntry] = {

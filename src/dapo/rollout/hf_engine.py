@@ -100,7 +100,9 @@ class HFRolloutEngine:
             raise ValueError(f"HFRolloutEngine: max_batch_size must be None or an int >= 1, got {max_batch_size!r}")
         self.max_batch_size = max_batch_size
         self.drop_finished = drop_finished
-        forward_params = inspect.signature(model.forward).parameters
+        # A PEFT (LoRA) model's forward passes its keyword arguments on to the wrapped model's: read that one's.
+        inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+        forward_params = inspect.signature(inner.forward).parameters
         # transformers >= 5 names the KV cache argument `cache`; 4.x calls it `past_key_values`.
         self._cache_kwarg = "cache" if "cache" in forward_params else "past_key_values"
         self._has_logits_to_keep = "logits_to_keep" in forward_params

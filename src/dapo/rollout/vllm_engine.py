@@ -103,13 +103,14 @@ import math
 import os
 import random
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from dapo.rollout.base import RolloutOutput, SamplingParams, WeightStream
+from dapo.rollout.vllm_lora import VLLMAdapterSlot
 
 logger = logging.getLogger(__name__)
 
@@ -327,6 +328,9 @@ class VLLMRolloutEngine:
         max_num_seqs: most sequences per engine step (None: vLLM's default).
         enable_prefix_caching: reuse the KV cache of shared prompt prefixes (the ``n`` samples of a prompt); reset on
             every weight update and before every seeded ``generate``.
+        lora_config: a LoRA actor's adapter config (``adapter_config.json``'s content): vLLM then runs the adapter
+            natively, ``update_weights`` takes the adapter's tensors only (``dapo.rollout.vllm_lora``), and until the
+            first push the engine generates from the base model.
     """
 
     def __init__(
@@ -346,8 +350,10 @@ class VLLMRolloutEngine:
         max_num_seqs: int | None = None,
         enable_prefix_caching: bool = True,
         join_process_group: bool = False,
+        lora_config: Mapping[str, Any] | None = None,
     ) -> None:
         self._llm: Any = None  # set last, so that close() after a failed start is a no-op
+        self._adapter: VLLMAdapterSlot | None = None
         eos = (eos_token_ids,) if _is_int(eos_token_ids) else tuple(eos_token_ids)  # type: ignore[arg-type]
         if not eos or not all(_is_int(t) and t >= 0 for t in eos):
             raise ValueError(f"VLLMRolloutEngine: eos_token_ids must be non-negative ints, got {eos_token_ids!r}")
@@ -430,6 +436,9 @@ class VLLMRolloutEngine:
                 kwargs[name] = value
         if self.on_cpu and cpu_kvcache_space_gb is not None:
             kwargs["kv_cache_memory_bytes"] = int(cpu_kvcache_space_gb * (1 << 30))
+        if lora_config is not None:
+            self._adapter = VLLMAdapterSlot(lora_config)
+            kwargs.update(self._adapter.engine_kwargs())
 
         # Process-wide state vLLM changes while starting in this process (module docstring, "CPU settings"). Its
         # worker also seeds random, numpy and torch with `seed`: here those are the trainer's RNGs, so they are put
@@ -512,7 +521,8 @@ class VLLMRolloutEngine:
         )
         self._wake()
         with self._seeded(params.seed):
-            results = llm.generate(self._token_prompts(prompts), request, use_tqdm=False)
+            results = llm.generate(self._token_prompts(prompts), request, use_tqdm=False,
+                                   lora_request=self._lora_request())
         if self.free_cache_engine:
             llm.sleep(level=1)
             self._asleep = {"weights", "kv_cache"}
@@ -544,6 +554,12 @@ class VLLMRolloutEngine:
         loaded, and so does a name the checkpoint does not have (``KeyError``).
         """
         llm = self._require_open("update_weights")
+        if self._adapter is not None:  # a LoRA actor pushes its adapter; the base weights stay those loaded at start
+            self._wake(("weights",))
+            self._adapter.push(llm, named_tensors)
+            if not llm.reset_prefix_cache():
+                raise RuntimeError("VLLMRolloutEngine.update_weights: vLLM could not reset its prefix cache")
+            return
 
         def pushed(name: str) -> bool:
             # A tied lm_head is the embedding (named_parameters(remove_duplicate=False) lists it); vLLM skips it too.
@@ -588,7 +604,8 @@ class VLLMRolloutEngine:
             n=1, temperature=0.0, max_tokens=1, prompt_logprobs=0, ignore_eos=True, detokenize=False
         )
         self._wake()
-        result = llm.generate(self._token_prompts([sequence]), request, use_tqdm=False)[0]
+        result = llm.generate(self._token_prompts([sequence]), request, use_tqdm=False,
+                              lora_request=self._lora_request())[0]
         scores = result.prompt_logprobs
         if scores is None or len(scores) != len(sequence):
             raise RuntimeError("VLLMRolloutEngine.log_probs_of: vLLM returned no prompt log-probs")
@@ -597,6 +614,8 @@ class VLLMRolloutEngine:
     def close(self) -> None:
         """Shut the engine core down and free its memory. Idempotent."""
         llm, self._llm = self._llm, None
+        if self._adapter is not None:
+            self._adapter.close()
         if llm is None:
             return
         try:
@@ -618,6 +637,10 @@ class VLLMRolloutEngine:
         self.close()
 
     # ------------------------------------------------------------------------------------------------ internals
+    def _lora_request(self) -> Any:
+        """The adapter of the last push (None: no LoRA, or none pushed yet: the base model)."""
+        return None if self._adapter is None else self._adapter.request
+
     def _require_open(self, method: str) -> Any:
         if self._llm is None:
             raise RuntimeError(f"VLLMRolloutEngine.{method}: the engine is closed")

@@ -38,6 +38,7 @@ from dapo.infra.timing import PhaseTimer
 from dapo.infra.tracking import Tracker, truncate_metrics_after
 from dapo.model.hub import HubResolveError, resolve_data_config
 from dapo.model.loading import Policy, load_policy
+from dapo.model.lora import with_lora
 from dapo.reward.batch import RewardScorer
 from dapo.reward.custom_fn import load_custom_reward_fn
 from dapo.reward.scored_groups import reward_scorer_of
@@ -257,7 +258,7 @@ def build_run(cfg: DapoConfig, world: World = World()) -> Run:
         check_tensor_parallel(world, engine_tensor_parallel(cfg))
     except ValueError as exc:
         raise TrainingError(str(exc)) from None
-    policy = load_policy(cfg.model, device=pick_device(cfg.trainer.device))
+    policy = with_lora(load_policy(cfg.model, device=pick_device(cfg.trainer.device)), cfg.model)
     spec = engine_spec_of(cfg, world)
     # The Transformers engine's own copy (before sharding: the same architecture and weights), when the actor is
     # sharded or rollout.dtype differs from the actor's; None: it shares the actor's module.

@@ -25,6 +25,7 @@ from dapo.infra.atomic import atomic_write, describe_os_error
 from dapo.infra.checkpoint import (CheckpointError, checkpoint_config, checkpoint_problems, find_latest_checkpoint,
                                    load_checkpoint, save_checkpoint, save_sharded_checkpoint)
 from dapo.model.loading import Policy
+from dapo.model.lora import AdapterAndMergedExport, is_lora, load_adapter_state
 from dapo.reward.scored_groups import ScoredGroup
 from dapo.training.dynamic_sampling_buffer import DynamicSamplingBuffer
 from dapo.training.errors import TrainingError
@@ -93,6 +94,8 @@ def save_run(run_dir: Path, state: RunState, policy: Policy, optimizer, schedule
         model = policy.model.hf_model  # its config and save_pretrained write the gathered state
     if not world.is_main:
         return None
+    if is_lora(model):  # hf/: the adapter folder, and the merged model in hf/merged/
+        model = AdapterAndMergedExport(model, policy.tokenizer)
     return save_checkpoint(run_dir / "checkpoints", state.step, model=model, tokenizer=policy.tokenizer,
                            optimizer=optimizer, scheduler=scheduler, trainer_state=state.state_dict(),
                            keep_last=cfg.trainer.max_ckpt_to_keep, model_state=model_state,
@@ -174,6 +177,8 @@ def resume_run(path: Path, state: RunState, policy: Policy, optimizer, scheduler
 
     A checkpoint that fails verification or cannot be read stops with a ``TrainingError`` naming the file."""
     loaders = {}
+    if is_lora(policy.model):  # hf/ is the adapter folder: only the adapters are saved and loaded
+        loaders = {"load_weights": lambda adapter: load_adapter_state(policy.model, adapter)}
     if is_sharded(policy.model):  # every rank reads the full files and keeps its shards
         loaders = {"load_weights": lambda full: load_full_model_state(policy.model, full),
                    "load_optimizer": lambda full: load_full_optimizer_state(policy.model, optimizer, full)}

@@ -26,6 +26,7 @@ import torch
 
 from dapo.distributed.data_parallel import is_sharded
 from dapo.distributed.fsdp import stream_full_parameters
+from dapo.model.lora import is_lora
 from dapo.rollout.base import RolloutEngine, WeightStream
 from dapo.training.errors import TrainingError
 
@@ -94,6 +95,8 @@ class WeightSync:
         if is_sharded(self.model):
             weights = WeightStream(tuple(name for name, _ in self.model.named_parameters()),
                                    stream_full_parameters(self.model))
+        elif is_lora(self.model):  # frozen base weights never change: the engine has them since it loaded
+            weights = ((name, p) for name, p in self.model.named_parameters() if p.requires_grad)
         else:
             weights = self.model.named_parameters()
         # An engine in its own process takes the push tagged with the step its weights belong to (the samples it

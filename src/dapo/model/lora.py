@@ -1,0 +1,163 @@
+"""LoRA adapters on the actor through Hugging Face PEFT (``model.lora_rank >= 1``).
+
+The policy's module becomes a ``peft.PeftModel``: the base weights are frozen, every targeted linear layer gets
+trainable low-rank factors A (r x in) and B (out x r), and the layer computes W x + (alpha / r) B A x (LoRA, Hu et al.
+2021, Eq. 3; B starts at zero, so the first policy is the base model). Everything that trains, checkpoints or pushes the
+policy keeps working on it unchanged: PEFT forwards ``config``, ``get_decoder()`` and the other Hugging Face methods
+to the base model, whose linear layers now hold the adapters; the optimizer takes the trainable parameters (the
+adapters only); ``save_pretrained`` writes the adapter folder that ``peft.PeftModel.from_pretrained`` loads.
+
+With the adapters disabled (``model.disable_adapter()``) the module is the base model: the reference policy of a KL
+term, without a second copy of the weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Iterator, Mapping
+
+import torch
+from torch import nn
+
+from dapo.config import ModelConfig
+from dapo.model.loading import ModelLoadError, Policy
+
+__all__ = ["ADAPTER_NAME", "AdapterAndMergedExport", "MERGED_SUBFOLDER", "merged_model", "adapter_config", "adapter_named_parameters", "apply_lora", "is_lora",
+           "linear_module_names", "load_adapter_state", "merged_named_parameters", "with_lora"]
+
+ADAPTER_NAME = "default"  # PEFT's name of a model's first adapter; it appears in parameter names, not in saved files
+
+
+def is_lora(model: nn.Module) -> bool:
+    """Whether ``model`` is a PEFT model (an actor training LoRA adapters)."""
+    peft = sys.modules.get("peft")  # not imported: no model can be a PEFT model (and a full run never imports it)
+    return peft is not None and isinstance(model, peft.PeftModel)
+
+
+def linear_module_names(model: nn.Module) -> list[str]:
+    """The distinct last names of ``model``'s linear layers (what ``target_modules`` names), output head excluded."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+                   if isinstance(module, nn.Linear) and module is not head})
+
+
+def apply_lora(model: nn.Module, cfg: ModelConfig) -> nn.Module:
+    """``model`` with LoRA adapters of ``cfg``'s rank, alpha, dropout and target modules (a ``peft.PeftModel``; the
+    base model's layers are wrapped in place). Raises ``ModelLoadError`` for a target module name the model lacks,
+    listing the names it has."""
+    from peft import LoraConfig, get_peft_model
+
+    if not cfg.lora:
+        raise ValueError("apply_lora: model.lora_rank is 0 (full fine-tuning)")
+    available = linear_module_names(model)
+    if isinstance(cfg.target_modules, list):
+        unknown = [m for m in cfg.target_modules if m not in available]
+        if unknown:
+            raise ModelLoadError(
+                f"model.target_modules: {unknown} {'is' if len(unknown) == 1 else 'are'} not a linear layer of "
+                f"{type(model).__name__}; its linear layers are {available} (or use 'all-linear')")
+    config = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                        target_modules=cfg.target_modules, bias="none", task_type="CAUSAL_LM")
+    return get_peft_model(model, config, adapter_name=ADAPTER_NAME)
+
+
+def with_lora(policy: Policy, cfg: ModelConfig) -> Policy:
+    """``policy`` itself for full fine-tuning; with ``model.lora_rank >= 1``, the policy whose module carries LoRA
+    adapters (``apply_lora``). The one call the training loop makes for LoRA."""
+    if not cfg.lora:
+        return policy
+    return dataclasses.replace(policy, model=apply_lora(policy.model, cfg))
+
+
+def adapter_named_parameters(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The adapters' parameters under their module names (``base_model.model.<layer>.lora_A.default.weight``): the
+    only tensors that training changes, hence the only ones a weight push must carry."""
+    return ((name, p) for name, p in model.named_parameters() if p.requires_grad)
+
+
+def adapter_config(model: nn.Module) -> dict:
+    """The adapter's PEFT config as ``adapter_config.json`` holds it (an engine that loads adapters natively needs it
+    beside the tensors)."""
+    config = model.peft_config[ADAPTER_NAME].to_dict()
+    for key, value in list(config.items()):
+        if isinstance(value, set):
+            config[key] = sorted(value)
+    return config
+
+
+def load_adapter_state(model: nn.Module, state: Mapping[str, torch.Tensor]) -> list[str]:
+    """Copy an adapter file's tensors (``adapter_model.safetensors``: PEFT's names without the adapter name) into
+    ``model``'s adapters in place; return the adapter parameters the state did not fill."""
+    from peft import set_peft_model_state_dict
+
+    result = set_peft_model_state_dict(model, dict(state), adapter_name=ADAPTER_NAME)
+    unexpected = [k for k in result.unexpected_keys]
+    if unexpected:
+        raise KeyError(f"adapter weights not in the model: {sorted(unexpected)[:5]}")
+    adapters = {name for name, _ in adapter_named_parameters(model)}
+    return sorted(k for k in result.missing_keys if k in adapters)
+
+
+def merged_named_parameters(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The base model's parameters under their Hugging Face names, each LoRA-wrapped weight merged:
+    W + (alpha / r) B A. One at a time (each merged tensor is computed when it is taken), so a push of the merged model
+    never holds a second copy of it; for an engine that cannot run adapters, and to compare one that can against."""
+    from peft.tuners.lora import LoraLayer
+
+    base = model.get_base_model()
+    wrapped = {name: module for name, module in base.named_modules() if isinstance(module, LoraLayer)}
+    for name, parameter in base.named_parameters():
+        if ".lora_" in name:
+            continue
+        owner, _, leaf = name.rpartition(".")
+        layer_name = owner.removesuffix(".base_layer")
+        if owner.endswith(".base_layer") and layer_name in wrapped:
+            if leaf == "weight":
+                with torch.no_grad():
+                    delta = wrapped[layer_name].get_delta_weight(ADAPTER_NAME)
+                    yield f"{layer_name}.weight", (parameter + delta.to(parameter.dtype)).detach()
+            else:
+                yield f"{layer_name}.{leaf}", parameter.detach()
+        else:
+            yield name, parameter.detach()
+
+
+MERGED_SUBFOLDER = "merged"
+
+
+def merged_model(model: nn.Module) -> nn.Module:
+    """A new plain Hugging Face model (the base architecture, no adapters) holding the merged weights; the LoRA
+    model is left as it is (PEFT's ``merge_and_unload`` would change it in place)."""
+    from transformers import AutoModelForCausalLM
+
+    base = model.get_base_model()
+    merged = AutoModelForCausalLM.from_config(base.config, dtype=next(base.parameters()).dtype)
+    result = merged.load_state_dict(dict(merged_named_parameters(model)), strict=False)
+    state = merged.state_dict()
+    untied = [k for k in result.missing_keys if not any(
+        state[k].data_ptr() == state[other].data_ptr() for other in state if other not in result.missing_keys)]
+    if result.unexpected_keys or untied:
+        raise RuntimeError(f"merged_model: the merged weights do not fit {type(merged).__name__} "
+                           f"(unexpected {result.unexpected_keys[:3]}, missing {untied[:3]})")
+    if getattr(base, "generation_config", None) is not None:
+        merged.generation_config = base.generation_config
+    return merged.eval()
+
+
+class AdapterAndMergedExport:
+    """What a LoRA checkpoint's ``hf/`` holds, through the one ``save_pretrained`` call a checkpoint makes: the
+    adapter folder (``adapter_config.json`` + ``adapter_model.safetensors``, for ``peft.PeftModel.from_pretrained``
+    over the base model) and, in ``merged/``, the merged model with its tokenizer (for transformers, vLLM,
+    ``dapo serve`` / ``dapo eval`` as any Hugging Face folder)."""
+
+    def __init__(self, model: nn.Module, tokenizer: object) -> None:
+        self.model, self.tokenizer = model, tokenizer
+
+    def save_pretrained(self, folder, **kwargs) -> None:
+        from pathlib import Path
+
+        self.model.save_pretrained(folder, **kwargs)
+        merged_dir = Path(folder) / MERGED_SUBFOLDER
+        merged_model(self.model).save_pretrained(merged_dir, **kwargs)
+        self.tokenizer.save_pretrained(merged_dir)

@@ -102,3 +102,15 @@ def test_in_process_errors(http, body, status):
 def test_unknown_route_is_openai_style_404(http):
     r = http.get("/v1/nothing")
     assert r.status_code == 404 and "error" in r.json()
+
+
+def test_ingress_routes_take_no_query_parameters():
+    """Ray Serve rewrites class-method routes; on FastAPI >= 0.137 that left every route asking for a query parameter
+    (``self``/``request``) and answering 422. The routes must need nothing but the request, on the installed FastAPI."""
+    ray_app = pytest.importorskip("dapo.serve.ray_app", reason="Ray Serve is not installed")
+    from ray.serve._private.http_util import make_fastapi_class_based_view
+
+    make_fastapi_class_based_view(ray_app.api, ray_app.DapoOpenAIServer.func_or_class)  # what serve.run does
+    client = fastapi_testclient.TestClient(ray_app.api, raise_server_exceptions=False)
+    for method, path in (("get", "/health"), ("get", "/v1/models"), ("post", "/v1/chat/completions")):
+        assert getattr(client, method)(path).status_code != 422, path  # outside a replica: 500, never 422

@@ -36,7 +36,7 @@ from dapo.serve.config import BACKENDS
 def serve_command(model, host, port, backend, tensor_parallel_size, num_replicas, served_model_name, device,
                   max_model_len, max_tokens_limit, max_n, num_cpus, num_threads, ray_address) -> None:
     """Serve MODEL (default: the embedded tiny Qwen2) with /v1/chat/completions, /v1/completions, /v1/models."""
-    from dapo.serve import ServeConfig, ServeConfigError, build_app, ray_serve_available
+    from dapo.serve import ServeConfig, ServeConfigError, ray_serve_available
 
     ok, reason = ray_serve_available()
     if not ok:
@@ -45,21 +45,51 @@ def serve_command(model, host, port, backend, tensor_parallel_size, num_replicas
         cfg = ServeConfig(model=model, served_model_name=served_model_name, backend=backend,
                           tensor_parallel_size=tensor_parallel_size, num_replicas=num_replicas, device=device,
                           max_model_len=max_model_len, max_tokens_limit=max_tokens_limit, max_n=max_n,
-                          num_cpus=num_cpus, num_threads=num_threads)
+                          num_cpus=num_cpus, num_threads=num_threads, loopback_only=ray_address is None)
     except ServeConfigError as e:
         raise click.ClickException(str(e)) from None
-    import ray
-    from ray import serve
+    # Everything that can be checked in a second is checked before Ray spends ~30 s starting.
+    from dapo.config import ModelConfig
+    from dapo.model.loading import ModelLoadError, resolve_model_path
+    from dapo.serve.ray_runtime import ServeStartError, check_port_free, start_ray
 
-    ray.init(address=ray_address, include_dashboard=False, ignore_reinit_error=True)
     try:
-        serve.start(http_options={"host": host, "port": port})
-        serve.run(build_app(cfg.to_dict()), name="dapo", route_prefix="/")
-        click.echo(f"dapo serve: '{cfg.model_name}' at http://{host}:{port}/v1 (Ctrl-C stops)")
-        while True:
-            time.sleep(3600)
+        resolve_model_path(ModelConfig(path=model))
+    except ModelLoadError as e:
+        raise click.ClickException(f"cannot serve the model: {e}") from None
+    try:
+        check_port_free(host, port)
+        start_ray(ray_address)
+    except ServeStartError as e:
+        raise click.ClickException(str(e)) from None
+    import ray
+
+    try:
+        _run(cfg, host, port)
     except KeyboardInterrupt:
         click.echo("dapo serve: stopping")
     finally:
-        serve.shutdown()
         ray.shutdown()
+
+
+def _run(cfg, host: str, port: int) -> None:
+    from ray import serve
+
+    from dapo.serve import build_app
+
+    try:
+        serve.start(http_options={"host": host, "port": port})
+        serve.run(build_app(cfg.to_dict()), name="dapo", route_prefix="/")
+    except KeyboardInterrupt:
+        raise
+    except Exception as e:  # a replica that cannot load the model, a proxy that cannot bind: Ray's traceback is long
+        first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
+        serve.shutdown()
+        raise click.ClickException(f"the server did not start: {first[:400]} (the replica's log is under "
+                                   "/tmp/ray/session_latest/logs/serve/)") from None
+    click.echo(f"dapo serve: '{cfg.model_name}' at http://{host}:{port}/v1 (Ctrl-C stops)", err=True)
+    try:
+        while True:
+            time.sleep(3600)
+    finally:
+        serve.shutdown()

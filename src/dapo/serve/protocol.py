@@ -66,6 +66,8 @@ def parse_json(body: bytes) -> dict[str, Any]:
         raise bad("the request body is not UTF-8 text") from None
     except json.JSONDecodeError as e:
         raise bad(f"the request body is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}") from None
+    except RecursionError:  # json recurses per nesting level; an API body is a few levels deep
+        raise bad("the request body is nested too deeply to be an API request") from None
     if not isinstance(data, dict):
         raise bad(f"the request body must be a JSON object, got {type(data).__name__}")
     return data
@@ -111,16 +113,27 @@ def _bool(data: dict, key: str, default: bool) -> bool:
     return value
 
 
+def _text(value: str, where: str) -> str:
+    """``value`` if it is valid Unicode; JSON's ``\\ud800`` escapes can carry lone surrogates, which no tokenizer
+    (and no UTF-8 encoder) accepts."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise bad(f"'{where}' is not valid Unicode: a lone surrogate (\\u{ord(value[e.start]):04x}) at character "
+                  f"{e.start}", where) from None
+    return value
+
+
 def _content_text(content: Any, where: str) -> str:
     if isinstance(content, str):
-        return content
+        return _text(content, where)
     if isinstance(content, list):
         parts = []
         for i, part in enumerate(content):
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise bad(f"'{where}[{i}]': only text content parts ({{\"type\": \"text\", \"text\": ...}}) are "
                           "supported", where)
-            parts.append(part["text"])
+            parts.append(_text(part["text"], f"{where}[{i}].text"))
         return "".join(parts)
     raise bad(f"'{where}' must be a string or a list of text parts, got {_type_name(content)}", where)
 
@@ -149,10 +162,10 @@ def _prompts(data: dict) -> list[str | list[int]]:
     if prompt is None:
         raise bad("'prompt' is required", "prompt")
     if isinstance(prompt, str):
-        return [prompt]
+        return [_text(prompt, "prompt")]
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
-            return list(prompt)
+            return [_text(p, f"prompt[{i}]") for i, p in enumerate(prompt)]
         if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             return [list(prompt)]
         if all(isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
@@ -172,20 +185,27 @@ def _stop(data: dict) -> list[str]:
         raise bad(f"'stop' must be a string or an array of strings, got {_type_name(stop)}", "stop")
     if len(stop) > MAX_STOP:
         raise bad(f"'stop' has {len(stop)} sequences; at most {MAX_STOP}", "stop")
-    return [s for s in stop if s]
+    return [_text(s, "stop") for s in stop if s]
 
 
-def parse_request(kind: str, data: dict[str, Any], *, max_n: int) -> GenerationRequest:
-    """Check one request body; raises :class:`APIError` (400) naming the first bad field."""
+def parse_request(kind: str, data: dict[str, Any], *, max_n: int,
+                  max_sequences: int | None = None) -> GenerationRequest:
+    """Check one request body; raises :class:`APIError` (400) naming the first bad field. ``max_sequences`` bounds
+    prompts x n (the sequences one request may make the server decode)."""
     model = data.get("model")
     if not isinstance(model, str) or not model:
         raise bad("'model' is required and must be a string", "model")
-    req = GenerationRequest(kind=kind, model=model)
+    req = GenerationRequest(kind=kind, model=_text(model, "model"))
     if kind == "chat":
         req.messages = _messages(data)
     else:
         req.prompts = _prompts(data)
     req.n = _int(data, "n", 1, 1, max_n)
+    rows = len(req.prompts or [None]) * req.n
+    if max_sequences is not None and rows > max_sequences:
+        raise bad(f"this request asks for {len(req.prompts or [None])} prompt(s) x n={req.n} = {rows} sequences; this "
+                  f"server decodes at most {max_sequences} per request (split it, or raise max_sequences_per_request)",
+                  "prompt" if len(req.prompts) > 1 else "n", "too_many_sequences")
     req.temperature = _float(data, "temperature", 1.0, 0.0, 2.0)
     req.top_p = _float(data, "top_p", 1.0, 0.0, 1.0, low_open=True)
     top_k = _int(data, "top_k", -1, -1)

@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request
 from ray import serve
 
 from dapo.serve.config import ServeConfig
+from dapo.serve.ray_runtime import bind_replica_grpc_to_loopback
 from dapo.serve.server import OpenAIServer, install_error_handlers
 
 api = FastAPI(title="dapo serve")
@@ -52,7 +53,10 @@ async def completions(request: Request):
 @serve.ingress(api)
 class DapoOpenAIServer:
     def __init__(self, config: dict[str, Any]) -> None:
-        self.server = OpenAIServer(ServeConfig(**config))
+        cfg = ServeConfig(**config)
+        if cfg.loopback_only:
+            bind_replica_grpc_to_loopback()
+        self.server = OpenAIServer(cfg)
 
     def check_health(self) -> None:  # Ray Serve's replica health check
         if self.server.batcher._task is not None and self.server.batcher._task.done():

@@ -78,12 +78,14 @@ class OpenAIServer:
         self.engine = engine
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len or cfg.max_model_len or 4096
-        self.batcher = BatchingEngine(engine, max_batch_rows=cfg.max_batch_rows, batch_wait_s=cfg.batch_wait_ms / 1000)
+        self.batcher = BatchingEngine(engine, max_batch_rows=cfg.max_batch_rows, batch_wait_s=cfg.batch_wait_ms / 1000,
+                                      max_rows_per_request=cfg.max_batch_rows_per_request)
         self.created = int(time.time())
         self.names = {cfg.model_name}
         if cfg.model:
             self.names.add(cfg.model)
         self.vocab_size = len(tokenizer)
+        self.unfinished_uploads = 0
 
     # ------------------------------------------------------------------------------------------------ routes
     async def health(self, request=None):
@@ -111,7 +113,8 @@ class OpenAIServer:
 
         try:
             body = await self._read_body(request)
-            req = parse_request(kind, parse_json(body), max_n=self.cfg.max_n)
+            req = parse_request(kind, parse_json(body), max_n=self.cfg.max_n,
+                                max_sequences=self.cfg.max_sequences_per_request)
             if req.model not in self.names:
                 raise APIError(404, f"The model '{req.model}' does not exist; this server serves "
                                     f"'{self.cfg.model_name}'", param="model", code="model_not_found")
@@ -139,17 +142,44 @@ class OpenAIServer:
             return JSONResponse(err.body(), status_code=500)
 
     async def _read_body(self, request) -> bytes:
+        """The whole body, within ``body_timeout_s`` and ``max_body_bytes``; at most ``max_unfinished_uploads``
+        bodies are awaited at once (a request beyond that whose body is not already complete gets 503)."""
+        import asyncio
+
         limit = self.cfg.max_body_bytes
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > limit:
             raise APIError(413, f"request body of {length} bytes is over the limit of {limit} bytes",
                            code="request_too_large")
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise APIError(413, f"request body is over the limit of {limit} bytes", code="request_too_large")
-            chunks.append(chunk)
+        chunks: list[bytes] = []
+        stream = request.stream().__aiter__()
+
+        async def read_all() -> None:
+            size = 0
+            async for chunk in stream:
+                size += len(chunk)
+                if size > limit:
+                    raise APIError(413, f"request body is over the limit of {limit} bytes", code="request_too_large")
+                chunks.append(chunk)
+
+        reading = asyncio.ensure_future(read_all())
+        # A well-behaved client's body is in the same packets as its headers: it is whole almost at once.
+        done, _ = await asyncio.wait({reading}, timeout=0.05)
+        if done:
+            reading.result()
+            return b"".join(chunks)
+        if self.unfinished_uploads >= self.cfg.max_unfinished_uploads:
+            reading.cancel()
+            raise APIError(503, f"the server is waiting for {self.unfinished_uploads} other request bodies; send the "
+                                "body with the headers, or retry", type_="server_error", code="too_many_uploads")
+        self.unfinished_uploads += 1
+        try:
+            await asyncio.wait_for(reading, self.cfg.body_timeout_s)
+        except asyncio.TimeoutError:
+            raise APIError(408, f"the request body did not arrive within {self.cfg.body_timeout_s:g} s",
+                           code="request_timeout") from None
+        finally:
+            self.unfinished_uploads -= 1
         return b"".join(chunks)
 
     def _encode(self, req: GenerationRequest) -> list[list[int]]:

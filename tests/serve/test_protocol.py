@@ -93,7 +93,7 @@ def test_deployment_options_follow_the_published_layout():
     ray_app = pytest.importorskip("dapo.serve.ray_app", reason="Ray Serve is not installed")
     opts = ray_app.deployment_options(ServeConfig(tensor_parallel_size=4), gpus=8)
     assert opts["num_replicas"] == 2 and opts["placement_group_strategy"] == "STRICT_PACK"
-    assert len(opts["placement_group_bundles"]) == 4 and opts["max_ongoing_requests"] == 256
+    assert len(opts["placement_group_bundles"]) == 4 and opts["max_ongoing_requests"] == 1024
     assert ray_app.deployment_options(ServeConfig(), gpus=0)["num_replicas"] == 1
 
 

@@ -41,7 +41,10 @@ class ServeConfig:
         max_batch_rows_per_request: sequences of one request in one engine call, at most (None = max_batch_rows // 4):
             a larger request is decoded over several calls, round-robin with the others (fair scheduling).
         batch_wait_ms: how long a batch waits for more requests to join once the engine is free.
-        max_ongoing_requests: Ray Serve's per-replica bound (the published server: 256).
+        max_ongoing_requests: Ray Serve's per-replica bound on requests in flight (the published server: 256; here
+            1024 by default, so that requests refused or timed out by the upload bounds are refused inside the replica
+            at once instead of queueing at the proxy ahead of well-behaved ones; decoding work is bounded by
+            ``max_batch_rows``, not by this).
         num_cpus: CPUs reserved by a replica; num_threads: torch threads in a replica (None = all cores).
         loopback_only: the local Ray runtime is loopback-only, so the replica binds its own gRPC port to 127.0.0.1
             too (False when joining a cluster with ``--ray-address``).
@@ -64,7 +67,7 @@ class ServeConfig:
     max_batch_rows: int = 256
     max_batch_rows_per_request: int | None = None
     batch_wait_ms: float = 5.0
-    max_ongoing_requests: int = 256
+    max_ongoing_requests: int = 1024
     num_cpus: float = 1.0
     num_threads: int | None = None
     seed: int = 0

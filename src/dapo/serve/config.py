@@ -40,6 +40,9 @@ class ServeConfig:
         max_batch_rows: sequences decoded together at most (requests queue beyond it).
         max_batch_rows_per_request: sequences of one request in one engine call, at most (None = max_batch_rows // 4):
             a larger request is decoded over several calls, round-robin with the others (fair scheduling).
+        decode_chunk_tokens: tokens decoded per engine call before the batch is re-formed (requests join and leave,
+            streams receive the new text, cancelled requests are dropped); smaller = lower latency for newcomers,
+            larger = less re-prefill work.
         batch_wait_ms: how long a batch waits for more requests to join once the engine is free.
         max_ongoing_requests: Ray Serve's per-replica bound on requests in flight (the published server: 256; here
             1024 by default, so that requests refused or timed out by the upload bounds are refused inside the replica
@@ -66,6 +69,7 @@ class ServeConfig:
     max_sequences_per_request: int = 256
     max_batch_rows: int = 256
     max_batch_rows_per_request: int | None = None
+    decode_chunk_tokens: int = 16
     batch_wait_ms: float = 5.0
     max_ongoing_requests: int = 1024
     num_cpus: float = 1.0
@@ -79,7 +83,7 @@ class ServeConfig:
         if self.device not in ("auto", "cpu", "cuda"):
             raise ServeConfigError(f"device must be auto, cpu or cuda, got {self.device!r}")
         for name in ("tensor_parallel_size", "max_tokens_limit", "default_max_tokens", "max_n", "max_body_bytes",
-                     "max_batch_rows", "max_ongoing_requests", "max_unfinished_uploads",
+                     "max_batch_rows", "max_ongoing_requests", "max_unfinished_uploads", "decode_chunk_tokens",
                      "max_sequences_per_request"):
             if getattr(self, name) < 1:
                 raise ServeConfigError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -301,56 +301,49 @@ def sse(data: dict[str, Any] | str) -> bytes:
     return f"data: {text}\n\n".encode("utf-8")
 
 
-def stream_events(req: GenerationRequest, model: str, request_id: str, choices: list[Choice],
-                  prompt_tokens: int) -> list[bytes]:
-    """The server-sent events of a streamed answer: one chunk per token per choice, the finish, usage, [DONE]."""
-    created = int(time.time())
-    obj = "chat.completion.chunk" if req.kind == "chat" else "text_completion"
-    events: list[bytes] = []
+class StreamChunks:
+    """The server-sent events of one streamed answer, built as its tokens arrive: per choice a role chunk (chat),
+    content deltas, a finish chunk; then usage (``stream_options.include_usage``) and ``[DONE]``."""
 
-    def chunk(choice_list: list[dict[str, Any]], **extra: Any) -> bytes:
-        body = {"id": request_id, "object": obj, "created": created, "model": model, "choices": choice_list}
-        if req.include_usage:
+    def __init__(self, req: GenerationRequest, model: str, request_id: str) -> None:
+        self.req = req
+        self.model = model
+        self.request_id = request_id
+        self.created = int(time.time())
+        self.obj = "chat.completion.chunk" if req.kind == "chat" else "text_completion"
+
+    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        body = {"id": self.request_id, "object": self.obj, "created": self.created, "model": self.model,
+                "choices": choices}
+        if self.req.include_usage:
             body["usage"] = None
         body.update(extra)
         return sse(body)
 
-    for i, c in enumerate(choices):
-        if req.kind == "chat":
-            events.append(chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                  "finish_reason": None}]))
-        pieces = _pieces(c)
-        for piece, (text, lp) in zip(pieces, zip(c.token_texts, c.logprobs)):
-            if not piece:
-                continue
-            if req.kind == "chat":
-                lps = _chat_logprobs(Choice(piece, "", [0], [text], [lp]), req.top_logprobs) if req.logprobs else None
-                events.append(chunk([{"index": i, "delta": {"content": piece}, "logprobs": lps,
-                                      "finish_reason": None}]))
-            else:
-                lps = (_completion_logprobs(Choice(piece, "", [0], [text], [lp]), req.top_logprobs)
-                       if req.logprobs else None)
-                events.append(chunk([{"index": i, "text": piece, "logprobs": lps, "finish_reason": None}]))
-        if req.kind == "chat":
-            events.append(chunk([{"index": i, "delta": {}, "logprobs": None, "finish_reason": c.finish_reason}]))
-        else:
-            events.append(chunk([{"index": i, "text": "", "logprobs": None, "finish_reason": c.finish_reason}]))
-    if req.include_usage:
-        events.append(chunk([], usage=usage(prompt_tokens, sum(len(c.token_ids) for c in choices))))
-    events.append(sse("[DONE]"))
-    return events
+    def start(self, index: int) -> bytes | None:
+        if self.req.kind != "chat":
+            return None
+        return self._chunk([{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                             "finish_reason": None}])
 
+    def delta(self, index: int, text: str, token_texts: list[str], logprobs: list[float]) -> bytes:
+        piece = Choice(text, "", [0] * len(token_texts), token_texts, logprobs)
+        if self.req.kind == "chat":
+            lps = _chat_logprobs(piece, self.req.top_logprobs) if self.req.logprobs else None
+            return self._chunk([{"index": index, "delta": {"content": text}, "logprobs": lps, "finish_reason": None}])
+        lps = _completion_logprobs(piece, self.req.top_logprobs) if self.req.logprobs else None
+        return self._chunk([{"index": index, "text": text, "logprobs": lps, "finish_reason": None}])
 
-def _pieces(c: Choice) -> list[str]:
-    """Split a choice's final text into one piece per token (the pieces join to exactly ``c.text``)."""
-    pieces, at = [], 0
-    for text in c.token_texts:
-        end = at + len(text) if c.text.startswith(text, at) else at
-        pieces.append(c.text[at:end])
-        at = end
-    if at < len(c.text):  # decoding is not always per-token additive: put the rest on the last token
-        if pieces:
-            pieces[-1] += c.text[at:]
-        else:
-            pieces.append(c.text[at:])
-    return pieces
+    def finish(self, index: int, reason: str) -> bytes:
+        if self.req.kind == "chat":
+            return self._chunk([{"index": index, "delta": {}, "logprobs": None, "finish_reason": reason}])
+        return self._chunk([{"index": index, "text": "", "logprobs": None, "finish_reason": reason}])
+
+    def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes | None:
+        if not self.req.include_usage:
+            return None
+        return self._chunk([], usage=usage(prompt_tokens, completion_tokens))
+
+    @staticmethod
+    def done() -> bytes:
+        return sse("[DONE]")

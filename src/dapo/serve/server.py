@@ -28,8 +28,9 @@ from dapo.serve.protocol import (
     new_id,
     parse_json,
     parse_request,
+    StreamChunks,
     response_body,
-    stream_events,
+    sse,
 )
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,8 @@ class OpenAIServer:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len or cfg.max_model_len or 4096
         self.batcher = BatchingEngine(engine, max_batch_rows=cfg.max_batch_rows, batch_wait_s=cfg.batch_wait_ms / 1000,
-                                      max_rows_per_request=cfg.max_batch_rows_per_request)
+                                      max_rows_per_request=cfg.max_batch_rows_per_request,
+                                      chunk_tokens=cfg.decode_chunk_tokens)
         self.created = int(time.time())
         self.names = {cfg.model_name}
         if cfg.model:
@@ -92,7 +94,8 @@ class OpenAIServer:
         from starlette.responses import JSONResponse
 
         return JSONResponse({"status": "ok", "model": self.cfg.model_name, "backend": self.backend,
-                             "pid": os.getpid()})
+                             "pid": os.getpid(), "active_requests": self.batcher.active_requests,
+                             "engine_calls": self.batcher.engine_calls})
 
     async def models(self, request=None):
         from starlette.responses import JSONResponse
@@ -120,19 +123,13 @@ class OpenAIServer:
                                     f"'{self.cfg.model_name}'", param="model", code="model_not_found")
             prompts = self._encode(req)
             params = self._params(req, max(len(p) for p in prompts))
-            outputs = await self.batcher.generate(prompts, params)
-            choices = [self._choice(req, ids, lps, reason) for per_prompt in outputs for ids, lps, reason in per_prompt]
             prompt_tokens = sum(len(p) for p in prompts)
             rid = new_id(kind)
             if req.stream:
-                events = stream_events(req, self.cfg.model_name, rid, choices, prompt_tokens)
-
-                async def gen():
-                    for event in events:
-                        yield event
-
-                return StreamingResponse(gen(), media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache"})
+                return StreamingResponse(self._stream(req, prompts, params, rid, prompt_tokens),
+                                         media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+            outputs = await self.batcher.generate(prompts, params, stopped=self._stop_check(req))
+            choices = [self._choice(req, ids, lps, reason) for per_prompt in outputs for ids, lps, reason in per_prompt]
             return JSONResponse(response_body(req, self.cfg.model_name, rid, choices, prompt_tokens))
         except APIError as e:
             return JSONResponse(e.body(), status_code=e.status)
@@ -140,6 +137,77 @@ class OpenAIServer:
             log.exception("request failed")
             err = APIError(500, f"internal error: {type(e).__name__}: {e}", code="internal_error")
             return JSONResponse(err.body(), status_code=500)
+
+    async def _stream(self, req: GenerationRequest, prompts: list[list[int]], params: SamplingParams, rid: str,
+                      prompt_tokens: int):
+        """Server-sent events as the batcher decodes: each chunk's new text leaves as soon as the engine call that made
+        it returns. Text that could be the start of a stop string, or an incomplete UTF-8 character, is held back
+        until the next chunk settles it. Closing the stream (the client went away) cancels the request, which
+        leaves the batch before the next engine call."""
+        import asyncio
+
+        chunks = StreamChunks(req, self.cfg.model_name, rid)
+        queue: asyncio.Queue = asyncio.Queue()
+        task = asyncio.ensure_future(self.batcher.generate(prompts, params, on_progress=queue.put_nowait,
+                                                           stopped=self._stop_check(req)))
+        task.add_done_callback(lambda _: queue.put_nowait(None))
+        hold = max((len(stop) for stop in req.stop), default=1) - 1
+        decode = self.tokenizer.decode
+        rows: dict[int, dict] = {}
+        try:
+            for i in range(len(prompts) * req.n):
+                start = chunks.start(i)
+                if start is not None:
+                    yield start
+            while (item := await queue.get()) is not None:
+                p, s, ids, lps, finish = item
+                i = p * req.n + s
+                row = rows.setdefault(i, {"ids": [], "lps": [], "sent": 0})
+                row["ids"] += ids
+                row["lps"] += lps
+                if finish is None:
+                    text = decode(row["ids"], skip_special_tokens=True)
+                    safe = len(text) - hold
+                    while safe > row["sent"] and text[safe - 1] == "\ufffd":  # a character still being spelled
+                        safe -= 1
+                    if safe > row["sent"]:
+                        yield chunks.delta(i, text[row["sent"]:safe], [decode([t], skip_special_tokens=True)
+                                                                       for t in ids], lps)
+                        row["sent"] = safe
+                    continue
+                final = self._choice(req, row["ids"], row["lps"], finish)
+                row["final"] = final
+                if len(final.text) > row["sent"]:
+                    kept = len(final.token_ids) - (len(row["ids"]) - len(ids))
+                    yield chunks.delta(i, final.text[row["sent"]:], final.token_texts[-kept:] if kept > 0 else [],
+                                       final.logprobs[-kept:] if kept > 0 else [])
+                yield chunks.finish(i, final.finish_reason)
+            task.result()  # an engine failure: reported below
+            completion_tokens = sum(len(r["final"].token_ids) for r in rows.values() if "final" in r)
+            tail = chunks.usage(prompt_tokens, completion_tokens)
+            if tail is not None:
+                yield tail
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.exception("stream failed")
+            err = APIError(500, f"internal error: {type(e).__name__}: {e}", code="internal_error")
+            yield sse(err.body())
+        finally:
+            if not task.done():
+                task.cancel()
+        yield chunks.done()
+
+    def _stop_check(self, req: GenerationRequest):
+        if not req.stop:
+            return None
+        decode = self.tokenizer.decode
+
+        def hit(prompt: int, sample: int, tokens: list[int]) -> bool:
+            text = decode(tokens, skip_special_tokens=True)
+            return any(stop in text for stop in req.stop)
+
+        return hit
 
     async def _read_body(self, request) -> bytes:
         """The whole body, within ``body_timeout_s`` and ``max_body_bytes``; at most ``max_unfinished_uploads``

@@ -148,3 +148,20 @@ def test_batcher_round_trip_under_asyncio(served):
 
 def _loop_of(server):
     return server.batcher._task.get_loop()
+
+
+def test_top_logprobs_list_the_most_likely_alternatives(client):
+    r = client.chat.completions.create(model="tiny-qwen2", messages=[{"role": "user", "content": "3 + 4"}],
+                                       max_tokens=6, temperature=0, logprobs=True, top_logprobs=5)
+    content = r.choices[0].logprobs.content
+    assert content
+    for entry in content:
+        top = entry.top_logprobs
+        assert len(top) == 5 and [t.logprob for t in top] == sorted((t.logprob for t in top), reverse=True)
+        # greedy: the sampled token is the most likely one, with the same log-prob (up to float rounding)
+        assert top[0].token == entry.token and abs(top[0].logprob - entry.logprob) < 1e-3
+    r = client.completions.create(model="tiny-qwen2", prompt="The", max_tokens=6, temperature=0, logprobs=3)
+    lp = r.choices[0].logprobs
+    assert len(lp.top_logprobs) == len(lp.tokens) == 6
+    for token_lp, alternatives in zip(lp.token_logprobs, lp.top_logprobs):
+        assert 1 <= len(alternatives) <= 3 and abs(max(alternatives.values()) - token_lp) < 1e-3

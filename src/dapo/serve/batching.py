@@ -197,6 +197,10 @@ class BatchingEngine:
         out = self.engine.generate(inputs, params)
         return [(out.response_ids[k], out.logprobs[k], out.finish_reason[k]) for k in range(len(inputs))]
 
+    async def run_on_engine(self, fn: Callable[[], object]) -> object:
+        """``fn()`` on the engine's thread, between engine calls (the model is never used by two threads)."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
     def close(self) -> None:
         if self._task is not None:
             self._task.cancel()

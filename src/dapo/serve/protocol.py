@@ -247,6 +247,7 @@ class Choice:
     token_ids: list[int]
     token_texts: list[str]
     logprobs: list[float]
+    top: list[list[tuple[str, float]]] | None = None  # per token, the most likely tokens and their log-probs
 
 
 def new_id(kind: str) -> str:
@@ -260,9 +261,13 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 def _chat_logprobs(choice: Choice, top: int) -> dict[str, Any]:
     content = []
-    for text, lp in zip(choice.token_texts, choice.logprobs):
+    for i, (text, lp) in enumerate(zip(choice.token_texts, choice.logprobs)):
         entry = {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
-        entry["top_logprobs"] = [dict(entry)] if top > 0 else []
+        if top > 0 and choice.top is not None:
+            entry["top_logprobs"] = [{"token": t, "logprob": v, "bytes": list(t.encode("utf-8"))}
+                                     for t, v in choice.top[i][:top]]
+        else:
+            entry["top_logprobs"] = [dict(entry)] if top > 0 else []
         content.append(entry)
     return {"content": content, "refusal": None}
 
@@ -273,7 +278,8 @@ def _completion_logprobs(choice: Choice, top: int) -> dict[str, Any]:
         offsets.append(at)
         at += len(text)
     return {"tokens": list(choice.token_texts), "token_logprobs": list(choice.logprobs),
-            "top_logprobs": [{t: lp} for t, lp in zip(choice.token_texts, choice.logprobs)] if top > 0 else None,
+            "top_logprobs": (None if top <= 0 else [{t: lp} for t, lp in zip(choice.token_texts, choice.logprobs)]
+                             if choice.top is None else [dict(alternatives[:top]) for alternatives in choice.top]),
             "text_offset": offsets}
 
 

@@ -130,6 +130,9 @@ class OpenAIServer:
                                          media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
             outputs = await self.batcher.generate(prompts, params, stopped=self._stop_check(req))
             choices = [self._choice(req, ids, lps, reason) for per_prompt in outputs for ids, lps, reason in per_prompt]
+            if req.logprobs and req.top_logprobs > 0:
+                rows = [prompts[p] for p, per_prompt in enumerate(outputs) for _ in per_prompt]
+                await self.batcher.run_on_engine(lambda: self._add_top_logprobs(req, rows, choices))
             return JSONResponse(response_body(req, self.cfg.model_name, rid, choices, prompt_tokens))
         except APIError as e:
             return JSONResponse(e.body(), status_code=e.status)
@@ -197,6 +200,35 @@ class OpenAIServer:
             if not task.done():
                 task.cancel()
         yield chunks.done()
+
+    def _add_top_logprobs(self, req: GenerationRequest, prompts: list[list[int]], choices: list[Choice]) -> None:
+        """Each token's ``top_logprobs`` most likely alternatives, from one teacher-forced forward pass over prompt +
+        response: log_softmax(logits / temperature) over the full vocabulary (temperature 1 when greedy), the
+        distribution the sampled token's own log-prob comes from when top-k/top-p are off. HF backend only; other
+        engines list the sampled token alone."""
+        import torch
+
+        model = getattr(self.engine, "model", None)
+        if not isinstance(model, torch.nn.Module):
+            return
+        device = next(model.parameters()).device
+        scale = req.temperature if req.temperature > 0 else 1.0
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.inference_mode():
+                for prompt, choice in zip(prompts, choices):
+                    if not choice.token_ids:
+                        choice.top = []
+                        continue
+                    ids = torch.tensor([prompt + choice.token_ids], device=device)
+                    logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+                    values, indices = torch.log_softmax(logits / scale, dim=-1).topk(req.top_logprobs, dim=-1)
+                    decode = self.tokenizer.decode
+                    choice.top = [[(decode([t], skip_special_tokens=True), v) for t, v in zip(ts, vs)]
+                                  for ts, vs in zip(indices.tolist(), values.tolist())]
+        finally:
+            model.train(was_training)
 
     def _stop_check(self, req: GenerationRequest):
         if not req.stop:

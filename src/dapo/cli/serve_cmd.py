@@ -32,11 +32,19 @@ from dapo.serve.config import BACKENDS
 @click.option("--num-cpus", type=click.FloatRange(min=0), default=1.0, show_default=True,
               help="CPUs reserved per replica")
 @click.option("--num-threads", type=click.IntRange(min=1), default=None, help="torch threads per replica")
-@click.option("--ray-address", default=None, help="an existing Ray cluster (default: start a local one)")
+@click.option("--max-sequences-per-request", type=click.IntRange(min=1), default=256, show_default=True,
+              help="prompts x n of one request, at most")
+@click.option("--body-timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+              help="seconds a request body may take to arrive (408 after)")
+@click.option("--max-unfinished-uploads", type=click.IntRange(min=1), default=64, show_default=True,
+              help="request bodies awaited at once per replica (503 beyond, for bodies not sent with the headers)")
+@click.option("--ray-address", default=None,
+              help="an existing Ray cluster (default: start a local one, bound to 127.0.0.1)")
 def serve_command(model, host, port, backend, tensor_parallel_size, num_replicas, served_model_name, device,
-                  max_model_len, max_tokens_limit, max_n, num_cpus, num_threads, ray_address) -> None:
+                  max_model_len, max_tokens_limit, max_n, num_cpus, num_threads, max_sequences_per_request,
+                  body_timeout, max_unfinished_uploads, ray_address) -> None:
     """Serve MODEL (default: the embedded tiny Qwen2) with /v1/chat/completions, /v1/completions, /v1/models."""
-    from dapo.serve import ServeConfig, ServeConfigError, build_app, ray_serve_available
+    from dapo.serve import ServeConfig, ServeConfigError, ray_serve_available
 
     ok, reason = ray_serve_available()
     if not ok:
@@ -45,21 +53,62 @@ def serve_command(model, host, port, backend, tensor_parallel_size, num_replicas
         cfg = ServeConfig(model=model, served_model_name=served_model_name, backend=backend,
                           tensor_parallel_size=tensor_parallel_size, num_replicas=num_replicas, device=device,
                           max_model_len=max_model_len, max_tokens_limit=max_tokens_limit, max_n=max_n,
-                          num_cpus=num_cpus, num_threads=num_threads)
+                          num_cpus=num_cpus, num_threads=num_threads, loopback_only=ray_address is None,
+                          max_sequences_per_request=max_sequences_per_request, body_timeout_s=body_timeout,
+                          max_unfinished_uploads=max_unfinished_uploads)
     except ServeConfigError as e:
         raise click.ClickException(str(e)) from None
+    # Everything that can be checked in a second is checked before Ray spends ~30 s starting.
+    from dapo.config import ModelConfig
+    from dapo.model.loading import ModelLoadError, resolve_model_path
+    from dapo.serve.ray_runtime import ServeStartError, check_port_free, start_ray
+
+    try:
+        resolve_model_path(ModelConfig(path=model))
+    except ModelLoadError as e:
+        raise click.ClickException(f"cannot serve the model: {e}") from None
+    try:
+        check_port_free(host, port)
+        start_ray(ray_address)
+    except ServeStartError as e:
+        raise click.ClickException(str(e)) from None
     import ray
+
+    try:
+        _run(cfg, host, port, local=ray_address is None)
+    except KeyboardInterrupt:
+        click.echo("dapo serve: stopping", err=True)
+    finally:
+        ray.shutdown()
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def _run(cfg, host: str, port: int, *, local: bool) -> None:
+    import signal
+
     from ray import serve
 
-    ray.init(address=ray_address, include_dashboard=False, ignore_reinit_error=True)
+    from dapo.serve import build_app
+
     try:
         serve.start(http_options={"host": host, "port": port})
         serve.run(build_app(cfg.to_dict()), name="dapo", route_prefix="/")
-        click.echo(f"dapo serve: '{cfg.model_name}' at http://{host}:{port}/v1 (Ctrl-C stops)")
+    except KeyboardInterrupt:
+        raise
+    except Exception as e:  # a replica that cannot load the model, a proxy that cannot bind: Ray's traceback is long
+        first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
+        raise click.ClickException(f"the server did not start: {first[:400]} (the replica's log is under "
+                                   "/tmp/ray/session_latest/logs/serve/)") from None
+    # Ray replaces the handlers while it starts; Ctrl-C and SIGTERM stop the server from here on.
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
+    click.echo(f"dapo serve: '{cfg.model_name}' at http://{host}:{port}/v1 (Ctrl-C stops)", err=True)
+    try:
         while True:
             time.sleep(3600)
-    except KeyboardInterrupt:
-        click.echo("dapo serve: stopping")
     finally:
-        serve.shutdown()
-        ray.shutdown()
+        if not local:  # on a cluster the application must be removed; a local Ray goes down with ray.shutdown()
+            serve.delete("dapo")

@@ -33,10 +33,26 @@ class ServeConfig:
         default_max_tokens: ``max_tokens`` when a request gives none (bounded by what the prompt leaves).
         max_n: largest ``n``.
         max_body_bytes: largest request body; larger ones get 413.
+        body_timeout_s: a request body must arrive whole within this many seconds of the request reaching the
+            replica (408 otherwise): a client that sends headers and part of a body cannot hold a slot for long.
+        max_unfinished_uploads: requests whose body is still arriving, at most; beyond it a request whose body is
+            not complete at once is refused (503), so stalled uploads can never take every one of the replica's
+            ``max_ongoing_requests`` slots (slow-loris).
+        max_sequences_per_request: prompts x ``n`` of one request, at most (400 beyond).
         max_batch_rows: sequences decoded together at most (requests queue beyond it).
+        max_batch_rows_per_request: sequences of one request in one engine call, at most (None = max_batch_rows // 4):
+            a larger request is decoded over several calls, round-robin with the others (fair scheduling).
+        decode_chunk_tokens: tokens decoded per engine call before the batch is re-formed (requests join and leave,
+            streams receive the new text, cancelled requests are dropped); smaller = lower latency for newcomers,
+            larger = less re-prefill work.
         batch_wait_ms: how long a batch waits for more requests to join once the engine is free.
-        max_ongoing_requests: Ray Serve's per-replica bound (the published server: 256).
+        max_ongoing_requests: Ray Serve's per-replica bound on requests in flight (the published server: 256; here
+            1024 by default, so that requests refused or timed out by the upload bounds are refused inside the replica
+            at once instead of queueing at the proxy ahead of well-behaved ones; decoding work is bounded by
+            ``max_batch_rows``, not by this).
         num_cpus: CPUs reserved by a replica; num_threads: torch threads in a replica (None = all cores).
+        loopback_only: the local Ray runtime is loopback-only, so the replica binds its own gRPC port to 127.0.0.1
+            too (False when joining a cluster with ``--ray-address``).
     """
 
     model: str | None = None
@@ -50,12 +66,18 @@ class ServeConfig:
     default_max_tokens: int = 1024
     max_n: int = 64
     max_body_bytes: int = 4 * 1024 * 1024
+    body_timeout_s: float = 10.0
+    max_unfinished_uploads: int = 64
+    max_sequences_per_request: int = 256
     max_batch_rows: int = 256
+    max_batch_rows_per_request: int | None = None
+    decode_chunk_tokens: int = 16
     batch_wait_ms: float = 5.0
-    max_ongoing_requests: int = 256
+    max_ongoing_requests: int = 1024
     num_cpus: float = 1.0
     num_threads: int | None = None
     seed: int = 0
+    loopback_only: bool = False
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -63,9 +85,16 @@ class ServeConfig:
         if self.device not in ("auto", "cpu", "cuda"):
             raise ServeConfigError(f"device must be auto, cpu or cuda, got {self.device!r}")
         for name in ("tensor_parallel_size", "max_tokens_limit", "default_max_tokens", "max_n", "max_body_bytes",
-                     "max_batch_rows", "max_ongoing_requests"):
+                     "max_batch_rows", "max_ongoing_requests", "max_unfinished_uploads", "decode_chunk_tokens",
+                     "max_sequences_per_request"):
             if getattr(self, name) < 1:
                 raise ServeConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.body_timeout_s > 0:
+            raise ServeConfigError(f"body_timeout_s must be > 0, got {self.body_timeout_s}")
+        if self.max_unfinished_uploads >= self.max_ongoing_requests:
+            raise ServeConfigError(f"max_unfinished_uploads ({self.max_unfinished_uploads}) must be below "
+                                   f"max_ongoing_requests ({self.max_ongoing_requests}), or stalled uploads can take "
+                                   "every slot")
         if self.num_replicas is not None and self.num_replicas < 1:
             raise ServeConfigError(f"num_replicas must be >= 1, got {self.num_replicas}")
 
@@ -100,6 +129,12 @@ def _convert(key: str, annotation: Any, raw: Any) -> Any:
     kind = str(annotation)
     if text.lower() in ("none", "null", "") and "None" in kind:
         return None
+    if kind.startswith("bool"):
+        if text.lower() in ("1", "true", "yes", "on"):
+            return True
+        if text.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ServeConfigError(f"serve argument {key}: expected true or false, got {raw!r}")
     try:
         if kind.startswith("int"):
             return int(text)

@@ -66,6 +66,8 @@ def parse_json(body: bytes) -> dict[str, Any]:
         raise bad("the request body is not UTF-8 text") from None
     except json.JSONDecodeError as e:
         raise bad(f"the request body is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}") from None
+    except RecursionError:  # json recurses per nesting level; an API body is a few levels deep
+        raise bad("the request body is nested too deeply to be an API request") from None
     if not isinstance(data, dict):
         raise bad(f"the request body must be a JSON object, got {type(data).__name__}")
     return data
@@ -111,16 +113,27 @@ def _bool(data: dict, key: str, default: bool) -> bool:
     return value
 
 
+def _text(value: str, where: str) -> str:
+    """``value`` if it is valid Unicode; JSON's ``\\ud800`` escapes can carry lone surrogates, which no tokenizer
+    (and no UTF-8 encoder) accepts."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise bad(f"'{where}' is not valid Unicode: a lone surrogate (\\u{ord(value[e.start]):04x}) at character "
+                  f"{e.start}", where) from None
+    return value
+
+
 def _content_text(content: Any, where: str) -> str:
     if isinstance(content, str):
-        return content
+        return _text(content, where)
     if isinstance(content, list):
         parts = []
         for i, part in enumerate(content):
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise bad(f"'{where}[{i}]': only text content parts ({{\"type\": \"text\", \"text\": ...}}) are "
                           "supported", where)
-            parts.append(part["text"])
+            parts.append(_text(part["text"], f"{where}[{i}].text"))
         return "".join(parts)
     raise bad(f"'{where}' must be a string or a list of text parts, got {_type_name(content)}", where)
 
@@ -149,10 +162,10 @@ def _prompts(data: dict) -> list[str | list[int]]:
     if prompt is None:
         raise bad("'prompt' is required", "prompt")
     if isinstance(prompt, str):
-        return [prompt]
+        return [_text(prompt, "prompt")]
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
-            return list(prompt)
+            return [_text(p, f"prompt[{i}]") for i, p in enumerate(prompt)]
         if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             return [list(prompt)]
         if all(isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
@@ -172,20 +185,27 @@ def _stop(data: dict) -> list[str]:
         raise bad(f"'stop' must be a string or an array of strings, got {_type_name(stop)}", "stop")
     if len(stop) > MAX_STOP:
         raise bad(f"'stop' has {len(stop)} sequences; at most {MAX_STOP}", "stop")
-    return [s for s in stop if s]
+    return [_text(s, "stop") for s in stop if s]
 
 
-def parse_request(kind: str, data: dict[str, Any], *, max_n: int) -> GenerationRequest:
-    """Check one request body; raises :class:`APIError` (400) naming the first bad field."""
+def parse_request(kind: str, data: dict[str, Any], *, max_n: int,
+                  max_sequences: int | None = None) -> GenerationRequest:
+    """Check one request body; raises :class:`APIError` (400) naming the first bad field. ``max_sequences`` bounds
+    prompts x n (the sequences one request may make the server decode)."""
     model = data.get("model")
     if not isinstance(model, str) or not model:
         raise bad("'model' is required and must be a string", "model")
-    req = GenerationRequest(kind=kind, model=model)
+    req = GenerationRequest(kind=kind, model=_text(model, "model"))
     if kind == "chat":
         req.messages = _messages(data)
     else:
         req.prompts = _prompts(data)
     req.n = _int(data, "n", 1, 1, max_n)
+    rows = len(req.prompts or [None]) * req.n
+    if max_sequences is not None and rows > max_sequences:
+        raise bad(f"this request asks for {len(req.prompts or [None])} prompt(s) x n={req.n} = {rows} sequences; this "
+                  f"server decodes at most {max_sequences} per request (split it, or raise max_sequences_per_request)",
+                  "prompt" if len(req.prompts) > 1 else "n", "too_many_sequences")
     req.temperature = _float(data, "temperature", 1.0, 0.0, 2.0)
     req.top_p = _float(data, "top_p", 1.0, 0.0, 1.0, low_open=True)
     top_k = _int(data, "top_k", -1, -1)
@@ -227,6 +247,7 @@ class Choice:
     token_ids: list[int]
     token_texts: list[str]
     logprobs: list[float]
+    top: list[list[tuple[str, float]]] | None = None  # per token, the most likely tokens and their log-probs
 
 
 def new_id(kind: str) -> str:
@@ -240,9 +261,13 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 def _chat_logprobs(choice: Choice, top: int) -> dict[str, Any]:
     content = []
-    for text, lp in zip(choice.token_texts, choice.logprobs):
+    for i, (text, lp) in enumerate(zip(choice.token_texts, choice.logprobs)):
         entry = {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
-        entry["top_logprobs"] = [dict(entry)] if top > 0 else []
+        if top > 0 and choice.top is not None:
+            entry["top_logprobs"] = [{"token": t, "logprob": v, "bytes": list(t.encode("utf-8"))}
+                                     for t, v in choice.top[i][:top]]
+        else:
+            entry["top_logprobs"] = [dict(entry)] if top > 0 else []
         content.append(entry)
     return {"content": content, "refusal": None}
 
@@ -253,7 +278,8 @@ def _completion_logprobs(choice: Choice, top: int) -> dict[str, Any]:
         offsets.append(at)
         at += len(text)
     return {"tokens": list(choice.token_texts), "token_logprobs": list(choice.logprobs),
-            "top_logprobs": [{t: lp} for t, lp in zip(choice.token_texts, choice.logprobs)] if top > 0 else None,
+            "top_logprobs": (None if top <= 0 else [{t: lp} for t, lp in zip(choice.token_texts, choice.logprobs)]
+                             if choice.top is None else [dict(alternatives[:top]) for alternatives in choice.top]),
             "text_offset": offsets}
 
 
@@ -281,56 +307,49 @@ def sse(data: dict[str, Any] | str) -> bytes:
     return f"data: {text}\n\n".encode("utf-8")
 
 
-def stream_events(req: GenerationRequest, model: str, request_id: str, choices: list[Choice],
-                  prompt_tokens: int) -> list[bytes]:
-    """The server-sent events of a streamed answer: one chunk per token per choice, the finish, usage, [DONE]."""
-    created = int(time.time())
-    obj = "chat.completion.chunk" if req.kind == "chat" else "text_completion"
-    events: list[bytes] = []
+class StreamChunks:
+    """The server-sent events of one streamed answer, built as its tokens arrive: per choice a role chunk (chat),
+    content deltas, a finish chunk; then usage (``stream_options.include_usage``) and ``[DONE]``."""
 
-    def chunk(choice_list: list[dict[str, Any]], **extra: Any) -> bytes:
-        body = {"id": request_id, "object": obj, "created": created, "model": model, "choices": choice_list}
-        if req.include_usage:
+    def __init__(self, req: GenerationRequest, model: str, request_id: str) -> None:
+        self.req = req
+        self.model = model
+        self.request_id = request_id
+        self.created = int(time.time())
+        self.obj = "chat.completion.chunk" if req.kind == "chat" else "text_completion"
+
+    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        body = {"id": self.request_id, "object": self.obj, "created": self.created, "model": self.model,
+                "choices": choices}
+        if self.req.include_usage:
             body["usage"] = None
         body.update(extra)
         return sse(body)
 
-    for i, c in enumerate(choices):
-        if req.kind == "chat":
-            events.append(chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                  "finish_reason": None}]))
-        pieces = _pieces(c)
-        for piece, (text, lp) in zip(pieces, zip(c.token_texts, c.logprobs)):
-            if not piece:
-                continue
-            if req.kind == "chat":
-                lps = _chat_logprobs(Choice(piece, "", [0], [text], [lp]), req.top_logprobs) if req.logprobs else None
-                events.append(chunk([{"index": i, "delta": {"content": piece}, "logprobs": lps,
-                                      "finish_reason": None}]))
-            else:
-                lps = (_completion_logprobs(Choice(piece, "", [0], [text], [lp]), req.top_logprobs)
-                       if req.logprobs else None)
-                events.append(chunk([{"index": i, "text": piece, "logprobs": lps, "finish_reason": None}]))
-        if req.kind == "chat":
-            events.append(chunk([{"index": i, "delta": {}, "logprobs": None, "finish_reason": c.finish_reason}]))
-        else:
-            events.append(chunk([{"index": i, "text": "", "logprobs": None, "finish_reason": c.finish_reason}]))
-    if req.include_usage:
-        events.append(chunk([], usage=usage(prompt_tokens, sum(len(c.token_ids) for c in choices))))
-    events.append(sse("[DONE]"))
-    return events
+    def start(self, index: int) -> bytes | None:
+        if self.req.kind != "chat":
+            return None
+        return self._chunk([{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                             "finish_reason": None}])
 
+    def delta(self, index: int, text: str, token_texts: list[str], logprobs: list[float]) -> bytes:
+        piece = Choice(text, "", [0] * len(token_texts), token_texts, logprobs)
+        if self.req.kind == "chat":
+            lps = _chat_logprobs(piece, self.req.top_logprobs) if self.req.logprobs else None
+            return self._chunk([{"index": index, "delta": {"content": text}, "logprobs": lps, "finish_reason": None}])
+        lps = _completion_logprobs(piece, self.req.top_logprobs) if self.req.logprobs else None
+        return self._chunk([{"index": index, "text": text, "logprobs": lps, "finish_reason": None}])
 
-def _pieces(c: Choice) -> list[str]:
-    """Split a choice's final text into one piece per token (the pieces join to exactly ``c.text``)."""
-    pieces, at = [], 0
-    for text in c.token_texts:
-        end = at + len(text) if c.text.startswith(text, at) else at
-        pieces.append(c.text[at:end])
-        at = end
-    if at < len(c.text):  # decoding is not always per-token additive: put the rest on the last token
-        if pieces:
-            pieces[-1] += c.text[at:]
-        else:
-            pieces.append(c.text[at:])
-    return pieces
+    def finish(self, index: int, reason: str) -> bytes:
+        if self.req.kind == "chat":
+            return self._chunk([{"index": index, "delta": {}, "logprobs": None, "finish_reason": reason}])
+        return self._chunk([{"index": index, "text": "", "logprobs": None, "finish_reason": reason}])
+
+    def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes | None:
+        if not self.req.include_usage:
+            return None
+        return self._chunk([], usage=usage(prompt_tokens, completion_tokens))
+
+    @staticmethod
+    def done() -> bytes:
+        return sse("[DONE]")

@@ -7,41 +7,56 @@ rank, as the published server does; up to ``max-ongoing-requests`` (256) request
 replica batches them (:mod:`dapo.serve.batching`).
 """
 
-from __future__ import annotations
-
 from typing import Any
 
 from fastapi import FastAPI, Request
 from ray import serve
 
 from dapo.serve.config import ServeConfig
+from dapo.serve.ray_runtime import bind_replica_grpc_to_loopback
 from dapo.serve.server import OpenAIServer, install_error_handlers
 
 api = FastAPI(title="dapo serve")
 install_error_handlers(api)
 
 
+# The routes are module functions that find their replica through Ray's replica context, not methods of the
+# deployment class. Ray Serve turns class methods into routes by rewriting their signatures (``self`` becomes a
+# dependency) and relies on ``include_router`` to re-analyse them; FastAPI >= 0.137 keeps the analysis made when the
+# route was declared, so every method route then asks for a query parameter (``self`` or ``request``) and answers 422.
+# Plain functions are analysed once, as written, on every FastAPI version.
+def _server() -> OpenAIServer:
+    return serve.get_replica_context().servable_object.server
+
+
+@api.get("/health")
+async def health(request: Request):
+    return await _server().health(request)
+
+
+@api.get("/v1/models")
+async def models(request: Request):
+    return await _server().models(request)
+
+
+@api.post("/v1/chat/completions")
+async def chat(request: Request):
+    return await _server().chat(request)
+
+
+@api.post("/v1/completions")
+async def completions(request: Request):
+    return await _server().completions(request)
+
+
 @serve.deployment(name="dapo-openai")
 @serve.ingress(api)
 class DapoOpenAIServer:
     def __init__(self, config: dict[str, Any]) -> None:
-        self.server = OpenAIServer(ServeConfig(**config))
-
-    @api.get("/health")
-    async def health(self, request: Request):
-        return await self.server.health(request)
-
-    @api.get("/v1/models")
-    async def models(self, request: Request):
-        return await self.server.models(request)
-
-    @api.post("/v1/chat/completions")
-    async def chat(self, request: Request):
-        return await self.server.chat(request)
-
-    @api.post("/v1/completions")
-    async def completions(self, request: Request):
-        return await self.server.completions(request)
+        cfg = ServeConfig(**config)
+        if cfg.loopback_only:
+            bind_replica_grpc_to_loopback()
+        self.server = OpenAIServer(cfg)
 
     def check_health(self) -> None:  # Ray Serve's replica health check
         if self.server.batcher._task is not None and self.server.batcher._task.done():

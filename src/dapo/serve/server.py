@@ -28,8 +28,9 @@ from dapo.serve.protocol import (
     new_id,
     parse_json,
     parse_request,
+    StreamChunks,
     response_body,
-    stream_events,
+    sse,
 )
 
 log = logging.getLogger(__name__)
@@ -73,19 +74,23 @@ class OpenAIServer:
         self.engine = engine
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len or cfg.max_model_len or 4096
-        self.batcher = BatchingEngine(engine, max_batch_rows=cfg.max_batch_rows, batch_wait_s=cfg.batch_wait_ms / 1000)
+        self.batcher = BatchingEngine(engine, max_batch_rows=cfg.max_batch_rows, batch_wait_s=cfg.batch_wait_ms / 1000,
+                                      max_rows_per_request=cfg.max_batch_rows_per_request,
+                                      chunk_tokens=cfg.decode_chunk_tokens)
         self.created = int(time.time())
         self.names = {cfg.model_name}
         if cfg.model:
             self.names.add(cfg.model)
         self.vocab_size = len(tokenizer)
+        self.unfinished_uploads = 0
 
     # ------------------------------------------------------------------------------------------------ routes
     async def health(self, request=None):
         from starlette.responses import JSONResponse
 
         return JSONResponse({"status": "ok", "model": self.cfg.model_name, "backend": self.backend,
-                             "pid": os.getpid()})
+                             "pid": os.getpid(), "active_requests": self.batcher.active_requests,
+                             "engine_calls": self.batcher.engine_calls})
 
     async def models(self, request=None):
         from starlette.responses import JSONResponse
@@ -106,25 +111,23 @@ class OpenAIServer:
 
         try:
             body = await self._read_body(request)
-            req = parse_request(kind, parse_json(body), max_n=self.cfg.max_n)
+            req = parse_request(kind, parse_json(body), max_n=self.cfg.max_n,
+                                max_sequences=self.cfg.max_sequences_per_request)
             if req.model not in self.names:
                 raise APIError(404, f"The model '{req.model}' does not exist; this server serves "
                                     f"'{self.cfg.model_name}'", param="model", code="model_not_found")
             prompts = self._encode(req)
             params = self._params(req, max(len(p) for p in prompts))
-            outputs = await self.batcher.generate(prompts, params)
-            choices = [self._choice(req, ids, lps, reason) for per_prompt in outputs for ids, lps, reason in per_prompt]
             prompt_tokens = sum(len(p) for p in prompts)
             rid = new_id(kind)
             if req.stream:
-                events = stream_events(req, self.cfg.model_name, rid, choices, prompt_tokens)
-
-                async def gen():
-                    for event in events:
-                        yield event
-
-                return StreamingResponse(gen(), media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache"})
+                return StreamingResponse(self._stream(req, prompts, params, rid, prompt_tokens),
+                                         media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+            outputs = await self.batcher.generate(prompts, params, stopped=self._stop_check(req))
+            choices = [self._choice(req, ids, lps, reason) for per_prompt in outputs for ids, lps, reason in per_prompt]
+            if req.logprobs and req.top_logprobs > 0:
+                rows = [prompts[p] for p, per_prompt in enumerate(outputs) for _ in per_prompt]
+                await self.batcher.run_on_engine(lambda: self._add_top_logprobs(req, rows, choices))
             return JSONResponse(response_body(req, self.cfg.model_name, rid, choices, prompt_tokens))
         except APIError as e:
             return JSONResponse(e.body(), status_code=e.status)
@@ -133,18 +136,145 @@ class OpenAIServer:
             err = APIError(500, f"internal error: {type(e).__name__}: {e}", code="internal_error")
             return JSONResponse(err.body(), status_code=500)
 
+    async def _stream(self, req: GenerationRequest, prompts: list[list[int]], params: SamplingParams, rid: str,
+                      prompt_tokens: int):
+        """Server-sent events as the batcher decodes: each chunk's new text leaves as soon as the engine call that made
+        it returns. Text that could be the start of a stop string, or an incomplete UTF-8 character, is held back
+        until the next chunk settles it. Closing the stream (the client went away) cancels the request, which
+        leaves the batch before the next engine call."""
+        import asyncio
+
+        chunks = StreamChunks(req, self.cfg.model_name, rid)
+        queue: asyncio.Queue = asyncio.Queue()
+        task = asyncio.ensure_future(self.batcher.generate(prompts, params, on_progress=queue.put_nowait,
+                                                           stopped=self._stop_check(req)))
+        task.add_done_callback(lambda _: queue.put_nowait(None))
+        hold = max((len(stop) for stop in req.stop), default=1) - 1
+        decode = self.tokenizer.decode
+        rows: dict[int, dict] = {}
+        try:
+            for i in range(len(prompts) * req.n):
+                start = chunks.start(i)
+                if start is not None:
+                    yield start
+            while (item := await queue.get()) is not None:
+                p, s, ids, lps, finish = item
+                i = p * req.n + s
+                row = rows.setdefault(i, {"ids": [], "lps": [], "sent": 0})
+                row["ids"] += ids
+                row["lps"] += lps
+                if finish is None:
+                    text = decode(row["ids"], skip_special_tokens=True)
+                    safe = len(text) - hold
+                    while safe > row["sent"] and text[safe - 1] == "\ufffd":  # a character still being spelled
+                        safe -= 1
+                    if safe > row["sent"]:
+                        yield chunks.delta(i, text[row["sent"]:safe], [decode([t], skip_special_tokens=True)
+                                                                       for t in ids], lps)
+                        row["sent"] = safe
+                    continue
+                final = self._choice(req, row["ids"], row["lps"], finish)
+                row["final"] = final
+                if len(final.text) > row["sent"]:
+                    kept = len(final.token_ids) - (len(row["ids"]) - len(ids))
+                    yield chunks.delta(i, final.text[row["sent"]:], final.token_texts[-kept:] if kept > 0 else [],
+                                       final.logprobs[-kept:] if kept > 0 else [])
+                yield chunks.finish(i, final.finish_reason)
+            task.result()  # an engine failure: reported below
+            completion_tokens = sum(len(r["final"].token_ids) for r in rows.values() if "final" in r)
+            tail = chunks.usage(prompt_tokens, completion_tokens)
+            if tail is not None:
+                yield tail
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.exception("stream failed")
+            err = APIError(500, f"internal error: {type(e).__name__}: {e}", code="internal_error")
+            yield sse(err.body())
+        finally:
+            if not task.done():
+                task.cancel()
+        yield chunks.done()
+
+    def _add_top_logprobs(self, req: GenerationRequest, prompts: list[list[int]], choices: list[Choice]) -> None:
+        """Each token's ``top_logprobs`` most likely alternatives, from one teacher-forced forward pass over prompt +
+        response: log_softmax(logits / temperature) over the full vocabulary (temperature 1 when greedy), the
+        distribution the sampled token's own log-prob comes from when top-k/top-p are off. HF backend only; other
+        engines list the sampled token alone."""
+        import torch
+
+        model = getattr(self.engine, "model", None)
+        if not isinstance(model, torch.nn.Module):
+            return
+        device = next(model.parameters()).device
+        scale = req.temperature if req.temperature > 0 else 1.0
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.inference_mode():
+                for prompt, choice in zip(prompts, choices):
+                    if not choice.token_ids:
+                        choice.top = []
+                        continue
+                    ids = torch.tensor([prompt + choice.token_ids], device=device)
+                    logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+                    values, indices = torch.log_softmax(logits / scale, dim=-1).topk(req.top_logprobs, dim=-1)
+                    decode = self.tokenizer.decode
+                    choice.top = [[(decode([t], skip_special_tokens=True), v) for t, v in zip(ts, vs)]
+                                  for ts, vs in zip(indices.tolist(), values.tolist())]
+        finally:
+            model.train(was_training)
+
+    def _stop_check(self, req: GenerationRequest):
+        if not req.stop:
+            return None
+        decode = self.tokenizer.decode
+
+        def hit(prompt: int, sample: int, tokens: list[int]) -> bool:
+            text = decode(tokens, skip_special_tokens=True)
+            return any(stop in text for stop in req.stop)
+
+        return hit
+
     async def _read_body(self, request) -> bytes:
+        """The whole body, within ``body_timeout_s`` and ``max_body_bytes``; at most ``max_unfinished_uploads``
+        bodies are awaited at once (a request beyond that whose body is not already complete gets 503)."""
+        import asyncio
+
         limit = self.cfg.max_body_bytes
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > limit:
             raise APIError(413, f"request body of {length} bytes is over the limit of {limit} bytes",
                            code="request_too_large")
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise APIError(413, f"request body is over the limit of {limit} bytes", code="request_too_large")
-            chunks.append(chunk)
+        chunks: list[bytes] = []
+        stream = request.stream().__aiter__()
+
+        async def read_all() -> None:
+            size = 0
+            async for chunk in stream:
+                size += len(chunk)
+                if size > limit:
+                    raise APIError(413, f"request body is over the limit of {limit} bytes", code="request_too_large")
+                chunks.append(chunk)
+
+        reading = asyncio.ensure_future(read_all())
+        # A well-behaved client's body is in the same packets as its headers: it is whole almost at once.
+        done, _ = await asyncio.wait({reading}, timeout=0.05)
+        if done:
+            reading.result()
+            return b"".join(chunks)
+        if self.unfinished_uploads >= self.cfg.max_unfinished_uploads:
+            reading.cancel()
+            raise APIError(503, f"the server is waiting for {self.unfinished_uploads} other request bodies; send the "
+                                "body with the headers, or retry", type_="server_error", code="too_many_uploads")
+        self.unfinished_uploads += 1
+        try:
+            await asyncio.wait_for(reading, self.cfg.body_timeout_s)
+        except asyncio.TimeoutError:
+            raise APIError(408, f"the request body did not arrive within {self.cfg.body_timeout_s:g} s",
+                           code="request_timeout") from None
+        finally:
+            self.unfinished_uploads -= 1
         return b"".join(chunks)
 
     def _encode(self, req: GenerationRequest) -> list[list[int]]:

@@ -1,0 +1,167 @@
+"""Incremental streaming, disconnect clean-up and continuous batching of the HF backend: the server's FastAPI app under
+uvicorn on loopback (no Ray), driven by the official openai client. The engine's call counter is read in-process, so
+the tests check what happened in which order, never how fast. The embedded tiny model answers the completion prompt
+"The" greedily with a long run of tokens (no EOS within 128), which makes the long responses here."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+openai = pytest.importorskip("openai", reason="the openai client is not installed")
+uvicorn = pytest.importorskip("uvicorn", reason="uvicorn is not installed")
+import httpx  # noqa: E402
+
+from dapo.serve.config import ServeConfig  # noqa: E402
+from tests.serve.serve_helpers import free_port  # noqa: E402
+
+CHUNK = 4
+LONG = {"model": "tiny-qwen2", "prompt": "The", "temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def served():
+    from dapo.serve.server import OpenAIServer, create_app
+
+    server = OpenAIServer(ServeConfig(device="cpu", decode_chunk_tokens=CHUNK))
+    port = free_port()
+    uv = uvicorn.Server(uvicorn.Config(create_app(server), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=uv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not uv.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    try:
+        yield server, f"http://127.0.0.1:{port}/v1"
+    finally:
+        uv.should_exit = True
+        thread.join(30)
+        server.close()
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return openai.OpenAI(base_url=served[1], api_key="EMPTY", max_retries=0, timeout=120)
+
+
+def _wait_idle(server, seconds=30.0):
+    deadline = time.monotonic() + seconds
+    while server.batcher.active_requests:
+        assert time.monotonic() < deadline, "requests never left the batcher"
+        time.sleep(0.01)
+
+
+def test_first_tokens_leave_before_the_last_are_generated(served, client):
+    server, _ = served
+    _wait_idle(server)
+    calls_at_start = server.batcher.engine_calls
+    stream = client.completions.create(max_tokens=64, stream=True, stream_options={"include_usage": True}, **LONG)
+    seen_calls, pieces, usage = [], [], None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            if choice.text:
+                pieces.append(choice.text)
+                seen_calls.append(server.batcher.engine_calls - calls_at_start)
+    whole = client.completions.create(max_tokens=64, **LONG).choices[0].text
+    assert "".join(pieces) == whole and usage.completion_tokens == 64
+    # 64 tokens in chunks of 4 take 16 engine calls; the first text arrived while the first calls were made
+    assert seen_calls[0] <= 2 and seen_calls[-1] >= 64 // CHUNK - 1 and len(pieces) >= 8
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_slot(served):
+    server, url = served
+    _wait_idle(server)
+    body = {**LONG, "max_tokens": 400, "stream": True}
+    with httpx.Client(timeout=60) as http:
+        with http.stream("POST", f"{url}/completions", json=body) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data:") and '"text": ""' not in line:
+                    break  # the first piece of text: hang up
+            assert '"text"' in line and '"finish_reason": null' in line, line  # hung up mid-answer
+            calls_at_close = server.batcher.engine_calls
+    _wait_idle(server)
+    # dropped at the next chunk boundary: a handful of calls, not the ~100 the full response would take
+    assert server.batcher.engine_calls - calls_at_close <= 3
+
+
+def test_a_short_request_arriving_during_a_long_decode_finishes_first(served, client):
+    server, _ = served
+    _wait_idle(server)
+    order: list[str] = []
+
+    def long_request():
+        client.completions.create(max_tokens=256, **LONG)
+        order.append("long")
+
+    thread = threading.Thread(target=long_request)
+    calls_before = server.batcher.engine_calls
+    thread.start()
+    while server.batcher.engine_calls < calls_before + 2:  # the long decode is under way
+        time.sleep(0.005)
+    short = client.chat.completions.create(model="tiny-qwen2", messages=[{"role": "user", "content": "3 + 4"}],
+                                           max_tokens=4, temperature=0)
+    order.append("short")
+    thread.join(300)
+    assert order == ["short", "long"] and short.choices[0].message.content is not None
+
+
+def test_stop_strings_across_token_boundaries_and_in_streams(served, client):
+    server, _ = served
+    whole = client.completions.create(max_tokens=48, **LONG).choices[0].text
+    assert len(whole) > 12
+    stop = whole[5:9]  # a stop string that need not start or end on a token boundary
+    cut = client.completions.create(max_tokens=48, stop=[stop], **LONG)
+    assert cut.choices[0].text == whole[: whole.index(stop)] and cut.choices[0].finish_reason == "stop"
+    streamed = client.completions.create(max_tokens=48, stop=[stop], stream=True, **LONG)
+    pieces, finish = [], None
+    for chunk in streamed:
+        for choice in chunk.choices:
+            pieces.append(choice.text)
+            finish = choice.finish_reason or finish
+    assert "".join(pieces) == whole[: whole.index(stop)] and finish == "stop"
+
+
+def test_batcher_round_trip_under_asyncio(served):
+    """The batcher answers every row of an n x prompts request exactly once, whatever the chunking."""
+    from dapo.rollout.base import SamplingParams
+
+    server, _ = served
+    _wait_idle(server)
+    prompts = [[55], [55, 56]]
+
+    async def main():
+        return await server.batcher.generate(prompts, SamplingParams(n=3, temperature=0, max_tokens=10))
+
+    out = asyncio.run_coroutine_threadsafe(main(), _loop_of(server)).result(120)
+    assert [len(per_prompt) for per_prompt in out] == [3, 3]
+    for per_prompt in out:
+        assert all(sample[0] == per_prompt[0][0] for sample in per_prompt)  # greedy: the n samples agree
+        assert all(len(sample[0]) == len(sample[1]) <= 10 for sample in per_prompt)
+
+
+def _loop_of(server):
+    return server.batcher._task.get_loop()
+
+
+def test_top_logprobs_list_the_most_likely_alternatives(client):
+    r = client.chat.completions.create(model="tiny-qwen2", messages=[{"role": "user", "content": "3 + 4"}],
+                                       max_tokens=6, temperature=0, logprobs=True, top_logprobs=5)
+    content = r.choices[0].logprobs.content
+    assert content
+    for entry in content:
+        top = entry.top_logprobs
+        assert len(top) == 5 and [t.logprob for t in top] == sorted((t.logprob for t in top), reverse=True)
+        # greedy: the sampled token is the most likely one, with the same log-prob (up to float rounding)
+        assert top[0].token == entry.token and abs(top[0].logprob - entry.logprob) < 1e-3
+    r = client.completions.create(model="tiny-qwen2", prompt="The", max_tokens=6, temperature=0, logprobs=3)
+    lp = r.choices[0].logprobs
+    assert len(lp.top_logprobs) == len(lp.tokens) == 6
+    for token_lp, alternatives in zip(lp.token_logprobs, lp.top_logprobs):
+        assert 1 <= len(alternatives) <= 3 and abs(max(alternatives.values()) - token_lp) < 1e-3

@@ -198,7 +198,8 @@ def test_read_only_run_directory_is_one_message_naming_the_path(base_run, tmp_pa
                         tmp_path, preexec_fn=_no_dac_override)
     finally:
         _set_folder_modes(run, 0o755)
-    _clean_failure(proc, f"writing the run record {run / 'config.yaml'} failed: permission denied")
+    # config.yaml is written only after the first step; the first write of the run record is its metrics
+    _clean_failure(proc, f"writing the run record {run / 'metrics.jsonl'} failed: permission denied")
     assert (run / "config.yaml").read_bytes() == config_before
     assert sorted(p.name for p in run.iterdir()) == sorted(p.name for p in base_run.iterdir())
 

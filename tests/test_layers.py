@@ -14,7 +14,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "dapo"
 LEVEL = {
     "core": 0, "config": 0,
-    "data": 1, "reward": 1, "model": 1, "rollout": 1, "actor": 1, "infra": 1, "distributed": 1,
+    "data": 1, "reward": 1, "model": 1, "rollout": 1, "actor": 1, "infra": 1, "distributed": 1, "tools": 1,
     "training": 2, "evaluation": 2,
     "serve": 3,
     "cli": 4,

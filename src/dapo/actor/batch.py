@@ -55,6 +55,9 @@ class TrainBatch:
         ref_log_probs: per-response log-probs under the reference policy; needed only for the optional KL loss.
         is_weights: per-response, per-token truncated importance weights pi_old / mu (rollout correction) that scale
             each token's policy-gradient loss, or None (weight 1).
+        action_mask: per-response bool tensors, True on the tokens the policy sampled and False on context inside the
+            response (a tool's output in a multi-turn trajectory), or None (every response token is an action). Only
+            actions enter the loss, the entropy and the token counts (:meth:`loss_mask`).
     """
 
     prompt_ids: list[Tensor]
@@ -66,6 +69,7 @@ class TrainBatch:
     rollout_log_probs: list[Tensor] | None = None
     ref_log_probs: list[Tensor] | None = None
     is_weights: list[Tensor] | None = None
+    action_mask: list[Tensor] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.prompt_ids)
@@ -109,6 +113,15 @@ class TrainBatch:
                         f"TrainBatch.{name}[{i}] must be a float tensor of shape {tuple(resp.shape)} "
                         f"(its response length), got {got}"
                     )
+
+        if self.action_mask is not None:
+            if len(self.action_mask) != n:
+                raise ValueError(f"TrainBatch.action_mask has {len(self.action_mask)} entries for {n} samples")
+            for i, (m, resp) in enumerate(zip(self.action_mask, responses, strict=True)):
+                if not isinstance(m, Tensor) or m.shape != resp.shape or m.dtype != torch.bool:
+                    got = f"{tuple(m.shape)} {m.dtype}" if isinstance(m, Tensor) else type(m).__name__
+                    raise ValueError(f"TrainBatch.action_mask[{i}] must be a bool tensor of shape {tuple(resp.shape)} "
+                                     f"(its response length), got {got}")
 
     def __len__(self) -> int:
         return len(self.prompt_ids)
@@ -161,6 +174,7 @@ class TrainBatch:
             rollout_log_probs=pick(self.rollout_log_probs),
             ref_log_probs=pick(self.ref_log_probs),
             is_weights=pick(self.is_weights),
+            action_mask=pick(self.action_mask),
         )
 
     def split_into_mini_batches(
@@ -192,11 +206,15 @@ class TrainBatch:
         return dataclasses.replace(self, is_weights=is_weights)
 
     def loss_mask(self) -> Tensor:
-        """[B, T_max] bool: True on response tokens of samples kept by ``sample_mask`` (T_max = longest response)."""
+        """[B, T_max] bool: True on response tokens of samples kept by ``sample_mask`` (T_max = longest response) that
+        are actions (``action_mask``; tool output is not)."""
         lengths = torch.tensor(self.response_lengths, dtype=torch.long)
         width = int(lengths.max()) if len(self) > 0 else 0
         in_response = torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)
-        return in_response & self.sample_mask.unsqueeze(1)
+        mask = in_response & self.sample_mask.unsqueeze(1)
+        if self.action_mask is not None and len(self) > 0:
+            mask = mask & pad_per_token(self.action_mask, width)
+        return mask
 
 
 def pad_per_token(values: Sequence[Tensor], width: int | None = None, pad_value: float = 0.0) -> Tensor:

@@ -145,7 +145,9 @@ class _Sample:
 
 class MultiTurnRollout:
     """Runs multi-turn rollouts with ``engine`` and ``runner``; ``tokenizer`` decodes (to detect calls) and encodes
-    tool outputs. One object per (engine, tokenizer): the stop-token scan of the vocabulary runs once."""
+    tool outputs. One object per (engine, tokenizer): the stop-token scan of the vocabulary runs once. It is itself a
+    :class:`RolloutEngine` (weights, probes and close go to ``engine``), so a trainer or an evaluation uses it in the
+    engine's place."""
 
     def __init__(self, engine: RolloutEngine, tokenizer, runner: CodeRunner, params: MultiTurnParams) -> None:
         self.engine = engine
@@ -155,6 +157,16 @@ class MultiTurnRollout:
         end = params.call_format.end
         texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=False)
         self.end_token_ids = tuple(i for i, text in enumerate(texts) if end in text)
+
+    # The rest of the RolloutEngine interface is the engine's: the trainer pushes weights into it and probes it.
+    def update_weights(self, named_tensors) -> None:
+        self.engine.update_weights(named_tensors)
+
+    def log_probs_of(self, prompt_token_ids: Sequence[int], response_ids: Sequence[int]) -> list[float]:
+        return self.engine.log_probs_of(prompt_token_ids, response_ids)
+
+    def close(self) -> None:
+        self.engine.close()
 
     def generate(self, prompt_token_ids: Sequence[Sequence[int]], sampling: SamplingParams) -> MultiTurnOutput:
         """Like :meth:`RolloutEngine.generate` (same order and ``n``); ``sampling.max_tokens`` is ignored in favour of

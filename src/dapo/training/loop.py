@@ -58,6 +58,7 @@ from dapo.training.actor_step import update_actor
 from dapo.training.dynamic_sampling_buffer import DynamicSamplingBuffer
 from dapo.training.errors import TrainingError
 from dapo.training.generation import derive_seed, engine_tensor_parallel, generate_and_filter, validate_across_ranks
+from dapo.training.tool_use import with_tool_rollout
 from dapo.training.run_state import RunState, checkpoint_format, find_resume_checkpoint, resume_run, save_run
 from dapo.training.weight_sync import WeightSync
 
@@ -156,6 +157,7 @@ def train(cfg: DapoConfig, world: World = World()) -> TrainResult:
     policy.model.train()
 
     engine = build_rollout_engine(cfg, policy, module=engine_module, distributed=world.distributed)
+    engine = with_tool_rollout(engine, cfg, policy.tokenizer)  # rollout.multi_turn: the same engine, with a tool
     engine_samples_from_actor = samples_from_module(engine, policy.model)
     scorer = reward_scorer_of(cfg)
     steps_before = state.step

@@ -31,6 +31,7 @@ def records_of(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ["hf", pytest.param("vllm", marks=pytest.mark.skipif(
     not engine_available("vllm")[0], reason=engine_available("vllm")[1]))])
 def test_multi_turn_training_runs_and_the_mask_lines_up_log_probs(engine: str, tmp_path: Path) -> None:
@@ -70,6 +71,7 @@ class HostileSandbox(PythonSandbox):
         return super().run_many(programs, max_workers=max_workers)
 
 
+@pytest.mark.slow
 def test_a_run_whose_every_tool_call_is_hostile_still_finishes(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tool_use, "PythonSandbox", HostileSandbox)

@@ -92,6 +92,18 @@ def test_a_fork_bomb_is_contained_and_leaves_no_process(sandbox: PythonSandbox) 
     assert sandbox_uid_processes() == []
 
 
+def test_the_process_limit_binds(sandbox: PythonSandbox) -> None:
+    code = ("import os, time\nok = 0\nfor i in range(30):\n    try:\n        pid = os.fork()\n"
+            "    except OSError as e:\n        print('refused after', ok, type(e).__name__)\n        break\n"
+            "    if pid == 0:\n        time.sleep(3)\n        os._exit(0)\n    ok += 1\nprint('forked', ok)")
+    result = sandbox.run(code)
+    assert result.category == "ok", result.output
+    refused_after = int(result.output.split("refused after ")[1].split()[0])
+    assert refused_after < LIMITS.max_processes  # the launcher itself is one of them
+    if sandbox.mode == "process":
+        assert refused_after == 0 and "PermissionError" in result.output
+
+
 def test_a_detached_grandchild_dies_with_the_call(sandbox: PythonSandbox) -> None:
     code = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\n    os._exit(0)\n"
             "print('parent done')")

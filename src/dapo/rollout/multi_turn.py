@@ -181,13 +181,15 @@ class MultiTurnRollout:
             active = [s for s in samples if s.finish is None]
             if not active:
                 break
-            budget = max(self.params.max_response_length - len(s.ids) for s in active)
-            # One call per round for all continuing samples, each its own prompt (n=1); the engine takes one
-            # max_tokens per call, so a sample with less room left is cut to its own budget afterwards.
+            # One call per round for all continuing samples, each its own prompt (n=1). The engine takes one
+            # max_tokens per call: the least room left, so that no sample's prompt + max_tokens passes what the
+            # engine was sized for (vLLM's max_model_len); a sample with more room that stops on "length" before its
+            # budget simply continues in the next round.
+            budget = min(self.params.max_response_length - len(s.ids) for s in active)
             seeds = None if sampling.prompt_seeds is None else tuple(
                 (sampling.prompt_seeds[s.prompt_index] * 1_000_003 + k * 7919 + round_) % (1 << 63)
                 for k, s in enumerate(samples) if s.finish is None)
-            params = _replace(sampling, n=1, max_tokens=max(budget, 1), stop_token_ids=stop_ids,
+            params = _replace(sampling, n=1, max_tokens=budget, stop_token_ids=stop_ids,
                               seed=None if sampling.seed is None else sampling.seed + round_, prompt_seeds=seeds)
             out = self.engine.generate([s.prompt_ids + s.ids for s in active], params)
             self._absorb(active, out)
@@ -222,8 +224,10 @@ class MultiTurnRollout:
                 s.finish = "length"
             elif reason == "stop" and ids and ids[-1] in self.end_token_ids:
                 continue  # stopped on an end marker that closed nothing (an opening fence): keep generating
+            elif reason == "length":
+                continue  # this call's max_tokens, not the sample's budget, ended it: keep generating
             else:
-                s.finish = "stop" if reason == "stop" else "length"
+                s.finish = "stop"
 
     def _turn_text(self, s: _Sample) -> str:
         return self.tokenizer.decode(s.ids[s.turn_start:], skip_special_tokens=False)

@@ -19,7 +19,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "dapo"
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("core", "config"),
+    ("core", "config", "tools"),
     ("distributed",),
     ("infra",),
     ("model", "data"),

@@ -57,6 +57,9 @@ class TrainBatch:
             each token's policy-gradient loss, or None (weight 1).
         token_mask: per-response bool tensors, False on tokens rejected from the loss (token-level rejection
             sampling, ``dapo.core.rollout_correction.rejection_mask``), or None (every token kept).
+        action_mask: per-response bool tensors, True on the tokens the policy sampled and False on context inside the
+            response (a tool's output in a multi-turn trajectory), or None (every response token is an action). Only
+            actions enter the loss, the entropy and the token counts (:meth:`loss_mask`).
     """
 
     prompt_ids: list[Tensor]
@@ -69,6 +72,7 @@ class TrainBatch:
     ref_log_probs: list[Tensor] | None = None
     is_weights: list[Tensor] | None = None
     token_mask: list[Tensor] | None = None
+    action_mask: list[Tensor] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.prompt_ids)
@@ -120,6 +124,15 @@ class TrainBatch:
                     got = f"{tuple(m.shape)} {m.dtype}" if isinstance(m, Tensor) else type(m).__name__
                     raise ValueError(f"TrainBatch.token_mask[{i}] must be a bool tensor of shape "
                                      f"{tuple(resp.shape)} (its response length), got {got}")
+
+        if self.action_mask is not None:
+            if len(self.action_mask) != n:
+                raise ValueError(f"TrainBatch.action_mask has {len(self.action_mask)} entries for {n} samples")
+            for i, (m, resp) in enumerate(zip(self.action_mask, responses, strict=True)):
+                if not isinstance(m, Tensor) or m.shape != resp.shape or m.dtype != torch.bool:
+                    got = f"{tuple(m.shape)} {m.dtype}" if isinstance(m, Tensor) else type(m).__name__
+                    raise ValueError(f"TrainBatch.action_mask[{i}] must be a bool tensor of shape {tuple(resp.shape)} "
+                                     f"(its response length), got {got}")
 
     def __len__(self) -> int:
         return len(self.prompt_ids)
@@ -173,6 +186,7 @@ class TrainBatch:
             ref_log_probs=pick(self.ref_log_probs),
             is_weights=pick(self.is_weights),
             token_mask=pick(self.token_mask),
+            action_mask=pick(self.action_mask),
         )
 
     def split_into_mini_batches(
@@ -204,14 +218,16 @@ class TrainBatch:
         return dataclasses.replace(self, is_weights=is_weights)
 
     def loss_mask(self) -> Tensor:
-        """[B, T_max] bool: True on response tokens of samples kept by ``sample_mask`` and not rejected by
-        ``token_mask`` (T_max = longest response)."""
+        """[B, T_max] bool: True on response tokens of samples kept by ``sample_mask`` (T_max = longest response) that
+        are actions (``action_mask``; tool output is not) and not rejected by ``token_mask``."""
         lengths = torch.tensor(self.response_lengths, dtype=torch.long)
         width = int(lengths.max()) if len(self) > 0 else 0
         in_response = torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)
         mask = in_response & self.sample_mask.unsqueeze(1)
         if self.token_mask is not None and len(self) > 0:
             mask &= pad_per_token([m.to(torch.uint8) for m in self.token_mask], width).bool()
+        if self.action_mask is not None and len(self) > 0:
+            mask = mask & pad_per_token(self.action_mask, width)
         return mask
 
 

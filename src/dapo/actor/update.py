@@ -109,6 +109,13 @@ class FirstPassRecord:
     rollout_log_probs: list[Tensor] = field(default_factory=list)
 
 
+def actions_of(per_token: list[Tensor], action_mask: list[Tensor] | None) -> list[Tensor]:
+    """Each sample's values at its action tokens (all of them when there is no action mask)."""
+    if action_mask is None:
+        return per_token
+    return [v[m.to(v.device)] for v, m in zip(per_token, action_mask, strict=True)]
+
+
 class NonFiniteWeightsError(NonFiniteLossError):
     """An optimizer step left NaN or infinite weights; the next rollout would sample from garbage."""
 
@@ -364,12 +371,12 @@ def accumulate_mini_batch_gradients(
         if weight == 0.0:  # padding: the modules every loss term reaches, times exactly 0.0; no metrics
             (torch.cat(log_probs).sum() * weight).backward()
             continue
-        if record is not None:
-            record.entropies += [e.detach() for e in entropies]
-            record.log_probs += [lp.detach() for lp in log_probs]
+        if record is not None:  # actions only: a tool's output in a trajectory is context (TrainBatch.action_mask)
+            record.entropies += actions_of([e.detach() for e in entropies], micro.action_mask)
+            record.log_probs += actions_of([lp.detach() for lp in log_probs], micro.action_mask)
             if record_under_old and micro.rollout_log_probs is not None:
-                record.old_log_probs += [lp.detach() for lp in log_probs]
-                record.rollout_log_probs += micro.rollout_log_probs
+                record.old_log_probs += actions_of([lp.detach() for lp in log_probs], micro.action_mask)
+                record.rollout_log_probs += actions_of(micro.rollout_log_probs, micro.action_mask)
         log_prob = pad_per_token(log_probs)
         if micro.old_log_probs is None:  # on_policy: pi_old is these very weights
             old_log_prob = log_prob.detach()

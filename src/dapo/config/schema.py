@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 __all__ = [
     "ActorConfig",
     "AlgorithmConfig",
+    "BigArithDataConfig",
     "ConfigError",
     "CustomRewardFunctionConfig",
     "DapoConfig",
@@ -23,11 +24,13 @@ __all__ = [
     "FilterGroupsConfig",
     "FsdpConfig",
     "ModelConfig",
+    "MultiTurnConfig",
     "OptimConfig",
     "OverlongBufferConfig",
     "PolicyLossConfig",
     "RewardModelConfig",
     "RolloutConfig",
+    "SandboxConfig",
     "SkipSolvedPromptsConfig",
     "SynthDataConfig",
     "TrainerConfig",
@@ -46,6 +49,15 @@ class _Section(BaseModel):
 
 
 # --------------------------------------------------------------------------------------------- data
+class BigArithDataConfig(_Section):
+    """The tool task's knobs (``data.synth.task=big_arith``; dapo.data.big_arith)."""
+
+    kind: Literal["product", "sum"] = Field("product", description="a product of the operands, or their sum")
+    min_digits: int = Field(4, ge=1, le=30, description="digits per operand, at least")
+    max_digits: int = Field(6, ge=1, le=30, description="digits per operand, at most")
+    operands: int = Field(2, ge=2, le=20, description="numbers per problem")
+
+
 class SynthDataConfig(_Section):
     """The built-in synthetic arithmetic task, used when ``data.train_files`` is empty."""
 
@@ -59,6 +71,10 @@ class SynthDataConfig(_Section):
     word_problems: bool | None = Field(None, description="stories (true) or bare expressions (false); None = as trained")
     operations: list[Literal["+", "-", "*"]] | None = Field(
         None, min_length=1, description="operations that may appear (of +, -, *); None = as trained")
+    task: Literal["arith", "big_arith"] = Field(
+        "arith", description="arith: the tiny model's word problems; big_arith: multi-digit products / sums of large "
+        "numbers that need the code interpreter (rollout.multi_turn), see docs/tools.md")
+    big_arith: BigArithDataConfig = Field(default_factory=BigArithDataConfig)
 
 
 class DataConfig(_Section):
@@ -119,6 +135,40 @@ class ModelConfig(_Section):
 
 
 # ------------------------------------------------------------------------------------------ rollout
+class SandboxConfig(_Section):
+    """The code interpreter's isolation and limits per call (dapo.tools.sandbox; docs/tools.md)."""
+
+    mode: Literal["auto", "bwrap", "process"] = Field(
+        "auto", description="auto/bwrap: bubblewrap namespaces (auto refuses where it cannot run); process: the weaker "
+        "audit-hook mode, only when named")
+    wall_time_s: float = Field(5.0, gt=0.0, le=3600.0, description="wall-clock limit; the call's processes are killed")
+    cpu_time_s: float = Field(5.0, gt=0.0, le=3600.0, description="CPU-time limit (RLIMIT_CPU)")
+    memory_mb: int = Field(512, ge=64, description="address-space limit (RLIMIT_AS) in MiB")
+    max_output_bytes: int = Field(65536, ge=1, description="stdout + stderr kept; more is cut and the call killed")
+    max_processes: int = Field(16, ge=1, description="processes/threads (RLIMIT_NPROC where it binds)")
+
+
+class MultiTurnConfig(_Section):
+    """Multi-turn rollouts with a sandboxed Python interpreter (verl: actor_rollout_ref.rollout.multi_turn.*)."""
+
+    enable: bool = Field(False, description="generate, run each closed code block, append its output, continue")
+    max_assistant_turns: int = Field(3, ge=1, description="model turns per sample (a call in the last is not run)")
+    max_tool_response_length: int = Field(64, ge=1, description="tokens of one tool output (cut with '...')")
+    tool_response_truncate_side: Literal["left", "right", "middle"] = Field("middle")
+    max_parallel_calls: int = Field(4, ge=1, description="tool processes at once")
+    tool_call_start: str = Field("```python", description="text that opens a call ('' = the turn's start)")
+    tool_call_end: str = Field("```", min_length=1, description="text that closes a call")
+    tool_response_template: str = Field(
+        "\n```output\n{output}\n```\n", description="how a tool's output is shown ({output}: what the code printed)")
+
+    @model_validator(mode="after")
+    def _template_has_output(self) -> "MultiTurnConfig":
+        if "{output}" not in self.tool_response_template:
+            raise ValueError("rollout.multi_turn.tool_response_template must contain {output}")
+        return self
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+
+
 class ValSamplingConfig(_Section):
     """Validation sampling; defaults are the paper's evaluation setting (temperature 1.0, top-p 0.7)."""
 
@@ -175,6 +225,7 @@ class RolloutConfig(_Section):
         1.0, gt=0.0, description="vllm on CPU: KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE); None = vLLM's default"
     )
     enable_prefix_caching: bool = Field(True, description="vllm: share the KV cache of a prompt's n samples")
+    multi_turn: MultiTurnConfig = Field(default_factory=MultiTurnConfig)
     calculate_log_probs: bool = Field(
         True, description="engines return the sampled tokens' log-probs (needed for rollout/log_prob_diff and "
         "algorithm.rollout_correction); always on here, accepted for verl recipes"

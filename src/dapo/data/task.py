@@ -7,6 +7,7 @@ import logging
 from dataclasses import dataclass
 
 from dapo.config import DataConfig
+from dapo.data.big_arith import BigArithConfig, big_arith_records, generate_big_arith_problems
 from dapo.data.loaders import load_dataset
 from dapo.data.schema import DapoRecord, DataError
 from dapo.data.synth import default_synth_config, distinct_synth_problems, generate_synth_problems, synth_records
@@ -26,6 +27,8 @@ class Task:
 def synth_split(cfg: DataConfig, split: str) -> list[DapoRecord]:
     """The built-in task's ``train`` or ``val`` records as ``cfg.synth`` sets them (``dapo eval --test-file synth``
     reads the same ``val`` set the trainer validates on)."""
+    if cfg.synth.task == "big_arith":
+        return big_arith_split(cfg, split)
     knobs = {k: v for k in ("min_operands", "max_operands", "max_value", "word_problems")
              if (v := getattr(cfg.synth, k)) is not None}
     if cfg.synth.operations is not None:
@@ -40,6 +43,21 @@ def synth_split(cfg: DataConfig, split: str) -> list[DapoRecord]:
             raise DataError(f"data.synth.num_val={cfg.synth.num_val}: {exc}") from None
     rows = synth_records(problems, split=split)
     return [DapoRecord.from_row(row, source=f"<synth {split}>", row_index=i) for i, row in enumerate(rows)]
+
+
+def big_arith_split(cfg: DataConfig, split: str) -> list[DapoRecord]:
+    """The tool task's records (``data.synth.task=big_arith``): the problem spaces are large, so the two seeded
+    streams practically never share a problem (read_task removes any that do from the training set)."""
+    knobs = cfg.synth.big_arith
+    try:
+        config = BigArithConfig(kind=knobs.kind, min_digits=knobs.min_digits, max_digits=knobs.max_digits,
+                                operands=knobs.operands)
+    except ValueError as exc:
+        raise DataError(f"data.synth.big_arith: {exc}") from None
+    num, seed = ((cfg.synth.num_train, cfg.synth.train_seed) if split == "train"
+                 else (cfg.synth.num_val, cfg.synth.val_seed))
+    rows = big_arith_records(generate_big_arith_problems(num, seed, config), split=split)
+    return [DapoRecord.from_row(row, source=f"<big_arith {split}>", row_index=i) for i, row in enumerate(rows)]
 
 
 @dataclass(frozen=True)
@@ -65,7 +83,8 @@ def read_task(cfg: DataConfig) -> TaskRecords:
         held_out = {r.extra_info.get("raw_problem") for r in val_records}
         train_records = [r for r in synth_split(cfg, "train") if r.extra_info.get("raw_problem") not in held_out]
         removed = cfg.synth.num_train - len(train_records)
-        description = (f"synthetic arithmetic ({len(train_records)} problems, seed {cfg.synth.train_seed}, after "
+        name = "synthetic tool arithmetic" if cfg.synth.task == "big_arith" else "synthetic arithmetic"
+        description = (f"{name} ({len(train_records)} problems, seed {cfg.synth.train_seed}, after "
                        f"removing {removed} that are validation problems)")
     if cfg.val_max_samples is not None:
         val_records = val_records[: cfg.val_max_samples]

@@ -30,6 +30,10 @@ class ScoredGroup:
     acc: list[bool]
     overlong_penalty: list[float]
     preds: list[str]
+    # Multi-turn trajectories only (dapo.rollout.multi_turn): per response, 1 on the model's tokens and 0 on tool
+    # output; and each response's tool-call result categories. None for single-turn rollouts.
+    action_masks: list[list[int]] | None = None
+    tool_categories: list[list[str]] | None = None
 
     @property
     def rewards(self) -> list[float]:
@@ -49,6 +53,8 @@ class ScoredGroup:
             "response_ids": self.response_ids, "rollout_log_probs": self.rollout_log_probs,
             "truncated": self.truncated, "scores": self.scores, "acc": self.acc,
             "overlong_penalty": self.overlong_penalty, "preds": self.preds,
+            **({} if self.action_masks is None else {"action_masks": self.action_masks,
+                                                      "tool_categories": self.tool_categories}),
         }
 
     @classmethod
@@ -57,7 +63,8 @@ class ScoredGroup:
         prompt = PromptItem(p["uid"], tuple(p["input_ids"]), p["ground_truth"], p["data_source"],
                             dict(p.get("extra_info", {})))  # checkpoints before extra_info was saved have none
         return cls(prompt, state["response_ids"], state["rollout_log_probs"], state["truncated"], state["scores"],
-                   state["acc"], state["overlong_penalty"], state["preds"])
+                   state["acc"], state["overlong_penalty"], state["preds"], state.get("action_masks"),
+                   state.get("tool_categories"))
 
 
 def group_index_of(groups: Sequence[ScoredGroup]) -> torch.Tensor:
@@ -104,6 +111,9 @@ def score_rollout(
     else:
         penalty = [0.0] * len(lengths)
 
+    # A multi-turn rollout (dapo.rollout.multi_turn.MultiTurnOutput) also says which tokens are the model's.
+    action_masks = getattr(rollout, "action_mask", None)
+    tool_categories = getattr(rollout, "tool_categories", None)
     groups: dict[int, ScoredGroup] = {}
     for i, p in enumerate(rollout.prompt_index):
         g = groups.get(p)
@@ -116,4 +126,7 @@ def score_rollout(
         g.acc.append(bool(results[i].acc))
         g.overlong_penalty.append(float(penalty[i]))
         g.preds.append(results[i].pred)
+        if action_masks is not None:
+            g.action_masks = (g.action_masks or []) + [list(action_masks[i])]
+            g.tool_categories = (g.tool_categories or []) + [list(tool_categories[i])]
     return [groups[p] for p in sorted(groups)]

@@ -17,7 +17,7 @@ import torch
 
 from dapo.actor.batch import TrainBatch, pad_per_token
 from dapo.actor.log_probs import compute_log_probs_and_entropy_batch
-from dapo.actor.update import FirstPassRecord, NonFiniteLossError, update_policy
+from dapo.actor.update import FirstPassRecord, NonFiniteLossError, actions_of, update_policy
 from dapo.config import DapoConfig
 from dapo.core.rollout_correction import rejection_mask, truncated_importance_weights
 from dapo.distributed.data_parallel import forward_through, local_part
@@ -158,8 +158,11 @@ def update_actor(groups: Sequence[ScoredGroup], policy: Policy, optimizer, sched
 
     check_actor_logits(policy, groups, step)
     metrics.update(batch_metrics(groups, batch.advantages, max_response_length=cfg.data.max_response_length))
-    if record is None:
-        metrics.update(policy_metrics(old_log_probs, entropies, batch.rollout_log_probs))
+    if record is None:  # over actions only (a multi-turn trajectory's tool tokens are context)
+        mask = batch.action_mask
+        metrics.update(policy_metrics(actions_of(old_log_probs, mask), actions_of(entropies, mask),
+                                      None if batch.rollout_log_probs is None
+                                      else actions_of(batch.rollout_log_probs, mask)))
     else:  # the update's own forwards stand in for the skipped pass (see FirstPassRecord)
         record = gathered_record(record, world)
         if record.old_log_probs:  # the actor-vs-engine gap, where the weights were still pi_old's

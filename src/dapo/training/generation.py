@@ -33,6 +33,7 @@ from dapo.reward.batch import RewardScorer
 from dapo.reward.scored_groups import ScoredGroup, group_index_of, score_rollout
 from dapo.rollout.base import RolloutEngine, SamplingParams
 from dapo.training.run_state import RunState
+from dapo.training.tool_use import tool_metrics
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +152,7 @@ def generate_and_filter(engine: RolloutEngine, state: RunState, tokenizer, cfg: 
     skipped_before = state.sampler.num_skipped_solved
     generated_acc: list[float] = []
     generated_tokens = 0
+    generated_groups: list[ScoredGroup] = []  # for the tool/* metrics of multi-turn rollouts
     rnd = 0
     while buffer.should_generate_more():
         draws = state.sampler.next_draws(cfg.data.effective_gen_batch_size)
@@ -171,6 +173,7 @@ def generate_and_filter(engine: RolloutEngine, state: RunState, tokenizer, cfg: 
             wasted_tokens=sum(g.num_response_tokens for g, k in zip(groups, keep) if not k),
         )
         generated_acc.extend(acc.tolist())
+        generated_groups.extend(g for g in groups if g.tool_categories is not None)
         generated_tokens += sum(g.num_response_tokens for g in groups)
         rnd += 1
         if rnd % 10 == 0:  # unlimited rounds (max_num_gen_batches <= 0) must still show that they are running
@@ -203,4 +206,5 @@ def generate_and_filter(engine: RolloutEngine, state: RunState, tokenizer, cfg: 
         "train/partial_batch": float(report.partial),
         "rollout/acc/mean": sum(generated_acc) / max(1, len(generated_acc)),
         "rollout/num_tokens": float(generated_tokens),
+        **tool_metrics(generated_groups),
     }

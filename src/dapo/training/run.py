@@ -49,6 +49,7 @@ from dapo.training.dynamic_sampling_buffer import DynamicSamplingBuffer
 from dapo.training.errors import TrainingError
 from dapo.training.generation import derive_seed, engine_tensor_parallel, validate_across_ranks
 from dapo.training.perf_metrics import StepPerf
+from dapo.training.tool_use import with_tool_rollout
 from dapo.training.run_state import (RunState, check_resume_config, checkpoint_format, find_resume_checkpoint,
                                     record_run_config, resume_run, save_run)
 from dapo.training.weight_sync import WeightSync
@@ -283,6 +284,7 @@ def build_run(cfg: DapoConfig, world: World = World()) -> Run:
     policy.model.train()
 
     engine = build_engine(cfg, spec, policy, engine_module)
+    engine = with_tool_rollout(engine, cfg, policy.tokenizer)  # rollout.multi_turn: the same engine, with a tool
     scorer = reward_scorer_of(cfg)
     writing = run_dir / "metrics.jsonl"
     try:

@@ -31,4 +31,7 @@ def build_train_batch(groups: Sequence[ScoredGroup], cfg: DapoConfig) -> TrainBa
         sample_mask=sample_mask,
         group_index=group_index,
         rollout_log_probs=[torch.tensor(lp, dtype=torch.float32) for g in groups for lp in g.rollout_log_probs],
+        # multi-turn: a tool's output is context, not an action (no gradient, no entropy, not counted in Eq. 12)
+        action_mask=None if any(g.action_masks is None for g in groups) else
+        [torch.tensor(m, dtype=torch.bool) for g in groups for m in g.action_masks],
     )

@@ -1,0 +1,295 @@
+"""Multi-turn rollouts with a code interpreter, on top of any :class:`~dapo.rollout.base.RolloutEngine`.
+
+The model generates until a tool call closes (by default a fenced ```` ```python ```` block, as ReTool (arXiv
+2504.11536) formats it), the interpreter runs the code, its output is appended as tokens, and the model continues;
+up to ``max_assistant_turns`` model turns, ``max_response_length`` trajectory tokens in all (model and tool tokens
+together, as verl's ``response_length``) and ``max_tool_response_length`` tokens per tool output.
+
+Token in, token out: a trajectory is the concatenation of token ids *as they were sampled* and of each tool output
+*as it was encoded* (alone, ``add_special_tokens=False``), never a decoded-and-re-encoded string; so the engine's
+log-probs of the model's tokens are exactly what the actor's teacher-forced pass over prompt + trajectory computes
+(tests/rollout/test_multi_turn.py measures the gap on both engines). Text is decoded only to *detect* a closed tool
+call, never to rebuild ids.
+
+Stop strings without engine support: every vocabulary entry whose text contains the call's end marker is passed as a
+stop token id, so an engine stops right after it; a stop that did not close a call (the ```` ``` ```` of an opening
+fence) just resumes generation, in the same turn. A call whose end marker spans two tokens is still found when the
+turn ends (EOS or budget), and the turn is cut right after the token that closed it: the tokens sampled after that are
+dropped, which keeps a sample (a prefix of a sample is a sample of the same policy).
+
+The action mask marks the model's own tokens (1) against tool output (0). Tool tokens carry a log-prob of 0.0 as a
+placeholder that nothing may read: they are context, not actions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from dapo.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
+
+TruncateSide = Literal["left", "right", "middle"]
+
+
+class ToolResultLike(Protocol):
+    output: str
+    category: str
+
+
+class CodeRunner(Protocol):
+    """What the rollout needs of a tool: run codes (in parallel), results in input order (``dapo.tools``' sandbox)."""
+
+    def run_many(self, codes: Sequence[str], max_workers: int = ...) -> list[ToolResultLike]:
+        ...
+
+
+@dataclass(frozen=True)
+class ToolCallFormat:
+    """How a tool call looks in the model's text and how its result is shown.
+
+    start/end: a call is the text after the last ``start`` of the turn up to the first ``end`` after it (``start``
+        may be empty: the whole turn so far is the code).
+    response_template: the tool output's text, ``{output}`` replaced by what the code printed.
+    """
+
+    start: str = "```python"
+    end: str = "```"
+    response_template: str = "\n```output\n{output}\n```\n"
+
+    def __post_init__(self) -> None:
+        if not self.end:
+            raise ValueError("ToolCallFormat.end must be a non-empty string (it ends a call)")
+        if "{output}" not in self.response_template:
+            raise ValueError("ToolCallFormat.response_template must contain {output}")
+
+    def closed_call(self, text: str) -> tuple[str, int] | None:
+        """The code of the first closed call in ``text`` and the text's length up to its end marker, or None."""
+        begin = text.find(self.start) if self.start else 0
+        if begin < 0:
+            return None
+        body = begin + len(self.start)
+        close = text.find(self.end, body)
+        if close < 0:
+            return None
+        return text[body:close].strip("\n"), close + len(self.end)
+
+
+@dataclass(frozen=True)
+class MultiTurnParams:
+    """The limits of one multi-turn rollout (verl: ``actor_rollout_ref.rollout.multi_turn.*``).
+
+    max_assistant_turns: most model turns per sample; a call in the last turn is not run (the trajectory always ends
+        on model tokens).
+    max_response_length: the trajectory's token budget (model + tool tokens); reaching it ends the sample with
+        finish reason "length".
+    max_tool_response_length: most tokens of one tool output (cut on ``tool_response_truncate_side``, with a marker).
+    max_parallel_calls: tool processes run at once.
+    """
+
+    max_assistant_turns: int = 3
+    max_response_length: int = 256
+    max_tool_response_length: int = 64
+    tool_response_truncate_side: TruncateSide = "middle"
+    max_parallel_calls: int = 4
+    call_format: ToolCallFormat = field(default_factory=ToolCallFormat)
+
+    def __post_init__(self) -> None:
+        for name in ("max_assistant_turns", "max_response_length", "max_tool_response_length", "max_parallel_calls"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"multi_turn.{name} must be an integer >= 1, got {value!r}")
+        if self.tool_response_truncate_side not in ("left", "right", "middle"):
+            raise ValueError("multi_turn.tool_response_truncate_side must be left, right or middle, "
+                             f"got {self.tool_response_truncate_side!r}")
+
+
+@dataclass
+class MultiTurnOutput(RolloutOutput):
+    """A :class:`RolloutOutput` whose responses are trajectories, with what the loss and the metrics need.
+
+    action_mask: per token, 1 for a token the model sampled, 0 for a tool-output token (context, not an action).
+    tool_calls: per sample, the tool calls that ran; tool_categories: per sample, each call's result category.
+    turns: per sample, the model turns.
+    """
+
+    action_mask: list[list[int]] = field(default_factory=list)
+    turns: list[int] = field(default_factory=list)
+    tool_categories: list[list[str]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for k, (ids, mask) in enumerate(zip(self.response_ids, self.action_mask, strict=True)):
+            if len(ids) != len(mask):
+                raise ValueError(f"MultiTurnOutput sample {k}: {len(ids)} ids but {len(mask)} mask entries")
+
+    @property
+    def tool_calls(self) -> list[int]:
+        return [len(c) for c in self.tool_categories]
+
+
+@dataclass
+class _Sample:
+    prompt_index: int
+    prompt_ids: list[int]
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    turn_start: int = 0  # where the current model turn begins in ids
+    turns: int = 1
+    categories: list[str] = field(default_factory=list)
+    finish: str | None = None
+    pending_code: str | None = None
+
+
+class MultiTurnRollout:
+    """Runs multi-turn rollouts with ``engine`` and ``runner``; ``tokenizer`` decodes (to detect calls) and encodes
+    tool outputs. One object per (engine, tokenizer): the stop-token scan of the vocabulary runs once. It is itself a
+    :class:`RolloutEngine` (weights, probes and close go to ``engine``), so a trainer or an evaluation uses it in the
+    engine's place."""
+
+    def __init__(self, engine: RolloutEngine, tokenizer, runner: CodeRunner, params: MultiTurnParams) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.runner = runner
+        self.params = params
+        end = params.call_format.end
+        texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=False)
+        self.end_token_ids = tuple(i for i, text in enumerate(texts) if end in text)
+
+    # The rest of the RolloutEngine interface is the engine's: the trainer pushes weights into it and probes it.
+    def update_weights(self, named_tensors) -> None:
+        self.engine.update_weights(named_tensors)
+
+    def log_probs_of(self, prompt_token_ids: Sequence[int], response_ids: Sequence[int]) -> list[float]:
+        return self.engine.log_probs_of(prompt_token_ids, response_ids)
+
+    def close(self) -> None:
+        self.engine.close()
+
+    def generate(self, prompt_token_ids: Sequence[Sequence[int]], sampling: SamplingParams) -> MultiTurnOutput:
+        """Like :meth:`RolloutEngine.generate` (same order and ``n``); ``sampling.max_tokens`` is ignored in favour of
+        the trajectory budget ``max_response_length``."""
+        samples = [_Sample(i, list(p)) for i, p in enumerate(prompt_token_ids) for _ in range(sampling.n)]
+        stop_ids = tuple(sorted(set(sampling.stop_token_ids) | set(self.end_token_ids)))
+        first = _replace(sampling, max_tokens=self.params.max_response_length, stop_token_ids=stop_ids)
+        self._absorb(samples, self.engine.generate([list(p) for p in prompt_token_ids], first))
+        round_ = 1
+        while True:
+            self._run_tools([s for s in samples if s.pending_code is not None])
+            active = [s for s in samples if s.finish is None]
+            if not active:
+                break
+            # One call per round for all continuing samples, each its own prompt (n=1). The engine takes one
+            # max_tokens per call: the least room left, so that no sample's prompt + max_tokens passes what the
+            # engine was sized for (vLLM's max_model_len); a sample with more room that stops on "length" before its
+            # budget simply continues in the next round.
+            budget = min(self.params.max_response_length - len(s.ids) for s in active)
+            seeds = None if sampling.prompt_seeds is None else tuple(
+                (sampling.prompt_seeds[s.prompt_index] * 1_000_003 + k * 7919 + round_) % (1 << 63)
+                for k, s in enumerate(samples) if s.finish is None)
+            params = _replace(sampling, n=1, max_tokens=budget, stop_token_ids=stop_ids,
+                              seed=None if sampling.seed is None else sampling.seed + round_, prompt_seeds=seeds)
+            out = self.engine.generate([s.prompt_ids + s.ids for s in active], params)
+            self._absorb(active, out)
+            round_ += 1
+        return MultiTurnOutput(
+            prompt_index=[s.prompt_index for s in samples], response_ids=[s.ids for s in samples],
+            logprobs=[s.logprobs for s in samples], finish_reason=[s.finish for s in samples],
+            action_mask=[s.mask for s in samples], turns=[s.turns for s in samples],
+            tool_categories=[s.categories for s in samples])
+
+    # --- one engine call's results --------------------------------------------------------------------------------
+
+    def _absorb(self, samples: list[_Sample], out: RolloutOutput) -> None:
+        p = self.params
+        for s, ids, lps, reason in zip(samples, out.response_ids, out.logprobs, out.finish_reason, strict=True):
+            room = p.max_response_length - len(s.ids)
+            ids, lps = list(ids[:room]), list(lps[:room])
+            cut = self._closing_cut(s, ids)
+            if cut is not None:
+                ids, lps = ids[:cut], lps[:cut]
+            s.ids += ids
+            s.logprobs += lps
+            s.mask += [1] * len(ids)
+            full = len(s.ids) >= p.max_response_length
+            if cut is not None:
+                code, _ = p.call_format.closed_call(self._turn_text(s))
+                if s.turns < p.max_assistant_turns and not full:
+                    s.pending_code = code
+                else:  # no turn left to read the result: the call is not run
+                    s.finish = "length" if full else "stop"
+            elif full:
+                s.finish = "length"
+            elif reason == "stop" and ids and ids[-1] in self.end_token_ids:
+                continue  # stopped on an end marker that closed nothing (an opening fence): keep generating
+            elif reason == "length":
+                continue  # this call's max_tokens, not the sample's budget, ended it: keep generating
+            else:
+                s.finish = "stop"
+
+    def _turn_text(self, s: _Sample) -> str:
+        return self.tokenizer.decode(s.ids[s.turn_start:], skip_special_tokens=False)
+
+    def _closing_cut(self, s: _Sample, new_ids: list[int]) -> int | None:
+        """How many of ``new_ids`` to keep: up to the token that closes a call (binary search: once closed, a longer
+        prefix stays closed), or None when they close none."""
+        fmt = self.params.call_format
+        head = s.ids[s.turn_start:]
+
+        def closed(k: int) -> bool:
+            return fmt.closed_call(self.tokenizer.decode(head + new_ids[:k], skip_special_tokens=False)) is not None
+
+        if not new_ids or not closed(len(new_ids)):
+            return None
+        lo, hi = 1, len(new_ids)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if closed(mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    # --- tools -------------------------------------------------------------------------------------------------------
+
+    def _run_tools(self, calling: list[_Sample]) -> None:
+        if not calling:
+            return
+        p = self.params
+        results = self.runner.run_many([s.pending_code or "" for s in calling], max_workers=p.max_parallel_calls)
+        for s, result in zip(calling, results, strict=True):
+            s.pending_code = None
+            s.categories.append(result.category)
+            tokens = self.tool_tokens(result.output)[: p.max_response_length - len(s.ids)]
+            s.ids += tokens
+            s.logprobs += [0.0] * len(tokens)
+            s.mask += [0] * len(tokens)
+            s.turns += 1
+            s.turn_start = len(s.ids)
+            if len(s.ids) >= p.max_response_length:
+                s.finish = "length"
+
+    def tool_tokens(self, output: str) -> list[int]:
+        """The tool output as tokens: the output encoded alone and cut to ``max_tool_response_length``, inside the
+        response template (its two halves encoded alone too)."""
+        p = self.params
+        ids = self.tokenizer.encode(output.rstrip("\n"), add_special_tokens=False)
+        cap = p.max_tool_response_length
+        if len(ids) > cap:
+            marker = self.tokenizer.encode("...", add_special_tokens=False)
+            keep = max(cap - len(marker), 0)
+            if p.tool_response_truncate_side == "left":
+                ids = marker + ids[len(ids) - keep:]
+            elif p.tool_response_truncate_side == "right":
+                ids = ids[:keep] + marker
+            else:
+                ids = ids[: keep // 2] + marker + ids[len(ids) - (keep - keep // 2):]
+        before, after = p.call_format.response_template.split("{output}", 1)
+        return (self.tokenizer.encode(before, add_special_tokens=False) + ids
+                + self.tokenizer.encode(after, add_special_tokens=False))
+
+
+def _replace(sampling: SamplingParams, **changes) -> SamplingParams:
+    return dataclasses.replace(sampling, **changes)

@@ -83,3 +83,25 @@ def test_the_plan_carries_the_whole_mini_batch_counts() -> None:
     assert (plan.num_tokens, plan.num_seqs) == (int(mask.sum()), 5)
     assert plan.norm_length == 9 and plan.share is batch and plan.padding is None
     assert sorted(i for mb in plan.micro_batches for i in mb) == trained_samples(batch, actor_config())
+
+
+def test_token_metrics_average_over_the_trained_tokens_only() -> None:
+    """Skipped zero-advantage samples count in the loss normalisers, not in the diagnostics: on-policy, the ratio of
+    every trained token is exactly 1, so actor/ratio_mean is 1 however many samples were skipped (it read 2/16 of 1
+    when the sums were divided by every token of the mini-batch)."""
+    from dapo.actor.optim import build_lr_scheduler, build_optimizer
+
+    model = tiny_qwen2(seed=3)
+    batch = random_batch(2, 4, seed=9)
+    batch = TrainBatch(prompt_ids=batch.prompt_ids, response_ids=batch.response_ids,
+                       advantages=torch.tensor([1.0, 0.0, 0.0, 0.0, -1.0, 0.0, 0.0, 0.0]),
+                       sample_mask=batch.sample_mask, group_index=batch.group_index)
+    cfg = actor_config(ppo_mini_batch_size=2)
+    optimizer = build_optimizer(model, cfg.optim)
+    from dapo.actor.update import update_policy
+
+    metrics = update_policy(model, optimizer, build_lr_scheduler(optimizer, cfg.optim), batch, cfg,
+                            temperature=TEMPERATURE, on_policy=True)
+    assert metrics["actor/num_zero_advantage_samples"] == 6
+    assert metrics["actor/ratio_mean"] == 1.0 and metrics["actor/ppo_kl"] == 0.0
+    assert "actor/num_trained_tokens" not in metrics

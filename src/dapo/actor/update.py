@@ -126,6 +126,9 @@ def first_non_finite_parameter(model: nn.Module, world: World | None = None) -> 
 
 
 TOKEN_METRICS: tuple[str, ...] = ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "ratio_mean", "entropy")
+TRAINED_TOKENS = "num_trained_tokens"
+"""The ``token_sums`` entry counting the tokens the sums cover (the trained ones: skipped zero-advantage samples
+count in the loss normalisers but not here)."""
 
 
 def rank_shares(mini_batch: TrainBatch, world_size: int) -> list[TrainBatch]:
@@ -250,7 +253,7 @@ def policy_loss_params(cfg: ActorConfig, generator: torch.Generator | None = Non
 
 def reduce_metrics(result: MiniBatchResult, world: World) -> None:
     """Sum a share's loss and token-weighted metric sums over ranks (the counts are global already)."""
-    names = TOKEN_METRICS  # the same list on every rank, whatever its share held
+    names = (*TOKEN_METRICS, TRAINED_TOKENS)  # the same list on every rank, whatever its share held
     values = torch.tensor([result.pg_loss, result.kl_loss, float(result.num_micro_batches)]
                           + [result.token_sums.get(n, 0.0) for n in names], dtype=torch.float64)
     world.all_reduce_sum(values)
@@ -357,7 +360,7 @@ def accumulate_mini_batch_gradients(
     device = next(model.parameters()).device
     # Metrics stay on the device until the mini-batch is done: one host sync per micro-batch (the finiteness check).
     zero = torch.zeros((), device=device)
-    sums = dict.fromkeys(("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "ratio_mean", "entropy"), zero)
+    sums = dict.fromkeys((*TOKEN_METRICS, TRAINED_TOKENS), zero)
     pg_loss_total, kl_loss_total = zero, zero
     for source, indices, weight in passes:
         micro = source.select(indices)
@@ -423,6 +426,7 @@ def accumulate_mini_batch_gradients(
         for name in ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "ratio_mean"):
             sums[name] = sums[name] + getattr(out, name).to(zero.dtype) * valid
         sums["entropy"] = sums["entropy"] + torch.where(mask, entropy.detach(), 0.0).sum()
+        sums[TRAINED_TOKENS] = sums[TRAINED_TOKENS] + valid
         result.num_micro_batches += 1
     result.pg_loss = float(pg_loss_total)
     result.kl_loss = float(kl_loss_total)
@@ -490,8 +494,7 @@ def update_policy(
     norm_length = max(batch.response_lengths) if norm_length is None else norm_length
     params = [p for group in optimizer.param_groups for p in group["params"]]
 
-    token_sums = dict.fromkeys(("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "ratio_mean", "entropy"), 0.0)
-    total_tokens = 0
+    token_sums = dict.fromkeys((*TOKEN_METRICS, TRAINED_TOKENS), 0.0)
     pg_losses: list[float] = []
     kl_losses: list[float] = []
     grad_norms: list[float] = []
@@ -527,7 +530,6 @@ def update_policy(
             for p in params:  # a mini-batch of zero advantages only: its gradient is 0, and the step still happens
                 if p.grad is None and p.requires_grad:
                     p.grad = torch.zeros_like(p)
-            total_tokens += result.num_tokens
             for name, value in result.token_sums.items():
                 token_sums[name] += value
             pg_losses.append(result.pg_loss)
@@ -566,7 +568,8 @@ def update_policy(
 
     metrics = {
         "actor/pg_loss": mean(pg_losses),
-        **{f"actor/{name}": value / max(total_tokens, 1) for name, value in token_sums.items()},
+        # averages over the tokens that were trained (a skipped zero-advantage sample has no ratio or clip to report)
+        **{f"actor/{name}": token_sums[name] / max(token_sums[TRAINED_TOKENS], 1) for name in TOKEN_METRICS},
         "actor/grad_norm": mean(grad_norms),
         "actor/lr": lr,
         "actor/num_optimizer_steps": float(steps),

@@ -20,7 +20,7 @@ from dapo.infra.checkpoint import find_latest_checkpoint, is_complete_checkpoint
 from dapo.model.loading import EMBEDDED_MODEL_DIR, load_policy
 from dapo.model.lora import load_adapter_state, with_lora
 from dapo.rollout.base import SamplingParams
-from dapo.rollout.factory import build_rollout_engine
+from dapo.rollout.factory import EngineSpec, build_rollout_engine
 from tests.cli.cli_helpers import run_dapo
 
 LORA = ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16", "actor.optim.lr=1e-3"]
@@ -70,7 +70,7 @@ def test_lora_kill_then_resume_equals_uninterrupted_and_plain_peft_loads_it(tmp_
     text = policy.tokenizer.apply_chat_template([{"role": "user", "content": "What is 3 + 4 * 2?"}],
                                                 add_generation_prompt=True, tokenize=False)
     prompt = policy.tokenizer(text, add_special_tokens=False).input_ids
-    ours = build_rollout_engine(cfg, policy).generate([prompt], SamplingParams(n=1, temperature=0.0, max_tokens=24))
+    ours = build_rollout_engine(EngineSpec(), policy).generate([prompt], SamplingParams(n=1, temperature=0.0, max_tokens=24))
     with torch.no_grad():
         theirs = plain.generate(input_ids=torch.tensor([prompt]), max_new_tokens=24, do_sample=False,
                                 eos_token_id=list(policy.eos_token_ids), pad_token_id=policy.pad_token_id)

@@ -79,7 +79,7 @@ def test_two_ranks_train_and_checkpoints_move_between_world_sizes(tmp_path: Path
     # Rank 0 alone prints and records: one resume note, one status line and one metrics record per step.
     assert two.stdout.count("resumed from") == 1 and "(step 1)" in two.stdout
     assert step_lines(two.stdout) == ["step 2/2"]
-    assert two.stdout.count("done: 2 steps") == 1
+    assert two.stdout.count("done: 1 steps (resumed at step 1, now at step 2)") == 1
     assert metric_steps(run_dir) == [1, 2]
     record = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
     assert record["actor/num_optimizer_steps"] == 2.0  # batch 4 in mini-batches of 2: both ranks took both steps

@@ -14,7 +14,7 @@ from dapo.infra.checkpoint import load_checkpoint, save_checkpoint
 from dapo.model.loading import EMBEDDED_MODEL_DIR, ModelLoadError, load_policy
 from dapo.model.lora import (AdapterAndMergedExport, adapter_named_parameters, apply_lora, linear_module_names, load_adapter_state,
                              merged_named_parameters, with_lora)
-from dapo.rollout.factory import build_rollout_engine, hf_engine_copy
+from dapo.rollout.factory import EngineSpec, build_rollout_engine, hf_engine_copy
 from dapo.training.errors import TrainingError
 from dapo.training.weight_sync import WeightSync, actor_log_probs_of
 
@@ -135,7 +135,7 @@ def test_loading_a_full_models_weights_into_adapters_is_refused() -> None:
 # ------------------------------------------------------------------------------------------------- hf engine
 def test_the_hf_engine_runs_the_adapter_of_the_shared_module() -> None:
     cfg, policy = _lora_policy()
-    engine = build_rollout_engine(cfg, policy)
+    engine = build_rollout_engine(EngineSpec(), policy)
     before = torch.tensor(engine.log_probs_of(PROMPT, RESPONSE))
     _perturb_adapters(policy.model, seed=3)
     after = torch.tensor(engine.log_probs_of(PROMPT, RESPONSE))
@@ -146,8 +146,8 @@ def test_the_hf_engine_runs_the_adapter_of_the_shared_module() -> None:
 def test_an_engine_copy_receives_only_the_adapters_and_the_probe_sees_each_push() -> None:
     # The engine gets its own copy of the module, as under FSDP2 or another rollout.dtype.
     cfg, policy = _lora_policy()
-    copy = hf_engine_copy(cfg, policy.model, sharded=True)
-    engine = build_rollout_engine(cfg, policy, module=copy)
+    copy = hf_engine_copy(EngineSpec(), policy.model, sharded=True)
+    engine = build_rollout_engine(EngineSpec(), policy, module=copy)
     pushed: list[str] = []
     update = engine.update_weights
     engine.update_weights = lambda tensors: update([pushed.append(n) or (n, t) for n, t in tensors])

@@ -63,7 +63,8 @@ def test_max_failures_stops_the_batch_at_the_failure_that_exceeds_it(reward: tup
     spec, log = reward
     items = [RewardInput("s", f"HANG{k}", "1") for k in range(16)] + [RewardInput("s", "ok1", "1")]
     with RewardScorer(num_workers=0, timeout_s=1.0, custom_fn_spec=spec, max_failures=2) as scorer:
-        with pytest.raises(RewardScoringError, match=r"3 calls .* failed in this run, more than "
+        # Calls time out side by side, so several may fail at the same moment: at least 3, and the batch stops there.
+        with pytest.raises(RewardScoringError, match=r"([3-9]|1[0-5]) calls .* failed in this run, more than "
                                                      r"reward_model.max_failures=2 .*were not scored"):
             scorer.score(items)
     # The batch stopped once a third call failed: at most the pool's workers (1 + 8 spares) had started a hanging

@@ -47,7 +47,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 from dapo.infra.atomic import atomic_write
 
@@ -148,14 +151,16 @@ def datasheet_peak(device_name: str, dtype: str) -> PeakFlops | None:
     return None
 
 
-_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+_DTYPES = {"bf16": "bfloat16", "fp32": "float32"}  # torch is imported on use: the CLI lists GPUs without it
 
 
 def measure_matmul_flops(device: torch.device, dtype: str, *, size: int | None = None, repeats: int = 3) -> float:
     """The best FLOP/s of ``repeats`` square matmuls on ``device`` (deterministic inputs: the global RNG is untouched,
     so a probe never changes a seeded run)."""
+    import torch
+
     size = size or (4096 if device.type == "cuda" else 768)  # ~0.1 s on one CPU core: paid once per machine
-    a = torch.linspace(-1.0, 1.0, size * size, device=device).reshape(size, size).to(_DTYPES[dtype])
+    a = torch.linspace(-1.0, 1.0, size * size, device=device).reshape(size, size).to(getattr(torch, _DTYPES[dtype]))
     b = a.t().contiguous()
     best = float("inf")
     torch.matmul(a, b)  # warm-up: kernel selection, allocation
@@ -182,6 +187,8 @@ def _cpu_name() -> str:
 
 
 def device_name(device: torch.device) -> str:
+    import torch
+
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return _cpu_name()
@@ -195,6 +202,8 @@ def cache_file() -> Path:
 def peak_flops(device: torch.device, dtype: str, *, cache: Path | None = None) -> PeakFlops:
     """The peak of one ``device`` at ``dtype`` ("bf16" or "fp32"): the datasheet's, else a probe's, measured once per
     machine, device, dtype, torch version and thread count and cached in ``cache`` (default :func:`cache_file`)."""
+    import torch
+
     name = device_name(device)
     known = datasheet_peak(name, dtype) if device.type == "cuda" else None
     if known is not None:

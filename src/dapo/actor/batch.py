@@ -116,22 +116,16 @@ class TrainBatch:
                         f"TrainBatch.{name}[{i}] must be a float tensor of shape {tuple(resp.shape)} "
                         f"(its response length), got {got}"
                     )
-        if self.token_mask is not None:
-            if len(self.token_mask) != n:
-                raise ValueError(f"TrainBatch.token_mask has {len(self.token_mask)} entries for {n} samples")
-            for i, (m, resp) in enumerate(zip(self.token_mask, responses, strict=True)):
+        for name in ("token_mask", "action_mask"):  # per-token bool masks over the response
+            masks = getattr(self, name)
+            if masks is None:
+                continue
+            if len(masks) != n:
+                raise ValueError(f"TrainBatch.{name} has {len(masks)} entries for {n} samples")
+            for i, (m, resp) in enumerate(zip(masks, responses, strict=True)):
                 if not isinstance(m, Tensor) or m.shape != resp.shape or m.dtype != torch.bool:
                     got = f"{tuple(m.shape)} {m.dtype}" if isinstance(m, Tensor) else type(m).__name__
-                    raise ValueError(f"TrainBatch.token_mask[{i}] must be a bool tensor of shape "
-                                     f"{tuple(resp.shape)} (its response length), got {got}")
-
-        if self.action_mask is not None:
-            if len(self.action_mask) != n:
-                raise ValueError(f"TrainBatch.action_mask has {len(self.action_mask)} entries for {n} samples")
-            for i, (m, resp) in enumerate(zip(self.action_mask, responses, strict=True)):
-                if not isinstance(m, Tensor) or m.shape != resp.shape or m.dtype != torch.bool:
-                    got = f"{tuple(m.shape)} {m.dtype}" if isinstance(m, Tensor) else type(m).__name__
-                    raise ValueError(f"TrainBatch.action_mask[{i}] must be a bool tensor of shape {tuple(resp.shape)} "
+                    raise ValueError(f"TrainBatch.{name}[{i}] must be a bool tensor of shape {tuple(resp.shape)} "
                                      f"(its response length), got {got}")
 
     def __len__(self) -> int:

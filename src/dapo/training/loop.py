@@ -117,14 +117,7 @@ def train_one_step_off(run: Run) -> TrainResult:
                 with timer("step"):
                     batch, state.prefetched = state.prefetched[0], []
                     ahead = produce(step + 1) if step < run.total_steps else None  # the engine works meanwhile
-                    metrics.update(batch.metrics)
-                    metrics.update(staleness_metrics(batch, actor_version=step - 1))
-                    with timer("train"):
-                        if batch.groups:
-                            metrics.update(update_actor(batch.groups, policy, run.optimizer, run.scheduler, cfg,
-                                                        step, timer, world=run.world, off_policy=True))
-                        else:
-                            skipped_update(step, metrics)
+                    train_produced(run, batch, step, timer, metrics)
                     with timer("wait_rollout"):  # the trainer idles while the engine finishes step+1's batch
                         state.prefetched = [ahead.result()] if ahead is not None else []
                     if batch.groups:
@@ -207,14 +200,7 @@ def train_fully_async(run: Run) -> TrainResult:
                     if max(lags, default=0) > bound:  # cannot happen by construction; never train on it if it does
                         raise TrainingError(f"step {step}: a sample lags {max(lags)} weight versions behind the actor, "
                                             f"more than async_training.staleness_threshold={bound}")
-                    metrics.update(batch.metrics)
-                    metrics.update(staleness_metrics(batch, actor_version=step - 1))
-                    with timer("train"):
-                        if batch.groups:
-                            metrics.update(update_actor(batch.groups, policy, run.optimizer, run.scheduler, cfg,
-                                                        step, timer, world=run.world, off_policy=True))
-                        else:
-                            skipped_update(step, metrics)
+                    train_produced(run, batch, step, timer, metrics)
                     with timer("sync_weights"):
                         metrics.update(run.sync.push(step))
                     with arrived:
@@ -251,6 +237,19 @@ class _AsyncCheckpoint:
         if self.prefetched:
             state["prefetched"] = [batch.state_dict() for batch in self.prefetched]
         return state
+
+
+def train_produced(run: Run, batch: ProducedBatch, step: int, timer: PhaseTimer, metrics: dict[str, float]) -> None:
+    """Both asynchronous loops: step ``step`` trains on a batch the engine produced with older weights (the actor is
+    at version step-1), recording the batch's own metrics and its staleness."""
+    metrics.update(batch.metrics)
+    metrics.update(staleness_metrics(batch, actor_version=step - 1))
+    with timer("train"):
+        if batch.groups:
+            metrics.update(update_actor(batch.groups, run.policy, run.optimizer, run.scheduler, run.cfg, step, timer,
+                                        world=run.world, off_policy=True))
+        else:
+            skipped_update(step, metrics)
 
 
 def skipped_update(step: int, metrics: dict[str, float]) -> None:

@@ -688,14 +688,9 @@ def write_json(results: dict[str, Any], path: Path) -> None:
 
 def host_cpu() -> str:
     """The CPU's model name (recorded with every result: scripts/render_docs.py prints it beside the figures)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    from dapo.infra.perf import cpu_name
+
+    return cpu_name()
 
 
 def versions() -> dict[str, str]:

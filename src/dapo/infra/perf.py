@@ -175,7 +175,8 @@ def measure_matmul_flops(device: torch.device, dtype: str, *, size: int | None =
     return 2 * size**3 / max(best, 1e-12)
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The CPU's model name (the peak cache's key; benchmarks record it beside their figures)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
@@ -191,7 +192,7 @@ def device_name(device: torch.device) -> str:
 
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return _cpu_name()
+    return cpu_name()
 
 
 def cache_file() -> Path:

@@ -35,9 +35,9 @@ class ServeConfig:
         max_body_bytes: largest request body; larger ones get 413.
         body_timeout_s: a request body must arrive whole within this many seconds of the request reaching the
             replica (408 otherwise): a client that sends headers and part of a body cannot hold a slot for long.
-        max_unfinished_uploads: requests whose body is still arriving, at most; beyond it a request whose body is
-            not complete at once is refused (503), so stalled uploads can never take every one of the replica's
-            ``max_ongoing_requests`` slots (slow-loris).
+        max_unfinished_uploads: requests whose body is still arriving, at most; when one more arrives, the oldest
+            of them is answered 503 and dropped, so stalled uploads can never take every one of the replica's
+            ``max_ongoing_requests`` slots (slow-loris) and never crowd out a newer client.
         max_sequences_per_request: prompts x ``n`` of one request, at most (400 beyond).
         max_batch_rows: sequences decoded together at most (requests queue beyond it).
         max_batch_rows_per_request: sequences of one request in one engine call, at most (None = max_batch_rows // 4):

@@ -11,6 +11,7 @@ Nothing a client sends can crash it: every handler turns a bad request into a 4x
 with an OpenAI-style error body, and the next request is served as usual.
 """
 
+import collections
 import logging
 import os
 import time
@@ -82,7 +83,7 @@ class OpenAIServer:
         if cfg.model:
             self.names.add(cfg.model)
         self.vocab_size = len(tokenizer)
-        self.unfinished_uploads = 0
+        self.awaited_uploads: collections.deque = collections.deque()  # one future per body awaited, oldest first
 
     # ------------------------------------------------------------------------------------------------ routes
     async def health(self, request=None):
@@ -237,8 +238,13 @@ class OpenAIServer:
         return hit
 
     async def _read_body(self, request) -> bytes:
-        """The whole body, within ``body_timeout_s`` and ``max_body_bytes``; at most ``max_unfinished_uploads``
-        bodies are awaited at once (a request beyond that whose body is not already complete gets 503)."""
+        """The whole body, within ``body_timeout_s`` and ``max_body_bytes``.
+
+        At most ``max_unfinished_uploads`` bodies are awaited at once. When one more is needed the OLDEST awaited
+        upload is answered 503 and dropped (not the newcomer): a stalled upload can hold a slot only until
+        ``max_unfinished_uploads`` newer slow bodies arrive, and a well-behaved client whose body trails its headers by
+        a few milliseconds (a loaded machine, a separate TCP segment) is never refused because stallers got there
+        first (refusing the newcomer did exactly that in CI: 320 stalled uploads, a normal request answered 503)."""
         import asyncio
 
         limit = self.cfg.max_body_bytes
@@ -258,24 +264,33 @@ class OpenAIServer:
                 chunks.append(chunk)
 
         reading = asyncio.ensure_future(read_all())
-        # A well-behaved client's body is in the same packets as its headers: it is whole almost at once.
+        # A well-behaved client's body is in the same packets as its headers: it is whole almost at once, and such a
+        # request never takes an upload slot.
         done, _ = await asyncio.wait({reading}, timeout=0.05)
         if done:
             reading.result()
             return b"".join(chunks)
-        if self.unfinished_uploads >= self.cfg.max_unfinished_uploads:
-            reading.cancel()
-            raise APIError(503, f"the server is waiting for {self.unfinished_uploads} other request bodies; send the "
-                                "body with the headers, or retry", type_="server_error", code="too_many_uploads")
-        self.unfinished_uploads += 1
+        if len(self.awaited_uploads) >= self.cfg.max_unfinished_uploads:
+            self.awaited_uploads.popleft().set_result(None)
+        evicted = asyncio.get_running_loop().create_future()
+        self.awaited_uploads.append(evicted)
         try:
-            await asyncio.wait_for(reading, self.cfg.body_timeout_s)
-        except asyncio.TimeoutError:
-            raise APIError(408, f"the request body did not arrive within {self.cfg.body_timeout_s:g} s",
-                           code="request_timeout") from None
+            done, _ = await asyncio.wait({reading, evicted}, timeout=self.cfg.body_timeout_s,
+                                         return_when=asyncio.FIRST_COMPLETED)
         finally:
-            self.unfinished_uploads -= 1
-        return b"".join(chunks)
+            if evicted in self.awaited_uploads:
+                self.awaited_uploads.remove(evicted)
+            if not reading.done():
+                reading.cancel()
+        if reading in done:
+            reading.result()
+            return b"".join(chunks)
+        if evicted in done:
+            raise APIError(503, f"the server awaits at most {self.cfg.max_unfinished_uploads} request bodies at once "
+                                "and this one was the oldest still arriving; send the body with the headers, or retry",
+                           type_="server_error", code="too_many_uploads")
+        raise APIError(408, f"the request body did not arrive within {self.cfg.body_timeout_s:g} s",
+                       code="request_timeout")
 
     def _encode(self, req: GenerationRequest) -> list[list[int]]:
         if req.kind == "chat":

@@ -1,0 +1,79 @@
+"""The bound on request bodies still arriving (slow-loris), on the server's FastAPI app under uvicorn on loopback (no
+Ray) with real sockets: with the cap full of stalled uploads, a client whose body trails its headers is still answered,
+and the oldest stalled upload is the one dropped."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+uvicorn = pytest.importorskip("uvicorn", reason="uvicorn is not installed")
+
+from dapo.serve.config import ServeConfig  # noqa: E402
+from tests.serve.serve_helpers import free_port  # noqa: E402
+
+CAP = 3
+
+
+@pytest.fixture(scope="module")
+def port():
+    from dapo.serve.server import OpenAIServer, create_app
+
+    server = OpenAIServer(ServeConfig(device="cpu", max_unfinished_uploads=CAP, body_timeout_s=30))
+    port = free_port()
+    uv = uvicorn.Server(uvicorn.Config(create_app(server), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=uv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not uv.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    try:
+        yield port
+    finally:
+        uv.should_exit = True
+        thread.join(10)
+
+
+def _headers(length: int) -> bytes:
+    return (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {length}\r\nConnection: close\r\n\r\n").encode()
+
+
+def _status(sock: socket.socket) -> int:
+    return int(sock.recv(200).split(b"\r\n", 1)[0].split()[1])
+
+
+def _stall(port: int) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=20)
+    s.sendall(_headers(4000) + b'{"model": "tiny-qwen2", ')
+    time.sleep(0.15)  # past the server's at-once window: this upload now holds a slot
+    return s
+
+
+def test_a_late_body_is_answered_and_the_oldest_stalled_upload_is_dropped(port):
+    body = json.dumps({"model": "tiny-qwen2", "messages": [{"role": "user", "content": "1 + 1 ="}],
+                       "max_tokens": 2, "temperature": 0}).encode()
+    stalled = [_stall(port) for _ in range(CAP)]
+    try:
+        late = socket.create_connection(("127.0.0.1", port), timeout=20)
+        late.sendall(_headers(len(body)))
+        time.sleep(0.3)  # the body trails its headers, as from a loaded client: it needs a slot
+        # Taking the slot dropped the oldest stalled upload, at once (its body timeout is 30 s).
+        stalled[0].settimeout(5)
+        assert _status(stalled[0]) == 503
+        late.sendall(body)
+        assert _status(late) == 200
+        late.close()
+        # The younger stalled uploads still hold their slots: nothing has answered them.
+        for s in stalled[1:]:
+            s.settimeout(0.2)
+            with pytest.raises(socket.timeout):
+                s.recv(200)
+    finally:
+        for s in stalled:
+            s.close()

@@ -1,6 +1,11 @@
-"""One-step-off-policy training with the engine in a rollout worker process: the staleness bound holds on every
-sample, the actor recomputes pi_old for stale samples, the weights travel over the process group, and a run killed
-with SIGKILL resumes to exactly the uninterrupted run (the batch generated ahead is saved with the checkpoint)."""
+"""Asynchronous training with the engine in a rollout worker process: the staleness bound holds on every sample, the
+actor recomputes pi_old for stale samples, the weights travel over the process group, dynamic sampling (Eq. 11 and the
+refill buffer) runs on the stream of finished groups, and a one-step-off run killed with SIGKILL resumes to exactly
+the uninterrupted run (the batch generated ahead is saved with the checkpoint).
+
+Every run here writes its trained batches (``trainer.rollout_data_dir``), so what the update saw is read back sample
+by sample, not inferred from averages. Dynamic sampling is made to bite: 6 prompts per round for a batch of 4
+groups, at most 3 rounds, on a task where the untrained model gets many groups all wrong."""
 
 from __future__ import annotations
 
@@ -21,13 +26,22 @@ from dapo.infra.checkpoint import find_latest_checkpoint, is_complete_checkpoint
 from dapo.training.staleness import ProducedBatch, sample_lags, staleness_metrics
 from tests.cli.cli_helpers import FAST, run_dapo
 
+GEN_BATCH, MAX_ROUNDS, GROUPS, N = 6, 3, 4, 4  # data.gen_batch_size, max_num_gen_batches, train_batch_size, rollout.n
 ASYNC = [*FAST, "trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.test_freq=0",
          "trainer.val_before_train=false", "data.max_response_length=24", "async_training.mode=one_step_off",
-         "async_training.rollout_num_threads=1"]
+         "async_training.rollout_num_threads=1", f"data.gen_batch_size={GEN_BATCH}",
+         f"algorithm.filter_groups.max_num_gen_batches={MAX_ROUNDS}"]
+assert f"data.train_batch_size={GROUPS}" in FAST and f"rollout.n={N}" in FAST
 
 
 def _records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _batches(run_dir: Path) -> dict[int, list[dict]]:
+    """The trained batches the run wrote (trainer.rollout_data_dir = run_dir/batches), by step."""
+    return {int(p.stem): [json.loads(line) for line in p.read_text().splitlines()]
+            for p in (run_dir / "batches").glob("*.jsonl")}
 
 
 def _same(record: dict) -> dict:
@@ -39,7 +53,8 @@ def _same(record: dict) -> dict:
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("async")
-    result = run_dapo(["train", *ASYNC, "trainer.experiment_name=straight"], root, timeout=600)
+    result = run_dapo(["train", *ASYNC, "trainer.experiment_name=straight",
+                       f"trainer.rollout_data_dir={root / 'straight' / 'batches'}"], root, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     return root / "straight"
 
@@ -95,10 +110,17 @@ FULLY_ASYNC = [a for a in ASYNC if not a.startswith("async_training.mode")] + [
     "async_training.partial_rollout_chunk_tokens=4", "trainer.total_training_steps=5", "trainer.save_freq=0"]
 
 
-def test_fully_async_with_partial_rollouts_never_trains_a_sample_older_than_the_threshold(tmp_path: Path) -> None:
-    result = run_dapo(["train", *FULLY_ASYNC, "trainer.experiment_name=fully"], tmp_path, timeout=600)
+@pytest.fixture(scope="module")
+def fully(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("fully")
+    result = run_dapo(["train", *FULLY_ASYNC, "trainer.experiment_name=fully",
+                       f"trainer.rollout_data_dir={root / 'fully' / 'batches'}"], root, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    records = [r for r in _records(tmp_path / "fully") if r["step"] > 0]
+    return root / "fully"
+
+
+def test_fully_async_with_partial_rollouts_never_trains_a_sample_older_than_the_threshold(fully: Path) -> None:
+    records = [r for r in _records(fully) if r["step"] > 0]
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
     for r in records:
         lags = {int(k.rsplit("_", 1)[1]): v for k, v in r.items() if k.startswith("async/staleness/samples_lag_")}
@@ -106,6 +128,38 @@ def test_fully_async_with_partial_rollouts_never_trains_a_sample_older_than_the_
         assert r["async/staleness/max"] <= 1 and 0 <= r["async/partial_fraction"] <= 1
         assert r["actor/old_log_prob_recomputed"] == 1.0
     assert records[0]["async/staleness/max"] == 0
+    for step, lines in _batches(fully).items():  # sample by sample, from the batches as trained
+        for line in lines:
+            assert line["lag"] == step - 1 - min(line["weight_versions"]) <= 1, (step, line)
+            assert len(line["weight_versions"]) > 0 and max(line["weight_versions"]) <= step - 1
+
+
+@pytest.mark.parametrize("run", ["straight", "fully"])
+def test_dynamic_sampling_fills_every_async_batch_with_informative_groups_only(run: str,
+                                                                               request: pytest.FixtureRequest) -> None:
+    """Eq. 11 and the refill buffer run on the stream of finished groups in both asynchronous modes: every group
+    that trains has both right and wrong answers, every batch holds train_batch_size groups, and no batch took more
+    than max_num_gen_batches rounds; every generated group is accounted for (trained, dropped by Eq. 11, or surplus
+    discarded)."""
+    run_dir = request.getfixturevalue(run)
+    records = [r for r in _records(run_dir) if r["step"] > 0]
+    batches = _batches(run_dir)
+    assert sorted(batches) == [r["step"] for r in records]
+    dropped = 0
+    for r in records:
+        lines = batches[r["step"]]
+        groups: dict[int, list[bool]] = {}
+        for line in lines:
+            groups.setdefault(line["group"], []).append(line["acc"])
+        assert len(groups) == GROUPS and all(len(accs) == N for accs in groups.values()), r["step"]
+        assert all(0 < sum(accs) < N for accs in groups.values()), (r["step"], groups)  # Eq. 11 on every group
+        assert r["train/num_groups"] == GROUPS and r["train/partial_batch"] == 0
+        rounds = r["train/num_gen_batches"]
+        assert 1 <= rounds <= MAX_ROUNDS  # over-generation is bounded
+        dropped_now = r["train/num_all_correct_groups"] + r["train/num_all_wrong_groups"]
+        assert rounds * GEN_BATCH == GROUPS + dropped_now + r["train/num_discarded_surplus_groups"]
+        dropped += dropped_now
+    assert dropped > 0  # the filter had something to drop: the test is not vacuous
 
 
 def test_staleness_metrics_count_every_sample_and_token() -> None:

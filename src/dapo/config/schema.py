@@ -568,6 +568,10 @@ class TrainerConfig(_Section):
     project_name: str = "dapo"
     experiment_name: str = "tiny-synth"
     default_local_dir: str = Field("runs", description="run directories live at default_local_dir/experiment_name")
+    rollout_data_dir: str | None = Field(
+        None, description="write every step's training batch (after dynamic sampling) to <dir>/<step>.jsonl, one line "
+        "per sample: prompt, response, ground truth, score, accuracy, and under async_training the weight version of "
+        "each token and the sample's lag (None: not written)")
     seed: int = 42
     device: Literal["auto", "cpu", "cuda"] = "auto"
     num_threads: int | None = Field(None, gt=0, description="torch CPU threads (None = torch's default)")

@@ -71,6 +71,7 @@ def train_sync(run: Run) -> TrainResult:
                 groups, generated = generate_and_filter(run.engine, state, policy.tokenizer, cfg, step, timer,
                                                         run.scorer, run.world, on_round=run.perf.count_generated)
                 metrics.update(generated)
+                run.dump_batch(step, groups)
                 if groups:  # lines 10-12, then the new weights go to the engine
                     metrics.update(update_actor(groups, policy, run.optimizer, run.scheduler, cfg, step, timer,
                                                 engine_samples_from_actor=run.engine_samples_from_actor,
@@ -244,6 +245,7 @@ def train_produced(run: Run, batch: ProducedBatch, step: int, timer: PhaseTimer,
     at version step-1), recording the batch's own metrics and its staleness."""
     metrics.update(batch.metrics)
     metrics.update(staleness_metrics(batch, actor_version=step - 1))
+    run.dump_batch(step, batch.groups, batch)
     with timer("train"):
         if batch.groups:
             metrics.update(update_actor(batch.groups, run.policy, run.optimizer, run.scheduler, run.cfg, step, timer,

@@ -49,6 +49,8 @@ from dapo.training.dynamic_sampling_buffer import DynamicSamplingBuffer
 from dapo.training.errors import TrainingError
 from dapo.training.generation import derive_seed, engine_tensor_parallel, validate_across_ranks
 from dapo.training.perf_metrics import StepPerf
+from dapo.training.rollout_dump import dump_batch
+from dapo.training.staleness import ProducedBatch
 from dapo.training.tool_use import with_tool_rollout
 from dapo.training.run_state import (RunState, check_resume_config, checkpoint_format, find_resume_checkpoint,
                                     record_run_config, resume_run, save_run)
@@ -153,6 +155,12 @@ class Run:
 
     def timer(self, *phases: str) -> PhaseTimer:
         return PhaseTimer("gen", "reward", "old_log_prob", *phases, memory=self.memory)
+
+    def dump_batch(self, step: int, groups: list, produced: ProducedBatch | None = None) -> None:
+        """``trainer.rollout_data_dir``: the batch step ``step`` trains on, as lines of JSON (rank 0 writes it; every
+        rank holds the same groups)."""
+        if self.cfg.trainer.rollout_data_dir is not None and self.world.is_main:
+            dump_batch(self.cfg.trainer.rollout_data_dir, step, groups, self.policy.tokenizer, produced)
 
     def validate(self, step: int) -> dict[str, float]:
         t0 = time.perf_counter()

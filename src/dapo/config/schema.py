@@ -212,6 +212,10 @@ class RolloutConfig(_Section):
         description="vllm: share of device memory for weights + KV cache (on CPU: of host memory, see cpu_kvcache_space_gb)",
     )
     tensor_model_parallel_size: int = Field(1, gt=0, description="vllm: tensor-parallel ranks per engine")
+    n_gpus_per_node: int = Field(
+        0, ge=0, description="under torchrun with async_training: the last N ranks own the rollout engine and only "
+        "generate (disaggregated; verl's fully-async key), the others train; 0 = no rollout ranks. Built: 1 rollout "
+        "rank beside 1 trainer rank")
     enforce_eager: bool = Field(True, description="vllm: no CUDA graphs (faster start, slower decode on GPU)")
     free_cache_engine: bool = Field(
         False, description="vllm: sleep (free weights and KV cache) while the actor trains; GPU only"

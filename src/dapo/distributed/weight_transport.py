@@ -1,6 +1,7 @@
 """Weights from the trainer's process to a rollout worker's process over a torch.distributed process group.
 
-A group of two of its own (rank 0: the trainer, rank 1: the rollout worker), built from a TCP store on loopback, so
+A group of two of its own (rank 0: the trainer, rank 1: the rollout worker), built from a TCP store on loopback (or
+on the trainer's address when the worker is another torchrun rank, possibly on another machine), so
 that it never touches the trainer's default group (torchrun's data-parallel ranks): gloo on CPU, the same
 ``broadcast`` calls NCCL would run between GPUs. Weights never travel through files.
 
@@ -56,18 +57,20 @@ class WeightTransport:
     ``address``), ``connect(address)`` in the worker; both then block in the group's rendezvous until the other joins
     (``timeout_s``)."""
 
-    def __init__(self, store: dist.TCPStore, rank: int, timeout_s: float) -> None:
+    def __init__(self, store: dist.TCPStore, rank: int, timeout_s: float, host: str = "127.0.0.1") -> None:
         self.rank = rank
-        self.address = ("127.0.0.1", store.port)
+        self.address = (host, store.port)
         self._store = store
         self._timeout = datetime.timedelta(seconds=timeout_s)
         self._group: dist.ProcessGroupGloo | None = None
 
     @classmethod
-    def host(cls, timeout_s: float = 300.0) -> WeightTransport:
-        store = dist.TCPStore("127.0.0.1", 0, 2, True, timeout=datetime.timedelta(seconds=timeout_s),
+    def host(cls, timeout_s: float = 300.0, advertise: str = "127.0.0.1") -> WeightTransport:
+        """The trainer's side; ``advertise``: the address the worker connects to (loopback for a spawned worker, the
+        trainer's host for a rollout rank on another machine)."""
+        store = dist.TCPStore(advertise, 0, 2, True, timeout=datetime.timedelta(seconds=timeout_s),
                               wait_for_workers=False)
-        return cls(store, TRAINER_RANK, timeout_s)
+        return cls(store, TRAINER_RANK, timeout_s, advertise)
 
     @classmethod
     def connect(cls, address: tuple[str, int], timeout_s: float = 300.0) -> WeightTransport:

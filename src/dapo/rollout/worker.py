@@ -1,5 +1,7 @@
 """A rollout worker: a process of its own that owns one engine (HF or vLLM), takes prompts, returns finished
 requests, and receives weights from the trainer over a torch.distributed group (``dapo.distributed.weight_transport``).
+The process is spawned by the trainer (:meth:`RemoteEngine.start`, control over a pipe) or is a rollout rank of a
+torchrun job (:meth:`RemoteEngine.on_rank` and :func:`serve_on_rank`, control over TCP): the same worker either way.
 
 :class:`RemoteEngine` is the trainer's handle on it. It is a :class:`~dapo.rollout.base.RolloutEngine` (blocking
 ``generate``, ``update_weights``, ``log_probs_of`` for the weight-sync probe) and a
@@ -153,6 +155,36 @@ class _Worker:
 def _worker_main(spec: EngineSpec, model_cfg: Any, options: WorkerOptions, conn: Any,
                  address: tuple[str, int]) -> None:
     """The worker process: join the weight group, build the engine, then serve messages until ``close``."""
+    _serve(spec, model_cfg, options, conn, address)
+
+
+@dataclass(frozen=True)
+class RankContact:
+    """What a rollout rank needs to serve the trainer rank (``RemoteEngine.on_rank``): the engine and how it runs,
+    where the control connection listens (and its key), where the weight group meets. Small and picklable: the
+    trainer rank hands it over torchrun's own group, once."""
+
+    spec: EngineSpec
+    model_cfg: Any
+    options: WorkerOptions
+    control: tuple[str, int]
+    authkey: bytes
+    weights: tuple[str, int]
+
+
+def serve_on_rank(contact: RankContact) -> None:
+    """A torchrun rank given to the rollout (disaggregated training): connect to the trainer rank, then run the same
+    worker as a spawned process does, until the trainer closes it."""
+    from multiprocessing.connection import Client
+
+    conn = Client(contact.control, authkey=contact.authkey)
+    try:
+        _serve(contact.spec, contact.model_cfg, contact.options, conn, contact.weights)
+    finally:
+        conn.close()
+
+
+def _serve(spec: EngineSpec, model_cfg: Any, options: WorkerOptions, conn: Any, address: tuple[str, int]) -> None:
     from dapo.distributed.weight_transport import WeightTransport
     from dapo.model.loading import load_policy
     from dapo.rollout.factory import build_rollout_engine
@@ -197,6 +229,30 @@ class RemoteEngine:
         self._closed = False
         self._reader = threading.Thread(target=self._read, name="dapo-rollout-reader", daemon=True)
         self._reader.start()
+
+    @classmethod
+    def on_rank(cls, spec: EngineSpec, model_cfg: Any, options: WorkerOptions, host: str,
+                hand_over: Callable[[RankContact], Any]) -> RemoteEngine:
+        """The worker is another torchrun rank (disaggregated training): listen for its control connection and host
+        the weight group on ``host`` (an address the rollout rank reaches: torchrun's MASTER_ADDR), ``hand_over``
+        the contact to that rank (over torchrun's group), then wait until it has connected and built its engine."""
+        from multiprocessing.connection import Listener
+
+        from dapo.distributed.weight_transport import WeightTransport
+
+        transport = WeightTransport.host(advertise=host)
+        authkey = os.urandom(32)  # only the rank given the contact may drive this trainer's engine
+        with Listener((host, 0), authkey=authkey) as listener:
+            hand_over(RankContact(spec, model_cfg, options, listener.address, authkey, transport.address))
+            conn = listener.accept()
+        engine = cls(_PeerRank(conn), conn, transport)
+        try:
+            transport.group  # noqa: B018 - the rendezvous with the rollout rank
+            engine._reply("ready", timeout=START_TIMEOUT_S)
+        except BaseException:
+            engine.close()
+            raise
+        return engine
 
     @classmethod
     def start(cls, spec: EngineSpec, model_cfg: Any, options: WorkerOptions = WorkerOptions()) -> RemoteEngine:
@@ -364,3 +420,23 @@ class RemoteEngine:
         code = self._process.exitcode
         return RolloutWorkerError(f"the rollout worker process exited (exit code {code})"
                                   + (f": {exc}" if exc else ""))
+
+
+class _PeerRank:
+    """The process handle of a worker that is another torchrun rank: this process cannot wait for it or kill it
+    (torchrun owns it); it is alive while its connection is open, and a closed connection is how its end shows
+    (the reader thread reports it)."""
+
+    exitcode = None
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+
+    def is_alive(self) -> bool:
+        return not self._conn.closed
+
+    def join(self, timeout: float | None = None) -> None:
+        """Nothing to join: ``close`` sent the rank its ``close`` message, and torchrun reaps it."""
+
+    def kill(self) -> None:
+        """Not this process's to kill: a rank that does not stop is torchrun's to end."""

@@ -38,6 +38,7 @@ from dapo.distributed.world import World
 from dapo.infra.timing import PhaseTimer
 from dapo.training.actor_step import update_actor
 from dapo.training.generation import generate_and_filter
+from dapo.training.rank_split import is_rollout_rank, serve_rollout_rank
 from dapo.training.run import Run, TrainResult, build_run, pick_device, run_dir_of, total_steps_of
 from dapo.training.errors import TrainingError
 from dapo.training.staleness import ProducedBatch, sample_lags, staleness_metrics
@@ -49,7 +50,11 @@ log = logging.getLogger(__name__)
 
 
 def train(cfg: DapoConfig, world: World = World()) -> TrainResult:
-    """Build the run, then train it with the loop ``async_training.mode`` names."""
+    """Build the run, then train it with the loop ``async_training.mode`` names; a rollout rank of a disaggregated
+    torchrun job (``rollout.n_gpus_per_node``) serves the trainer rank's generations instead, and trains nothing."""
+    if is_rollout_rank(cfg, world):
+        serve_rollout_rank(world)
+        return TrainResult(run_dir_of(cfg), steps_done=0, wall_s=0.0, peak_rss_mb=0.0)
     run = build_run(cfg, world)
     loops = {"sync": train_sync, "one_step_off": train_one_step_off, "fully_async": train_fully_async}
     try:

@@ -49,6 +49,7 @@ from dapo.training.dynamic_sampling_buffer import DynamicSamplingBuffer
 from dapo.training.errors import TrainingError
 from dapo.training.generation import derive_seed, engine_tensor_parallel, validate_across_ranks
 from dapo.training.perf_metrics import StepPerf
+from dapo.training.rank_split import engine_on_rollout_rank, rollout_ranks, trainer_world
 from dapo.training.rollout_dump import dump_batch
 from dapo.training.staleness import ProducedBatch
 from dapo.training.tool_use import with_tool_rollout
@@ -118,16 +119,20 @@ def engine_spec_of(cfg: DapoConfig, world: World) -> EngineSpec:
     )
 
 
-def build_engine(cfg: DapoConfig, spec: EngineSpec, policy: Policy, module: torch.nn.Module | None) -> RolloutEngine:
-    """In this process (``async_training.mode=sync``), or in a rollout worker process of its own."""
+def build_engine(cfg: DapoConfig, spec: EngineSpec, policy: Policy, module: torch.nn.Module | None,
+                 job: World) -> RolloutEngine:
+    """In this process (``async_training.mode=sync``), in a rollout worker process of its own, or on a rollout rank
+    of the torchrun ``job`` (``rollout.n_gpus_per_node``)."""
     if cfg.async_training.mode == "sync":
         return build_rollout_engine(spec, policy, module=module)
     from dapo.rollout.worker import RemoteEngine, WorkerOptions
 
     at = cfg.async_training
-    return RemoteEngine.start(spec, cfg.model, WorkerOptions(
-        num_threads=at.rollout_num_threads,
-        partial_chunk_tokens=at.partial_rollout_chunk_tokens if at.partial_rollout else None))
+    options = WorkerOptions(num_threads=at.rollout_num_threads,
+                            partial_chunk_tokens=at.partial_rollout_chunk_tokens if at.partial_rollout else None)
+    if rollout_ranks(cfg, job):
+        return engine_on_rollout_rank(spec, cfg, options, job)
+    return RemoteEngine.start(spec, cfg.model, options)
 
 
 @dataclass
@@ -180,8 +185,10 @@ class Run:
             progress.note(f"resumed from {self.resume_from} (step {state.step})")
         if state.step >= self.total_steps:
             progress.note(f"nothing to do: the checkpoint is at step {state.step} of {self.total_steps}")
+        where_engine = (" on a rollout rank of its own" if cfg.rollout.n_gpus_per_node else
+                        " in a rollout worker process")
         progress.note(f"dapo: model {self.policy.source}; engine {cfg.rollout.name}"
-                      f"{'' if cfg.async_training.mode == 'sync' else ' in a rollout worker process'}; "
+                      f"{'' if cfg.async_training.mode == 'sync' else where_engine}; "
                       f"task {self.task.description}; {len(self.task.train)} train / {len(self.task.val)} val "
                       f"prompts; run dir {self.run_dir}")
         backends = tracker_backends(cfg) if self.world.is_main else ()  # a Tracker without backends records nothing
@@ -243,7 +250,9 @@ class Run:
 
 def build_run(cfg: DapoConfig, world: World = World()) -> Run:
     """Set the run up: seeds, data, model (sharded under fsdp2), optimizer, resume, engine, scorer, weight sync,
-    and the run's record on disk (module docstring)."""
+    and the run's record on disk (module docstring). ``world``: the torchrun job; with rollout ranks of its own
+    (``dapo.training.rank_split``) this trainer rank trains as one process."""
+    job, world = world, trainer_world(cfg, world)
     wall0 = time.perf_counter()
     memory = PeakMemory()  # per-phase peaks reset the kernel's high-water mark, so the run's peak is kept here
     if cfg.trainer.num_threads is not None:
@@ -254,7 +263,8 @@ def build_run(cfg: DapoConfig, world: World = World()) -> Run:
     check_engine_name(cfg.rollout.name)
     if cfg.async_training.mode != "sync" and world.distributed:
         raise TrainingError(f"async_training.mode={cfg.async_training.mode} runs in one trainer process with one "
-                            "rollout worker; under torchrun use async_training.mode=sync")
+                            "rollout worker; under torchrun use async_training.mode=sync, or give the rollout a rank "
+                            "of its own (torchrun --nproc-per-node 2 and rollout.n_gpus_per_node=1)")
     check_custom_reward(cfg)
     try:
         data_cfg = resolve_data_config(cfg.data)
@@ -291,7 +301,7 @@ def build_run(cfg: DapoConfig, world: World = World()) -> Run:
         resume_run(resume_from, state, policy, optimizer, scheduler)
     policy.model.train()
 
-    engine = build_engine(cfg, spec, policy, engine_module)
+    engine = build_engine(cfg, spec, policy, engine_module, job)
     engine = with_tool_rollout(engine, cfg, policy.tokenizer)  # rollout.multi_turn: the same engine, with a tool
     scorer = reward_scorer_of(cfg)
     writing = run_dir / "metrics.jsonl"

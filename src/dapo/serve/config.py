@@ -35,7 +35,10 @@ class ServeConfig:
         max_body_bytes: largest request body; larger ones get 413.
         body_timeout_s: a request body must arrive whole within this many seconds of the request reaching the
             replica (408 otherwise): a client that sends headers and part of a body cannot hold a slot for long.
-        max_unfinished_uploads: requests whose body is still arriving, at most; when one more arrives, the oldest
+        body_grace_s: a body that arrives whole within this many seconds of the request reaching the replica never
+            takes an upload slot (it cannot be dropped by ``max_unfinished_uploads``): under load, Ray Serve's proxy
+            can forward a well-behaved client's body hundreds of milliseconds after its headers.
+        max_unfinished_uploads: requests whose body is still arriving after ``body_grace_s``, at most; when one more arrives, the oldest
             of them is answered 503 and dropped, so stalled uploads can never take every one of the replica's
             ``max_ongoing_requests`` slots (slow-loris) and never crowd out a newer client.
         max_sequences_per_request: prompts x ``n`` of one request, at most (400 beyond).
@@ -67,6 +70,7 @@ class ServeConfig:
     max_n: int = 64
     max_body_bytes: int = 4 * 1024 * 1024
     body_timeout_s: float = 10.0
+    body_grace_s: float = 1.0
     max_unfinished_uploads: int = 64
     max_sequences_per_request: int = 256
     max_batch_rows: int = 256
@@ -91,6 +95,9 @@ class ServeConfig:
                 raise ServeConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.body_timeout_s > 0:
             raise ServeConfigError(f"body_timeout_s must be > 0, got {self.body_timeout_s}")
+        if not 0 <= self.body_grace_s < self.body_timeout_s:
+            raise ServeConfigError(f"body_grace_s must be >= 0 and below body_timeout_s ({self.body_timeout_s:g}), "
+                                   f"got {self.body_grace_s}")
         if self.max_unfinished_uploads >= self.max_ongoing_requests:
             raise ServeConfigError(f"max_unfinished_uploads ({self.max_unfinished_uploads}) must be below "
                                    f"max_ongoing_requests ({self.max_ongoing_requests}), or stalled uploads can take "

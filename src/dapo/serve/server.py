@@ -264,9 +264,11 @@ class OpenAIServer:
                 chunks.append(chunk)
 
         reading = asyncio.ensure_future(read_all())
-        # A well-behaved client's body is in the same packets as its headers: it is whole almost at once, and such a
-        # request never takes an upload slot.
-        done, _ = await asyncio.wait({reading}, timeout=0.05)
+        # A well-behaved client's body is whole within the grace (on a loaded machine Ray's proxy forwards it up to
+        # hundreds of ms after the headers: a 50 ms window let a persistent attacker's newer uploads evict it), and
+        # such a request never takes an upload slot. Uploads within their grace are bounded by the attacker's
+        # connection rate x the grace, far below max_ongoing_requests.
+        done, _ = await asyncio.wait({reading}, timeout=self.cfg.body_grace_s)
         if done:
             reading.result()
             return b"".join(chunks)
@@ -275,7 +277,7 @@ class OpenAIServer:
         evicted = asyncio.get_running_loop().create_future()
         self.awaited_uploads.append(evicted)
         try:
-            done, _ = await asyncio.wait({reading, evicted}, timeout=self.cfg.body_timeout_s,
+            done, _ = await asyncio.wait({reading, evicted}, timeout=self.cfg.body_timeout_s - self.cfg.body_grace_s,
                                          return_when=asyncio.FIRST_COMPLETED)
         finally:
             if evicted in self.awaited_uploads:

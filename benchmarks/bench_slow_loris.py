@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import httpx
-from bench_serve import free_port, percentile, start_target, stop_target, wait_ready
+from bench_serve import free_port, percentile, stop_target, wait_ready
 
 HEAD = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         b"Content-Length: 4000\r\n\r\n{\"model\": \"tiny-qwen2\", ")
@@ -139,7 +139,7 @@ def main() -> None:
         attacker.join(30)
     finally:
         stop_target(proc)
-    print(f"| phase | normal requests | failed | p50 | p90 | max |\n|---|---|---|---|---|---|")
+    print("| phase | normal requests | failed | p50 | p90 | max |\n|---|---|---|---|---|---|")
     for phase, r in results["phases"].items():
         print(f"| {phase} | {r['requests']} | {r['failed']} | {r['p50_s']:.3f} s | {r['p90_s']:.3f} s | "
               f"{r['max_s']:.3f} s |")

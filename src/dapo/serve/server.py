@@ -15,7 +15,6 @@ import collections
 import logging
 import os
 import time
-from typing import Any
 
 from dapo.rollout.base import SamplingParams
 from dapo.rollout.factory import default_engine_name

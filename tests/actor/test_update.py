@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from actor_helpers import actor_config, random_batch, tiny_qwen2
 from dapo.actor.batch import TrainBatch, pad_per_token
 from dapo.actor.log_probs import LAYOUTS, compute_log_probs_batch
+from dapo.actor.log_probs import uses_activation_checkpointing
 from dapo.actor.optim import build_lr_scheduler, build_optimizer
 from dapo.actor.update import (
     FirstPassRecord,
@@ -19,7 +20,6 @@ from dapo.actor.update import (
     accumulate_mini_batch_gradients,
     configure_model_for_training,
     update_policy,
-    uses_activation_checkpointing,
 )
 from dapo.config import ActorConfig, OptimConfig
 from dapo.core.kl import kl_penalty

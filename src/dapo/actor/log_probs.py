@@ -249,7 +249,6 @@ def share_prompt_sequences(
     sample_prompt = [row_of.setdefault(tuple(p.tolist()), len(row_of)) for p in prompt_ids]
     distinct = [torch.as_tensor(key, dtype=torch.long) for key in row_of]
     prompt_input_ids, prompt_mask, prompt_position_ids = left_pad(distinct)
-    width = prompt_input_ids.shape[1]
 
     lengths = [int(r.numel()) for r in response_ids]
     # Flat position of the hidden state predicting response token j of sample i (j >= 1): its chunk's offset plus

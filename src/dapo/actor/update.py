@@ -42,8 +42,7 @@ import torch
 from torch import Tensor, nn
 
 from dapo.actor.batch import TrainBatch, pad_per_token
-from dapo.actor.log_probs import (compute_log_probs_batch, compute_response_log_probs, resolve_layout,
-                                  uses_activation_checkpointing)
+from dapo.actor.log_probs import compute_log_probs_batch, compute_response_log_probs, resolve_layout
 from dapo.actor.micro_batching import padding_micro_batches, plan_micro_batches, warn_oversized
 from dapo.actor.precision import autocast_context
 from dapo.core.kl import kl_penalty

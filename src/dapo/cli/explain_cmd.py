@@ -136,7 +136,7 @@ def _num(x: float) -> str:
 
 def render(layout, cfg, origin: str, overrides, model_note: str) -> str:
     """The text `dapo explain` prints."""
-    lo, a, d, r = layout, cfg.actor, cfg.data, cfg.rollout
+    lo, a, r = layout, cfg.actor, cfg.rollout
     out: list[str] = []
     add = out.append
 

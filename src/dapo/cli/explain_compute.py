@@ -27,8 +27,8 @@ def compute_lines(layout, cfg, gpu: str, mfu: float) -> list[str]:
     actor_precision = cfg.actor.dtype
     rollout_precision = "bf16" if cfg.rollout.name == "vllm" else (
         actor_precision if cfg.rollout.dtype in ("auto",) else ("fp32" if cfg.rollout.dtype == "float32" else "bf16"))
-    out = ["", f"compute per step (model FLOPs: 2 N per token + causal attention, training = 3 x forward; "
-               f"docs/performance.md)"]
+    out = ["", "compute per step (model FLOPs: 2 N per token + causal attention, training = 3 x forward; "
+               "docs/performance.md)"]
 
     def row(label: str, value: str) -> None:
         out.append(f"  {label:<52} {value}")

@@ -61,13 +61,15 @@ def server():
             time.sleep(0.5)
         yield proc, url
     finally:
-        proc.send_signal(signal.SIGTERM)  # dapo serve stops its own Ray (ray.shutdown) ...
+        # dapo serve and its Ray processes (its own session). Its graceful stop (ray.shutdown) does not finish once
+        # Ray's own processes got the signal too (it was waited for 10 s to no avail): they are killed after 2 s.
+        os.killpg(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(30)
+            proc.wait(2)
         except subprocess.TimeoutExpired:
             pass
         try:
-            os.killpg(proc.pid, signal.SIGKILL)  # ... and nothing of its session outlives the module
+            os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         proc.wait(10)

@@ -31,14 +31,8 @@ def records_of(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("engine", ["hf", pytest.param("vllm", marks=pytest.mark.skipif(
-    not engine_available("vllm")[0], reason=engine_available("vllm")[1]))])
-def test_multi_turn_training_runs_and_the_mask_lines_up_log_probs(engine: str, tmp_path: Path) -> None:
-    proc = run_dapo(["train", "--config", PRESET, *SMALL, f"rollout.name={engine}", "trainer.experiment_name=t"],
-                    tmp_path, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    steps = [r for r in records_of(tmp_path / "t") if r["step"] >= 1]
+def _check_tool_run(run_dir: Path) -> None:
+    steps = [r for r in records_of(run_dir) if r["step"] >= 1]
     assert [r["step"] for r in steps] == [1]
     for r in steps:
         assert r["tool/calls_per_sample"] > 0.5 and r["tool/samples_with_call"] > 0.5, r
@@ -46,6 +40,26 @@ def test_multi_turn_training_runs_and_the_mask_lines_up_log_probs(engine: str, t
         if "rollout/log_prob_diff/mean" in r:
             assert r["rollout/log_prob_diff/mean"] < 1e-4, r
     assert any("rollout/log_prob_diff/mean" in r for r in steps)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not engine_available("vllm")[0], reason=engine_available("vllm")[1])
+def test_multi_turn_training_runs_and_the_mask_lines_up_log_probs_vllm_cli(tmp_path: Path) -> None:
+    """`dapo train --config <tools preset>` as a user runs it: a real process, the vLLM engine."""
+    proc = run_dapo(["train", "--config", PRESET, *SMALL, "rollout.name=vllm", "trainer.experiment_name=t"],
+                    tmp_path, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _check_tool_run(tmp_path / "t")
+
+
+@pytest.mark.slow
+def test_multi_turn_training_runs_and_the_mask_lines_up_log_probs_hf(tmp_path: Path) -> None:
+    """The same run on the Transformers engine, in this process (the preset, the CLI's path to train() and the tool
+    sandbox's processes are the same; the subprocess start-up is the vLLM test's)."""
+    cfg = load_config(PRESET, [*SMALL, "rollout.name=hf", f"trainer.default_local_dir={tmp_path}",
+                               "trainer.experiment_name=t", "trainer.progress=false"])
+    assert train(cfg).steps_done == 1
+    _check_tool_run(tmp_path / "t")
 
 
 class HostileSandbox(PythonSandbox):

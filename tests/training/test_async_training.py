@@ -1,7 +1,8 @@
 """Asynchronous training with the engine in a rollout worker process: the staleness bound holds on every sample, the
 actor recomputes pi_old for stale samples, the weights travel over the process group, dynamic sampling (Eq. 11 and the
-refill buffer) runs on the stream of finished groups, and a one-step-off run killed with SIGKILL resumes to exactly
-the uninterrupted run (the batch generated ahead is saved with the checkpoint).
+refill buffer) runs on the stream of finished groups, a one-step-off run resumed from its step-2 checkpoint ends as
+exactly the uninterrupted run (the batch generated ahead is saved with the checkpoint), and a fully-async run killed
+with SIGKILL loses no step.
 
 Every run here writes its trained batches (``trainer.rollout_data_dir``), so what the update saw is read back sample
 by sample, not inferred from averages. Dynamic sampling is made to bite: 6 prompts per round for a batch of 4
@@ -12,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -100,17 +102,32 @@ def _kill_after_checkpoint(args: list[str], run_dir: Path, step: int) -> None:
     assert find_latest_checkpoint(run_dir / "checkpoints").name == f"global_step_{step}"
 
 
-def test_a_run_killed_with_sigkill_resumes_to_the_uninterrupted_run(straight: Path, tmp_path: Path) -> None:
-    run_dir = tmp_path / "killed"
-    args = ["train", *ASYNC, "trainer.experiment_name=killed", f"trainer.default_local_dir={tmp_path}"]
-    _kill_after_checkpoint(args, run_dir, 2)  # mid generation of step 4's batch
+def test_a_run_resumed_from_its_step_2_checkpoint_ends_as_the_uninterrupted_run(straight: Path,
+                                                                                 tmp_path: Path) -> None:
+    """The run directory as a SIGKILL right after the step-2 checkpoint leaves it (the uninterrupted run's own
+    checkpoint, which holds the batch generated ahead, and its records up to step 2), resumed by the same command
+    from another root: bit-identical weights and records. The checkpoint is written whole or not at all, so this is
+    what a kill leaves on disk; a real SIGKILL of an async run's process group is the fully-async fixture's below."""
+    run_dir = tmp_path / "straight"
+    shutil.copytree(straight, run_dir, ignore=lambda d, names: ["global_step_4"] if d.endswith("checkpoints")
+                    else ["3.jsonl", "4.jsonl"] if d.endswith("batches") else [])
+    kept = [line for line in (straight / "metrics.jsonl").read_text().splitlines() if json.loads(line)["step"] <= 2]
+    (run_dir / "metrics.jsonl").write_text("".join(line + "\n" for line in kept))
+    checkpoint = run_dir / "checkpoints" / "global_step_2"
+    saved = json.loads((checkpoint / "trainer_state.json").read_text())
+    if (checkpoint / "trainer_state.pt").exists():
+        saved.update(torch.load(checkpoint / "trainer_state.pt", weights_only=True))
+    assert saved["step"] == 2 and len(saved.get("prefetched", [])) == 1  # step 3's batch, generated ahead
 
-    resumed = run_dapo(args[:-1], tmp_path, timeout=600)
+    resumed = run_dapo(["train", *ASYNC, "trainer.experiment_name=straight",
+                        f"trainer.rollout_data_dir={run_dir / 'batches'}"], tmp_path, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stdout
     a = load_file(straight / "checkpoints" / "global_step_4" / "hf" / "model.safetensors")
     b = load_file(run_dir / "checkpoints" / "global_step_4" / "hf" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
     assert [_same(r) for r in _records(run_dir)] == [_same(r) for r in _records(straight)]
+    assert _batches(run_dir) == _batches(straight)  # step 3: the saved batch, trained as it was generated
 
 
 FULLY_ASYNC = [a for a in ASYNC if not a.startswith(("async_training.mode", "trainer.save_freq"))] + [

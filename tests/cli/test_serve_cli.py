@@ -1,4 +1,4 @@
-"""`dapo serve` options (the running server is tested in tests/serve/test_ray_serve.py)."""
+"""`dapo serve` options (the running server is tested in tests/serve/test_serve_process.py)."""
 
 from __future__ import annotations
 

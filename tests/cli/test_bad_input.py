@@ -101,19 +101,20 @@ def test_non_finite_loss_or_weights_stop_cleanly(tmp_path, fast_args):
 
 
 def test_full_disk_at_checkpoint_time_keeps_the_previous_checkpoint(tmp_path, fast_args):
-    first = run_dapo_in_process(["train", *fast_args, "trainer.experiment_name=disk"], tmp_path)
+    first = run_dapo_in_process(["train", *fast_args, "trainer.experiment_name=disk", "trainer.total_training_steps=1"],
+                                tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     run_dir = tmp_path / "disk"
-    assert find_latest_checkpoint(run_dir / "checkpoints").name == "global_step_2"
+    assert find_latest_checkpoint(run_dir / "checkpoints").name == "global_step_1"
 
     def small_file_limit():  # a real write failure (EFBIG) in the child, like a full disk
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024, 256 * 1024))
 
-    proc = run_dapo(["train", *fast_args, "trainer.experiment_name=disk", "trainer.total_training_steps=3"],
+    proc = run_dapo(["train", *fast_args, "trainer.experiment_name=disk", "trainer.total_training_steps=2"],
                     tmp_path, preexec_fn=small_file_limit)
-    _clean_failure(proc, "global_step_2 is intact")
-    assert find_latest_checkpoint(run_dir / "checkpoints").name == "global_step_2"
+    _clean_failure(proc, "global_step_1 is intact")
+    assert find_latest_checkpoint(run_dir / "checkpoints").name == "global_step_1"
     assert not [p for p in (run_dir / "checkpoints").iterdir() if "tmp" in p.name]
 
 

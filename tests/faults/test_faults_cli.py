@@ -2,6 +2,11 @@
 start-up. Each fault ends in a clean message (no traceback) or a run that carries on, and nothing completed is lost.
 
 One base run (2 steps, a checkpoint after each) is trained once per module and copied for each scenario.
+
+A real ``dapo`` process runs the base run, the resume that must end bit-identical to it, and every scenario that needs
+the process itself (an rlimit or a dropped capability on the child); the other commands run in this process
+(``run_dapo_in_process``: the same click command, exit code, stderr and log lines, an escaped exception shows as a
+Traceback), sparing a ~10 s interpreter start-up each.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import pytest
 import yaml
 from safetensors.torch import load_file
 
-from tests.cli.cli_helpers import FAST, run_dapo
+from tests.cli.cli_helpers import FAST, run_dapo, run_dapo_in_process
 
 pytestmark = pytest.mark.slow
 
@@ -84,7 +89,7 @@ def test_every_checkpoint_unusable_refuses_to_start_over_and_keeps_the_record(ba
         _overwrite_header(run / "checkpoints" / f"global_step_{step}" / "hf" / "model.safetensors")
     config_before = (run / "config.yaml").read_bytes()
     metrics_before = (run / "metrics.jsonl").read_bytes()
-    proc = run_dapo(["train", *BASE, "trainer.experiment_name=run", "actor.optim.lr=0.5"], tmp_path)
+    proc = run_dapo_in_process(["train", *BASE, "trainer.experiment_name=run", "actor.optim.lr=0.5"], tmp_path)
     _clean_failure(proc, "every checkpoint under", "global_step_1", "global_step_2", "trainer.resume_mode=disable")
     assert (run / "config.yaml").read_bytes() == config_before  # the lr 0.5 of a failed start is not recorded
     assert (run / "metrics.jsonl").read_bytes() == metrics_before
@@ -94,13 +99,13 @@ def test_explicit_resume_path_that_fails_verification_names_the_file(base_run, t
     run = _copy(base_run, tmp_path)
     ckpt = run / "checkpoints" / "global_step_1"
     _overwrite_header(ckpt / "hf" / "model.safetensors")
-    proc = run_dapo(["train", *BASE, "trainer.experiment_name=run", f"trainer.resume_mode={ckpt}"], tmp_path)
+    proc = run_dapo_in_process(["train", *BASE, "trainer.experiment_name=run", f"trainer.resume_mode={ckpt}"], tmp_path)
     _clean_failure(proc, "cannot resume", "global_step_1", "hf/model.safetensors does not match its checksum")
 
 
 def test_rerun_of_a_finished_run_says_nothing_to_do(base_run, tmp_path) -> None:
     run = _copy(base_run, tmp_path)
-    proc = run_dapo(["train", *BASE, "trainer.experiment_name=run"], tmp_path)
+    proc = run_dapo_in_process(["train", *BASE, "trainer.experiment_name=run"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "nothing to do" in proc.stdout and "done:" not in proc.stdout
 
@@ -110,8 +115,8 @@ def test_failed_start_up_does_not_overwrite_the_run_config(base_run, tmp_path) -
     before = (run / "config.yaml").read_bytes()
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"data_source": "x"}\n')
-    proc = run_dapo(["train", *BASE, "trainer.experiment_name=run", "actor.optim.lr=0.5",
-                     f"data.train_files=[{bad}]"], tmp_path)
+    proc = run_dapo_in_process(["train", *BASE, "trainer.experiment_name=run", "actor.optim.lr=0.5",
+                                f"data.train_files=[{bad}]"], tmp_path)
     _clean_failure(proc, "bad.jsonl")
     assert (run / "config.yaml").read_bytes() == before
 
@@ -124,21 +129,22 @@ def test_a_resume_with_changes_that_fails_in_its_first_step_leaves_the_run_confi
     broken.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
                       "    raise RuntimeError('broken reward')\n")
     changed = ["trainer.resume_with_changes=true", "actor.optim.lr=0.5", "trainer.total_training_steps=3"]
-    proc = run_dapo(["train", *BASE, "trainer.experiment_name=run", *changed, f"custom_reward_function.path={broken}",
-                     "reward_model.timeout_s=5"], tmp_path)
+    proc = run_dapo_in_process(["train", *BASE, "trainer.experiment_name=run", *changed,
+                                f"custom_reward_function.path={broken}", "reward_model.timeout_s=5"], tmp_path)
     _clean_failure(proc, "broken reward")
     assert (run / "config.yaml").read_bytes() == before  # was rewritten with lr 0.5 before step 3 had run
     # Every checkpoint says what made it, so the next start compares with the checkpoint it resumes.
     made_2 = yaml.safe_load((run / "checkpoints" / "global_step_2" / "config.yaml").read_text())
     assert made_2["actor"]["optim"]["lr"] == lr
 
-    proc = run_dapo(["train", *BASE, "trainer.experiment_name=run", *changed], tmp_path)
+    proc = run_dapo_in_process(["train", *BASE, "trainer.experiment_name=run", *changed], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert yaml.safe_load((run / "config.yaml").read_text())["actor"]["optim"]["lr"] == 0.5
     made_3 = yaml.safe_load((run / "checkpoints" / "global_step_3" / "config.yaml").read_text())
     assert made_3["actor"]["optim"]["lr"] == 0.5
     # Resuming step 3 without the changes is now refused: the checkpoint was made with lr 0.5.
-    proc = run_dapo(["train", *BASE, "trainer.experiment_name=run", "trainer.total_training_steps=4"], tmp_path)
+    proc = run_dapo_in_process(["train", *BASE, "trainer.experiment_name=run",
+                                "trainer.total_training_steps=4"], tmp_path)
     _clean_failure(proc, "the checkpoint to resume", "actor.optim.lr: 0.5 -> ")
 
 
@@ -172,7 +178,8 @@ def test_metrics_write_failure_mid_run_is_one_message_and_leaves_whole_records(b
                      "trainer.save_freq=2", "trainer.logger=[jsonl]"], tmp_path, preexec_fn=small_files)
     _clean_failure(proc, f"appending the metrics of step 3 to {run / 'metrics.jsonl'} failed: file size limit")
     assert (run / "metrics.jsonl").read_bytes() == before  # the half-written record is cut off again
-    proc = run_dapo(["train", *BASE, "trainer.experiment_name=run", "trainer.total_training_steps=3"], tmp_path)
+    proc = run_dapo_in_process(["train", *BASE, "trainer.experiment_name=run",
+                                "trainer.total_training_steps=3"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3]
@@ -240,8 +247,8 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 def test_a_hang_an_exit_and_a_raise_are_bounded_counted_and_survived(tmp_path) -> None:
     fn = tmp_path / "once_each.py"
     fn.write_text(textwrap.dedent(ONCE_EACH))
-    proc = run_dapo(["train", *BASE, "trainer.save_freq=-1", f"custom_reward_function.path={fn}",
-                     "reward_model.num_workers=0", "reward_model.timeout_s=2"], tmp_path, timeout=300)
+    proc = run_dapo_in_process(["train", *BASE, "trainer.save_freq=-1", f"custom_reward_function.path={fn}",
+                                "reward_model.num_workers=0", "reward_model.timeout_s=2"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(line) for line in (tmp_path / "tiny-synth" / "metrics.jsonl").read_text().splitlines()]
     totals = {k: sum(r.get(k, 0) for r in records) for k in ("reward/timeouts", "reward/worker_crashes",
@@ -260,7 +267,7 @@ def test_a_reward_function_that_lies_or_always_dies_stops_the_run_with_its_name(
     fn = tmp_path / "liar.py"
     fn.write_text(f"def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    {body}\n")
     small = ["data.train_batch_size=2", "rollout.n=2"]  # 4 calls: an always-crashing function restarts 4 workers
-    proc = run_dapo(["train", *BASE, *small, f"custom_reward_function.path={fn}", "reward_model.timeout_s=5"],
-                    tmp_path)
+    proc = run_dapo_in_process(["train", *BASE, *small, f"custom_reward_function.path={fn}",
+                                "reward_model.timeout_s=5"], tmp_path)
     _clean_failure(proc, *needles)
     assert "all-correct" not in proc.stderr and "all-wrong" not in proc.stderr

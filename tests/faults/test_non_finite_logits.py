@@ -1,7 +1,8 @@
 """Non-finite logits stop generation with a message naming the phase and what to do, never an index error.
 
-Unit level on the sampler (every way a row can have no distribution), then through the real CLI with a model whose
-weights hold a NaN: the run stops at its first generation, cleanly.
+Unit level on the sampler (every way a row can have no distribution), then through the CLI with a model whose
+weights hold a NaN: the run stops at its first generation, cleanly. The CLI runs in this process (torch is loaded
+already; tests/faults/test_faults_cli.py keeps real ``dapo`` processes that fail mid-run).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from dapo.model.loading import EMBEDDED_MODEL_DIR
 from dapo.rollout.sampler import NonFiniteLogitsError, sample_next_tokens
-from tests.cli.cli_helpers import FAST, run_dapo
+from tests.cli.cli_helpers import FAST, run_dapo_in_process
 
 FINITE = [0.0, 1.0, 2.0, 3.0]
 
@@ -55,8 +56,8 @@ def test_nan_weights_stop_the_run_in_generation_without_a_traceback(tmp_path) ->
     weights[name] = torch.full_like(weights[name], math.nan)
     save_file(weights, model_dir / "model.safetensors", metadata={"format": "pt"})
     # The weight-sync probe would stop first (on a NaN log-prob gap); without it generation meets the NaN logits.
-    proc = run_dapo(["train", *FAST, f"model.path={model_dir}", "trainer.val_before_train=false",
-                     "rollout.weight_sync_probe=false"], tmp_path)
+    proc = run_dapo_in_process(["train", *FAST, f"model.path={model_dir}", "trainer.val_before_train=false",
+                                "rollout.weight_sync_probe=false"], tmp_path)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "phase generation: the policy produced non-finite next-token logits" in proc.stderr
     assert "out of bounds" not in proc.stderr

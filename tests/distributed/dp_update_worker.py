@@ -1,7 +1,9 @@
-"""Run under torchrun (or alone): one PPO update of a tiny Qwen2 on a fixed batch; rank 0 saves the parameters.
+"""Run under torchrun: PPO updates of a tiny Qwen2 on a fixed batch, one per case, all in one launch (one process
+group, a fresh model per case); rank 0 saves each case's parameters. The single-process reference calls
+:func:`update` in the test's own process.
 
-Usage: python dp_update_worker.py OUT.pt [replicated|fsdp2]   (environment: DP_LAYOUT, DP_CHECKPOINTING=1, DP_ZERO_GROUP,
-DP_LORA=1)
+Usage: python dp_update_worker.py OUT_DIR CASE [CASE ...]   where CASE is NAME:STRATEGY:LAYOUT:CHECKPOINTING:ZERO_GROUP:LORA
+(e.g. ``fsdp2:fsdp2:padded:1:0:0``; an empty ZERO_GROUP is none); rank 0 writes OUT_DIR/NAME.pt.
 """
 
 from __future__ import annotations
@@ -55,13 +57,11 @@ def tied_weights_load_back(world: World) -> bool:
     return bool(torch.equal(head, state["model.embed_tokens.weight"]))
 
 
-def main() -> None:
-    out = Path(sys.argv[1])
-    strategy = sys.argv[2] if len(sys.argv) > 2 else "replicated"
-    torch.set_num_threads(1)
-    world = World.from_env(backend="gloo")
+def update(world: World, strategy: str = "replicated", layout: str = "auto", checkpointing: bool = False,
+           zero_group: int | None = None, lora: bool = False) -> dict:
+    """One PPO update on ``world`` (a single-process World() or torchrun's ranks); what rank 0 saves."""
     model = tiny_qwen2(seed=3)
-    if os.environ.get("DP_LORA") == "1":  # rank-4 LoRA adapters (PEFT), replicated; B away from its zero start
+    if lora:  # rank-4 LoRA adapters (PEFT), replicated; B away from its zero start
         torch.manual_seed(4)
         model = apply_lora(model, ModelConfig(lora_rank=4, lora_alpha=8))
         with torch.no_grad():
@@ -70,35 +70,43 @@ def main() -> None:
                     p.normal_(0.0, 0.1)
     # 5 groups of 3 with lengths up to 12 tokens: uneven token counts, and an odd number of groups for 2 ranks.
     batch = random_batch(5, 3, seed=11, max_prompt=6, max_response=12, masked=(4,))
-    if os.environ.get("DP_ZERO_GROUP"):  # that group's samples are skipped: its rank runs fewer micro-batches
-        group = int(os.environ["DP_ZERO_GROUP"])
+    if zero_group is not None:  # that group's samples are skipped: its rank runs fewer micro-batches
         advantages = batch.advantages.clone()
-        advantages[3 * group: 3 * group + 3] = 0.0
+        advantages[3 * zero_group: 3 * zero_group + 3] = 0.0
         batch = dataclasses.replace(batch, advantages=advantages)
-    checkpointing = os.environ.get("DP_CHECKPOINTING") == "1"
     cfg = actor_config(ppo_mini_batch_size=5, ppo_epochs=2, ppo_max_token_len_per_gpu=24,
-                       layout=os.environ.get("DP_LAYOUT", "auto"),  # the micro-batch layout under test
+                       layout=layout,  # the micro-batch layout under test
                        gradient_checkpointing=checkpointing)
     batch = batch.with_old_log_probs([lp + 0.05 for lp in compute_log_probs_batch(model, batch, cfg, 1.0)])
     padding = []
     if strategy == "fsdp2":
         model = shard_actor(model, FsdpConfig(), world, gradient_checkpointing=checkpointing)
-        layout = resolve_layout(cfg.layout, model)
-        padding = world.all_gather_objects(sharded_share(batch, cfg, world, layout).num_padding)
+        padding = world.all_gather_objects(sharded_share(batch, cfg, world, resolve_layout(cfg.layout, model))
+                                           .num_padding)
     optimizer = build_optimizer(model, OptimConfig(lr=1e-2, lr_warmup_steps=0))
     scheduler = build_lr_scheduler(optimizer, OptimConfig(lr=1e-2, lr_warmup_steps=0))
     metrics = update_policy(model, optimizer, scheduler, batch, cfg, temperature=1.0, world=world)
     params = {n: p.detach().clone() for n, p in stream_full_parameters(model)}  # every rank gathers, in order
     adapters = {}
-    if os.environ.get("DP_LORA") == "1":  # compared under the base model's names (merged), and the adapters alone
+    if lora:  # compared under the base model's names (merged), and the adapters alone
         adapters = {n: p for n, p in params.items() if ".lora_" in n}
         params = {n: p.clone() for n, p in merged_named_parameters(model)}
     loads_back = strategy != "fsdp2" or (full_states_load_back(model, optimizer, world)
                                          and tied_weights_load_back(world))
-    if world.is_main:
-        torch.save({"params": params, "adapters": adapters, "metrics": metrics, "padding": padding,
-                    "loads_back": loads_back}, out)
-    world.barrier()
+    return {"params": params, "adapters": adapters, "metrics": metrics, "padding": padding, "loads_back": loads_back}
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    torch.set_num_threads(1)
+    world = World.from_env(backend="gloo")
+    for case in sys.argv[2:]:
+        name, strategy, layout, checkpointing, zero_group, lora = case.split(":")
+        result = update(world, strategy, layout, checkpointing == "1", int(zero_group) if zero_group else None,
+                        lora == "1")
+        if world.is_main:
+            torch.save(result, out / f"{name}.pt")
+        world.barrier()
     world.close()
 
 

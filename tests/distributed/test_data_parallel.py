@@ -1,5 +1,8 @@
 """Data parallelism: real processes under torchrun (gloo on CPU). An update on 2 ranks, each training on its share of
-whole groups, equals the single-process update on the same batch; the share plan is balanced and never splits a group."""
+whole groups, equals the single-process update on the same batch; the share plan is balanced and never splits a group.
+
+One torchrun launch runs every case's 2-rank update (a fresh model each, in one process group); each test computes
+its single-process reference here, in the test's own process, where torch is already imported."""
 
 from __future__ import annotations
 
@@ -27,55 +30,65 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_worker(out: Path, nproc: int, layout: str = "auto", strategy: str = "replicated",
-               checkpointing: bool = False, zero_group: int | None = None, lora: bool = False) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DP_LAYOUT": layout, "DP_CHECKPOINTING": str(int(checkpointing)),
-           "DP_LORA": str(int(lora)),
-           "DP_ZERO_GROUP": "" if zero_group is None else str(zero_group)}
-    if nproc == 1:
-        cmd = [sys.executable, str(WORKER), str(out)]
-    else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1",
-               f"--master-port={free_port()}", str(WORKER), str(out), strategy]
+# The cases of the 2-rank update, all run by one torchrun launch: NAME:STRATEGY:LAYOUT:CHECKPOINTING:ZERO_GROUP:LORA.
+CASES = ["packed:replicated:packed:0::0", "padded:replicated:padded:0::0",
+         # LoRA under torchrun with gradient checkpointing on: the adapters replicated on every rank, their gradients
+         # summed (the frozen base has none).
+         "lora:replicated:shared_prompt:1::1",
+         # FSDP2 with gradient checkpointing on. Group 0 has zero advantages, so its samples are skipped and the rank
+         # training it needs fewer micro-batches than the other (3 against 5): it pads with zero-weight passes.
+         "fsdp2:fsdp2:padded:1:0:0"]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The directory where one real 2-rank torchrun launch left every case's update (``NAME.pt``)."""
+    out = tmp_path_factory.mktemp("two_ranks")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
+           f"--master-port={free_port()}", str(WORKER), str(out), *CASES]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    return out
+
+
+def one_process(**case) -> dict:
+    """The same update in one process (this one, no process group), single-threaded as the ranks are."""
+    from tests.distributed.dp_update_worker import update
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return update(World(), **case)
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", ["packed", "padded"])
-def test_two_ranks_update_equals_one_process(tmp_path: Path, layout: str) -> None:
-    run_worker(tmp_path / "one.pt", 1, layout)
-    run_worker(tmp_path / "two.pt", 2, layout)
-    assert_same_update(tmp_path / "one.pt", tmp_path / "two.pt")
+def test_two_ranks_update_equals_one_process(two_ranks: Path, layout: str) -> None:
+    assert_same_update(one_process(layout=layout), two_ranks / f"{layout}.pt")
 
 
 @pytest.mark.slow
-def test_two_ranks_lora_update_equals_one_process(tmp_path: Path) -> None:
-    # LoRA under torchrun: the adapters replicated on every rank, their gradients summed (the frozen base has none).
-    run_worker(tmp_path / "one.pt", 1, "shared_prompt", lora=True)
-    run_worker(tmp_path / "two.pt", 2, "shared_prompt", lora=True, checkpointing=True)
-    two = assert_same_update(tmp_path / "one.pt", tmp_path / "two.pt")  # the merged weights
-    one = torch.load(tmp_path / "one.pt")
+def test_two_ranks_lora_update_equals_one_process(two_ranks: Path) -> None:
+    one = one_process(layout="shared_prompt", lora=True)
+    two = assert_same_update(one, two_ranks / "lora.pt")  # the merged weights
     assert one["adapters"].keys() == two["adapters"].keys() and any(".lora_B." in n for n in two["adapters"])
     for name, p in one["adapters"].items():
         torch.testing.assert_close(two["adapters"][name], p, rtol=0, atol=1e-5, msg=name)
 
 
 @pytest.mark.slow
-def test_two_fsdp2_ranks_update_equals_one_process(tmp_path: Path) -> None:
-    # FSDP2 with gradient checkpointing on. Group 0 has zero advantages, so its samples are skipped and the rank
-    # training it needs fewer micro-batches than the other (3 against 5): it pads with zero-weight passes.
-    run_worker(tmp_path / "one.pt", 1, "padded", zero_group=0)
-    run_worker(tmp_path / "two.pt", 2, "padded", strategy="fsdp2", checkpointing=True, zero_group=0)
-    two = assert_same_update(tmp_path / "one.pt", tmp_path / "two.pt")
+def test_two_fsdp2_ranks_update_equals_one_process(two_ranks: Path) -> None:
+    two = assert_same_update(one_process(layout="padded", zero_group=0), two_ranks / "fsdp2.pt")
     # A rank ran zero-weight micro-batches to match the other's count, and the update is still the same. A mean
     # instead of a sum over ranks would halve actor/grad_norm (compared in assert_same_update) and change clipping.
     assert sum(two["padding"]) > 0
     assert two["loads_back"]  # full model and optimizer states scatter into the shards and gather back unchanged
 
 
-def assert_same_update(one_file: Path, two_file: Path) -> dict:
-    one, two = torch.load(one_file), torch.load(two_file)
+def assert_same_update(one: dict, two_file: Path) -> dict:
+    two = torch.load(two_file)
     initial = {n: p.detach() for n, p in tiny_qwen2(seed=3).named_parameters()}
     moved = 0.0
     for name, p in one["params"].items():

@@ -1,7 +1,9 @@
 """A 2-rank `dapo train` (torchrun, gloo on CPU) killed with SIGKILL right after a checkpoint is complete, and run
 again, ends bit-identical to an uninterrupted 2-rank run: the final checkpoint's weights and optimizer state, and
-every metric of the steps after the resume but wall-clock timings. Killed two ways: torchrun and both ranks at once (the machine or the job dies),
-and one rank alone (torchrun then stops the other)."""
+every metric of the steps after the resume but wall-clock timings. Killed two ways, in one run: torchrun and both
+ranks at once (the machine or the job dies) after step 1's checkpoint, and, in the launch that resumes it, one rank
+alone (torchrun then stops the other, whose message names the dead rank) after step 2's; the third launch finishes
+it. A resume that is off after either kill leaves the end state different from the uninterrupted run's."""
 
 from __future__ import annotations
 
@@ -46,20 +48,19 @@ def kill_9(pids: list[int]) -> None:
             pass
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("victim", ["whole job", "rank 1"])
-def test_kill_9_after_a_checkpoint_then_resume_ends_bit_identical(uninterrupted, tmp_path: Path, victim: str) -> None:
-    run_dir = tmp_path / "run"
-    log = (tmp_path / "killed.log").open("w")
-    job = subprocess.Popen(torchrun_command([*ARGS, "trainer.experiment_name=run"], tmp_path), env=TORCHRUN_ENV,
+def killed_after(checkpoint: Path, victim: str, run_root: Path, log_path: Path) -> str:
+    """Start the 2-rank run (resuming whatever ``run_root`` holds), SIGKILL ``victim`` ("whole job": torchrun and
+    both ranks at once, the machine or the job dies; "rank 1": that rank alone, torchrun then stops the other) once
+    ``checkpoint`` is complete, and return the job's output."""
+    log = log_path.open("w")
+    job = subprocess.Popen(torchrun_command([*ARGS, "trainer.experiment_name=run"], run_root), env=TORCHRUN_ENV,
                            stdout=log, stderr=subprocess.STDOUT)
     workers: dict[int, int] = {}
     try:
-        first = run_dir / "checkpoints" / "global_step_1"
         deadline = time.monotonic() + 240
-        while not is_complete_checkpoint(first) and job.poll() is None and time.monotonic() < deadline:
+        while not is_complete_checkpoint(checkpoint) and job.poll() is None and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert job.poll() is None, "the run ended before it could be killed:\n" + (tmp_path / "killed.log").read_text()
+        assert job.poll() is None, "the run ended before it could be killed:\n" + log_path.read_text()
         workers = worker_pids(job.pid)
         assert sorted(workers) == [0, 1]
         # torchrun starts every worker in a session of its own, so killing torchrun's process group would leave
@@ -70,11 +71,41 @@ def test_kill_9_after_a_checkpoint_then_resume_ends_bit_identical(uninterrupted,
         kill_9([job.pid, *workers.values()])  # whatever is left of the job (nothing, when the test passes)
         log.close()
     assert job.returncode != 0
-    assert find_latest_checkpoint(run_dir / "checkpoints").name == "global_step_1"
+    return log_path.read_text()
 
-    resumed = torchrun([*ARGS, "trainer.experiment_name=run"], tmp_path)
+
+@pytest.fixture(scope="module")
+def killed_twice(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str, subprocess.CompletedProcess]:
+    """One run killed twice and resumed each time: the whole job after its step-1 checkpoint, then (resumed) rank 1
+    alone after its step-2 checkpoint, then resumed to its end. Its run directory and the three launches' output."""
+    root = tmp_path_factory.mktemp("killed")
+    run_dir = root / "run"
+    whole = killed_after(run_dir / "checkpoints" / "global_step_1", "whole job", root, root / "whole_job.log")
+    assert find_latest_checkpoint(run_dir / "checkpoints").name == "global_step_1"
+    rank_1 = killed_after(run_dir / "checkpoints" / "global_step_2", "rank 1", root, root / "rank_1.log")
+    assert find_latest_checkpoint(run_dir / "checkpoints").name == "global_step_2"
+    resumed = torchrun([*ARGS, "trainer.experiment_name=run"], root)
+    return run_dir, whole, rank_1, resumed
+
+
+@pytest.mark.slow
+def test_a_resumed_run_whose_rank_1_is_killed_is_named_by_the_survivor(killed_twice) -> None:
+    run_dir, _, rank_1, _ = killed_twice
+    # The launch resumed the whole-job kill's step-1 checkpoint ...
+    assert rank_1.count("resumed from") == 1 and "(step 1)" in rank_1, rank_1[-4000:]
+    # ... and rank 0, left in a collective with a dead peer (gloo: "Connection closed by peer") or stopped by
+    # torchrun's SIGTERM, names the rank that died and where a rerun resumes, without a traceback through the loop.
+    assert "rank 0: rank 1 of 2 died" in rank_1, rank_1[-4000:]
+    done = run_dir / "checkpoints" / "global_step_2"
+    assert f"Resume works: a rerun of the same command continues from {done}" in rank_1
+    assert "dapo/training/" not in rank_1
+
+
+@pytest.mark.slow
+def test_kill_9_after_a_checkpoint_then_resume_ends_bit_identical(uninterrupted, killed_twice) -> None:
+    run_dir, _, _, resumed = killed_twice
     assert resumed.returncode == 0, resumed.stderr[-4000:]
-    assert resumed.stdout.count("resumed from") == 1 and "(step 1)" in resumed.stdout
+    assert resumed.stdout.count("resumed from") == 1 and "(step 2)" in resumed.stdout
     weights, optimizer, metrics = end_state(run_dir, STEPS)
     assert same(weights, uninterrupted[0]), "final weights differ"
     assert same(optimizer, uninterrupted[1]), "final optimizer state differs"

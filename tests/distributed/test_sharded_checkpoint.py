@@ -1,17 +1,21 @@
-"""Sharded checkpoints (``actor.strategy=fsdp2``, ``trainer.checkpoint_format=auto``) under real torchrun ranks (gloo,
-CPU): every rank writes its own shards, a 2-rank run resumes at 2 ranks bit-exactly, and the same checkpoint continues
-in one process and in the replicated strategy (DCP reshards on load), and a one-process full checkpoint continues on
-2 fsdp2 ranks.
+"""Sharded checkpoints (``actor.strategy=fsdp2``, ``trainer.checkpoint_format=auto``) and checkpoints moving between
+world sizes and strategies, under real torchrun ranks (gloo, CPU): every rank writes its own shards, a 2-rank run
+resumes at 2 ranks bit-exactly, and the checkpoint continues through every other layout: one chain of resumes (one
+launch each) takes it from the 2 fsdp2 ranks to 2 replicated ranks, to one process, to 2 fsdp2 ranks again, to one
+process, and back to 2 replicated ranks, so every move (sharded -> replicated ranks, replicated ranks -> one
+process, one process -> fsdp2 ranks, fsdp2 ranks -> one process, one process -> replicated ranks) is one real launch.
 
-One uninterrupted 3-step 2-rank run (checkpoints at steps 2 and 3 kept) is the reference of the first two tests: a
-copy of its run directory without step 3 is a run interrupted after step 2, as a 2-step run would leave it (same weights,
-optimizer, RNG and sampler state; only its metrics would also hold a last-step validation).
+One uninterrupted 3-step fsdp2 2-rank run (checkpoints at steps 2 and 3 kept) is the reference of every test: a copy
+of its run directory without step 3 is a run interrupted after step 2, as a 2-step run would leave it (same weights,
+optimizer, RNG and sampler state; only its metrics would also hold a last-step validation). Its own records show
+rank 0 alone reporting and the weight-sync probe passing after every push from the shards.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -26,12 +30,17 @@ _NOT_STATE = ("timing_s/", "perf/", "memory/")
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The run directory of an uninterrupted 3-step fsdp2 run on 2 ranks."""
+def reference_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
+    """An uninterrupted 3-step fsdp2 run on 2 ranks: its run directory and its launch."""
     root = tmp_path_factory.mktemp("reference")
     proc = torchrun(FSDP2, root)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return root / "tiny-synth"
+    return root / "tiny-synth", proc
+
+
+@pytest.fixture(scope="module")
+def reference(reference_run) -> Path:
+    return reference_run[0]
 
 
 def _interrupted_after_step_2(reference: Path, root: Path) -> Path:
@@ -49,6 +58,21 @@ def _records(run_dir: Path) -> dict[int, dict]:
 def _weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
     return load_file(run_dir / "checkpoints" / f"global_step_{step}" / "hf" / "model.safetensors")
+
+
+@pytest.mark.slow
+def test_fsdp2_ranks_train_with_rank_0_reporting_and_every_push_reaching_the_engine(reference_run) -> None:
+    run_dir, proc = reference_run
+    assert step_lines(proc.stdout) == ["step 1/3", "step 2/3", "step 3/3"] and proc.stdout.count("done: 3 steps") == 1
+    assert metric_steps(run_dir) == [1, 2, 3]  # rank 0 alone writes the record
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        # The engine generates from its own copy: the probe ran after each push and passed (an unsynced copy would
+        # show the whole update), and pi_old was recomputed (the copy's log-probs are not the actor's own).
+        assert 0.0 <= record["rollout/probe_logprob_diff"] <= 1e-4
+        assert record["actor/num_optimizer_steps"] == 2.0 and record["actor/old_log_prob_recomputed"] == 1.0
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.is_dir()) == ["global_step_2",
+                                                                                          "global_step_3"]
 
 
 @pytest.mark.slow
@@ -80,8 +104,7 @@ def test_two_ranks_write_their_own_shards_and_resume_bit_exactly(reference: Path
 
 
 @pytest.mark.slow
-def test_the_two_rank_sharded_checkpoint_resumes_in_one_process_and_replicated(reference: Path,
-                                                                                tmp_path: Path) -> None:
+def test_the_two_rank_sharded_checkpoint_loads_whole_in_a_process_without_a_group(reference: Path) -> None:
     # In this process, without a process group: DCP's no_dist path assembles the shards of both ranks into a plain
     # model and AdamW, whose weights are then exactly the gathered hf/ export of the same step.
     from transformers import AutoModelForCausalLM
@@ -103,31 +126,51 @@ def test_the_two_rank_sharded_checkpoint_resumes_in_one_process_and_replicated(r
         assert slot["exp_avg"].shape == param.shape and slot["exp_avg"].abs().sum() > 0  # whole, trained moments
         assert float(slot["step"]) == 4.0  # 2 steps x 2 mini-batches
 
-    one = _interrupted_after_step_2(reference, tmp_path / "one")
-    proc = run_dapo(["train", *SMALL, "trainer.total_training_steps=3"], tmp_path / "one")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "(step 2)" in proc.stdout and step_lines(proc.stdout) == ["step 3/3"]
-    assert metric_steps(one) == [1, 2, 3]
-    assert (one / "checkpoints" / "global_step_3" / "optimizer.pt").is_file()  # one process writes the full format
 
-    two = _interrupted_after_step_2(reference, tmp_path / "two")
-    proc = torchrun([*SMALL, "trainer.total_training_steps=3", "actor.strategy=replicated"], tmp_path / "two")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "(step 2)" in proc.stdout and step_lines(proc.stdout) == ["step 3/3"]
-    assert metric_steps(two) == [1, 2, 3]
-    # Two replicas agree (save_run checks it) and sum the same gradients as one process over the same groups.
-    assert _weights(two, 3).keys() == _weights(one, 3).keys()
+def _resume(run_dir: Path, steps: int, how: str) -> dict:
+    """Continue the run in ``run_dir`` to step ``steps`` in one launch: ``how`` is "one process", or a strategy on
+    2 torchrun ranks. Checks the launch resumed the step before and ran this one step; returns its record."""
+    args = [*SMALL, f"trainer.total_training_steps={steps}"]
+    proc = (run_dapo(["train", *args], run_dir.parent) if how == "one process"
+            else torchrun([*args, f"actor.strategy={how}"], run_dir.parent))
+    assert proc.returncode == 0, (how, steps, proc.stderr[-4000:])
+    # Rank 0 alone prints and records: one resume note, one status line and one metrics record per step.
+    assert proc.stdout.count("resumed from") == 1 and f"(step {steps - 1})" in proc.stdout, (how, steps)
+    assert step_lines(proc.stdout) == [f"step {steps}/{steps}"], (how, steps)
+    assert proc.stdout.count(f"done: 1 steps (resumed at step {steps - 1}, now at step {steps})") == 1, (how, steps)
+    assert metric_steps(run_dir) == list(range(1, steps + 1)), (how, steps)
+    return json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+
+
+def _manifest(run_dir: Path, step: int) -> dict:
+    return json.loads((run_dir / "checkpoints" / f"global_step_{step}" / "manifest.json").read_text())
 
 
 @pytest.mark.slow
-def test_a_one_process_full_checkpoint_continues_on_two_fsdp2_ranks_which_then_write_shards(tmp_path: Path) -> None:
-    run_dir = tmp_path / "tiny-synth"
-    one = run_dapo(["train", *SMALL, "trainer.total_training_steps=1"], tmp_path)
-    assert one.returncode == 0, one.stderr[-4000:]
-    assert (run_dir / "checkpoints" / "global_step_1" / "optimizer.pt").is_file()  # one process: the full format
-
-    two = torchrun([*SMALL, "trainer.total_training_steps=2", "actor.strategy=fsdp2"], tmp_path)
-    assert two.returncode == 0, two.stderr[-4000:]
-    assert "(step 1)" in two.stdout and step_lines(two.stdout) == ["step 2/2"]
-    manifest = json.loads((run_dir / "checkpoints" / "global_step_2" / "manifest.json").read_text())
-    assert manifest["layout"] == "sharded" and manifest["world_size"] == 2
+def test_the_checkpoint_moves_between_world_sizes_and_strategies_in_every_direction(reference: Path,
+                                                                                    tmp_path: Path) -> None:
+    # Without trainer.resume_with_changes: the strategy and the world size are a layout, not hyper-parameters
+    # (resume.py lets them change). Each launch resumes the checkpoint the launch before it wrote.
+    run_dir = _interrupted_after_step_2(reference, tmp_path)
+    for step, how in [(3, "replicated"), (4, "one process"), (5, "fsdp2"), (6, "one process"), (7, "replicated")]:
+        record = _resume(run_dir, step, how)
+        manifest = _manifest(run_dir, step)
+        if how == "one process":
+            assert "timing_s/gather" not in record
+        else:
+            # Both ranks took both optimizer steps (batch 4 in mini-batches of 2), the groups really were generated
+            # in shares and gathered, and the step validated.
+            assert record["actor/num_optimizer_steps"] == 2.0 and record["timing_s/gather"] > 0
+            assert record["train/generated_tokens"] > 0 and "val/acc/mean@2" in record
+        # fsdp2: each of the 2 ranks wrote its shards; replicated and one process: the full format (two replicas
+        # agree, save_run checks it, and rank 0 writes one optimizer.pt).
+        if how == "fsdp2":
+            assert manifest["layout"] == "sharded" and manifest["world_size"] == 2
+        assert ("optimizer.pt" in manifest["files"]) == (how != "fsdp2")
+        assert (manifest.get("layout") == "sharded") == (how == "fsdp2")
+        if step == 6:
+            # Sharded (2 fsdp2 ranks, step 5) and full (one process, step 6) exports are the same format: the tied
+            # LM head is left out of the sharded run's weights too.
+            sharded, full = _weights(run_dir, 5), _weights(run_dir, 6)
+            assert sharded.keys() == full.keys() and "lm_head.weight" not in sharded
+    assert json.loads((run_dir / "checkpoints" / "global_step_7" / "trainer_state.json").read_text())["step"] == 7

@@ -1,6 +1,7 @@
-"""`dapo train` as real data-parallel processes under torchrun (gloo on CPU): the run finishes, rank 0 alone writes its
-record, a checkpoint moves between world sizes in both directions, two "nodes" meet through a c10d rendezvous, and a
-failure on one rank ends the job instead of hanging it."""
+"""`dapo train` as real data-parallel processes under torchrun (gloo on CPU): two "nodes" meet through a c10d
+rendezvous and train, and a failure on one rank ends the job instead of hanging it. Also the torchrun helpers of the
+other launches: a run whose rank 0 alone writes its record and whose checkpoints move between world sizes and
+strategies is in test_sharded_checkpoint.py; a rank that dies, named by the survivor, in test_kill_resume_torchrun.py."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 
 from dapo.distributed.data_parallel import gather_in_rank_order, generation_share
 from dapo.distributed.world import World
-from tests.cli.cli_helpers import FAST, run_dapo
+from tests.cli.cli_helpers import FAST
 from tests.distributed.test_data_parallel import free_port
 
 # Short responses (and an L_cache below them) and two validation prompts per rank keep each launch at a few seconds
@@ -68,36 +69,6 @@ def test_the_ranks_of_a_tensor_parallel_engine_share_one_slice() -> None:
 
 
 @pytest.mark.slow
-def test_two_ranks_train_and_checkpoints_move_between_world_sizes(tmp_path: Path) -> None:
-    run_dir = tmp_path / "tiny-synth"
-    one = run_dapo(["train", *SMALL, "trainer.total_training_steps=1"], tmp_path)
-    assert one.returncode == 0, one.stderr[-4000:]
-    assert metric_steps(run_dir) == [1]
-
-    two = torchrun([*SMALL, "trainer.total_training_steps=2"], tmp_path)  # 1 process's checkpoint, 2 ranks
-    assert two.returncode == 0, two.stderr[-4000:]
-    # Rank 0 alone prints and records: one resume note, one status line and one metrics record per step.
-    assert two.stdout.count("resumed from") == 1 and "(step 1)" in two.stdout
-    assert step_lines(two.stdout) == ["step 2/2"]
-    assert two.stdout.count("done: 1 steps (resumed at step 1, now at step 2)") == 1
-    assert metric_steps(run_dir) == [1, 2]
-    record = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
-    assert record["actor/num_optimizer_steps"] == 2.0  # batch 4 in mini-batches of 2: both ranks took both steps
-    assert record["timing_s/gather"] > 0  # the groups really were generated in shares and gathered
-    assert record["train/generated_tokens"] > 0 and "val/acc/mean@2" in record
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.is_dir()) == ["global_step_1",
-                                                                                          "global_step_2"]
-
-    again = run_dapo(["train", *SMALL, "trainer.total_training_steps=3"], tmp_path)  # 2 ranks' checkpoint, 1 process
-    assert again.returncode == 0, again.stderr[-4000:]
-    assert "(step 2)" in again.stdout and "resumed from" in again.stdout
-    assert step_lines(again.stdout) == ["step 3/3"]
-    assert metric_steps(run_dir) == [1, 2, 3]
-    assert "timing_s/gather" not in json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
-    assert json.loads((run_dir / "checkpoints" / "global_step_3" / "trainer_state.json").read_text())["step"] == 3
-
-
-@pytest.mark.slow
 def test_two_nodes_meet_through_c10d_and_train_together(tmp_path: Path) -> None:
     rdzv = ["--nnodes=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id=dapo-test"]
     cmds = [[sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=1", *rdzv, f"--node-rank={node}",
@@ -132,51 +103,3 @@ def test_a_failure_on_one_rank_ends_the_job(tmp_path: Path) -> None:
     assert "rank 1: " in proc.stderr and "beyond float32 range" in proc.stderr, proc.stderr[-4000:]
     assert time.monotonic() - t0 < 120  # torchrun stopped rank 0; no collective timeout was waited out
     assert not (tmp_path / "tiny-synth" / "checkpoints").exists()
-
-
-@pytest.mark.slow
-def test_a_rank_that_dies_is_named_by_the_survivor_with_where_the_rerun_resumes(tmp_path: Path) -> None:
-    # Rank 1's reward worker kills rank 1 (its parent) in step 2, once step 1's checkpoint exists: rank 0 is left in
-    # a collective with a dead peer, where gloo raises "Connection closed by peer".
-    done = tmp_path / "tiny-synth" / "checkpoints" / "global_step_1"
-    fn = tmp_path / "rank1_dies.py"
-    fn.write_text("import os, signal\n\ndef compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-                  f"    if os.environ.get('RANK') == '1' and os.path.isdir({str(done)!r}):\n"
-                  "        os.kill(os.getppid(), signal.SIGKILL)\n"
-                  "    return -1.0\n")
-    proc = torchrun([*SMALL, "trainer.total_training_steps=3", f"custom_reward_function.path={fn}",
-                     "reward_model.num_workers=0"], tmp_path, timeout=240)
-    assert proc.returncode != 0
-    assert "rank 0: rank 1 of 2 died" in proc.stderr, proc.stderr[-4000:]
-    assert f"Resume works: a rerun of the same command continues from {done}" in proc.stderr
-    assert "dapo/training/" not in proc.stderr  # no traceback through the training loop
-
-
-@pytest.mark.slow
-def test_fsdp2_ranks_train_and_their_checkpoint_resumes_in_one_replicated_process(tmp_path: Path) -> None:
-    run_dir = tmp_path / "tiny-synth"
-    two = torchrun([*SMALL, "trainer.total_training_steps=2", "actor.strategy=fsdp2"], tmp_path)
-    assert two.returncode == 0, two.stderr[-4000:]
-    assert step_lines(two.stdout) == ["step 1/2", "step 2/2"] and two.stdout.count("done: 2 steps") == 1
-    assert metric_steps(run_dir) == [1, 2]  # rank 0 alone writes the record
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        # The engine generates from its own copy: the probe ran after each push and passed (an unsynced copy would
-        # show the whole update), and pi_old was recomputed (the copy's log-probs are not the actor's own).
-        assert 0.0 <= record["rollout/probe_logprob_diff"] <= 1e-4
-        assert record["actor/num_optimizer_steps"] == 2.0 and record["actor/old_log_prob_recomputed"] == 1.0
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.is_dir()) == ["global_step_1",
-                                                                                          "global_step_2"]
-
-    # The sharded run's checkpoint (DCP shards under trainer.checkpoint_format=auto): one replicated process continues
-    # it, without trainer.resume_with_changes (the strategy is a layout, not a hyper-parameter: resume.py lets it
-    # change).
-    again = run_dapo(["train", *SMALL, "trainer.total_training_steps=3"], tmp_path)
-    assert again.returncode == 0, again.stderr[-4000:]
-    assert "(step 2)" in again.stdout and step_lines(again.stdout) == ["step 3/3"]
-    assert metric_steps(run_dir) == [1, 2, 3]
-    # The same export either way: the tied LM head is left out of the sharded run's weights too.
-    from safetensors.torch import load_file
-    sharded, replicated = (load_file(run_dir / "checkpoints" / f"global_step_{s}" / "hf" / "model.safetensors")
-                           for s in (2, 3))
-    assert sharded.keys() == replicated.keys() and "lm_head.weight" not in sharded

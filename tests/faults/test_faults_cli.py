@@ -104,7 +104,7 @@ def test_explicit_resume_path_that_fails_verification_names_the_file(base_run, t
 
 
 def test_rerun_of_a_finished_run_says_nothing_to_do(base_run, tmp_path) -> None:
-    run = _copy(base_run, tmp_path)
+    _copy(base_run, tmp_path)
     proc = run_dapo_in_process(["train", *BASE, "trainer.experiment_name=run"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "nothing to do" in proc.stdout and "done:" not in proc.stdout

@@ -9,7 +9,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import torch
 from infra_helpers import make_optimizer, tiny_qwen2, tiny_tokenizer, train_step
 
 from dapo.infra.checkpoint import (

@@ -3,7 +3,7 @@ and a forward hook that counts the rows each forward pass computes."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM

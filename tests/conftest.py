@@ -25,3 +25,37 @@ def _one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+# The files that start real processes (torchrun ranks, vLLM engines, `dapo train` runs, servers), slowest first, as
+# measured in CI (--durations; 2026-12-02). pytest-xdist hands whole files to its two workers as they free up, so
+# starting with the longest files keeps one long file from running alone at the end (longest-processing-time-first);
+# xdist's own reorder by test count (off in pyproject.toml) put these few-test files last, and the suite's last
+# minutes ran on one worker. A file missing here only runs later; nothing is skipped.
+SLOWEST_FILES_FIRST = (
+    "tests/distributed/test_sharded_checkpoint.py",
+    "tests/distributed/test_kill_resume_torchrun.py",
+    "tests/distributed/test_vllm_torchrun.py",
+    "tests/training/test_async_training.py",
+    "tests/cli/test_train_vllm_cli.py",
+    "tests/distributed/test_train_torchrun.py",
+    "tests/distributed/test_async_torchrun.py",
+    "tests/faults/test_faults_cli.py",
+    "tests/serve/test_serve_process.py",
+    "tests/cli/test_lora_cli.py",
+    "tests/faults/test_soak.py",
+    "tests/cli/test_train_tools_cli.py",
+    "tests/distributed/test_data_parallel.py",
+    "tests/cli/test_resume.py",
+    "tests/distributed/test_rank_invariance.py",
+    "tests/rollout/test_engine_contract.py",
+    "tests/cli/test_bad_input.py",
+    "tests/rollout/test_worker.py",
+    "tests/faults/test_fuzz.py",
+    "tests/cli/test_train_cli.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {path: i for i, path in enumerate(SLOWEST_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # stable: the rest keep order

@@ -16,7 +16,7 @@ uvicorn = pytest.importorskip("uvicorn", reason="uvicorn is not installed")
 import httpx  # noqa: E402
 
 from dapo.serve.config import ServeConfig  # noqa: E402
-from tests.serve.serve_helpers import free_port  # noqa: E402
+from tests.serve.serve_helpers import uvicorn_app  # noqa: E402
 
 CHUNK = 4
 LONG = {"model": "tiny-qwen2", "prompt": "The", "temperature": 0}
@@ -24,23 +24,11 @@ LONG = {"model": "tiny-qwen2", "prompt": "The", "temperature": 0}
 
 @pytest.fixture(scope="module")
 def served():
-    from dapo.serve.server import OpenAIServer, create_app
+    from dapo.serve.server import OpenAIServer
 
     server = OpenAIServer(ServeConfig(device="cpu", decode_chunk_tokens=CHUNK))
-    port = free_port()
-    uv = uvicorn.Server(uvicorn.Config(create_app(server), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=uv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not uv.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    try:
+    with uvicorn_app(server) as port:
         yield server, f"http://127.0.0.1:{port}/v1"
-    finally:
-        uv.should_exit = True
-        thread.join(30)
-        server.close()
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
 
 import pytest
@@ -14,7 +13,7 @@ import pytest
 uvicorn = pytest.importorskip("uvicorn", reason="uvicorn is not installed")
 
 from dapo.serve.config import ServeConfig  # noqa: E402
-from tests.serve.serve_helpers import free_port  # noqa: E402
+from tests.serve.serve_helpers import uvicorn_app  # noqa: E402
 
 CAP = 3
 GRACE_S = 1.0
@@ -22,23 +21,12 @@ GRACE_S = 1.0
 
 @pytest.fixture(scope="module")
 def port():
-    from dapo.serve.server import OpenAIServer, create_app
+    from dapo.serve.server import OpenAIServer
 
     server = OpenAIServer(ServeConfig(device="cpu", max_unfinished_uploads=CAP, body_timeout_s=30,
                                       body_grace_s=GRACE_S))
-    port = free_port()
-    uv = uvicorn.Server(uvicorn.Config(create_app(server), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=uv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not uv.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    try:
+    with uvicorn_app(server) as port:
         yield port
-    finally:
-        uv.should_exit = True
-        thread.join(10)
 
 
 def _headers(length: int) -> bytes:

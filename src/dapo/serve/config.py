@@ -32,15 +32,21 @@ class ServeConfig:
         max_tokens_limit: largest ``max_tokens`` accepted.
         default_max_tokens: ``max_tokens`` when a request gives none (bounded by what the prompt leaves).
         max_n: largest ``n``.
+        header_timeout_s: a request's headers must arrive whole within this many seconds of the connection opening
+            (or of its next request's first byte): 408 and the connection is closed (a connection that sent nothing
+            is closed without an answer). ``dapo serve``'s front door only.
+        keep_alive_timeout_s: an idle keep-alive connection is closed after this many seconds without a request.
+            ``dapo serve``'s front door only.
         max_body_bytes: largest request body; larger ones get 413.
-        body_timeout_s: a request body must arrive whole within this many seconds of the request reaching the
-            replica (408 otherwise): a client that sends headers and part of a body cannot hold a slot for long.
-        body_grace_s: a body that arrives whole within this many seconds of the request reaching the replica never
-            takes an upload slot (it cannot be dropped by ``max_unfinished_uploads``): under load, Ray Serve's proxy
-            can forward a well-behaved client's body hundreds of milliseconds after its headers.
-        max_unfinished_uploads: requests whose body is still arriving after ``body_grace_s``, at most; when one more arrives, the oldest
-            of them is answered 503 and dropped, so stalled uploads can never take every one of the replica's
-            ``max_ongoing_requests`` slots (slow-loris) and never crowd out a newer client.
+        body_timeout_s: a request body must arrive whole within this many seconds of its headers (408 otherwise): a
+            client that sends headers and part of a body cannot hold a slot for long.
+        body_grace_s: a body that arrives whole within this many seconds of its headers never takes an upload slot
+            (it cannot be dropped by ``max_unfinished_uploads``): a well-behaved client's body may trail its headers
+            (a separate TCP segment, a loaded machine; Ray Serve's proxy forwarded it hundreds of ms late).
+        max_unfinished_uploads: requests whose body is still arriving after ``body_grace_s``, at most (``dapo serve``:
+            in its front door; ``serve run``: per replica); when one more arrives, the oldest of them is answered 503
+            and dropped, so stalled uploads never crowd out a newer client (slow-loris), and under ``serve run`` never
+            take every one of the replica's ``max_ongoing_requests`` slots.
         max_sequences_per_request: prompts x ``n`` of one request, at most (400 beyond).
         max_batch_rows: sequences decoded together at most (requests queue beyond it).
         max_batch_rows_per_request: sequences of one request in one engine call, at most (None = max_batch_rows // 4):
@@ -68,6 +74,8 @@ class ServeConfig:
     max_tokens_limit: int = 32768
     default_max_tokens: int = 1024
     max_n: int = 64
+    header_timeout_s: float = 10.0
+    keep_alive_timeout_s: float = 15.0
     max_body_bytes: int = 4 * 1024 * 1024
     body_timeout_s: float = 10.0
     body_grace_s: float = 1.0
@@ -93,8 +101,9 @@ class ServeConfig:
                      "max_sequences_per_request"):
             if getattr(self, name) < 1:
                 raise ServeConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not self.body_timeout_s > 0:
-            raise ServeConfigError(f"body_timeout_s must be > 0, got {self.body_timeout_s}")
+        for name in ("header_timeout_s", "keep_alive_timeout_s", "body_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ServeConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         if not 0 <= self.body_grace_s < self.body_timeout_s:
             raise ServeConfigError(f"body_grace_s must be >= 0 and below body_timeout_s ({self.body_timeout_s:g}), "
                                    f"got {self.body_grace_s}")

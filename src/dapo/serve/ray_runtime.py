@@ -31,16 +31,11 @@ def keep_ray_on_loopback() -> None:
         constants.ENABLE_RAY_CLUSTER = False
 
 
-def check_port_free(host: str, port: int) -> None:
-    """Raise :class:`ServeStartError` when ``host:port`` cannot be bound (before Ray spends 30 s starting)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as e:
-            raise ServeStartError(f"cannot listen on {host}:{port}: {e.strerror or e} (another server on that port? "
-                                  "choose another with --port)") from None
+def free_loopback_port() -> int:
+    """A free port on 127.0.0.1, for Ray Serve's proxy behind ``dapo serve``'s front door."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def explain_ray_failure(exc: BaseException, address: str | None) -> str:

@@ -11,7 +11,6 @@ Nothing a client sends can crash it: every handler turns a bad request into a 4x
 with an OpenAI-style error body, and the next request is served as usual.
 """
 
-import collections
 import logging
 import os
 import time
@@ -32,6 +31,7 @@ from dapo.serve.protocol import (
     response_body,
     sse,
 )
+from dapo.serve.uploads import UploadSlots, read_body
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class OpenAIServer:
         if cfg.model:
             self.names.add(cfg.model)
         self.vocab_size = len(tokenizer)
-        self.awaited_uploads: collections.deque = collections.deque()  # one future per body awaited, oldest first
+        self.uploads = UploadSlots(cfg.max_unfinished_uploads)
 
     # ------------------------------------------------------------------------------------------------ routes
     async def health(self, request=None):
@@ -237,61 +237,9 @@ class OpenAIServer:
         return hit
 
     async def _read_body(self, request) -> bytes:
-        """The whole body, within ``body_timeout_s`` and ``max_body_bytes``.
-
-        At most ``max_unfinished_uploads`` bodies are awaited at once. When one more is needed the OLDEST awaited
-        upload is answered 503 and dropped (not the newcomer): a stalled upload can hold a slot only until
-        ``max_unfinished_uploads`` newer slow bodies arrive, and a well-behaved client whose body trails its headers by
-        a few milliseconds (a loaded machine, a separate TCP segment) is never refused because stallers got there
-        first (refusing the newcomer did exactly that in CI: 320 stalled uploads, a normal request answered 503)."""
-        import asyncio
-
-        limit = self.cfg.max_body_bytes
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > limit:
-            raise APIError(413, f"request body of {length} bytes is over the limit of {limit} bytes",
-                           code="request_too_large")
-        chunks: list[bytes] = []
-        stream = request.stream().__aiter__()
-
-        async def read_all() -> None:
-            size = 0
-            async for chunk in stream:
-                size += len(chunk)
-                if size > limit:
-                    raise APIError(413, f"request body is over the limit of {limit} bytes", code="request_too_large")
-                chunks.append(chunk)
-
-        reading = asyncio.ensure_future(read_all())
-        # A well-behaved client's body is whole within the grace (on a loaded machine Ray's proxy forwards it up to
-        # hundreds of ms after the headers: a 50 ms window let a persistent attacker's newer uploads evict it), and
-        # such a request never takes an upload slot. Uploads within their grace are bounded by the attacker's
-        # connection rate x the grace, far below max_ongoing_requests.
-        done, _ = await asyncio.wait({reading}, timeout=self.cfg.body_grace_s)
-        if done:
-            reading.result()
-            return b"".join(chunks)
-        if len(self.awaited_uploads) >= self.cfg.max_unfinished_uploads:
-            self.awaited_uploads.popleft().set_result(None)
-        evicted = asyncio.get_running_loop().create_future()
-        self.awaited_uploads.append(evicted)
-        try:
-            done, _ = await asyncio.wait({reading, evicted}, timeout=self.cfg.body_timeout_s - self.cfg.body_grace_s,
-                                         return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if evicted in self.awaited_uploads:
-                self.awaited_uploads.remove(evicted)
-            if not reading.done():
-                reading.cancel()
-        if reading in done:
-            reading.result()
-            return b"".join(chunks)
-        if evicted in done:
-            raise APIError(503, f"the server awaits at most {self.cfg.max_unfinished_uploads} request bodies at once "
-                                "and this one was the oldest still arriving; send the body with the headers, or retry",
-                           type_="server_error", code="too_many_uploads")
-        raise APIError(408, f"the request body did not arrive within {self.cfg.body_timeout_s:g} s",
-                       code="request_timeout")
+        """The whole body, within the bounds of :mod:`dapo.serve.uploads` (``serve run`` has no front door to hold
+        requests to them; behind ``dapo serve``'s front the body arrives whole and this never refuses)."""
+        return await read_body(request.stream(), request.headers.get("content-length"), self.cfg, self.uploads)
 
     def _encode(self, req: GenerationRequest) -> list[list[int]]:
         if req.kind == "chat":

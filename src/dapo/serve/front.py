@@ -148,7 +148,7 @@ class Front:
                 reused = True
         except h11.RemoteProtocolError as e:  # malformed request, headers over h11's 16 KiB, closed mid-request
             await self._refuse(reader, writer, APIError(e.error_status_hint, f"malformed HTTP request: {e}"))
-        except ConnectionError:
+        except (ConnectionError, asyncio.CancelledError):  # the client went away; the front is closing
             pass
         except Exception:  # never let one connection take the front down
             log.exception("front door: connection failed")
@@ -240,7 +240,8 @@ class Front:
         try:
             response = await self._client.send(upstream, stream=True)
         except httpx.HTTPError as e:
-            log.warning("front door: %s %s: Ray Serve's proxy did not answer: %r", request.method, request.target, e)
+            log.warning("front door: %s %s: Ray Serve's proxy did not answer: %r", request.method.decode(),
+                        request.target.decode(), e)
             writer.write(error_response(APIError(502, "the model server behind the front door did not answer "
                                                       f"({type(e).__name__}); retry", code="bad_gateway")))
             await writer.drain()
@@ -256,7 +257,7 @@ class Front:
             await writer.drain()
             return True
         except httpx.HTTPError as e:  # the upstream broke off mid-answer: the client sees the connection close early
-            log.warning("front door: %s %s: the answer broke off: %r", request.method, request.target, e)
+            log.warning("front door: %s %s: the answer broke off: %r", request.method.decode(), request.target.decode(), e)
             return False
         finally:
             await response.aclose()

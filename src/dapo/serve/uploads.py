@@ -65,28 +65,28 @@ async def read_body(chunks: AsyncIterator[bytes], length: str | None, cfg: Serve
             parts.append(chunk)
 
     reading = asyncio.ensure_future(read_all())
+    reading.add_done_callback(lambda t: t.cancelled() or t.exception())  # a failure after we stopped waiting: no warning
     # A well-behaved client's body is whole within the grace (on a loaded machine Ray's proxy forwarded it to the
     # replica up to hundreds of ms after the headers: a 50 ms window let a persistent attacker's newer uploads evict
     # it), and such a request never takes a slot. Uploads within their grace are bounded by the attacker's connection
     # rate x the grace.
+    evicted = None
     try:
         done, _ = await asyncio.wait({reading}, timeout=cfg.body_grace_s)
-        if done:
-            reading.result()
-            return b"".join(parts)
-        evicted = slots.take()
-        try:
-            done, _ = await asyncio.wait({reading, evicted}, timeout=cfg.body_timeout_s - cfg.body_grace_s,
-                                         return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            slots.release(evicted)
+        if not done:
+            evicted = slots.take()
+            await asyncio.wait({reading, evicted}, timeout=cfg.body_timeout_s - cfg.body_grace_s,
+                               return_when=asyncio.FIRST_COMPLETED)
     finally:
+        if evicted is not None:
+            slots.release(evicted)
         if not reading.done():
             reading.cancel()
-    if reading in done:
-        reading.result()
+            await asyncio.wait({reading})  # a stream refuses the next read until this one has ended
+    if not reading.cancelled():
+        reading.result()  # 413, or the connection broke
         return b"".join(parts)
-    if evicted in done:
+    if evicted is not None and evicted.done():
         raise APIError(503, f"the server awaits at most {slots.cap} request bodies at once and this one was the "
                             "oldest still arriving; send the body with the headers, or retry",
                        type_="server_error", code="too_many_uploads")

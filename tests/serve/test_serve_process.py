@@ -1,7 +1,8 @@
 """`dapo serve` as a user runs it: a real process on loopback (embedded tiny model, Ray Serve), driven by the official
 openai client and by `dapo eval --base-url`; its Ray services' sockets; a bounded concurrent load with malformed
-requests mixed in; and a bounded fault suite (slow-loris uploads, oversized fan-out, deep JSON, lone surrogates,
-disconnects) during which a normal request keeps being answered within a second. Loopback only.
+requests mixed in; and a bounded fault suite (slow-loris uploads and unfinished headers, which its front door holds;
+oversized fan-out, deep JSON, lone surrogates, disconnects) during which a normal request keeps being answered within
+a second. Loopback only.
 
 One server for the whole module (Ray Serve takes ~30-45 s to come up on 2 cores): the client-facing tests run first,
 the fault suite last (pytest keeps file order)."""
@@ -31,6 +32,7 @@ from tests.serve.serve_helpers import free_port  # noqa: E402
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 BODY_TIMEOUT_S = 3.0
+HEADER_TIMEOUT_S = 2.0
 UPLOAD_CAP = 64  # dapo serve's default: the concurrent load below sends 64 bodies at once, which must not be evicted
 MODEL = "tiny-qwen2"
 QUESTION = "Solve: Tom has 3 apples and buys 4 more. How many apples does he have?"
@@ -43,6 +45,7 @@ def server():
     proc = subprocess.Popen(
         [sys.executable, "-m", "dapo.cli.main", "serve", "--port", str(port), "--device", "cpu", "--num-threads", "1",
          "--max-sequences-per-request", "64", "--body-timeout", str(BODY_TIMEOUT_S),
+         "--header-timeout", str(HEADER_TIMEOUT_S),
          "--max-unfinished-uploads", str(UPLOAD_CAP)],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -225,9 +228,11 @@ def test_concurrent_load_with_malformed_requests(base_url):
 
 
 def _normal_request_latencies(url, seconds: float) -> list[float]:
+    """A normal client for ``seconds``: GET /v1/models then a 2-token chat, every 0.2 s; each pair's latency. The
+    client waits 30 s, so a slow answer is measured rather than raised."""
     latencies = []
     end = time.monotonic() + seconds
-    with httpx.Client(timeout=5) as http:
+    with httpx.Client(timeout=30) as http:
         while time.monotonic() < end:
             t0 = time.monotonic()
             r = http.get(f"{url}/v1/models")
@@ -241,9 +246,25 @@ def _normal_request_latencies(url, seconds: float) -> list[float]:
     return latencies
 
 
+def _answer_and_close(sock: socket.socket, wait_s: float) -> bytes:
+    """The status line the server answered ``sock`` with, once it has also closed it (b"still open: ..." if it did
+    not within ``wait_s``)."""
+    sock.settimeout(wait_s)
+    data = b""
+    try:
+        while chunk := sock.recv(4096):
+            data += chunk
+    except socket.timeout:
+        return b"still open: " + data[:80]
+    except OSError as e:
+        return repr(e).encode()
+    return data.split(b"\r\n", 1)[0]
+
+
 def test_slow_loris_uploads_do_not_stop_the_server(server):
-    """320 connections send headers and part of a body, then stall; a normal client keeps being answered within a
-    second; the stalled uploads are answered 503 (beyond the cap) or 408 (after the body timeout) and closed."""
+    """320 connections send headers and part of a body, then stall: dapo serve's front door holds them, and Ray's
+    proxy never sees them. A normal client keeps being answered within a second; the stalled uploads are answered
+    503 (beyond the cap) or 408 (after the body timeout) and closed."""
     _, url = server
     port = int(url.rsplit(":", 1)[1])
     head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
@@ -255,24 +276,36 @@ def test_slow_loris_uploads_do_not_stop_the_server(server):
             s = socket.create_connection(("127.0.0.1", port), timeout=5)
             s.sendall(head)
             stalled.append(s)
-        latencies = _normal_request_latencies(url, BODY_TIMEOUT_S + 1.5)
-        # A liveness bound, not a performance figure (the machine running the tests is shared): before the upload
-        # bounds no request was answered within 20 s. The first request shares the proxy with the 320 connections it
-        # is still dispatching; typical answers take 0.03-0.3 s (docs/serving.md).
-        latencies.sort()
-        assert len(latencies) >= 5 and latencies[len(latencies) // 2] < 1.0 and latencies[-1] < 5.0, latencies
-        answers = []
-        for s in stalled:
-            s.settimeout(BODY_TIMEOUT_S + 5)
-            try:
-                answers.append(s.recv(200).split(b"\r\n", 1)[0])
-            except OSError as e:
-                answers.append(repr(e).encode())
+        latencies = sorted(_normal_request_latencies(url, BODY_TIMEOUT_S + 1.5))
+        # The median is the requirement (typical answers take 0.03-0.3 s, docs/serving.md); the max is a liveness
+        # bound for a shared 2-core CI machine where another dapo serve may be starting (before the front door, the
+        # first request waited 2.5 s behind Ray's proxy dispatching the 320 connections, and in CI one timed out).
+        assert len(latencies) >= 5 and latencies[len(latencies) // 2] < 1.0 and latencies[-1] < 15.0, latencies
+        answers = [_answer_and_close(s, BODY_TIMEOUT_S + 10) for s in stalled]
         statuses = sorted({a.decode(errors="replace") for a in answers})
         assert all(b" 503 " in a or b" 408 " in a for a in answers), statuses
         assert sum(b" 408 " in a for a in answers) <= UPLOAD_CAP
     finally:
         for s in stalled:
+            s.close()
+
+
+def test_headers_that_never_finish_are_answered_408_and_closed(server):
+    """Ray's proxy has no header timeout (a request whose headers never finish kept its connection for good); the
+    front door answers it 408 and closes it, and a connection that sends nothing is closed."""
+    _, url = server
+    port = int(url.rsplit(":", 1)[1])
+    partial = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(50)]
+    silent = socket.create_connection(("127.0.0.1", port), timeout=5)
+    try:
+        for s in partial:
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: applica")
+        assert _chat(url).status_code == 200
+        answers = [_answer_and_close(s, HEADER_TIMEOUT_S + 15) for s in partial]
+        assert all(b" 408 " in a for a in answers), sorted(set(answers))
+        assert _answer_and_close(silent, 15) == b""
+    finally:
+        for s in [*partial, silent]:
             s.close()
 
 

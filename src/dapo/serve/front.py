@@ -131,6 +131,11 @@ class Front:
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         self._connections.add(task)
+        # asyncio turns Nagle off only for sockets made with proto=IPPROTO_TCP; with it on, a response's body waited
+        # for the client's delayed ACK of its headers (+40 ms per request).
+        sock = writer.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         conn = h11.Connection(h11.SERVER)
         try:
             reused = False

@@ -7,6 +7,8 @@ client (GET /v1/models then a 2-token chat request, one pair every 0.2 s; the la
   quiet       no attacker;
   burst       N connections open at once, each sending headers and part of a 4000-byte body, then stalling;
   persistent  the attacker keeps N stalled uploads open, opening a new one whenever the server closes one.
+plus quiet-direct: the quiet client straight to Ray Serve's proxy behind dapo serve's front door (its loopback port,
+from the start-up line), so that quiet-direct vs quiet is the front door's own cost.
 Reports p50/p90/max latency per phase, the statuses the stalled uploads were answered with, and failed normal
 requests (a failure counts; it is never retried). Prints a markdown table.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import re
 import socket
 import time
 from pathlib import Path
@@ -121,6 +124,9 @@ def main() -> None:
     try:
         wait_ready(proc, url, 240)
         normal_client(url, 1.0)  # warm-up: the first chat request builds the model's caches
+        behind = re.search(r"proxy behind it: (127\.0\.0\.1:\d+)", Path(proc.log_path).read_text(errors="replace"))
+        if behind:
+            results["phases"]["quiet-direct"] = summary(*normal_client(f"http://{behind.group(1)}", args.seconds))
         results["phases"]["quiet"] = summary(*normal_client(url, args.seconds))
         ctx = multiprocessing.get_context("spawn")
         persistent, stop, answers = ctx.Event(), ctx.Event(), ctx.Queue()

@@ -134,10 +134,10 @@ class Front:
         # asyncio turns Nagle off only for sockets made with proto=IPPROTO_TCP; with it on, a response's body waited
         # for the client's delayed ACK of its headers (+40 ms per request).
         sock = writer.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         conn = h11.Connection(h11.SERVER)
         try:
+            if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             reused = False
             while (request := await self._read_head(conn, reader, writer, reused)) is not None:
                 try:

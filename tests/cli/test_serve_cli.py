@@ -13,6 +13,8 @@ def test_serve_help_lists_the_published_options():
     for option in ("--host", "--port", "--backend", "--tensor-parallel-size", "--num-replicas"):
         assert option in r.output
     assert "127.0.0.1" in r.output
+    for option in ("--header-timeout", "--body-timeout", "--max-unfinished-uploads", "--keep-alive-timeout"):
+        assert option in r.output  # the front door's bounds
 
 
 def test_serve_rejects_a_bad_backend():

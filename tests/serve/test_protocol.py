@@ -87,6 +87,9 @@ def test_serve_run_arguments_are_parsed():
     assert cfg.tensor_parallel_size == 8 and cfg.num_replicas is None and cfg.model_name == "qwen"
     with pytest.raises(ServeConfigError):
         ServeConfig.from_args({"tensor-parallel-sise": "8"})
+    for bound in ("header_timeout_s", "keep_alive_timeout_s", "body_timeout_s"):
+        with pytest.raises(ServeConfigError, match=bound):
+            ServeConfig(**{bound: 0})
 
 
 def test_deployment_options_follow_the_published_layout():

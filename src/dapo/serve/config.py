@@ -57,8 +57,8 @@ class ServeConfig:
         batch_wait_ms: how long a batch waits for more requests to join once the engine is free.
         max_ongoing_requests: Ray Serve's per-replica bound on requests in flight (the published server: 256; here
             1024 by default, so that under ``serve run`` requests refused or timed out by the upload bounds are
-            refused inside the replica at once instead of queueing at the proxy ahead of well-behaved ones; decoding work is bounded by
-            ``max_batch_rows``, not by this).
+            refused inside the replica at once instead of queueing at the proxy ahead of well-behaved ones; decoding
+            work is bounded by ``max_batch_rows``, not by this).
         num_cpus: CPUs reserved by a replica; num_threads: torch threads in a replica (None = all cores).
         loopback_only: the local Ray runtime is loopback-only, so the replica binds its own gRPC port to 127.0.0.1
             too (False when joining a cluster with ``--ray-address``).

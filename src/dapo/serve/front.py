@@ -11,12 +11,16 @@ request take 2.4 s. Here a connection costs a parse of its headers, and nothing 
 * the response passed through chunk by chunk as it arrives (SSE stays incremental), and a client that goes away
   (end of file on its socket, or a failed write) closes the upstream request, which makes Ray cancel it in the replica.
 
+h11 rather than uvicorn: uvicorn has no header-read timeout either (its ``timeout_keep_alive`` runs only between
+requests), and the body bounds need the connection itself (answer and close before the body is read).
+
 Forwarding is HTTP to the proxy through an ``httpx.AsyncClient`` keep-alive pool, not a ``DeploymentHandle``: the
-ingress is a FastAPI app that Ray exposes only through its proxy (a handle call to it needs Ray's private ASGI-over-handle
-protocol, or a second copy of the routes as handle methods), and going through the proxy keeps its routing, load
-balancing across replicas and cancel-on-disconnect exactly as ``serve run`` has them. The pool makes the cost one
-loopback hop on a warm connection (docs/serving.md measures it). Errors the front makes itself carry the OpenAI error
-body (:class:`dapo.serve.protocol.APIError`) and close the connection: the rest of the request was not read.
+ingress is a FastAPI app that Ray exposes only through its proxy (a handle call to it needs Ray's private
+ASGI-over-handle protocol, or a second copy of the routes as handle methods), and going through the proxy keeps its
+routing, load balancing across replicas and cancel-on-disconnect exactly as ``serve run`` has them. The pool makes
+the cost one loopback hop on a warm connection (~5 ms; docs/serving.md). Errors the front makes itself carry the
+OpenAI error body (:class:`dapo.serve.protocol.APIError`) and close the connection: the rest of the request was not
+read. Not bounded: a client that never reads its answer holds its request until the answer ends.
 """
 
 from __future__ import annotations
@@ -262,7 +266,8 @@ class Front:
             await writer.drain()
             return True
         except httpx.HTTPError as e:  # the upstream broke off mid-answer: the client sees the connection close early
-            log.warning("front door: %s %s: the answer broke off: %r", request.method.decode(), request.target.decode(), e)
+            log.warning("front door: %s %s: the answer broke off: %r", request.method.decode(),
+                        request.target.decode(), e)
             return False
         finally:
             await response.aclose()

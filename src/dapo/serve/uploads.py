@@ -65,7 +65,7 @@ async def read_body(chunks: AsyncIterator[bytes], length: str | None, cfg: Serve
             parts.append(chunk)
 
     reading = asyncio.ensure_future(read_all())
-    reading.add_done_callback(lambda t: t.cancelled() or t.exception())  # a failure after we stopped waiting: no warning
+    reading.add_done_callback(lambda t: t.cancelled() or t.exception())  # a failure after we stopped waiting: quiet
     # A well-behaved client's body is whole within the grace (on a loaded machine Ray's proxy forwarded it to the
     # replica up to hundreds of ms after the headers: a 50 ms window let a persistent attacker's newer uploads evict
     # it), and such a request never takes a slot. Uploads within their grace are bounded by the attacker's connection

@@ -233,13 +233,13 @@ def test_concurrent_load_with_malformed_requests(base_url):
     assert httpx.get(base_url.removesuffix("/v1") + "/health").status_code == 200
 
 
-def _normal_request_latencies(url, seconds: float) -> list[float]:
-    """A normal client for ``seconds``: GET /v1/models then a 2-token chat, every 0.2 s; each pair's latency. The
-    client waits 30 s, so a slow answer is measured rather than raised."""
+def _normal_request_latencies(url, seconds: float, at_least: int = 1) -> list[float]:
+    """A normal client for ``seconds`` and ``at_least`` requests: GET /v1/models then a 2-token chat, every 0.2 s;
+    each pair's latency. The client waits 30 s, so a slow answer is measured rather than raised."""
     latencies = []
     end = time.monotonic() + seconds
     with httpx.Client(timeout=30) as http:
-        while time.monotonic() < end:
+        while time.monotonic() < end or len(latencies) < at_least:
             t0 = time.monotonic()
             r = http.get(f"{url}/v1/models")
             assert r.status_code == 200
@@ -282,11 +282,11 @@ def test_slow_loris_uploads_do_not_stop_the_server(server):
             s = socket.create_connection(("127.0.0.1", port), timeout=5)
             s.sendall(head)
             stalled.append(s)
-        latencies = sorted(_normal_request_latencies(url, BODY_TIMEOUT_S + 1.5))
+        latencies = sorted(_normal_request_latencies(url, BODY_TIMEOUT_S + 1.5, at_least=5))
         # The median is the requirement (typical answers take 0.03-0.3 s, docs/serving.md); the max is a liveness
         # bound for a shared 2-core CI machine where another dapo serve may be starting (before the front door, the
         # first request waited 2.5 s behind Ray's proxy dispatching the 320 connections, and in CI one timed out).
-        assert len(latencies) >= 5 and latencies[len(latencies) // 2] < 1.0 and latencies[-1] < 15.0, latencies
+        assert latencies[len(latencies) // 2] < 1.0 and latencies[-1] < 15.0, latencies
         answers = [_answer_and_close(s, BODY_TIMEOUT_S + 10) for s in stalled]
         statuses = sorted({a.decode(errors="replace") for a in answers})
         assert all(b" 503 " in a or b" 408 " in a for a in answers), statuses

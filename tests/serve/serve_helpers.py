@@ -8,11 +8,17 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from dapo.serve.ray_runtime import free_loopback_port as free_port  # noqa: F401 (the serving tests import it here)
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+
+def sends_nothing(sock: socket.socket, wait_s: float = 0.2) -> bool:
+    """True when the server sends nothing on ``sock`` (no answer, no close) within ``wait_s``."""
+    sock.settimeout(wait_s)
+    try:
+        sock.recv(200)
+    except socket.timeout:
+        return True
+    return False
 
 
 @contextmanager

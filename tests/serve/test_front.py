@@ -18,7 +18,7 @@ pytest.importorskip("h11")
 pytest.importorskip("uvicorn", reason="uvicorn is not installed")
 
 from dapo.serve.config import ServeConfig  # noqa: E402
-from tests.serve.serve_helpers import asgi_server, free_port, front_door  # noqa: E402
+from tests.serve.serve_helpers import asgi_server, free_port, front_door, sends_nothing  # noqa: E402
 
 LIVENESS_S = 10.0  # how long any expected event may take on a loaded machine; none takes more than ~1 s on an idle one
 GATE_OPENS_BY_ITSELF_S = 20.0  # so that a broken front fails its test instead of hanging it
@@ -140,15 +140,6 @@ def _closed(sock: socket.socket) -> bool:
     return True
 
 
-def _silent(sock: socket.socket) -> bool:
-    sock.settimeout(0.2)
-    try:
-        sock.recv(200)
-    except socket.timeout:
-        return True
-    return False
-
-
 def _error(status_and_body) -> tuple[int, str]:
     status, _, body = status_and_body
     return status, json.loads(body)["error"]["code"]
@@ -201,7 +192,7 @@ def test_one_upload_too_many_drops_the_oldest_with_503_and_the_newcomer_is_answe
             late.sendall(_post("/v1/chat/completions", b"", length=len(body)))
             assert _error(_response(stalled[0])) == (503, "too_many_uploads")  # long before its 30 s body timeout
             assert _closed(stalled[0])
-            assert _silent(stalled[1])  # the younger stalled upload keeps its slot
+            assert sends_nothing(stalled[1])  # the younger stalled upload keeps its slot
             late.sendall(body)
             status, _, echoed = _response(late)
             assert status == 200 and upstream.bodies == [body]

@@ -13,7 +13,7 @@ import pytest
 uvicorn = pytest.importorskip("uvicorn", reason="uvicorn is not installed")
 
 from dapo.serve.config import ServeConfig  # noqa: E402
-from tests.serve.serve_helpers import uvicorn_app  # noqa: E402
+from tests.serve.serve_helpers import sends_nothing, uvicorn_app  # noqa: E402
 
 CAP = 3
 GRACE_S = 1.0
@@ -44,15 +44,6 @@ def _stall(port: int) -> socket.socket:
     return s
 
 
-def _silent(sock: socket.socket) -> bool:
-    sock.settimeout(0.2)
-    try:
-        sock.recv(200)
-    except socket.timeout:
-        return True
-    return False
-
-
 def test_a_late_body_is_answered_and_the_oldest_stalled_upload_is_dropped(port):
     body = json.dumps({"model": "tiny-qwen2", "messages": [{"role": "user", "content": "1 + 1 ="}],
                        "max_tokens": 2, "temperature": 0}).encode()
@@ -67,7 +58,7 @@ def test_a_late_body_is_answered_and_the_oldest_stalled_upload_is_dropped(port):
         within.sendall(body)
         assert _status(within) == 200
         within.close()
-        assert all(_silent(s) for s in stalled)
+        assert all(sends_nothing(s) for s in stalled)
         # A body past the grace needs a slot: the oldest stalled upload is dropped at once (its body timeout is
         # 30 s), and the late client is answered.
         late = socket.create_connection(("127.0.0.1", port), timeout=20)
@@ -78,7 +69,7 @@ def test_a_late_body_is_answered_and_the_oldest_stalled_upload_is_dropped(port):
         late.sendall(body)
         assert _status(late) == 200
         late.close()
-        assert all(_silent(s) for s in stalled[1:])  # the younger stalled uploads still hold their slots
+        assert all(sends_nothing(s) for s in stalled[1:])  # the younger stalled uploads still hold their slots
     finally:
         for s in stalled:
             s.close()

@@ -13,7 +13,7 @@ import pytest
 from safetensors.torch import load_file
 
 from dapo.rollout.factory import engine_available
-from tests.cli.cli_helpers import FAST, run_dapo
+from tests.cli.cli_helpers import FAST, run_dapo, run_dapo_in_process
 
 ok, reason = engine_available("vllm")
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not ok, reason=reason)]
@@ -51,9 +51,11 @@ def test_vllm_engine_trains_and_follows_every_weight_push(whole_run) -> None:
 def test_an_engine_off_the_actor_stops_the_run_with_a_clear_message(tmp_path) -> None:
     # A threshold below vLLM's fp32 kernel noise (~1e-6) makes the engine look off the actor at the run's first push
     # (same weights on both sides): the run must stop there with the message, not a traceback, and name the key that
-    # sets it. (A push that does not arrive later in the run is tests/training/test_weight_sync.py's.)
-    proc = run_dapo(["train", *VLLM, "rollout.probe_logprob_threshold=1e-12", "trainer.experiment_name=stale"],
-                    tmp_path, timeout=600)
+    # sets it. (A push that does not arrive later in the run is tests/training/test_weight_sync.py's.) The run ends
+    # before its first step, so it runs in this process (no ~10 s of interpreter start-up): the same CLI command, the
+    # same in-process vLLM engine, closed by the run on the way out; the real process of this path is whole_run's.
+    proc = run_dapo_in_process(["train", *VLLM, "rollout.probe_logprob_threshold=1e-12",
+                                "trainer.experiment_name=stale"], tmp_path)
     assert proc.returncode != 0
     assert "step 0: right after loading the actor's weights" in proc.stderr
     assert "rollout.probe_logprob_threshold=1e-12" in proc.stderr

@@ -4,7 +4,15 @@ tensor-parallel one, built inside the trainer's process group, and the run's col
 With ``rollout.tensor_model_parallel_size=2`` on 2 ranks the two ranks are one engine: they decode the same prompts
 with the same seeds, and the gather checks that they produced the same tokens. With ``actor.strategy=fsdp2`` every
 update is streamed from the shards into vLLM one gathered tensor at a time (a ``WeightStream``), and the weight-sync
-probe after each push compares vLLM's log-probs with the sharded actor's."""
+probe after each push compares vLLM's log-probs with the sharded actor's.
+
+Ranks that each hold an engine of their own (``tensor_model_parallel_size=1``) are the gather worker's launch, not a
+second ``dapo train``: what that run added to the tp=2 one was vLLM's ``external_launcher`` with independent
+tensor-parallel groups of one inside the trainer's world, a replicated actor's push into each rank's engine, and
+``close`` keeping the group; the worker checks exactly those on the same engine class the trainer builds, while the
+rest of that run (splitting the batch over tp=1 ranks and gathering it, the replicated actor under torchrun) is the
+Transformers engine's torchrun runs' (test_train_torchrun.py), whose ranks are tp=1 engines too. One ``dapo train``
+torchrun launch with vLLM costs ~60 s here; the worker's launch serves the gather checks as well."""
 
 from __future__ import annotations
 
@@ -30,9 +38,8 @@ def records(run_dir: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("tp", "strategy"), [(1, "replicated"), (2, "fsdp2")])
-def test_vllm_trains_under_torchrun(tmp_path: Path, tp: int, strategy: str) -> None:
-    proc = torchrun([*SMALL, *VLLM, f"rollout.tensor_model_parallel_size={tp}", f"actor.strategy={strategy}"],
+def test_vllm_trains_under_torchrun(tmp_path: Path) -> None:
+    proc = torchrun([*SMALL, *VLLM, "rollout.tensor_model_parallel_size=2", "actor.strategy=fsdp2"],
                    tmp_path, timeout=400)
     # The engines shut down before the last barrier: a vLLM that destroyed the trainer's process group on close
     # (as it does in a single process) fails here with "Default process group has not been initialized".
@@ -47,10 +54,25 @@ def test_vllm_trains_under_torchrun(tmp_path: Path, tp: int, strategy: str) -> N
     assert (tmp_path / "tiny-synth" / "checkpoints").exists()
 
 
-def test_a_tensor_parallel_group_that_diverged_is_an_error(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def gather_worker() -> subprocess.CompletedProcess:
+    """One 2-rank launch of the gather worker, with a vLLM engine on every rank (``--vllm-engines``)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
-           f"--master-port={free_port()}", str(GATHER_WORKER)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=TORCHRUN_ENV)
+           f"--master-port={free_port()}", str(GATHER_WORKER), "--vllm-engines"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=TORCHRUN_ENV)
+
+
+def test_a_tensor_parallel_group_that_diverged_is_an_error(gather_worker: subprocess.CompletedProcess) -> None:
+    proc = gather_worker
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stdout.count("agreeing group gathered once") == 2
     assert proc.stdout.count("diverged group refused") == 2
+
+
+@pytest.mark.slow
+def test_every_rank_holds_its_own_vllm_engine_inside_the_trainers_group(
+        gather_worker: subprocess.CompletedProcess) -> None:
+    proc = gather_worker
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for rank in (0, 1):  # each rank's engine followed both pushes, decoded its own work, and closed keeping the group
+        assert f"rank {rank}: own vllm engine followed every push" in proc.stdout, proc.stdout[-2000:]

@@ -55,10 +55,13 @@ def test_vllm_trains_under_torchrun(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def gather_worker() -> subprocess.CompletedProcess:
-    """One 2-rank launch of the gather worker, with a vLLM engine on every rank (``--vllm-engines``)."""
+def gather_worker(request: pytest.FixtureRequest) -> subprocess.CompletedProcess:
+    """One 2-rank launch of the gather worker, with a vLLM engine on every rank (``--vllm-engines``) when the slow
+    engine test below is selected too (``-m "not slow"`` keeps the gather checks at a few seconds)."""
+    engines = any(item.originalname == "test_every_rank_holds_its_own_vllm_engine_inside_the_trainers_group"
+                  for item in request.session.items)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
-           f"--master-port={free_port()}", str(GATHER_WORKER), "--vllm-engines"]
+           f"--master-port={free_port()}", str(GATHER_WORKER), *(["--vllm-engines"] if engines else [])]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=TORCHRUN_ENV)
 
 

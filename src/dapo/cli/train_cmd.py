@@ -48,7 +48,6 @@ def train_command(config_path: str | None, print_config: bool, overrides: tuple[
     from dapo.distributed.world import World
     from dapo.evaluation.validation import val_acc_key
     from dapo.infra.atomic import FileOperationError
-    from dapo.infra.plot import plot_runs
     from dapo.model.loading import ModelLoadError
     from dapo.reward.pool import RewardScoringError
     from dapo.reward.registry import UnknownDataSourceError
@@ -92,6 +91,8 @@ def train_command(config_path: str | None, print_config: bool, overrides: tuple[
         click.echo(f"nothing to do: {result.run_dir} is already trained to step {result.steps_done} "
                    "(raise trainer.total_training_steps to train further)")
         return
+    from dapo.infra.plot import plot_runs  # matplotlib (~0.8 s): only rank 0 of a run that trained draws
+
     try:
         plot_path = plot_runs([result.run_dir], result.run_dir / "plots" / "training.png")
     except FileOperationError as exc:  # the run is trained and saved; a missing picture must not fail it

@@ -122,6 +122,10 @@ def _resolve_panels(metrics: Sequence[str] | None, runs: list[list[dict[str, Any
     return out
 
 
+# The figure's margins, in inches (see make_figure).
+_MARGIN_LEFT_IN, _MARGIN_RIGHT_IN, _MARGIN_BOTTOM_IN, _MARGIN_TOP_IN = 0.75, 0.2, 0.55, 0.75
+
+
 def make_figure(
     run_dirs: Sequence[Path], *, labels: Sequence[str] | None = None, metrics: Sequence[str] | None = None,
     smooth: float = 0.0,
@@ -141,9 +145,15 @@ def make_figure(
 
     ncols = min(3, len(panels))
     nrows = math.ceil(len(panels) / ncols)
-    fig = Figure(figsize=(5 * ncols, 4.25 * nrows), layout="constrained")
+    width, height = 5 * ncols, 4.25 * nrows
+    fig = Figure(figsize=(width, height))
     FigureCanvasAgg(fig)
-    axes = list(fig.subplots(nrows, ncols, squeeze=False).ravel())
+    # Fixed margins in inches, not layout="constrained": the constrained solver measured every tick label of the 18
+    # panels and was half of the whole draw (3.1 of 6.5 s, profiled); these fit the panels' titles, labels and the
+    # legend row above them.
+    axes = list(fig.subplots(nrows, ncols, squeeze=False, gridspec_kw=dict(
+        left=_MARGIN_LEFT_IN / width, right=1 - _MARGIN_RIGHT_IN / width, bottom=_MARGIN_BOTTOM_IN / height,
+        top=1 - _MARGIN_TOP_IN / height, wspace=0.32, hspace=0.42)).ravel())
     for ax in axes[len(panels):]:
         ax.set_axis_off()
     colors = [f"C{i % 10}" for i in range(len(runs))]
@@ -183,7 +193,9 @@ def make_figure(
         fig.legend(
             list(legend_handles.values()),
             list(legend_handles),
-            loc="outside upper center",
+            loc="upper center",
+            bbox_to_anchor=(0.5, 1.0),
+            frameon=False,
             ncols=min(6, len(legend_handles)),
         )
     return fig

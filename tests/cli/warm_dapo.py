@@ -25,8 +25,11 @@ import threading
 from multiprocessing import reduction
 from pathlib import Path
 
-# What every `dapo train` imports before it trains (its own lazy imports included): paid once, in the server.
-PRELOAD = ["dapo.cli.main", "dapo.training.loop", "dapo.infra.plot", "tests.cli.warm_dapo"]
+# What every `dapo train` imports before it trains (its own lazy imports included): paid once, in the server. The
+# embedded tiny model is a Qwen2: its modeling module alone (transformers' generation stack) is ~3 s of imports.
+PRELOAD = ["dapo.cli.main", "dapo.training.loop", "dapo.infra.plot", "dapo.rollout.hf_engine", "safetensors.torch",
+           "transformers.models.auto.modeling_auto", "transformers.models.qwen2.modeling_qwen2",
+           "transformers.models.qwen2.tokenization_qwen2", "tests.cli.warm_dapo"]
 # The environment run_dapo gives its processes; the server starts with it too, as OpenMP reads it when torch loads.
 BASE_ENV = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 

@@ -7,7 +7,9 @@ Each kill lands at a uniform moment of the training the run has left, counted fr
 line), so generation, update and validation are hit in proportion to their time; the first ``--save-kills`` kills
 wait for a checkpoint write to begin and land within 50 ms of it. A run that
 finishes before its kill ends a series; every series (killed and resumed until done) is compared with the
-uninterrupted run. Prints one JSON line with the counts (kills, how many left a half-written checkpoint, series,
+uninterrupted run. With ``--warm`` the killed and resumed runs are real processes forked from a warm server that
+imported dapo once (tests/cli/warm_dapo.py: no ~8 s of imports per start); the uninterrupted reference stays a fresh
+`python -m dapo.cli.main`. Prints one JSON line with the counts (kills, how many left a half-written checkpoint, series,
 whether all were bit-identical); exit code 1 when any was not. tests/faults/test_soak.py runs a short one in CI.
 """
 
@@ -41,10 +43,21 @@ def train_cmd(out: Path, name: str, steps: int) -> list[str]:
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
-def run_to_end(cmd: list[str]) -> tuple[float, float]:
+def launch(cmd: list[str], *, stderr: bool, warm: bool = False):
+    """A real `dapo` process for ``cmd`` with its stdout a pipe: a fresh interpreter, or with ``warm`` a fork of the
+    warm server (the same command; Popen's poll / send_signal / wait / communicate)."""
+    if warm:
+        from tests.cli.warm_dapo import WarmDapo
+
+        return WarmDapo(cmd[3:], extra_env=ENV, stderr_to_devnull=not stderr)
+    return subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE if stderr else subprocess.DEVNULL, text=True)
+
+
+def run_to_end(cmd: list[str], warm: bool = False) -> tuple[float, float]:
     """Run ``cmd`` to its end: (wall seconds, seconds until training started, i.e. its "dapo: model" line)."""
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = launch(cmd, stderr=True, warm=warm)
     started = wait_for_start(proc)
     _, err = proc.communicate()
     if proc.returncode != 0:
@@ -112,7 +125,15 @@ def main() -> None:
     ap.add_argument("--save-kills", type=int, default=1,
                     help="of the kills, how many wait for a checkpoint write to begin (a random moment rarely hits "
                          "the ~0.1 s a small checkpoint takes)")
+    ap.add_argument("--warm", action="store_true",
+                    help="fork the killed and resumed runs from a warm server (tests/cli/warm_dapo.py) instead of a "
+                         "fresh interpreter each; the uninterrupted reference stays a fresh one")
     args = ap.parse_args()
+    if args.warm:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.cli.warm_dapo
+        from tests.cli.warm_dapo import prestart
+
+        prestart()  # its imports overlap the uninterrupted run
     rng = random.Random(args.seed)
     shutil.rmtree(args.out, ignore_errors=True)
     t0 = time.monotonic()
@@ -133,7 +154,7 @@ def main() -> None:
         shutil.rmtree(run_dir)
 
     while kills < args.kills:
-        proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        proc = launch(cmd, stderr=False, warm=args.warm)
         # Kill at a uniform moment of the training this run has left (generation, update, validation and
         # checkpoint writes in proportion to their time), counted from its own start-up, not the interpreter's.
         left = args.steps - latest_step(run_dir)
@@ -153,7 +174,7 @@ def main() -> None:
                 raise SystemExit(f"a resumed run failed with exit code {proc.returncode}")
             misses += 1  # finished before the kill: this series is done
             finish_series()
-    run_to_end(cmd)
+    run_to_end(cmd, warm=args.warm)
     finish_series()
     result = {"kills": kills, "kills_mid_checkpoint_write": mid_saves, "finished_before_kill": misses,
               "series": series, "all_bit_identical": all_equal, "uninterrupted_run_s": round(wall, 1),

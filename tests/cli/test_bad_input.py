@@ -3,19 +3,19 @@
 Most commands run in this process (``run_dapo_in_process``: the same click command, exit code, stderr and log lines,
 an escaped exception shows as a Traceback), which spares a ~10 s interpreter start-up each. A real ``dapo`` process
 still runs where the process itself is the point: the start-up failure of a missing model (the clean exit a user
-sees), and the full disk (an rlimit on the child).
+sees), and the full disk (an rlimit on the child); both are forked from a warm server (``run_dapo_warm``: a separate
+process with its own exit code, pipes and limits, without ~8 s of imports each).
 """
 
 from __future__ import annotations
 
 import json
-import resource
 import shutil
-import signal
 
 from dapo.infra.checkpoint import find_latest_checkpoint
 from dapo.model.loading import EMBEDDED_MODEL_DIR
-from tests.cli.cli_helpers import run_dapo, run_dapo_in_process
+from tests.cli.cli_helpers import run_dapo_in_process
+from tests.cli.warm_dapo import run_dapo_warm
 
 
 def _clean_failure(proc, *needles: str) -> None:
@@ -26,7 +26,7 @@ def _clean_failure(proc, *needles: str) -> None:
 
 
 def test_missing_model_path(tmp_path, fast_args):
-    proc = run_dapo(["train", *fast_args, f"model.path={tmp_path / 'no-such-model'}"], tmp_path)
+    proc = run_dapo_warm(["train", *fast_args, f"model.path={tmp_path / 'no-such-model'}"], tmp_path)
     _clean_failure(proc, "model.path", "no-such-model", "does not exist")
 
 
@@ -106,13 +106,9 @@ def test_full_disk_at_checkpoint_time_keeps_the_previous_checkpoint(tmp_path, fa
     assert first.returncode == 0, first.stderr[-3000:]
     run_dir = tmp_path / "disk"
     assert find_latest_checkpoint(run_dir / "checkpoints").name == "global_step_1"
-
-    def small_file_limit():  # a real write failure (EFBIG) in the child, like a full disk
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024, 256 * 1024))
-
-    proc = run_dapo(["train", *fast_args, "trainer.experiment_name=disk", "trainer.total_training_steps=2"],
-                    tmp_path, preexec_fn=small_file_limit)
+    # a real write failure (EFBIG) in the child, like a full disk
+    proc = run_dapo_warm(["train", *fast_args, "trainer.experiment_name=disk", "trainer.total_training_steps=2"],
+                         tmp_path, fsize_limit=256 * 1024)
     _clean_failure(proc, "global_step_1 is intact")
     assert find_latest_checkpoint(run_dir / "checkpoints").name == "global_step_1"
     assert not [p for p in (run_dir / "checkpoints").iterdir() if "tmp" in p.name]

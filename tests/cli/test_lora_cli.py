@@ -1,6 +1,7 @@
 """LoRA through the real CLI (verl's spelling): a run resumed from its step-2 checkpoint (as a SIGKILL leaves it) ends
 with exactly the adapters of an uninterrupted run, and the checkpoint's adapter folder loads with plain PEFT and decodes
-greedily what dapo's own LoRA policy decodes."""
+greedily what dapo's own LoRA policy decodes. Both runs are real processes forked from a warm server
+(tests/cli/warm_dapo.py: the same command, without ~8 s of imports each)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from dapo.model.loading import EMBEDDED_MODEL_DIR, load_policy
 from dapo.model.lora import load_adapter_state, with_lora
 from dapo.rollout.base import SamplingParams
 from dapo.rollout.factory import EngineSpec, build_rollout_engine
-from tests.cli.cli_helpers import run_dapo
+from tests.cli.warm_dapo import run_dapo_warm
 
 LORA = ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16", "actor.optim.lr=1e-3"]
 STEPS = ["trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.test_freq=0",
@@ -31,7 +32,7 @@ def _adapter(run_dir, step: int = 4) -> dict[str, torch.Tensor]:
 
 def test_lora_resume_equals_uninterrupted_and_plain_peft_loads_it(tmp_path, fast_args) -> None:
     args = ["train", *fast_args, *LORA, *STEPS]
-    straight = run_dapo([*args, "trainer.experiment_name=straight"], tmp_path)
+    straight = run_dapo_warm([*args, "trainer.experiment_name=straight"], tmp_path)
     assert straight.returncode == 0, straight.stderr[-3000:]
 
     # The run dir as a SIGKILL right after the step-2 checkpoint leaves it: the uninterrupted run's own step-2
@@ -45,7 +46,7 @@ def test_lora_resume_equals_uninterrupted_and_plain_peft_loads_it(tmp_path, fast
     (run_dir / "metrics.jsonl").write_text("".join(line + "\n" for line in kept))
     assert find_latest_checkpoint(run_dir / "checkpoints").name == "global_step_2"
 
-    resumed = run_dapo([*args, "trainer.experiment_name=straight"], again)
+    resumed = run_dapo_warm([*args, "trainer.experiment_name=straight"], again)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stdout
     a, b = _adapter(tmp_path / "straight"), _adapter(run_dir)

@@ -1,18 +1,19 @@
-"""Checkpoint -> kill -> resume ends with exactly the parameters of an uninterrupted run (CPU, fixed threads)."""
+"""Checkpoint -> kill -> resume ends with exactly the parameters of an uninterrupted run (CPU, fixed threads).
+
+All three runs are real processes forked from a warm server (tests/cli/warm_dapo.py: the same command as `python -m
+dapo.cli.main`, SIGKILLed for real, without ~8 s of imports each); tests/faults/test_soak.py compares warm resumed runs
+with a fresh interpreter's."""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
 
 import torch
 from safetensors.torch import load_file
 
 from dapo.infra.checkpoint import find_latest_checkpoint, is_complete_checkpoint
-from tests.cli.cli_helpers import run_dapo
+from tests.cli.warm_dapo import WarmDapo, run_dapo_warm
 
 STEPS = ["trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.test_freq=0",
          "trainer.val_before_train=false"]
@@ -24,15 +25,12 @@ def _final_weights(run_dir):
 
 def test_kill_then_resume_equals_uninterrupted(tmp_path, fast_args):
     args = ["train", *fast_args, *STEPS]
-    straight = run_dapo([*args, "trainer.experiment_name=straight"], tmp_path)
+    straight = run_dapo_warm([*args, "trainer.experiment_name=straight"], tmp_path)
     assert straight.returncode == 0, straight.stderr[-3000:]
 
     # A real run, killed with SIGKILL once its step-2 checkpoint is complete (mid step 3).
     run_dir = tmp_path / "killed"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "dapo.cli.main", *args, "trainer.experiment_name=killed",
-                             f"trainer.default_local_dir={tmp_path}"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = WarmDapo([*args, "trainer.experiment_name=killed"], tmp_path)
     ckpt2 = run_dir / "checkpoints" / "global_step_2"
     deadline = time.monotonic() + 300
     while not is_complete_checkpoint(ckpt2) and proc.poll() is None and time.monotonic() < deadline:
@@ -43,7 +41,7 @@ def test_kill_then_resume_equals_uninterrupted(tmp_path, fast_args):
     assert proc.returncode == -signal.SIGKILL
     assert find_latest_checkpoint(run_dir / "checkpoints").name == "global_step_2"
 
-    resumed = run_dapo([*args, "trainer.experiment_name=killed"], tmp_path)
+    resumed = run_dapo_warm([*args, "trainer.experiment_name=killed"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stdout
     assert "done: 2 steps (resumed at step 2, now at step 4)" in resumed.stdout  # was "done: 4 steps"

@@ -3,10 +3,11 @@ start-up. Each fault ends in a clean message (no traceback) or a run that carrie
 
 One base run (2 steps, a checkpoint after each) is trained once per module and copied for each scenario.
 
-A real ``dapo`` process runs the base run, the resume that must end bit-identical to it, and every scenario that needs
-the process itself (an rlimit or a dropped capability on the child); the other commands run in this process
-(``run_dapo_in_process``: the same click command, exit code, stderr and log lines, an escaped exception shows as a
-Traceback), sparing a ~10 s interpreter start-up each.
+The base run, the resume that must end bit-identical to it, and every scenario that needs the process itself (an
+rlimit or a dropped capability on the child) run in real processes forked from a warm server (``run_dapo_warm``: its
+own pid, limits and pipes, the same click command, without the ~8 s of imports each; a fresh interpreter's `dapo train`
+is tests/cli/test_train_cli.py's, and test_resume.py's reference); the other commands run in this process (``run_dapo_in_process``: the same click command, exit code,
+stderr and log lines, an escaped exception shows as a Traceback), sparing an interpreter start-up each.
 """
 
 from __future__ import annotations
@@ -14,9 +15,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import resource
 import shutil
-import signal
 import subprocess
 import sys
 import textwrap
@@ -26,7 +25,8 @@ import pytest
 import yaml
 from safetensors.torch import load_file
 
-from tests.cli.cli_helpers import FAST, run_dapo, run_dapo_in_process
+from tests.cli.cli_helpers import FAST, run_dapo_in_process
+from tests.cli.warm_dapo import run_dapo_warm
 
 pytestmark = pytest.mark.slow
 
@@ -44,7 +44,7 @@ def _clean_failure(proc, *needles: str) -> None:
 @pytest.fixture(scope="module")
 def base_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("base")
-    proc = run_dapo(["train", *BASE, "trainer.experiment_name=base"], root)
+    proc = run_dapo_warm(["train", *BASE, "trainer.experiment_name=base"], root)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return root / "base"
 
@@ -70,7 +70,7 @@ def test_corrupted_latest_checkpoint_and_metrics_line_fall_back_and_end_bit_iden
     lines = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
     (run / "metrics.jsonl").write_text(lines[0] + "\x00garbage{\n" + "".join(lines[1:]))
 
-    proc = run_dapo(["train", *BASE, "trainer.experiment_name=run"], tmp_path)
+    proc = run_dapo_warm(["train", *BASE, "trainer.experiment_name=run"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "skipping checkpoint" in proc.stderr and "global_step_2" in proc.stderr
     assert "trainer_state.json does not match its checksum" in proc.stderr
@@ -151,13 +151,9 @@ def test_a_resume_with_changes_that_fails_in_its_first_step_leaves_the_run_confi
 def test_full_disk_at_start_up_is_one_message_naming_the_path(base_run, tmp_path) -> None:
     run = _copy(base_run, tmp_path)
     before = (run / "config.yaml").read_bytes()
-
-    def no_writes():  # every write beyond 1 KiB fails with EFBIG, as on a full disk
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
-
-    proc = run_dapo(["train", *BASE, "trainer.experiment_name=run", "trainer.total_training_steps=3"], tmp_path,
-                    preexec_fn=no_writes)
+    # every write beyond 1 KiB fails with EFBIG in the child, as on a full disk
+    proc = run_dapo_warm(["train", *BASE, "trainer.experiment_name=run", "trainer.total_training_steps=3"], tmp_path,
+                         fsize_limit=1024)
     # config.yaml is written only after the first step; the first write of the run record is its metrics line
     _clean_failure(proc, f"writing the run record {run / 'metrics.jsonl'} failed: file size limit exceeded")
     assert (run / "config.yaml").read_bytes() == before
@@ -169,13 +165,9 @@ def test_metrics_write_failure_mid_run_is_one_message_and_leaves_whole_records(b
     before = (run / "metrics.jsonl").read_bytes()  # two records of ~2.5 KB; config.yaml is ~2.6 KB
     limit = len(before) + 1000  # the step-3 record gets its first 1000 bytes written, then EFBIG
 
-    def small_files():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-
     # save_freq=2: no checkpoint at step 3, so the metrics append is the first write to hit the limit
-    proc = run_dapo(["train", *BASE, "trainer.experiment_name=run", "trainer.total_training_steps=4",
-                     "trainer.save_freq=2", "trainer.logger=[jsonl]"], tmp_path, preexec_fn=small_files)
+    proc = run_dapo_warm(["train", *BASE, "trainer.experiment_name=run", "trainer.total_training_steps=4",
+                          "trainer.save_freq=2", "trainer.logger=[jsonl]"], tmp_path, fsize_limit=limit)
     _clean_failure(proc, f"appending the metrics of step 3 to {run / 'metrics.jsonl'} failed: file size limit")
     assert (run / "metrics.jsonl").read_bytes() == before  # the half-written record is cut off again
     proc = run_dapo_in_process(["train", *BASE, "trainer.experiment_name=run",
@@ -201,8 +193,8 @@ def test_read_only_run_directory_is_one_message_naming_the_path(base_run, tmp_pa
                                preexec_fn=_no_dac_override)
         if probe.returncode == 0:
             pytest.skip("cannot make a folder read-only for this user here (no way to drop CAP_DAC_OVERRIDE)")
-        proc = run_dapo(["train", *BASE, "trainer.experiment_name=run", "trainer.total_training_steps=3"],
-                        tmp_path, preexec_fn=_no_dac_override)
+        proc = run_dapo_warm(["train", *BASE, "trainer.experiment_name=run", "trainer.total_training_steps=3"],
+                             tmp_path, drop_dac_override=True)
     finally:
         _set_folder_modes(run, 0o755)
     # config.yaml is written only after the first step; the first write of the run record is its metrics

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.cli.cli_helpers import run_dapo
+from tests.cli.cli_helpers import run_dapo_in_process
 from tests.distributed.test_train_torchrun import SMALL, torchrun
 
 STEPS = 3
@@ -36,7 +36,9 @@ def _records(run_dir: Path) -> list[dict]:
 
 @pytest.mark.slow
 def test_two_ranks_train_the_same_parameters_as_one_process(tmp_path: Path) -> None:
-    one = run_dapo(["train", *ARGS, "trainer.experiment_name=one"], tmp_path)
+    # The single process is the CLI run inside this pytest process (torch already imported; trainer.num_threads=1
+    # makes it single-threaded as each rank is): the same `dapo train`, without a process group.
+    one = run_dapo_in_process(["train", *ARGS, "trainer.experiment_name=one"], tmp_path)
     assert one.returncode == 0, one.stderr[-4000:]
     two = torchrun([*ARGS, "trainer.experiment_name=two"], tmp_path)
     assert two.returncode == 0, two.stderr[-4000:]

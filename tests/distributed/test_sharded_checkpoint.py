@@ -1,5 +1,5 @@
 """Sharded checkpoints (``actor.strategy=fsdp2``, ``trainer.checkpoint_format=auto``) and checkpoints moving between
-world sizes and strategies, under real torchrun ranks (gloo, CPU): every rank writes its own shards, a 2-rank run
+world sizes and strategies, under real ranks of torch's elastic agent (gloo, CPU): every rank writes its own shards, a 2-rank run
 resumes at 2 ranks bit-exactly, and the checkpoint continues through the other layouts in one chain of resumes (one
 real launch each), each link loading what the one before it wrote:
 
@@ -21,6 +21,10 @@ One uninterrupted 3-step fsdp2 2-rank run (checkpoints at steps 2 and 3 kept) is
 of its run directory without step 3 is a run interrupted after step 2, as a 2-step run would leave it (same weights,
 optimizer, RNG and sampler state; only its metrics would also hold a last-step validation). Its own records show
 rank 0 alone reporting and the weight-sync probe passing after every push from the shards.
+
+The 2-rank launches are ``torchrun_warm``: torchrun's own elastic agent (its config from torchrun's own flag parsing)
+forked warm, forking real rank processes that meet in a real gloo group; what is checked here is dapo's checkpoint
+layouts, not torchrun's command line, which test_train_torchrun launches for real.
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ import pytest
 import torch
 
 from tests.cli.cli_helpers import run_dapo_in_process
-from tests.distributed.test_train_torchrun import SMALL, metric_steps, step_lines, torchrun
+from tests.distributed.test_train_torchrun import SMALL, metric_steps, step_lines
+from tests.distributed.warm_torchrun import torchrun_warm
 
 FSDP2 = [*SMALL, "trainer.total_training_steps=3", "actor.strategy=fsdp2"]
 # Keys of a step's record that depend on the machine, not on the run's state.
@@ -45,7 +50,7 @@ _NOT_STATE = ("timing_s/", "perf/", "memory/")
 def reference_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
     """An uninterrupted 3-step fsdp2 run on 2 ranks: its run directory and its launch."""
     root = tmp_path_factory.mktemp("reference")
-    proc = torchrun(FSDP2, root)
+    proc = torchrun_warm(FSDP2, root)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return root / "tiny-synth", proc
 
@@ -138,11 +143,11 @@ def test_the_two_rank_sharded_checkpoint_loads_whole_in_a_process_without_a_grou
 def _resume(run_dir: Path, steps: int, how: str) -> dict:
     """Continue the run in ``run_dir`` to step ``steps`` in one launch: ``how`` is "one process" (the CLI run in this
     pytest process, where torch is already imported: a process without a process group, as a plain `dapo train` is),
-    or a strategy on 2 torchrun ranks. Checks the launch resumed the step before and ran this one step; returns its
+    or a strategy on 2 ranks under torch's elastic agent. Checks the launch resumed the step before and ran this one step; returns its
     record."""
     args = [*SMALL, f"trainer.total_training_steps={steps}"]
     proc = (run_dapo_in_process(["train", *args], run_dir.parent) if how == "one process"
-            else torchrun([*args, f"actor.strategy={how}"], run_dir.parent))
+            else torchrun_warm([*args, f"actor.strategy={how}"], run_dir.parent))
     assert proc.returncode == 0, (how, steps, proc.stderr[-4000:])
     # Rank 0 alone prints and records: one resume note, one status line and one metrics record per step.
     assert proc.stdout.count("resumed from") == 1 and f"(step {steps - 1})" in proc.stdout, (how, steps)

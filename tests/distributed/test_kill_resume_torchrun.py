@@ -3,7 +3,11 @@ again, ends bit-identical to an uninterrupted 2-rank run: the final checkpoint's
 every metric of the steps after the resume but wall-clock timings. Killed two ways, in one run: torchrun and both
 ranks at once (the machine or the job dies) after step 1's checkpoint, and, in the launch that resumes it, one rank
 alone (torchrun then stops the other, whose message names the dead rank) after step 2's; the third launch finishes
-it. A resume that is off after either kill leaves the end state different from the uninterrupted run's."""
+it. A resume that is off after either kill leaves the end state different from the uninterrupted run's.
+
+The two killed launches are real torchrun processes (what is killed, and who names the dead rank, is torchrun's); the
+uninterrupted run and the finishing launch only need 2 ranks training, and run under torchrun's own elastic agent
+forked warm (``torchrun_warm``: real rank processes, real gloo group), whose runs are bitwise those of torchrun."""
 
 from __future__ import annotations
 
@@ -17,7 +21,9 @@ import pytest
 
 from dapo.infra.checkpoint import find_latest_checkpoint, is_complete_checkpoint
 from scripts.soak_kill import end_state, same
-from tests.distributed.test_train_torchrun import SMALL, TORCHRUN_ENV, torchrun, torchrun_command
+from tests.cli.warm_dapo import prestart
+from tests.distributed.test_train_torchrun import SMALL, TORCHRUN_ENV, torchrun_command
+from tests.distributed.warm_torchrun import torchrun_warm
 
 STEPS = 3
 ARGS = [*SMALL, f"trainer.total_training_steps={STEPS}", "trainer.save_freq=1", "trainer.progress=false"]
@@ -25,8 +31,10 @@ ARGS = [*SMALL, f"trainer.total_training_steps={STEPS}", "trainer.save_freq=1", 
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict, list[dict]]:
+    # Under torch's elastic agent forked warm (torchrun_warm: real rank processes, gloo); the kills below are of a
+    # real torchrun, and the finishing launch after them resumes under the warm agent like this run.
     root = tmp_path_factory.mktemp("uninterrupted")
-    proc = torchrun([*ARGS, "trainer.experiment_name=run"], root)
+    proc = torchrun_warm([*ARGS, "trainer.experiment_name=run"], root)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return end_state(root / "run", STEPS)
 
@@ -78,13 +86,14 @@ def killed_after(checkpoint: Path, victim: str, run_root: Path, log_path: Path) 
 def killed_twice(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str, subprocess.CompletedProcess]:
     """One run killed twice and resumed each time: the whole job after its step-1 checkpoint, then (resumed) rank 1
     alone after its step-2 checkpoint, then resumed to its end. Its run directory and the three launches' output."""
+    prestart()  # the warm server for the finishing launch imports while torchrun is killed
     root = tmp_path_factory.mktemp("killed")
     run_dir = root / "run"
     whole = killed_after(run_dir / "checkpoints" / "global_step_1", "whole job", root, root / "whole_job.log")
     assert find_latest_checkpoint(run_dir / "checkpoints").name == "global_step_1"
     rank_1 = killed_after(run_dir / "checkpoints" / "global_step_2", "rank 1", root, root / "rank_1.log")
     assert find_latest_checkpoint(run_dir / "checkpoints").name == "global_step_2"
-    resumed = torchrun([*ARGS, "trainer.experiment_name=run"], root)
+    resumed = torchrun_warm([*ARGS, "trainer.experiment_name=run"], root)
     return run_dir, whole, rank_1, resumed
 
 

@@ -1,5 +1,6 @@
-"""Whole training steps on 2 ranks equal one process: real `dapo train` under torchrun (gloo on CPU) against a plain
-single-process run with the same seed and data, dynamic sampling on.
+"""Whole training steps on 2 ranks equal one process: real `dapo train` on 2 rank processes of torch's elastic agent
+(torchrun's own agent and config, forked warm by ``torchrun_warm``; gloo on CPU) against a plain single-process run
+with the same seed and data, dynamic sampling on.
 
 Every prompt's samples are drawn with a seed of its own, a function of its index in the whole generation batch
 (``dapo.training.generation.prompt_seeds``), so the ranks, each generating its share, sample exactly the responses
@@ -15,8 +16,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.cli.cli_helpers import run_dapo
-from tests.distributed.test_train_torchrun import SMALL, torchrun
+from tests.cli.cli_helpers import run_dapo_in_process
+from tests.cli.warm_dapo import prestart
+from tests.distributed.test_train_torchrun import SMALL
+from tests.distributed.warm_torchrun import torchrun_warm
 
 STEPS = 3
 # An odd generation batch (5 prompts) splits 3 / 2 between the ranks, so the shares differ in rows, prompt padding
@@ -36,9 +39,12 @@ def _records(run_dir: Path) -> list[dict]:
 
 @pytest.mark.slow
 def test_two_ranks_train_the_same_parameters_as_one_process(tmp_path: Path) -> None:
-    one = run_dapo(["train", *ARGS, "trainer.experiment_name=one"], tmp_path)
+    # The single process is the CLI run inside this pytest process (torch already imported; trainer.num_threads=1
+    # makes it single-threaded as each rank is): the same `dapo train`, without a process group.
+    prestart()  # the warm server imports while this process trains the single-process run
+    one = run_dapo_in_process(["train", *ARGS, "trainer.experiment_name=one"], tmp_path)
     assert one.returncode == 0, one.stderr[-4000:]
-    two = torchrun([*ARGS, "trainer.experiment_name=two"], tmp_path)
+    two = torchrun_warm([*ARGS, "trainer.experiment_name=two"], tmp_path)
     assert two.returncode == 0, two.stderr[-4000:]
 
     a, b = _records(tmp_path / "one"), _records(tmp_path / "two")

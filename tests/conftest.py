@@ -33,26 +33,26 @@ def _one_torch_thread() -> Iterator[None]:
 # xdist's own reorder by test count (off in pyproject.toml) put these few-test files last, and the suite's last
 # minutes ran on one worker. A file missing here only runs later; nothing is skipped.
 SLOWEST_FILES_FIRST = (
-    "tests/distributed/test_sharded_checkpoint.py",
-    "tests/distributed/test_kill_resume_torchrun.py",
     "tests/distributed/test_vllm_torchrun.py",
     "tests/training/test_async_training.py",
     "tests/cli/test_train_vllm_cli.py",
-    "tests/distributed/test_train_torchrun.py",
-    "tests/distributed/test_async_torchrun.py",
-    "tests/faults/test_faults_cli.py",
-    "tests/serve/test_serve_process.py",
-    "tests/cli/test_lora_cli.py",
+    "tests/distributed/test_kill_resume_torchrun.py",
+    "tests/distributed/test_sharded_checkpoint.py",
     "tests/faults/test_soak.py",
+    "tests/serve/test_serve_process.py",
     "tests/cli/test_train_tools_cli.py",
-    "tests/distributed/test_data_parallel.py",
-    "tests/cli/test_resume.py",
-    "tests/distributed/test_rank_invariance.py",
-    "tests/rollout/test_engine_contract.py",
-    "tests/cli/test_bad_input.py",
+    "tests/faults/test_faults_cli.py",
+    "tests/distributed/test_train_torchrun.py",
     "tests/rollout/test_worker.py",
+    "tests/distributed/test_rank_invariance.py",
     "tests/faults/test_fuzz.py",
+    "tests/rollout/test_multi_turn.py",
+    "tests/distributed/test_async_torchrun.py",
+    "tests/cli/test_resume.py",
+    "tests/distributed/test_data_parallel.py",
     "tests/cli/test_train_cli.py",
+    "tests/tools/test_sandbox_hostile.py",
+    "tests/cli/test_objective_modes.py",
 )
 
 

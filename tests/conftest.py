@@ -28,7 +28,7 @@ def _one_torch_thread() -> Iterator[None]:
 
 
 # The files that start real processes (torchrun ranks, vLLM engines, `dapo train` runs, servers), slowest first, as
-# measured in CI (--durations; 2026-12-02). pytest-xdist hands whole files to its two workers as they free up, so
+# measured (per-file sums of a local run, 2026-12-03). pytest-xdist hands whole files to its two workers as they free up, so
 # starting with the longest files keeps one long file from running alone at the end (longest-processing-time-first);
 # xdist's own reorder by test count (off in pyproject.toml) put these few-test files last, and the suite's last
 # minutes ran on one worker. A file missing here only runs later; nothing is skipped.

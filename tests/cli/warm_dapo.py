@@ -82,12 +82,7 @@ def _child(args: list[str], out: int, err: int, env: dict, fsize_limit: int | No
     """In the forked child: stdio, environment and limits as ``subprocess`` would set them, then the CLI."""
     import signal
 
-    for fd, target in ((out, 1), (err, 2)):
-        os.dup2(fd, target)
-        os.close(fd)
-    sys.stdout.reconfigure(line_buffering=True)
-    os.environ.clear()
-    os.environ.update(env)
+    adopt_stdio_and_env(out, err, env)
     if drop_dac_override and os.geteuid() == 0:  # root loses the right to write past the mode bits
         _drop_cap_dac_override()
     if fsize_limit is not None:  # every write past the limit fails with EFBIG, as on a full disk
@@ -95,6 +90,22 @@ def _child(args: list[str], out: int, err: int, env: dict, fsize_limit: int | No
 
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (fsize_limit, fsize_limit))
+    sys.exit(run_cli(args))
+
+
+def adopt_stdio_and_env(out: int, err: int, env: dict) -> None:
+    """In a forked child: ``out`` / ``err`` become file descriptors 1 and 2 and ``env`` the whole environment, as
+    ``subprocess`` sets them for a new process."""
+    for fd, target in ((out, 1), (err, 2)):
+        os.dup2(fd, target)
+        os.close(fd)
+    sys.stdout.reconfigure(line_buffering=True)
+    os.environ.clear()
+    os.environ.update(env)
+
+
+def run_cli(args: list[str]) -> int:
+    """dapo's click command as ``python -m dapo.cli.main ARGS`` runs it, to its end; returns its exit code."""
     from dapo.cli.main import cli
 
     sys.argv = [sys.executable, *args]
@@ -109,7 +120,7 @@ def _child(args: list[str], out: int, err: int, env: dict, fsize_limit: int | No
         atexit._run_exitfuncs()  # what interpreter exit runs (logging flush, pools' finalizers)
         sys.stdout.flush()
         sys.stderr.flush()
-    sys.exit(code)
+    return code
 
 
 def _drop_cap_dac_override() -> None:
@@ -144,13 +155,16 @@ class WarmDapo:
             cmd += [f"trainer.default_local_dir={run_root}"]
         self.args = cmd
         env = {**os.environ, **BASE_ENV, **(extra_env or {})}
+        self._start(_child, "dapo", (cmd,), (env, fsize_limit, drop_dac_override), stderr_to_devnull=stderr_to_devnull)
+
+    def _start(self, target, name: str, head: tuple, tail: tuple, *, stderr_to_devnull: bool = False) -> None:
+        """Fork ``target(*head, out_fd, err_fd, *tail)`` from the warm server, its stdout and stderr pipes to us."""
         out_r, out_w = os.pipe()
         if stderr_to_devnull:
             err_r, err_w = None, os.open(os.devnull, os.O_WRONLY)
         else:
             err_r, err_w = os.pipe()
-        self.process = _context().Process(target=_child, args=(cmd, _Fd(out_w), _Fd(err_w), env, fsize_limit,
-                                                               drop_dac_override), name="dapo")
+        self.process = _context().Process(target=target, args=(*head, _Fd(out_w), _Fd(err_w), *tail), name=name)
         try:
             self.process.start()
         finally:

@@ -21,28 +21,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.cli.warm_dapo import WarmDapo, _context, _Fd
+from tests.cli.warm_dapo import WarmDapo, adopt_stdio_and_env, run_cli
 
 
 def _rank(*args: str) -> None:
     """One worker, forked by the elastic agent: dapo's CLI as ``python -m dapo.cli.main ARGS`` runs it; a non-zero
     exit code leaves the process with that code (the agent sees the failure), a clean end returns to the agent."""
-    import atexit
-
-    from dapo.cli.main import cli
-
-    sys.argv = [sys.executable, *args]
-    code = 0
-    try:
-        cli.main(args=list(args), prog_name="dapo")
-    except SystemExit as exc:  # click's standalone mode ends every command here
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        if isinstance(exc.code, str):
-            sys.stderr.write(exc.code + "\n")
-    finally:
-        atexit._run_exitfuncs()  # what interpreter exit runs (logging flush, pools' finalizers)
-        sys.stdout.flush()
-        sys.stderr.flush()
+    code = run_cli(list(args))
     if code != 0:
         sys.exit(code)
 
@@ -52,12 +37,7 @@ def _agent(launcher_flags: list[str], cli_args: list[str], out: int, err: int, e
     :func:`_rank` as the entrypoint. Exits 1 with torchrun's error report when a rank fails."""
     import traceback
 
-    for fd, target in ((out, 1), (err, 2)):
-        os.dup2(fd, target)
-        os.close(fd)
-    sys.stdout.reconfigure(line_buffering=True)
-    os.environ.clear()
-    os.environ.update(env)
+    adopt_stdio_and_env(out, err, env)
     import torch.multiprocessing
     from torch.distributed.elastic.multiprocessing.errors import record
     from torch.distributed.launcher.api import elastic_launch
@@ -87,18 +67,7 @@ class _Agent(WarmDapo):
 
     def __init__(self, launcher_flags: list[str], cli_args: list[str], env: dict) -> None:
         self.args = ["torchrun", *launcher_flags, "-m", "dapo.cli.main", *cli_args]
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        self.process = _context().Process(target=_agent, args=(launcher_flags, cli_args, _Fd(out_w), _Fd(err_w), env),
-                                          name="torchrun")
-        try:
-            self.process.start()
-        finally:
-            os.close(out_w)
-            os.close(err_w)
-        self.pid = self.process.pid
-        self.stdout = os.fdopen(out_r, "r", errors="replace")
-        self.stderr = os.fdopen(err_r, "r", errors="replace")
+        self._start(_agent, "torchrun", (launcher_flags, cli_args), (env,))
 
     def wait(self, timeout: float | None = None) -> int:
         self.process.join(timeout)

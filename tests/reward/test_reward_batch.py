@@ -3,9 +3,11 @@ scorers (real worker processes, a real custom reward file)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -100,6 +102,25 @@ def test_pool_replaces_a_worker_that_died_while_idle() -> None:
         while Path(f"/proc/{victim}/stat").exists() and Path(f"/proc/{victim}/stat").read_text().split()[2] != "Z":
             time.sleep(0.01)  # wait until it is gone (a zombie has closed its pipe)
         assert pool.score(items) == expected  # no item is blamed for a death between batches
+        assert pool.kills == 1 and victim not in pool.worker_pids
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_that_dies_after_taking_a_chunk_but_before_its_first_item_blames_no_item() -> None:
+    items = mixed_items(40)
+    expected = score_batch(items)
+    with RewardWorkerPool(2, timeout_s=30.0, chunk_size=8) as pool:
+        assert pool.score(items) == expected
+        victim = pool.worker_pids[0]
+        os.kill(victim, signal.SIGSTOP)  # its pipe stays open: the next batch sends it a chunk it never starts
+        killer = threading.Timer(1.0, os.kill, (victim, signal.SIGKILL))
+        killer.start()
+        try:
+            assert pool.score(items) == expected  # the chunk went to the other worker; no item failed
+        finally:
+            killer.cancel()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, signal.SIGKILL)
         assert pool.kills == 1 and victim not in pool.worker_pids
 
 

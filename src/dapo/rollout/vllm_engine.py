@@ -110,6 +110,7 @@ from typing import Any
 import torch
 
 from dapo.rollout.base import RolloutOutput, SamplingParams, WeightStream
+from dapo.rollout.factory import EngineUnavailableError
 from dapo.rollout.vllm_lora import VLLMAdapterSlot
 
 logger = logging.getLogger(__name__)
@@ -296,6 +297,26 @@ def _keeping_default_process_group(keep: bool) -> Iterator[None]:
         parallel_state.destroy_distributed_environment = original
 
 
+def explain_stale_cpu_shm(error: BaseException, shm_dir: str = "/dev/shm") -> str | None:
+    """What to do when vLLM's CPU backend cannot create its tensor-parallel shared memory because it exists (EEXIST),
+    or None for any other error.
+
+    Under torchrun (``external_launcher``) vLLM names the segments of a tensor-parallel group the same for every job on
+    a machine (``/dev/shm/-tp:0-[0-1]-cpushm_<rank>`` for ranks 0-1); a job killed with SIGKILL never removes them, and
+    the next tp>1 job then fails at start-up with vLLM's bare "create shm in SHMManager failed. errno: 17"."""
+    text = str(error)
+    if "create shm in SHMManager failed" not in text or "errno: 17" not in text:
+        return None
+    try:
+        found = sorted(name for name in os.listdir(shm_dir) if "-cpushm" in name)
+    except OSError:
+        found = []
+    listing = ", ".join(f"{shm_dir}/{name}" for name in found[:8]) or f"segments named *-cpushm_* in {shm_dir}"
+    return (f"vLLM's CPU tensor-parallel shared memory already exists ({listing}): an earlier tensor-parallel vLLM "
+            "job on this machine was killed before it could remove it, or one is running now (vLLM gives every "
+            "torchrun job the same names). If none is running, remove them (rm /dev/shm/*-cpushm_*) and start again")
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -449,6 +470,11 @@ class VLLMRolloutEngine:
         started = time.perf_counter()
         try:
             llm = vllm.LLM(**kwargs)
+        except RuntimeError as e:
+            message = explain_stale_cpu_shm(e)
+            if message is None:
+                raise
+            raise EngineUnavailableError(message) from None
         finally:
             torch.set_num_threads = set_num_threads
             if torch.get_num_threads() != num_threads:

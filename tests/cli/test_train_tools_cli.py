@@ -49,7 +49,7 @@ def test_multi_turn_training_runs_and_the_mask_lines_up_log_probs_vllm_cli(tmp_p
     """`dapo train --config <tools preset>` as a user runs it: a real process (forked from the warm server,
     tests/cli/warm_dapo.py), the vLLM engine."""
     proc = run_dapo_warm(["train", "--config", PRESET, *SMALL, "rollout.name=vllm", "trainer.experiment_name=t"],
-                    tmp_path, timeout=900)
+                         tmp_path, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     _check_tool_run(tmp_path / "t")
 

@@ -60,7 +60,7 @@ def _same(record: dict) -> dict:
 def straight(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("async")
     result = run_dapo_warm(["train", *ASYNC, "trainer.experiment_name=straight",
-                       f"trainer.rollout_data_dir={root / 'straight' / 'batches'}"], root, timeout=600)
+                            f"trainer.rollout_data_dir={root / 'straight' / 'batches'}"], root, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     return root / "straight"
 
@@ -92,18 +92,25 @@ def _kill_after_checkpoint(args: list[str], run_dir: Path, step: int) -> None:
     """Start ``dapo train args`` (a real process forked from the warm server, in a session of its own) and SIGKILL its
     whole process group (the trainer, its rollout worker, its reward workers) as soon as the checkpoint of ``step`` is
     complete, while later steps still run."""
-    proc = WarmDapo(args, stderr_to_devnull=True, new_session=True)
-    drain = threading.Thread(target=proc.stdout.read, daemon=True)  # a full pipe would stall the run
-    drain.start()
+    proc = WarmDapo(args, new_session=True)
+    err: list[str] = []
+    drains = [threading.Thread(target=proc.stdout.read, daemon=True),  # a full pipe would stall the run
+              threading.Thread(target=lambda: err.append(proc.stderr.read()), daemon=True)]
+    for drain in drains:
+        drain.start()
     checkpoint = run_dir / "checkpoints" / f"global_step_{step}"
     deadline = time.monotonic() + 600
     while not is_complete_checkpoint(checkpoint) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert proc.poll() is None, f"the run ended before it could be killed (exit code {proc.poll()})"
+    if proc.poll() is not None:
+        drains[1].join()
+        raise AssertionError(f"the run ended before it could be killed: {''.join(err)[-3000:]!r}")
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    drain.join()
+    for drain in drains:
+        drain.join()
     proc.stdout.close()
+    proc.stderr.close()
     assert find_latest_checkpoint(run_dir / "checkpoints").name == f"global_step_{step}"
 
 
@@ -125,7 +132,7 @@ def test_a_run_resumed_from_its_step_2_checkpoint_ends_as_the_uninterrupted_run(
     assert saved["step"] == 2 and len(saved.get("prefetched", [])) == 1  # step 3's batch, generated ahead
 
     resumed = run_dapo_warm(["train", *ASYNC, "trainer.experiment_name=straight",
-                        f"trainer.rollout_data_dir={run_dir / 'batches'}"], tmp_path, timeout=600)
+                             f"trainer.rollout_data_dir={run_dir / 'batches'}"], tmp_path, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stdout
     a = load_file(straight / "checkpoints" / "global_step_4" / "hf" / "model.safetensors")

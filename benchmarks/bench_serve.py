@@ -26,6 +26,8 @@ from pathlib import Path
 
 import httpx
 
+from dapo.infra.atomic import atomic_write
+
 ROOT = Path(__file__).resolve().parents[1]
 QUESTION = "Solve: Tom has 3 apples and buys 4 more. How many apples does he have?"
 
@@ -123,6 +125,8 @@ async def one_request(http: httpx.AsyncClient, url: str, body: dict, stats: dict
 
 
 async def load(url: str, model: str, clients: int, per_client: int, max_tokens: int, time_limit: float) -> dict:
+    """One (target, clients) run. A run still going at ``time_limit`` is cut there and reported with what finished
+    by then (``timed_out``: true; wall is the limit): a slow target yields a row, not a crash of the whole benchmark."""
     body = {"model": model, "messages": [{"role": "user", "content": QUESTION}], "max_tokens": max_tokens,
             "temperature": 1.0, "top_p": 0.7, "stream": True, "stream_options": {"include_usage": True}}
     stats = {"done": 0, "failed": 0, "tokens": 0, "ttft": [], "gaps": []}
@@ -134,13 +138,27 @@ async def load(url: str, model: str, clients: int, per_client: int, max_tokens: 
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     async with httpx.AsyncClient(timeout=time_limit, limits=limits) as http:
         t0 = time.perf_counter()
-        await asyncio.wait_for(asyncio.gather(*(client(http) for _ in range(clients))), time_limit)
+        tasks = [asyncio.create_task(client(http)) for _ in range(clients)]
+        _, pending = await asyncio.wait(tasks, timeout=time_limit)
         wall = time.perf_counter() - t0
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        errors = [t.exception() for t in tasks if t not in pending and t.exception() is not None]
+    if errors:  # a client that raised (connection refused, bad JSON) is a broken target, not a slow one
+        raise RuntimeError(f"{len(errors)} of {clients} clients failed; the first: {errors[0]!r}") from errors[0]
     ms = lambda v: round(1000 * v, 1)  # noqa: E731
     return {"clients": clients, "requests": stats["done"], "failed": stats["failed"], "wall_s": round(wall, 2),
+            "timed_out": bool(pending), "unfinished_requests": clients * per_client - stats["done"] - stats["failed"],
             "requests_per_s": round(stats["done"] / wall, 2), "tokens_per_s": round(stats["tokens"] / wall, 1),
             "ttft_p50_ms": ms(percentile(stats["ttft"], 50)), "ttft_p99_ms": ms(percentile(stats["ttft"], 99)),
             "itl_p50_ms": ms(percentile(stats["gaps"], 50)), "itl_p99_ms": ms(percentile(stats["gaps"], 99))}
+
+
+def stop_on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM (timeout, kill) unwinds like Ctrl-C, so the ``finally`` that stops the server under test runs: the
+    default action ended this process at once and left `dapo serve`, its Ray cluster or `vllm serve` running."""
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def main() -> None:
@@ -155,6 +173,7 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=900, help="seconds one (target, clients) run may take")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
     rows = []
     for target in args.targets.split(","):
         port = free_port()
@@ -169,16 +188,16 @@ def main() -> None:
                                              args.time_limit))}
                 print(json.dumps(result), flush=True)
                 rows.append(result)
+                if args.out:  # after every row: a run cut short keeps what it measured
+                    atomic_write(args.out, json.dumps(rows, indent=1))
         finally:
             stop_target(proc)
     print("\n| target | model | clients | req/s | gen tok/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | failed |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
+        cut = f" (cut at {r['wall_s']} s, {r['unfinished_requests']} unfinished)" if r.get("timed_out") else ""
         print(f"| {r['target']} | {r['model']} | {r['clients']} | {r['requests_per_s']} | {r['tokens_per_s']} | "
-              f"{r['ttft_p50_ms']} / {r['ttft_p99_ms']} | {r['itl_p50_ms']} / {r['itl_p99_ms']} | {r['failed']} |")
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(rows, indent=1))
+              f"{r['ttft_p50_ms']} / {r['ttft_p99_ms']} | {r['itl_p50_ms']} / {r['itl_p99_ms']} | {r['failed']}{cut} |")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -70,20 +71,18 @@ def test_the_ranks_of_a_tensor_parallel_engine_share_one_slice() -> None:
 
 @pytest.mark.slow
 def test_two_nodes_meet_through_c10d_and_train_together(tmp_path: Path) -> None:
+    """Two launches of one rank each (two "nodes") meet through a c10d rendezvous. Each is torch's elastic agent with
+    torchrun's flags, forked warm (``start_torchrun_warm``); torchrun's own CLI and exec per rank run in
+    test_data_parallel.py and test_vllm_torchrun.py."""
+    from tests.distributed.warm_torchrun import start_torchrun_warm
+
     rdzv = ["--nnodes=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id=dapo-test"]
-    cmds = [[sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=1", *rdzv, f"--node-rank={node}",
-             "-m", "dapo.cli.main", "train", *SMALL, "trainer.total_training_steps=1",
-             f"trainer.default_local_dir={tmp_path}"] for node in (0, 1)]
-    nodes = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=TORCHRUN_ENV)
-             for cmd in cmds]
-    try:
-        outs = [node.communicate(timeout=240) for node in nodes]
-    finally:
-        for node in nodes:
-            if node.poll() is None:
-                node.kill()
+    nodes = [start_torchrun_warm([*SMALL, "trainer.total_training_steps=1"], tmp_path, nproc=1,
+                                 rdzv=[*rdzv, f"--node-rank={node}"]) for node in (0, 1)]
+    with ThreadPoolExecutor(2) as pool:  # both read at once: neither node's pipes can fill while the other is waited
+        outs = list(pool.map(lambda node: node.communicate(240), nodes))
     for node, (_, err) in zip(nodes, outs):
-        assert node.returncode == 0, err[-4000:]
+        assert node.poll() == 0, err[-4000:]
     # c10d assigns ranks itself: whichever launch holds rank 0 reports, the other stays quiet.
     assert sorted(step_lines(out) for out, _ in outs) == [[], ["step 1/1"]]
     assert metric_steps(tmp_path / "tiny-synth") == [1]
@@ -96,9 +95,11 @@ def test_a_failure_on_one_rank_ends_the_job(tmp_path: Path) -> None:
     fn = tmp_path / "rank1_liar.py"  # the scorer breaks its contract on rank 1 only: rank 0 waits in the gather
     fn.write_text("import os\n\ndef compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
                   "    return 1e39 if os.environ.get('RANK') == '1' else -1.0\n")
+    from tests.distributed.warm_torchrun import torchrun_warm
+
     t0 = time.monotonic()
-    proc = torchrun([*SMALL, "trainer.total_training_steps=1", f"custom_reward_function.path={fn}",
-                     "reward_model.num_workers=0"], tmp_path, timeout=180)
+    proc = torchrun_warm([*SMALL, "trainer.total_training_steps=1", f"custom_reward_function.path={fn}",
+                          "reward_model.num_workers=0"], tmp_path, timeout=180)
     assert proc.returncode != 0
     assert "rank 1: " in proc.stderr and "beyond float32 range" in proc.stderr, proc.stderr[-4000:]
     assert time.monotonic() - t0 < 120  # torchrun stopped rank 0; no collective timeout was waited out

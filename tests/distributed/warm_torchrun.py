@@ -95,15 +95,22 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def torchrun_warm(args: list[str], run_root: Path, *, nproc: int = 2, rdzv: list[str] | None = None,
-                  timeout: float = 240) -> subprocess.CompletedProcess:
-    """:func:`tests.distributed.test_train_torchrun.torchrun` with the agent and its ranks forked warm: the same
-    launcher flags, environment (``TORCHRUN_ENV``), command, exit code, stdout and stderr."""
+def start_torchrun_warm(args: list[str], run_root: Path, *, nproc: int = 2,
+                        rdzv: list[str] | None = None) -> _Agent:
+    """Start the warm agent of :func:`torchrun_warm` and return its handle (several at once: the nodes of a c10d
+    rendezvous)."""
     from tests.distributed.test_train_torchrun import TORCHRUN_ENV, torchrun_command
 
     cmd = torchrun_command(args, run_root, nproc=nproc, rdzv=rdzv)
     split = cmd.index("-m", 3)  # [python, -m, torch.distributed.run, FLAGS..., -m, dapo.cli.main, train, ...]
     flags, cli_args = cmd[3:split], cmd[split + 2:]
-    agent = _Agent([*flags, "--start-method=fork"], cli_args, dict(TORCHRUN_ENV))
+    return _Agent([*flags, "--start-method=fork"], cli_args, dict(TORCHRUN_ENV))
+
+
+def torchrun_warm(args: list[str], run_root: Path, *, nproc: int = 2, rdzv: list[str] | None = None,
+                  timeout: float = 240) -> subprocess.CompletedProcess:
+    """:func:`tests.distributed.test_train_torchrun.torchrun` with the agent and its ranks forked warm: the same
+    launcher flags, environment (``TORCHRUN_ENV``), command, exit code, stdout and stderr."""
+    agent = start_torchrun_warm(args, run_root, nproc=nproc, rdzv=rdzv)
     out, err = agent.communicate(timeout)
     return subprocess.CompletedProcess(agent.args, agent.process.exitcode, out, err)

@@ -1,12 +1,9 @@
-"""LoRA through the real CLI (verl's spelling): a run resumed from its step-2 checkpoint (as a SIGKILL leaves it) ends
-with exactly the adapters of an uninterrupted run, and the checkpoint's adapter folder loads with plain PEFT and decodes
-greedily what dapo's own LoRA policy decodes. Both runs are real processes forked from a warm server
+"""LoRA through the real CLI (verl's spelling): a run SIGKILLed after its step-2 checkpoint and resumed ends with
+exactly the adapters of an uninterrupted run, and the checkpoint's adapter folder loads with plain PEFT and decodes
+greedily what dapo's own LoRA policy decodes. All three runs are real processes forked from a warm server
 (tests/cli/warm_dapo.py: the same command, without ~8 s of imports each)."""
 
 from __future__ import annotations
-
-import json
-import shutil
 
 import torch
 from peft import PeftModel
@@ -14,12 +11,12 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from dapo.config import load_config
-from dapo.infra.checkpoint import find_latest_checkpoint, load_checkpoint
+from dapo.infra.checkpoint import load_checkpoint
 from dapo.model.loading import EMBEDDED_MODEL_DIR, load_policy
 from dapo.model.lora import load_adapter_state, with_lora
 from dapo.rollout.base import SamplingParams
 from dapo.rollout.factory import EngineSpec, build_rollout_engine
-from tests.cli.warm_dapo import run_dapo_warm
+from tests.cli.warm_dapo import kill_after_checkpoint, run_dapo_warm
 
 LORA = ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16", "actor.optim.lr=1e-3"]
 STEPS = ["trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.test_freq=0",
@@ -35,20 +32,14 @@ def test_lora_resume_equals_uninterrupted_and_plain_peft_loads_it(tmp_path, fast
     straight = run_dapo_warm([*args, "trainer.experiment_name=straight"], tmp_path)
     assert straight.returncode == 0, straight.stderr[-3000:]
 
-    # The run dir as a SIGKILL right after the step-2 checkpoint leaves it: the uninterrupted run's own step-2
-    # checkpoint and records, under another root (the same command resumes it). The kill itself, mid step 3, is
-    # tests/cli/test_resume.py's; what this adds is LoRA's state (adapters, their AdamW moments) across a resume.
-    again = tmp_path / "again"
-    run_dir = again / "straight"
-    shutil.copytree(tmp_path / "straight", run_dir,
-                    ignore=lambda d, names: ["global_step_4"] if d.endswith("checkpoints") else [])
-    kept = [line for line in (run_dir / "metrics.jsonl").read_text().splitlines() if json.loads(line)["step"] <= 2]
-    (run_dir / "metrics.jsonl").write_text("".join(line + "\n" for line in kept))
-    assert find_latest_checkpoint(run_dir / "checkpoints").name == "global_step_2"
-
-    resumed = run_dapo_warm([*args, "trainer.experiment_name=straight"], again)
+    # A second run of the same command, SIGKILLed (its whole process group) once its step-2 checkpoint is complete,
+    # mid step 3, then resumed by the same command: LoRA's state (adapters, their AdamW moments) across a real kill.
+    run_dir = tmp_path / "killed"
+    kill_after_checkpoint([*args, "trainer.experiment_name=killed"], run_dir / "checkpoints" / "global_step_2",
+                          tmp_path)
+    resumed = run_dapo_warm([*args, "trainer.experiment_name=killed"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resumed from" in resumed.stdout
+    assert "done: 2 steps (resumed at step 2, now at step 4)" in resumed.stdout
     a, b = _adapter(tmp_path / "straight"), _adapter(run_dir)
     assert a.keys() == b.keys() and all(".lora_A." in k or ".lora_B." in k for k in a)
     for name in a:

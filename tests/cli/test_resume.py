@@ -6,14 +6,10 @@ with a fresh interpreter's."""
 
 from __future__ import annotations
 
-import signal
-import time
-
 import torch
 from safetensors.torch import load_file
 
-from dapo.infra.checkpoint import find_latest_checkpoint, is_complete_checkpoint
-from tests.cli.warm_dapo import WarmDapo, run_dapo_warm
+from tests.cli.warm_dapo import kill_after_checkpoint, run_dapo_warm
 
 STEPS = ["trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.test_freq=0",
          "trainer.val_before_train=false"]
@@ -30,16 +26,8 @@ def test_kill_then_resume_equals_uninterrupted(tmp_path, fast_args):
 
     # A real run, killed with SIGKILL once its step-2 checkpoint is complete (mid step 3).
     run_dir = tmp_path / "killed"
-    proc = WarmDapo([*args, "trainer.experiment_name=killed"], tmp_path)
-    ckpt2 = run_dir / "checkpoints" / "global_step_2"
-    deadline = time.monotonic() + 300
-    while not is_complete_checkpoint(ckpt2) and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert proc.poll() is None, "the run ended before it could be killed"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL
-    assert find_latest_checkpoint(run_dir / "checkpoints").name == "global_step_2"
+    kill_after_checkpoint([*args, "trainer.experiment_name=killed"], run_dir / "checkpoints" / "global_step_2",
+                          tmp_path, timeout=300)
 
     resumed = run_dapo_warm([*args, "trainer.experiment_name=killed"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]

@@ -229,3 +229,36 @@ def run_dapo_warm(args: list[str], run_root: Path, *, timeout: float = 300, extr
                      drop_dac_override=drop_dac_override)
     out, err = child.communicate(timeout)
     return subprocess.CompletedProcess(["dapo", *child.args], child.process.exitcode, out, err)
+
+
+def kill_after_checkpoint(args: list[str], checkpoint: Path, run_root: Path | None = None, *,
+                          timeout: float = 600) -> None:
+    """Start ``dapo ARGS`` (a warm child in a session of its own) and SIGKILL its whole process group -- the trainer
+    and whatever it started: rollout worker, reward workers -- as soon as ``checkpoint`` is complete, while later
+    steps still run (the machine or the job dies). Both pipes are drained meanwhile (a full pipe would stall the run);
+    a run that ends before it can be killed fails with its stderr."""
+    import signal
+    import time
+
+    from dapo.infra.checkpoint import find_latest_checkpoint, is_complete_checkpoint
+
+    proc = WarmDapo(args, run_root, new_session=True)
+    err: list[str] = []
+    drains = [threading.Thread(target=proc.stdout.read, daemon=True),
+              threading.Thread(target=lambda: err.append(proc.stderr.read()), daemon=True)]
+    for drain in drains:
+        drain.start()
+    deadline = time.monotonic() + timeout
+    while not is_complete_checkpoint(checkpoint) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if proc.poll() is not None:
+        drains[1].join()
+        raise AssertionError(f"the run ended before it could be killed: {''.join(err)[-3000:]!r}")
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    for drain in drains:
+        drain.join()
+    proc.stdout.close()
+    proc.stderr.close()
+    assert proc.poll() == -signal.SIGKILL
+    assert find_latest_checkpoint(checkpoint.parent).name == checkpoint.name

@@ -15,11 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
-import signal
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -27,10 +23,9 @@ import torch
 from safetensors.torch import load_file
 
 from dapo.config import build_config
-from dapo.infra.checkpoint import find_latest_checkpoint, is_complete_checkpoint
 from dapo.training.staleness import ProducedBatch, sample_lags, staleness_metrics
 from tests.cli.cli_helpers import FAST
-from tests.cli.warm_dapo import WarmDapo, run_dapo_warm
+from tests.cli.warm_dapo import kill_after_checkpoint, run_dapo_warm
 
 GEN_BATCH, MAX_ROUNDS, GROUPS, N = 6, 3, 4, 4  # data.gen_batch_size, max_num_gen_batches, train_batch_size, rollout.n
 ASYNC = [*FAST, "trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.test_freq=0",
@@ -86,32 +81,6 @@ def test_stale_samples_get_pi_old_from_the_actor_and_the_weights_travel(straight
     assert all(r["async/weight_transfer_bytes"] > 1e6 for r in records)  # the tiny model, fp32: ~4 MB
     assert all(r["rollout/probe_logprob_diff"] < 1e-3 for r in records)  # the worker holds the pushed weights
     assert all(r["async/trainer_idle_s"] >= 0 and r["async/overlap_s"] >= 0 for r in records)
-
-
-def _kill_after_checkpoint(args: list[str], run_dir: Path, step: int) -> None:
-    """Start ``dapo train args`` (a real process forked from the warm server, in a session of its own) and SIGKILL its
-    whole process group (the trainer, its rollout worker, its reward workers) as soon as the checkpoint of ``step`` is
-    complete, while later steps still run."""
-    proc = WarmDapo(args, new_session=True)
-    err: list[str] = []
-    drains = [threading.Thread(target=proc.stdout.read, daemon=True),  # a full pipe would stall the run
-              threading.Thread(target=lambda: err.append(proc.stderr.read()), daemon=True)]
-    for drain in drains:
-        drain.start()
-    checkpoint = run_dir / "checkpoints" / f"global_step_{step}"
-    deadline = time.monotonic() + 600
-    while not is_complete_checkpoint(checkpoint) and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    if proc.poll() is not None:
-        drains[1].join()
-        raise AssertionError(f"the run ended before it could be killed: {''.join(err)[-3000:]!r}")
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    for drain in drains:
-        drain.join()
-    proc.stdout.close()
-    proc.stderr.close()
-    assert find_latest_checkpoint(run_dir / "checkpoints").name == f"global_step_{step}"
 
 
 def test_a_run_resumed_from_its_step_2_checkpoint_ends_as_the_uninterrupted_run(straight: Path,
@@ -172,7 +141,7 @@ def fully_killed(tmp_path_factory: pytest.TempPathFactory) -> KilledRun:
     run_dir = root / "fully"
     args = ["train", *FULLY_ASYNC, "trainer.experiment_name=fully", f"trainer.rollout_data_dir={run_dir / 'batches'}",
             f"trainer.default_local_dir={root}"]
-    _kill_after_checkpoint(args, run_dir, 2)
+    kill_after_checkpoint(args, run_dir / "checkpoints" / "global_step_2")
     checkpoint = run_dir / "checkpoints" / "global_step_2"
     saved = json.loads((checkpoint / "trainer_state.json").read_text())
     if (checkpoint / "trainer_state.pt").exists():  # the part of the state JSON cannot hold exactly

@@ -1,6 +1,7 @@
-"""Disaggregated asynchronous training in real rank processes under torch's elastic agent (torchrun's, forked warm:
-``torchrun_warm``): rank 0 trains, rank 1 owns the engine and only generates (``rollout.n_gpus_per_node=1``); the
-weights travel over the weight group, and the staleness bound holds on every sample the trainer rank trains on."""
+"""Disaggregated asynchronous training under real torchrun processes: rank 0 trains, rank 1 owns the engine and only
+generates (``rollout.n_gpus_per_node=1``); the weights travel over the weight group, and the staleness bound holds on
+every sample the trainer rank trains on. It keeps the real ``torchrun`` command (not the warm agent of
+tests/distributed/warm_torchrun.py): the rank split is what a user launches with torchrun, interpreter per rank and all."""
 
 from __future__ import annotations
 
@@ -13,8 +14,7 @@ from dapo.config import build_config
 from dapo.distributed.world import World
 from dapo.training.errors import TrainingError
 from dapo.training.rank_split import is_rollout_rank, rollout_ranks
-from tests.distributed.test_train_torchrun import SMALL, metric_steps
-from tests.distributed.warm_torchrun import torchrun_warm
+from tests.distributed.test_train_torchrun import SMALL, metric_steps, torchrun
 
 STEPS = 3
 SPLIT = [*[a for a in SMALL if not a.startswith("trainer.save_freq")], f"trainer.total_training_steps={STEPS}",
@@ -26,8 +26,8 @@ SPLIT = [*[a for a in SMALL if not a.startswith("trainer.save_freq")], f"trainer
 @pytest.mark.slow
 def test_one_trainer_rank_and_one_rollout_rank_train_within_the_staleness_bound(tmp_path: Path) -> None:
     run_dir = tmp_path / "split"
-    result = torchrun_warm([*SPLIT, "trainer.experiment_name=split", f"trainer.rollout_data_dir={run_dir / 'batches'}"],
-                           tmp_path, timeout=600)
+    result = torchrun([*SPLIT, "trainer.experiment_name=split", f"trainer.rollout_data_dir={run_dir / 'batches'}"],
+                      tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "engine hf on a rollout rank of its own" in result.stdout  # no worker process spawned by the trainer
     assert metric_steps(run_dir) == list(range(1, STEPS + 1))

@@ -67,9 +67,9 @@ def _fmt(stat, spec: str = ".3f") -> str:
 def table(configs: dict[str, list[tuple[RunSummary, float | None, float | None]]], threshold: float) -> str:
     lines = [
         f"| config | seeds | final val acc | best val acc | steps to val acc ≥ {threshold:g} (runs that reached it) | "
-        "entropy first 5 → last 5 steps | response length (last 5) | truncated share (last 5) | "
+        "entropy first 5 → last 5 steps | clip fraction (mean) | response length (last 5) | truncated share (last 5) | "
         "all-correct / all-wrong groups | generated tokens | wall time |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, rows in configs.items():
         runs = [r for r, _, _ in rows]
@@ -81,6 +81,7 @@ def table(configs: dict[str, list[tuple[RunSummary, float | None, float | None]]
             f"{_fmt(mean_std([r.val_best for r in runs]))} | {steps} | "
             f"{_fmt(mean_std([r.entropy_first for r in runs]), '.4f')} → "
             f"{_fmt(mean_std([r.entropy_last for r in runs]), '.4f')} | "
+            f"{_fmt(mean_std([r.clip_fraction for r in runs]), '.4f')} | "
             f"{_fmt(mean_std([r.length_last for r in runs]), '.1f')} | "
             f"{_fmt(mean_std([r.truncated_last for r in runs]), '.2f')} | "
             f"{_fmt(mean_std([r.all_correct_share for r in runs]), '.2f')} / "

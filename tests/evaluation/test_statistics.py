@@ -55,6 +55,8 @@ def _records() -> list[dict]:
                       "response_length/clip_ratio": 0.1, "train/num_gen_batches": 2.0 if step == 2 else 1.0,
                       "train/num_all_correct_groups": 1.0, "train/num_all_wrong_groups": 2.0 if step == 2 else 0.0,
                       "train/generated_tokens_total": 100.0 * step})
+        if step in (1, 4):  # a step without an update logs no clip fraction
+            r["actor/pg_clipfrac"] = 0.1 * step
         rows.append(r)
     return rows
 
@@ -70,6 +72,7 @@ def test_a_run_summary_by_hand() -> None:
     assert s.all_correct_share == pytest.approx((5 / 4 + 1 / 8) / 6)
     assert s.all_wrong_share == pytest.approx(0.25 / 6)
     assert s.generated_tokens == 600.0 and s.steps == 6
+    assert s.clip_fraction == pytest.approx((0.1 + 0.4) / 2)  # steps 1 and 4 only
 
 
 def test_a_run_without_validation_has_no_accuracy_and_never_reached_the_threshold() -> None:

@@ -126,7 +126,7 @@ async def one_request(http: httpx.AsyncClient, url: str, body: dict, stats: dict
 
 async def load(url: str, model: str, clients: int, per_client: int, max_tokens: int, time_limit: float) -> dict:
     """One (target, clients) run. A run still going at ``time_limit`` is cut there and reported with what finished
-    by then (``timed_out``: true; wall is the limit): a slow target yields a row, not a crash of the whole benchmark."""
+    by then (``timed_out``: true; ``wall_s`` is the time to the cut): a slow target yields a row, not a crash of the whole benchmark."""
     body = {"model": model, "messages": [{"role": "user", "content": QUESTION}], "max_tokens": max_tokens,
             "temperature": 1.0, "top_p": 0.7, "stream": True, "stream_options": {"include_usage": True}}
     stats = {"done": 0, "failed": 0, "tokens": 0, "ttft": [], "gaps": []}

@@ -8,7 +8,7 @@ that run side by side do not say where that work is. This runs pytest with itsel
 ``time.process_time`` in its worker, with its start and end) while a thread polls ``/proc`` every 0.3 s for every
 process's CPU time and parent. A process is charged to the test its xdist worker was running when the process first
 appeared (through its parent chain: warm-server children, torchrun ranks and Ray workers included). Prints the files
-by total CPU; writes the raw data next to ``--profile-out`` (default /tmp/suite-profile).
+by total CPU; writes the raw data (phases.jsonl, processes.json) to $PROFILE_SUITE_OUT (default /tmp/suite-profile).
 """
 
 from __future__ import annotations

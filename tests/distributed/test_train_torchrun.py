@@ -19,6 +19,7 @@ from dapo.distributed.data_parallel import gather_in_rank_order, generation_shar
 from dapo.distributed.world import World
 from tests.cli.cli_helpers import FAST
 from tests.distributed.test_data_parallel import free_port
+from tests.distributed.warm_torchrun import start_torchrun_warm, torchrun_warm
 
 # Short responses (and an L_cache below them) and two validation prompts per rank keep each launch at a few seconds
 # past the imports.
@@ -74,8 +75,6 @@ def test_two_nodes_meet_through_c10d_and_train_together(tmp_path: Path) -> None:
     """Two launches of one rank each (two "nodes") meet through a c10d rendezvous. Each is torch's elastic agent with
     torchrun's flags, forked warm (``start_torchrun_warm``); torchrun's own CLI and exec per rank run in
     test_data_parallel.py and test_vllm_torchrun.py."""
-    from tests.distributed.warm_torchrun import start_torchrun_warm
-
     rdzv = ["--nnodes=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id=dapo-test"]
     nodes = [start_torchrun_warm([*SMALL, "trainer.total_training_steps=1"], tmp_path, nproc=1,
                                  rdzv=[*rdzv, f"--node-rank={node}"]) for node in (0, 1)]
@@ -95,8 +94,6 @@ def test_a_failure_on_one_rank_ends_the_job(tmp_path: Path) -> None:
     fn = tmp_path / "rank1_liar.py"  # the scorer breaks its contract on rank 1 only: rank 0 waits in the gather
     fn.write_text("import os\n\ndef compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
                   "    return 1e39 if os.environ.get('RANK') == '1' else -1.0\n")
-    from tests.distributed.warm_torchrun import torchrun_warm
-
     t0 = time.monotonic()
     proc = torchrun_warm([*SMALL, "trainer.total_training_steps=1", f"custom_reward_function.path={fn}",
                           "reward_model.num_workers=0"], tmp_path, timeout=180)

@@ -96,3 +96,50 @@ def test_each_checkpoint_gets_its_own_default_output():
     assert step_40 == Path("runs/eval/x-global_step_40__synth.jsonl")
     assert default_output("/models/Qwen2.5-7B", ("data/aime-2024.parquet",)) == Path(
         "runs/eval/Qwen2.5-7B__aime-2024.jsonl")
+
+
+# ---- the multi-turn tool loop --------------------------------------------------------------------------------------
+
+CALCULATOR = str(Path(__file__).resolve().parents[2] / "configs" / "tools" / "tiny_calculator.yaml")
+
+
+def test_eval_runs_the_training_tool_loop_and_resumes_it(tmp_path):
+    """--synth-config of a multi-turn preset turns the tool loop on, as `dapo train` validates: the tiny model's
+    "a + b =" lines are computed by the sandboxed interpreter, every sample records its calls, the summary has
+    tool/*, and a resumed run ends as an uninterrupted one."""
+    full, part = tmp_path / "full.jsonl", tmp_path / "part.jsonl"
+    args = ["--test-file", "synth", "--synth-config", CALCULATOR, "--batch-size", "2", "--max-problems", "4",
+            "--n", "2", "--max-tokens", "48", "--quiet"]
+    r = _run([*args, "--output", str(full)])
+    assert r.exit_code == 0, r.output
+    assert "multi-turn: up to 3 turns" in r.output and "tool/samples_with_call" in r.output
+    rows = [json.loads(line) for line in full.read_text().splitlines()]
+    assert len(rows) == 8 and all(isinstance(row["tool_calls"], list) for row in rows)
+    called = [row for row in rows if row["tool_calls"]]
+    assert len(called) >= 4 and all(set(row["tool_calls"]) == {"ok"} for row in called)  # "a + b" evaluates
+    summary = json.loads((tmp_path / "full.summary.json").read_text())
+    overall = summary["metrics"]["overall"]
+    assert overall["tool/samples_with_call"] == pytest.approx(len(called) / 8)
+    assert overall["tool/calls"] == sum(len(row["tool_calls"]) for row in rows)
+    assert summary["settings"]["multi_turn"]["tool_call_end"] == "="
+
+    assert _run([*args, "--output", str(part)]).exit_code == 0
+    lines = part.read_text().splitlines(keepends=True)
+    part.write_text("".join(lines[:3]) + lines[3][:20])  # killed mid-write
+    assert _run([*args, "--output", str(part)]).exit_code == 0
+    assert part.read_text() != "" and json.loads((tmp_path / "part.summary.json").read_text())["metrics"] == \
+        summary["metrics"]
+    r = _run([*args, "--output", str(part), "--max-assistant-turns", "2"])
+    assert r.exit_code != 0 and "other settings" in r.output and "multi_turn" in r.output
+
+    single = tmp_path / "single.jsonl"
+    r = _run([*args, "--single-turn", "--output", str(single)])
+    assert r.exit_code == 0, r.output
+    assert not any("tool_calls" in json.loads(line) for line in single.read_text().splitlines())
+    assert "tool/" not in r.output
+
+
+def test_eval_multi_turn_against_a_server_is_refused(tmp_path):
+    r = _run(["--test-file", "synth", "--multi-turn", "--base-url", "http://127.0.0.1:9", "--output",
+              str(tmp_path / "o.jsonl"), *FAST])
+    assert r.exit_code != 0 and "--multi-turn runs the tool loop on a local engine" in r.output

@@ -80,6 +80,19 @@ def test_summary_hand_computed():
     assert m["truncation_rate"] == pytest.approx((0.25 + 0.0) / 2)
 
 
+def test_multi_turn_samples_add_tool_metrics_by_hand():
+    import dataclasses
+
+    calls = [("ok",), (), ("ok", "error"), ("timeout",)]
+    samples = [dataclasses.replace(s, tool_calls=c)
+               for s, c in zip(_samples("p1", [True, False, True, False]), calls)]
+    m = summarize_samples(samples)["overall"]
+    assert m["tool/samples_with_call"] == pytest.approx(3 / 4) and m["tool/calls_per_sample"] == pytest.approx(1.0)
+    assert (m["tool/errors"], m["tool/timeouts"], m["tool/result/ok"]) == (2.0, 1.0, 2.0)
+    assert m["tool/acc_with_call"] == pytest.approx(2 / 3) and m["tool/acc_without_call"] == 0.0
+    assert not any(k.startswith("tool/") for k in summarize_samples(_samples("p1", [True]))["overall"])
+
+
 def test_summary_per_data_source_and_overall():
     samples = _samples("a", [True, True], source="x") + _samples("b", [False, False], source="y")
     out = summarize_samples(samples)

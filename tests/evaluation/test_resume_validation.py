@@ -52,6 +52,8 @@ def _first_wrong(out):
     ("score", None, '"score": null, which must be an integer or a number'),
     ("response_tokens", -3, '"response_tokens": -3, which must be >= 0'),
     ("problem_key", ["k"], '"problem_key": ["k"], which must be a string'),
+    ("tool_calls", ["ok", "crashed"], '"tool_calls": ["ok", "crashed"], which must be a list of ok, error'),
+    ("tool_calls", "ok", '"tool_calls": "ok", which must be a list of'),
 ])
 def test_a_resumed_line_of_the_wrong_type_is_refused_with_its_line_number(finished, field, value, says):
     problems, settings, out = finished

@@ -70,6 +70,21 @@ def test_one_data_source_has_no_per_source_keys() -> None:
     assert metrics["val/score/mean@4"] == pytest.approx(-6 / 8)
 
 
+def test_multi_turn_groups_add_val_tool_metrics_by_hand() -> None:
+    import dataclasses
+
+    used = [dataclasses.replace(GROUPS[0], tool_categories=[["ok"], ["ok", "timeout"], [], []]),
+            dataclasses.replace(GROUPS[2], tool_categories=[["ok"], [], ["error"], ["ok"]])]
+    tool = {k: v for k, v in summarize_validation(used, 4).items() if k.startswith("val/tool/")}
+    assert tool["val/tool/samples_with_call"] == pytest.approx(5 / 8)
+    assert tool["val/tool/calls_per_sample"] == pytest.approx(6 / 8)
+    assert (tool["val/tool/errors"], tool["val/tool/timeouts"]) == (2.0, 1.0)
+    # with a call: A's samples 0 (right) and 1, C's 0, 2, 3 (right, wrong, right): 3 of 5; without: 0 of 1 + 1 of 1
+    assert tool["val/tool/acc_with_call"] == pytest.approx(3 / 5)
+    assert tool["val/tool/acc_without_call"] == pytest.approx(1 / 3)
+    assert not any(k.startswith("val/tool/") for k in summarize_validation(GROUPS, 4))  # single-turn: none
+
+
 def test_k_only_names_the_keys() -> None:
     metrics = summarize_validation([_group(0, "aime", [True, False], [1, 1])], 32)
     assert metrics["val/acc/mean@32"] == 0.5 and metrics["val/pass@32"] == 1.0

@@ -62,7 +62,7 @@ def _png_size(path: Path) -> tuple[int, int]:
 def test_figure_overlays_both_runs_and_marks_missing_panels(two_runs: list[Path]) -> None:
     fig = make_figure(two_runs, labels=["DAPO", "w/o clip-higher"])
     axes = {ax.get_title(): ax for ax in fig.axes if ax.get_title()}
-    assert set(axes) == {p.title for p in PANELS}
+    assert set(axes) == {p.title for p in PANELS if not p.when_logged}  # no run called a tool: no tool panels
     for title in ("response length (kept groups)", "reward score (kept groups)", "generation entropy (kept groups)",
                   "training accuracy (kept groups)", "rollout accuracy (all groups, before filtering)"):
         lines = axes[title].get_lines()
@@ -85,6 +85,25 @@ def test_figure_overlays_both_runs_and_marks_missing_panels(two_runs: list[Path]
     mean_prob = axes["mean probability (kept groups)"]
     assert mean_prob.get_lines() == [] and [t.get_text() for t in mean_prob.texts] == ["no data"]
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["DAPO", "w/o clip-higher"]
+
+
+def test_tool_panels_appear_when_a_run_logged_tool_use(two_runs: list[Path]) -> None:
+    records = [json.loads(line) for line in (two_runs[0] / "metrics.jsonl").read_text().splitlines()]
+    for r in records:
+        r["tool/samples_with_call"] = 0.05 * r["step"]
+        if "val/acc/mean@8" in r:
+            r["val/tool/samples_with_call"] = 0.08 * r["step"]
+    (two_runs[0] / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    axes = {ax.get_title(): ax for ax in make_figure(two_runs).axes if ax.get_title()}
+    rollout = axes["samples that called the tool (rollout)"].get_lines()
+    assert len(rollout) == 1 and list(rollout[0].get_ydata()) == pytest.approx([0.05 * s for s in range(1, 11)])
+    held_out = axes["samples that called the tool (validation)"].get_lines()
+    assert list(held_out[0].get_xdata()) == [5, 10] and list(held_out[0].get_ydata()) == pytest.approx([0.4, 0.8])
+    assert axes["samples that called the tool (rollout)"].get_ylim() == (0.0, 1.0)
+    assert "tool calls per sample (rollout)" not in axes  # logged by no run: not a default panel
+    chosen = make_figure(two_runs, metrics=["tool_calls"]).axes[0]  # chosen by name, it is drawn, empty
+    assert chosen.get_title() == "tool calls per sample (rollout)"
+    assert [t.get_text() for t in chosen.texts] == ["no data"]
 
 
 def test_plot_runs_writes_a_png_with_both_runs_colours(two_runs: list[Path], tmp_path: Path) -> None:

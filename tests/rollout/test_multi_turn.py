@@ -216,3 +216,91 @@ def test_the_default_format_finds_a_fenced_python_block() -> None:
     assert fmt.closed_call(text + "\nmore") == ("print(2 ** 10)", len(text))
     with pytest.raises(ValueError, match="multi_turn.max_assistant_turns"):
         MultiTurnParams(max_assistant_turns=0)
+
+
+# ---- stops in two phases, on a scripted policy ---------------------------------------------------------------------
+
+class WordTokenizer:
+    """A tokenizer over a fixed list of pieces (greedy longest match), where ```` ``` ```` and ``python`` are single
+    tokens as in BPE vocabularies (the tiny model's is character-level): what the rollout needs of a tokenizer."""
+
+    eos = 0
+
+    def __init__(self, pieces: Sequence[str]) -> None:
+        self.pieces = ["<eos>", *pieces]
+
+    def __len__(self) -> int:
+        return len(self.pieces)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        ids, i = [], 0
+        while i < len(text):
+            best = max((p for p in self.pieces[1:] if text.startswith(p, i)), key=len)
+            ids.append(self.pieces.index(best))
+            i += len(best)
+        return ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return "".join(self.pieces[i] for i in ids if not (skip_special_tokens and i == self.eos))
+
+    def batch_decode(self, rows: Sequence[Sequence[int]], skip_special_tokens: bool = False) -> list[str]:
+        return [self.decode(r, skip_special_tokens) for r in rows]
+
+
+class ScriptedEngine:
+    """Emits each prompt's scripted model text, token by token, honouring stop ids and max_tokens as an engine does;
+    the script resumes where the last call stopped (tool tokens in the prompt are skipped: they are not the model's).
+    The real engines' sampling is tested above; this pins down the rollout's control flow, call by call."""
+
+    def __init__(self, tokenizer: WordTokenizer, scripts: dict[int, str]) -> None:
+        self.scripts = {key: tokenizer.encode(text) + [WordTokenizer.eos] for key, text in scripts.items()}
+        self.cursor = dict.fromkeys(scripts, 0)
+        self.calls: list[tuple[int, tuple[int, ...]]] = []  # (prompts, stop ids) per call
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams):
+        from dapo.rollout.base import RolloutOutput
+
+        self.calls.append((len(prompts), tuple(params.stop_token_ids)))
+        ids_out, reasons = [], []
+        for prompt in prompts:
+            key = prompt[0]
+            script, start, emitted = self.scripts[key], self.cursor[key], []
+            reason = "length"
+            while len(emitted) < params.max_tokens:
+                token = script[start + len(emitted)]
+                emitted.append(token)
+                if token == WordTokenizer.eos or token in params.stop_token_ids:
+                    reason = "stop"
+                    break
+            self.cursor[key] += len(emitted)
+            ids_out.append(emitted)
+            reasons.append(reason)
+        return RolloutOutput(list(range(len(prompts))), ids_out, [[-0.5] * len(r) for r in ids_out], reasons)
+
+
+class PrintingRunner:
+    def run_many(self, codes: Sequence[str], max_workers: int = 1) -> list[ToolResult]:
+        return [ToolResult(output=str(eval(code.removeprefix("print(").removesuffix(")"))), category="ok",
+                           exit_code=0, wall_s=0.0) for code in codes]
+
+
+PIECES = ["Let", " me", ".", "\n", "```", "python", "output", "print(6 * 7)", "Answer:", " ", "42", "x", "n"]
+
+
+def test_stray_fences_outside_a_call_cost_no_engine_call_and_the_call_still_stops_where_it_closes() -> None:
+    tok = WordTokenizer(PIECES)
+    # Stray fences and a lone "n" before the call, stray fences after its output: none may stop the engine.
+    model_text = {1: "Let me.\n```\n```\nn```python\nprint(6 * 7)\n```",
+                  2: "```\n```\n```\nAnswer: 42"}
+    engine = ScriptedEngine(tok, {1: model_text[1] + model_text[2]})
+    mt = MultiTurnRollout(engine, tok, PrintingRunner(), MultiTurnParams(max_response_length=200))
+    assert mt.end_token_ids == (PIECES.index("```") + 1,) and mt.start_token_ids == (PIECES.index("python") + 1,)
+    out = mt.generate([[1]], SamplingParams(n=1, max_tokens=200))
+    # call 1 stops on "python" (a call may have opened), call 2 on the closing fence, call 3 runs to EOS
+    assert [(n, stops) for n, stops in engine.calls] == [(1, mt.start_token_ids), (1, mt.end_token_ids),
+                                                         (1, mt.start_token_ids)]
+    response = tok.decode(out.response_ids[0])
+    assert response == model_text[1] + "\n```output\n42\n```\n" + model_text[2] + "<eos>"
+    assert out.tool_categories == [["ok"]] and out.finish_reason == ["stop"] and out.turns == [2]
+    tool = [tok.decode([t]) for t, m in zip(out.response_ids[0], out.action_mask[0]) if m == 0]
+    assert "".join(tool) == "\n```output\n42\n```\n"

@@ -146,11 +146,20 @@ def _test_file_id(name: str, synth_config: Path | None) -> str:
               help="reward processes (0 = in-process)")
 @click.option("--trust-remote-code", is_flag=True,
               help="allow custom model code shipped in the model folder (only for a model you trust)")
+@click.option("--multi-turn/--single-turn", "multi_turn", default=None,
+              help="run the tool loop of training (rollout.multi_turn: the model's ```python blocks run in the "
+                   "sandbox, their output is appended, it continues); default: as --synth-config's "
+                   "rollout.multi_turn.enable, else single turn. Its settings come from --synth-config's "
+                   "rollout.multi_turn (else the defaults); --max-tokens is the trajectory budget")
+@click.option("--max-assistant-turns", type=click.IntRange(min=1), default=None,
+              help="--multi-turn: model turns per sample (overrides the config's)")
 @click.option("--quiet", is_flag=True, help="no progress line")
 def eval_command(model, test_files, synth_config, n, temperature, top_p, top_k, max_tokens, seed, template, max_problems, output,
                  base_url, concurrency, max_retries, request_timeout, backend, device, batch_size, max_prompt_length,
-                 tensor_parallel_size, reward_workers, trust_remote_code, quiet) -> None:
-    """Evaluate a model: avg@K, pass@k, maj@K, response length and truncation rate per data_source and overall."""
+                 tensor_parallel_size, reward_workers, trust_remote_code, multi_turn, max_assistant_turns,
+                 quiet) -> None:
+    """Evaluate a model: avg@K, pass@k, maj@K, response length and truncation rate per data_source and overall;
+    with --multi-turn, also how the samples used the code interpreter (tool/*)."""
     from dapo.data.schema import DataError
     from dapo.evaluation.problems import load_problems
     from dapo.infra.atomic import FileOperationError, describe_os_error
@@ -159,15 +168,26 @@ def eval_command(model, test_files, synth_config, n, temperature, top_p, top_k, 
     from dapo.model.loading import ModelLoadError
     from dapo.rollout.factory import EngineUnavailableError
 
+    from dapo.config.schema import MultiTurnConfig
+
     console = Console()
     try:
         synth = None
+        tool_loop = MultiTurnConfig()
         if synth_config is not None:
             from dapo.config import ConfigError, load_config
             try:
-                synth = load_config(synth_config).data
+                loaded = load_config(synth_config)
             except ConfigError as exc:
                 raise click.ClickException(f"--synth-config {synth_config}: {exc}") from None
+            synth, tool_loop = loaded.data, loaded.rollout.multi_turn
+        if multi_turn is None:
+            multi_turn = tool_loop.enable
+        if max_assistant_turns is not None:
+            tool_loop = tool_loop.model_copy(update={"max_assistant_turns": max_assistant_turns})
+        if multi_turn and base_url:
+            raise click.ClickException("--multi-turn runs the tool loop on a local engine (token in, token out); it "
+                                       "cannot run against --base-url")
         problems = load_problems(list(test_files), template=template, max_problems=max_problems, synth=synth)
         output = output or default_output(model, test_files)
         if base_url:
@@ -182,13 +202,26 @@ def eval_command(model, test_files, synth_config, n, temperature, top_p, top_k, 
                                                             max_prompt_length, seed, tensor_parallel_size,
                                                             trust_remote_code=trust_remote_code)
             model_name = model or "tiny-qwen2 (embedded)"
+            if multi_turn:
+                from dapo.tools.sandbox import SandboxUnavailableError
+                from dapo.training.tool_use import tool_rollout
+                try:
+                    eval_backend.engine = tool_rollout(eval_backend.engine, eval_backend.tokenizer, tool_loop,
+                                                       max_tokens)
+                except SandboxUnavailableError as exc:
+                    close_quietly([("the evaluation engine", eval_backend.close)])
+                    raise click.ClickException(f"rollout.multi_turn.sandbox.mode={tool_loop.sandbox.mode}: "
+                                               f"{exc}") from None
         settings = EvalSettings(model=model_name, test_files=tuple(_test_file_id(f, synth_config) for f in test_files), n=n,
                                 temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens, seed=seed,
                                 template=template, max_problems=max_problems, backend=engine_name,
-                                batch_size=batch_size)
+                                batch_size=batch_size,
+                                multi_turn=tool_loop.model_dump(mode="json", exclude={"enable"}) if multi_turn else None)
         total = sum(p.repeats for p in problems) * n
+        loop = (f", multi-turn: up to {tool_loop.max_assistant_turns} turns, sandbox {tool_loop.sandbox.mode}"
+                if multi_turn else "")
         console.print(f"dapo eval: {len(problems)} problems, {total} samples "
-                      f"({engine_name}{' at ' + eval_backend.base_url if base_url else ''}) -> {output}",
+                      f"({engine_name}{' at ' + eval_backend.base_url if base_url else ''}{loop}) -> {output}",
                       highlight=False)
         try:
             summary = run_eval(problems, eval_backend, settings, output, reward_workers=reward_workers,

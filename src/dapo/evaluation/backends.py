@@ -34,6 +34,7 @@ class Generated:
     finish_reason: str
     prompt_tokens: int
     response_tokens: int
+    tool_calls: tuple[str, ...] | None = None  # multi-turn: each tool call's result category, in order
 
 
 def encode_messages(tokenizer, messages: Sequence[dict[str, str]]) -> list[int]:
@@ -50,7 +51,10 @@ def decode_response(tokenizer, ids: Sequence[int]) -> str:
 
 
 class LocalBackend:
-    """Samples with an in-process engine. ``generate`` is synchronous and batches many prompts in one engine call."""
+    """Samples with an in-process engine. ``generate`` is synchronous and batches many prompts in one engine call.
+
+    The engine may be a multi-turn rollout (:class:`dapo.rollout.multi_turn.MultiTurnRollout`): a response is then the
+    whole trajectory (model and tool tokens, as the reward reads it in training) and carries its tool calls."""
 
     name = "local"
 
@@ -82,11 +86,13 @@ class LocalBackend:
             n=n, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
             max_tokens=params.max_tokens, stop_token_ids=params.stop_token_ids, seed=params.seed))
         results: list[list[Generated]] = [[] for _ in prompts]
+        tool_categories = getattr(out, "tool_categories", None)
         for k in range(len(out)):
             i = owner[out.prompt_index[k]]
             ids = out.response_ids[k]
+            calls = None if tool_categories is None else tuple(tool_categories[k])
             results[i].append(Generated(decode_response(self.tokenizer, ids), out.finish_reason[k],
-                                        len(encoded[i]), len(ids)))
+                                        len(encoded[i]), len(ids), calls))
         return results
 
     def close(self) -> None:

@@ -20,6 +20,9 @@ Definitions, for a problem with n samples of which c are correct:
   sample index wins. The vote is correct when the first sample carrying the winning prediction is correct.
 * ``response_length/mean``: mean response length in tokens over all samples (stop token included), problem-weighted
   like the rest; ``truncation_rate``: share of samples that ended on ``max_tokens`` (finish reason ``"length"``).
+* multi-turn runs (``dapo eval --multi-turn``): ``tool/samples_with_call``, ``tool/calls_per_sample``,
+  ``tool/acc_with_call``, ``tool/acc_without_call``, ``tool/errors``, ... (:func:`dapo.tools.metrics.tool_use_metrics`,
+  over samples).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dapo.evaluation.statistics import mean_std
+from dapo.tools.metrics import tool_use_metrics
 from dapo.reward.normalize import normalize_final_answer
 
 OVERALL = "overall"
@@ -97,6 +101,7 @@ class SampleOutcome:
     pred: str = ""
     response_tokens: int = 0
     truncated: bool = False
+    tool_calls: tuple[str, ...] | None = None  # multi-turn: each tool call's result category; None = single turn
 
     @classmethod
     def from_record(cls, row: Mapping[str, Any]) -> SampleOutcome:
@@ -109,6 +114,7 @@ class SampleOutcome:
             pred=str(row.get("prediction") or ""),
             response_tokens=int(row.get("response_tokens") or 0),
             truncated=row.get("finish_reason") == "length",
+            tool_calls=None if row.get("tool_calls") is None else tuple(row["tool_calls"]),
         )
 
 
@@ -185,6 +191,9 @@ def summarize_problems(problems: Sequence[ProblemStats]) -> dict[str, Any]:
                                  for p in problems])
     out["response_length/mean"] = _mean([_mean([s.response_tokens for s in p.samples]) for p in problems])
     out["truncation_rate"] = _mean([_mean([float(s.truncated) for s in p.samples]) for p in problems])
+    # multi-turn samples: how they used the tool (over samples, not problem-weighted: every problem has K of them)
+    out.update(tool_use_metrics([(s.tool_calls, float(s.acc)) for p in problems for s in p.samples
+                                 if s.tool_calls is not None]))
     return out
 
 

@@ -2,7 +2,8 @@
 
 Output. Every sample is one JSON line of ``OUTPUT`` (default ``*.jsonl``), appended and flushed as soon as it is
 scored: ``problem_key``, ``problem_id``, ``data_source``, ``sample_index``, ``prompt``, ``ground_truth``, ``response``,
-``prediction``, ``score``, ``acc``, ``finish_reason``, ``prompt_tokens``, ``response_tokens``. The summary (settings
+``prediction``, ``score``, ``acc``, ``finish_reason``, ``prompt_tokens``, ``response_tokens``, and with the multi-turn
+tool loop (``EvalSettings.multi_turn``) ``tool_calls``, each call's result category. The summary (settings
 and metrics, :mod:`dapo.evaluation.metrics`) goes to ``OUTPUT`` with suffix ``.summary.json``, written atomically; it
 holds nothing that depends on timing, so a resumed run's summary is byte-for-byte an uninterrupted run's.
 
@@ -35,12 +36,13 @@ from dapo.infra.atomic import atomic_write
 from dapo.reward.batch import score_batch
 from dapo.reward.records import RewardInput
 from dapo.rollout.base import SamplingParams
+from dapo.tools.sandbox import TOOL_CATEGORIES
 
 Progress = Callable[[int, int, float], None]  # (samples done, samples total, accuracy so far)
 
 SETTINGS_THAT_DECIDE_SAMPLES: tuple[str, ...] = (
     "model", "test_files", "n", "temperature", "top_p", "top_k", "max_tokens", "seed", "template", "max_problems",
-    "backend",
+    "backend", "multi_turn",
 )
 
 
@@ -58,6 +60,7 @@ class EvalSettings:
     max_problems: int | None = None
     backend: str = "hf"  # "hf" / "vllm" / "openai"
     batch_size: int = 8  # local engine: problems per engine call (part of the sampling order, so recorded)
+    multi_turn: dict[str, Any] | None = None  # the tool loop's settings (rollout.multi_turn), None = single turn
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
@@ -86,6 +89,7 @@ _SAMPLE_FIELDS: dict[str, tuple[type, ...]] = {
     "acc": (bool,), "finish_reason": (str, type(None)), "prompt_tokens": (int,), "response_tokens": (int,),
 }
 _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false", type(None): "null"}
+# Multi-turn samples also carry "tool_calls": each tool call's result category, in order.
 
 
 def _sample_problem(row: Any) -> str | None:
@@ -102,6 +106,9 @@ def _sample_problem(row: Any) -> str | None:
             return f'has "{name}": {json.dumps(value)[:60]}, which must be {wanted}'
         if name in ("sample_index", "prompt_tokens", "response_tokens") and value < 0:
             return f'has "{name}": {value}, which must be >= 0'
+    calls = row.get("tool_calls")
+    if "tool_calls" in row and not (isinstance(calls, list) and all(c in TOOL_CATEGORIES for c in calls)):
+        return f'has "tool_calls": {json.dumps(calls)[:60]}, which must be a list of {", ".join(TOOL_CATEGORIES)}'
     return None
 
 
@@ -226,6 +233,7 @@ def _row(problem: EvalProblem, index: int, gen: Generated, result) -> dict[str, 
         "finish_reason": gen.finish_reason,
         "prompt_tokens": gen.prompt_tokens,
         "response_tokens": gen.response_tokens,
+        **({} if gen.tool_calls is None else {"tool_calls": list(gen.tool_calls)}),
     }
 
 
@@ -243,6 +251,9 @@ def run_eval(problems: Sequence[EvalProblem], backend: LocalBackend | OpenAIBack
         raise EvalError(f"--output {output}: the samples file must end in .jsonl")
     if not problems:
         raise EvalError("no problems to evaluate")
+    if settings.multi_turn is not None and not isinstance(backend, LocalBackend):
+        raise EvalError("the multi-turn tool loop runs on a local engine (--backend hf or vllm), where trajectories "
+                        "are built token in, token out; a server behind --base-url cannot run it")
     done_rows = read_samples(output)
     _check_resume(settings, output, done_rows)
     wanted = {p.key: p.repeats * settings.n for p in problems}

@@ -7,6 +7,8 @@ Metrics come under two sets of names:
 * ours, ``val/acc/mean@k`` (k = rollout.val_kwargs.n, mean over every sample) and ``val/acc/mean@k/ci95`` (the
   half-width of its 95% interval over prompts), ``val/pass@k``, ``val/score/mean@k``,
   ``val/response_length/mean``, and per data_source ``val/<data_source>/acc/mean@k`` when there are several;
+  with multi-turn rollouts, ``val/tool/*`` (:func:`dapo.tools.metrics.tool_use_metrics`: the share of samples that
+  called the tool, calls per sample, accuracy with and without a call, ...);
 * verl's, computed as verl computes them: samples are grouped by problem (data_source and prompt), so the official
   AIME file (each problem 32 times) with n=1 gives N=32: ``val-core/<data_source>/acc/mean@N``, and
   ``val-aux/<data_source>/score/mean@N``, ``val-aux/<data_source>/acc/std@N`` (per-problem std, averaged),
@@ -25,6 +27,7 @@ from dapo.reward.scored_groups import ScoredGroup, score_rollout
 from dapo.data.prompts import PromptItem
 from dapo.evaluation.statistics import mean_std, val_acc_key_of
 from dapo.rollout.base import RolloutEngine, SamplingParams
+from dapo.tools.metrics import tool_use_metrics
 
 
 def val_acc_key(metrics: dict[str, float]) -> str | None:
@@ -55,6 +58,9 @@ def summarize_validation(groups: Sequence[ScoredGroup], k: int) -> dict[str, flo
             accs = [a for g in gs for a in g.acc]
             metrics[f"val/{source}/acc/mean@{k}"] = sum(accs) / len(accs)
     metrics.update(verl_validation_metrics(groups))
+    # multi-turn: how the held-out samples used the tool (val/tool/samples_with_call, val/tool/acc_with_call, ...)
+    metrics.update(tool_use_metrics([(cats, acc) for g in groups if g.tool_categories is not None
+                                     for cats, acc in zip(g.tool_categories, g.acc)], prefix="val/tool/"))
     return metrics
 
 

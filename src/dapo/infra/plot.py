@@ -39,6 +39,7 @@ class Panel:
     key: str  # metric key; "val/acc/mean@*" = one panel per k
     ylabel: str
     accuracy: bool = False  # y axis fixed to [0, 1]
+    when_logged: bool = False  # among the default panels only when some run logged its key (tool use)
 
 
 PANELS: tuple[Panel, ...] = (
@@ -53,6 +54,13 @@ PANELS: tuple[Panel, ...] = (
     # model FLOPs / (seconds x peak) per phase (dapo.training.perf_metrics); a CPU's peak is a measured matmul rate
     Panel("mfu_actor", "actor MFU (update)", "perf/mfu/actor", "perf/mfu/actor"),
     Panel("mfu_rollout", "rollout MFU (generation)", "perf/mfu/rollout", "perf/mfu/rollout"),
+    # multi-turn runs (rollout.multi_turn): how often the policy calls the interpreter, in training and held out
+    Panel("tool_share", "samples that called the tool (rollout)", "tool/samples_with_call",
+          "tool/samples_with_call", accuracy=True, when_logged=True),
+    Panel("val_tool_share", "samples that called the tool (validation)", "val/tool/samples_with_call",
+          "val/tool/samples_with_call", accuracy=True, when_logged=True),
+    Panel("tool_calls", "tool calls per sample (rollout)", "tool/calls_per_sample", "tool/calls_per_sample",
+          when_logged=True),
 )
 PANEL_NAMES: tuple[str, ...] = tuple(p.name for p in PANELS)
 _VAL = "val/acc/mean@*"
@@ -100,7 +108,9 @@ def _resolve_panels(metrics: Sequence[str] | None, runs: list[list[dict[str, Any
     """The chosen panels, with the validation panel split into one panel per k (never two k on one axis)."""
     by_name = {p.name: p for p in PANELS}
     chosen: list[Panel] = []
-    for item in metrics or PANEL_NAMES:
+    logged = {key for records in runs for record in records for key in record}
+    defaults = [p.name for p in PANELS if not p.when_logged or p.key in logged]
+    for item in metrics or defaults:
         if item in by_name:
             chosen.append(by_name[item])
         elif "/" in item:

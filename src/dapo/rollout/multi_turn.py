@@ -11,11 +11,16 @@ log-probs of the model's tokens are exactly what the actor's teacher-forced pass
 (tests/rollout/test_multi_turn.py measures the gap on both engines). Text is decoded only to *detect* a closed tool
 call, never to rebuild ids.
 
-Stop strings without engine support: every vocabulary entry whose text contains the call's end marker is passed as a
-stop token id, so an engine stops right after it; a stop that did not close a call (the ```` ``` ```` of an opening
-fence) just resumes generation, in the same turn. A call whose end marker spans two tokens is still found when the
-turn ends (EOS or budget), and the turn is cut right after the token that closed it: the tokens sampled after that are
-dropped, which keeps a sample (a prefix of a sample is a sample of the same policy).
+Stop strings without engine support, in two phases per turn. While a turn has no open call, the stop token ids are
+the vocabulary entries that contain the last piece of the start marker (``python`` of ```` ```python ````), so an
+engine stops once a call may have opened; once the turn holds an open call they are the entries that contain the end
+marker, so it stops right after the call closes. A stop that opened or closed nothing resumes generation in the same
+turn. Stopping on the end marker from the start would also stop on every opening fence and on every stray ```` ``` ````
+(a sample writing fences in a loop cost one engine call per two tokens: measured, 40+ rounds of one prompt); one
+call per phase keeps the rounds few. Stops are only a saving: a call whose markers the stops missed (a marker split
+across tokens, another tokenization) is still found when the turn ends (EOS or budget), and the turn is cut right
+after the token that closed it: the tokens sampled after that are dropped, which keeps a sample (a prefix of a sample
+is a sample of the same policy).
 
 The action mask marks the model's own tokens (1) against tool output (0). Tool tokens carry a log-prob of 0.0 as a
 placeholder that nothing may read: they are context, not actions.
@@ -154,9 +159,18 @@ class MultiTurnRollout:
         self.tokenizer = tokenizer
         self.runner = runner
         self.params = params
-        end = params.call_format.end
+        fmt = params.call_format
         texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=False)
-        self.end_token_ids = tuple(i for i, text in enumerate(texts) if end in text)
+        self.end_token_ids = tuple(i for i, text in enumerate(texts) if fmt.end in text)
+        # The start marker's last piece as the tokenizer writes it alone ("python" of "```python"): a token holding
+        # it may complete the marker. Empty start (the turn is the call): always open, the end ids from the start.
+        # A piece so common that more than 1% of the vocabulary holds it (a character-level tokenizer's "n") would
+        # stop nearly every token: then no stop before a call opens, and the call is found when the turn ends.
+        pieces = tokenizer.encode(fmt.start, add_special_tokens=False) if fmt.start else []
+        last = tokenizer.decode(pieces[-1:], skip_special_tokens=False).strip() if pieces else ""
+        holding = tuple(i for i, text in enumerate(texts) if last in text) if last else ()
+        self.start_token_ids = (self.end_token_ids if not fmt.start
+                                else holding if len(holding) <= max(1, len(texts) // 100) else ())
 
     # The rest of the RolloutEngine interface is the engine's: the trainer pushes weights into it and probes it.
     def update_weights(self, named_tensors) -> None:
@@ -172,27 +186,33 @@ class MultiTurnRollout:
         """Like :meth:`RolloutEngine.generate` (same order and ``n``); ``sampling.max_tokens`` is ignored in favour of
         the trajectory budget ``max_response_length``."""
         samples = [_Sample(i, list(p)) for i, p in enumerate(prompt_token_ids) for _ in range(sampling.n)]
-        stop_ids = tuple(sorted(set(sampling.stop_token_ids) | set(self.end_token_ids)))
-        first = _replace(sampling, max_tokens=self.params.max_response_length, stop_token_ids=stop_ids)
+        stops = {open_: tuple(sorted(set(sampling.stop_token_ids) | set(ids)))
+                 for open_, ids in ((False, self.start_token_ids), (True, self.end_token_ids))}
+        first = _replace(sampling, max_tokens=self.params.max_response_length,
+                         stop_token_ids=stops[not self.params.call_format.start])
         self._absorb(samples, self.engine.generate([list(p) for p in prompt_token_ids], first))
         round_ = 1
         while True:
             self._run_tools([s for s in samples if s.pending_code is not None])
-            active = [s for s in samples if s.finish is None]
-            if not active:
+            if all(s.finish is not None for s in samples):
                 break
-            # One call per round for all continuing samples, each its own prompt (n=1). The engine takes one
-            # max_tokens per call: the least room left, so that no sample's prompt + max_tokens passes what the
-            # engine was sized for (vLLM's max_model_len); a sample with more room that stops on "length" before its
-            # budget simply continues in the next round.
-            budget = min(self.params.max_response_length - len(s.ids) for s in active)
-            seeds = None if sampling.prompt_seeds is None else tuple(
-                (sampling.prompt_seeds[s.prompt_index] * 1_000_003 + k * 7919 + round_) % (1 << 63)
-                for k, s in enumerate(samples) if s.finish is None)
-            params = _replace(sampling, n=1, max_tokens=budget, stop_token_ids=stop_ids,
-                              seed=None if sampling.seed is None else sampling.seed + round_, prompt_seeds=seeds)
-            out = self.engine.generate([s.prompt_ids + s.ids for s in active], params)
-            self._absorb(active, out)
+            # One call per round and phase (turns without and with an open call stop on different ids), each
+            # continuing sample its own prompt (n=1). The engine takes one max_tokens per call: the least room left,
+            # so that no sample's prompt + max_tokens passes what the engine was sized for (vLLM's max_model_len); a
+            # sample with more room that stops on "length" before its budget simply continues in the next round.
+            for open_ in (False, True):
+                active = [(k, s) for k, s in enumerate(samples) if s.finish is None and self._call_open(s) == open_]
+                if not active:
+                    continue
+                budget = min(self.params.max_response_length - len(s.ids) for _, s in active)
+                seeds = None if sampling.prompt_seeds is None else tuple(
+                    (sampling.prompt_seeds[s.prompt_index] * 1_000_003 + k * 7919 + round_) % (1 << 63)
+                    for k, s in active)
+                params = _replace(sampling, n=1, max_tokens=budget, stop_token_ids=stops[open_],
+                                  seed=None if sampling.seed is None else sampling.seed + 2 * round_ + open_,
+                                  prompt_seeds=seeds)
+                out = self.engine.generate([s.prompt_ids + s.ids for _, s in active], params)
+                self._absorb([s for _, s in active], out)
             round_ += 1
         return MultiTurnOutput(
             prompt_index=[s.prompt_index for s in samples], response_ids=[s.ids for s in samples],
@@ -222,8 +242,8 @@ class MultiTurnRollout:
                     s.finish = "length" if full else "stop"
             elif full:
                 s.finish = "length"
-            elif reason == "stop" and ids and ids[-1] in self.end_token_ids:
-                continue  # stopped on an end marker that closed nothing (an opening fence): keep generating
+            elif reason == "stop" and ids and (ids[-1] in self.end_token_ids or ids[-1] in self.start_token_ids):
+                continue  # stopped on a marker that closed nothing (a call opened, or a stray fence): keep going
             elif reason == "length":
                 continue  # this call's max_tokens, not the sample's budget, ended it: keep generating
             else:
@@ -231,6 +251,11 @@ class MultiTurnRollout:
 
     def _turn_text(self, s: _Sample) -> str:
         return self.tokenizer.decode(s.ids[s.turn_start:], skip_special_tokens=False)
+
+    def _call_open(self, s: _Sample) -> bool:
+        """Whether the sample's current turn has opened a call (a closed one ends the turn at once, see _absorb)."""
+        start = self.params.call_format.start
+        return not start or start in self._turn_text(s)
 
     def _closing_cut(self, s: _Sample, new_ids: list[int]) -> int | None:
         """How many of ``new_ids`` to keep: up to the token that closes a call (binary search: once closed, a longer

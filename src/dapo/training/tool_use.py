@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 
 from dapo.config import DapoConfig
+from dapo.config.schema import MultiTurnConfig
 from dapo.reward.scored_groups import ScoredGroup
 from dapo.rollout.base import RolloutEngine
 from dapo.rollout.multi_turn import MultiTurnParams, MultiTurnRollout, ToolCallFormat
-from dapo.tools.sandbox import TOOL_CATEGORIES, PythonSandbox, SandboxLimits, SandboxUnavailableError
+from dapo.tools.metrics import tool_use_metrics
+from dapo.tools.sandbox import PythonSandbox, SandboxLimits, SandboxUnavailableError
 from dapo.training.errors import TrainingError
 
 
@@ -19,17 +20,23 @@ def with_tool_rollout(engine: RolloutEngine, cfg: DapoConfig, tokenizer) -> Roll
     mt = cfg.rollout.multi_turn
     if not mt.enable:
         return engine
-    box = mt.sandbox
     try:
-        sandbox = PythonSandbox(SandboxLimits(wall_time_s=box.wall_time_s, cpu_time_s=box.cpu_time_s,
-                                              memory_bytes=box.memory_mb * 2**20,
-                                              max_output_bytes=box.max_output_bytes,
-                                              max_processes=box.max_processes), mode=box.mode)
+        return tool_rollout(engine, tokenizer, mt, cfg.data.max_response_length)
     except SandboxUnavailableError as exc:
         engine.close()
-        raise TrainingError(f"rollout.multi_turn.sandbox.mode={box.mode}: {exc}") from None
+        raise TrainingError(f"rollout.multi_turn.sandbox.mode={mt.sandbox.mode}: {exc}") from None
+
+
+def tool_rollout(engine: RolloutEngine, tokenizer, mt: MultiTurnConfig, max_response_length: int) -> MultiTurnRollout:
+    """The multi-turn rollout over ``engine`` that ``mt`` describes (``enable`` is not read), with its sandbox;
+    training and ``dapo eval`` build it here, so both run the same loop. Raises SandboxUnavailableError when the
+    sandbox mode cannot run on this machine (the caller still owns ``engine``)."""
+    box = mt.sandbox
+    sandbox = PythonSandbox(SandboxLimits(wall_time_s=box.wall_time_s, cpu_time_s=box.cpu_time_s,
+                                          memory_bytes=box.memory_mb * 2**20, max_output_bytes=box.max_output_bytes,
+                                          max_processes=box.max_processes), mode=box.mode)
     params = MultiTurnParams(
-        max_assistant_turns=mt.max_assistant_turns, max_response_length=cfg.data.max_response_length,
+        max_assistant_turns=mt.max_assistant_turns, max_response_length=max_response_length,
         max_tool_response_length=mt.max_tool_response_length,
         tool_response_truncate_side=mt.tool_response_truncate_side, max_parallel_calls=mt.max_parallel_calls,
         call_format=ToolCallFormat(start=mt.tool_call_start, end=mt.tool_call_end,
@@ -37,29 +44,8 @@ def with_tool_rollout(engine: RolloutEngine, cfg: DapoConfig, tokenizer) -> Roll
     return MultiTurnRollout(engine, tokenizer, sandbox, params)
 
 
-def tool_metrics(groups: Sequence[ScoredGroup]) -> dict[str, float]:
-    """``tool/*`` of the generated groups (empty for single-turn rollouts): calls and turns per sample, the share of
-    samples that called the tool, each result category's count, and accuracy with and without a call."""
-    per_sample = [(cats, acc) for g in groups if g.tool_categories is not None
-                  for cats, acc in zip(g.tool_categories, g.acc)]
-    if not per_sample:
-        return {}
-    n = len(per_sample)
-    calls = Counter(c for cats, _ in per_sample for c in cats)
-    total = sum(calls.values())
-    used = [acc for cats, acc in per_sample if cats]
-    unused = [acc for cats, acc in per_sample if not cats]
-    metrics = {
-        "tool/calls_per_sample": total / n,
-        "tool/turns_per_sample": sum(len(cats) + 1 for cats, _ in per_sample) / n,
-        "tool/samples_with_call": len(used) / n,
-        "tool/calls": float(total),
-        "tool/errors": float(total - calls["ok"]),
-        "tool/timeouts": float(calls["timeout"]),
-        **{f"tool/result/{c}": float(calls[c]) for c in TOOL_CATEGORIES},
-    }
-    if used:
-        metrics["tool/acc_with_call"] = sum(used) / len(used)
-    if unused:
-        metrics["tool/acc_without_call"] = sum(unused) / len(unused)
-    return metrics
+def tool_metrics(groups: Sequence[ScoredGroup], prefix: str = "tool/") -> dict[str, float]:
+    """``tool/*`` of the generated groups (empty for single-turn rollouts), :func:`dapo.tools.metrics.tool_use_metrics`
+    over every sample of a multi-turn group."""
+    return tool_use_metrics([(cats, acc) for g in groups if g.tool_categories is not None
+                             for cats, acc in zip(g.tool_categories, g.acc)], prefix)

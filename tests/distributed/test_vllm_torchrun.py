@@ -12,7 +12,12 @@ tensor-parallel groups of one inside the trainer's world, a replicated actor's p
 ``close`` keeping the group; the worker checks exactly those on the same engine class the trainer builds, while the
 rest of that run (splitting the batch over tp=1 ranks and gathering it, the replicated actor under torchrun) is the
 Transformers engine's torchrun runs' (test_train_torchrun.py), whose ranks are tp=1 engines too. One ``dapo train``
-torchrun launch with vLLM costs ~60 s here; the worker's launch serves the gather checks as well."""
+torchrun launch with vLLM costs ~60 s here; the worker's launch serves the gather checks as well.
+
+Both stay on torchrun's own processes, not the warm elastic agent of tests/distributed/warm_torchrun.py: its forked
+ranks end without running atexit handlers, so vLLM never unlinks its tensor-parallel shared memory
+(/dev/shm/*-cpushm_*, the same names for every job) and the next tensor-parallel vLLM job on the machine fails
+(tried 2026-12-03: the warm launch passed in 65 CPU-s, the following real one failed on the leftover segments)."""
 
 from __future__ import annotations
 

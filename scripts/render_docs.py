@@ -8,6 +8,9 @@ Every figure between ``<!-- generated:NAME -->`` and ``<!-- /generated -->`` in 
       the medians and ratios)
   docs/runs/default/metrics.jsonl.gz, run.json
       the default `dapo train` run's raw metrics and its date, commit, host CPU, command, printed summary
+  docs/runs/tools/*.metrics.jsonl.gz, runs.json
+      the SmolLM2 tool task's seeded runs (with and without the interpreter) and their date, commit, commands, host
+      CPU and each run's wall time
 
     python scripts/render_docs.py            # rewrite the generated blocks in place
     python scripts/render_docs.py --check    # exit 1, naming each block that differs (tests/test_docs_generated.py)
@@ -27,11 +30,12 @@ from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ("README.md", "docs/performance.md", "docs/results.md", "docs/tiny-model.md")
+DOCS = ("README.md", "docs/performance.md", "docs/results.md", "docs/tiny-model.md", "docs/tools.md")
 BLOCK = re.compile(r"<!-- generated:([\w-]+) -->(.*?)<!-- /generated -->", re.S)
 VS_TRL = {"tiny": "docs/img/vs_trl_tiny.json", "smollm2": "docs/img/vs_trl_smollm2.json",
           "smollm2-bf16": "docs/img/vs_trl_smollm2_bf16_rollout.json"}
 DEFAULT_RUN = "docs/runs/default"
+TOOL_RUNS = "docs/runs/tools"
 
 
 @cache
@@ -209,6 +213,82 @@ def default_run_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+@cache
+def tool_runs() -> tuple[dict, dict[str, list[dict]]]:
+    """runs.json and every recorded run's metrics, by run name (``<experiment>-s<seed>``)."""
+    folder = ROOT / TOOL_RUNS
+    meta = json.loads((folder / "runs.json").read_text(encoding="utf-8"))
+    runs = {}
+    for name in meta["runs"]:
+        with gzip.open(folder / f"{name}.metrics.jsonl.gz", "rt", encoding="utf-8") as f:
+            runs[name] = [json.loads(line) for line in f if line.strip()]
+    return meta, runs
+
+
+def _mean_std(values: list[float], fmt: str = ".3f") -> str:
+    n = len(values)
+    mean = sum(values) / n
+    std = (sum((v - mean) ** 2 for v in values) / (n - 1)) ** 0.5 if n > 1 else 0.0
+    return f"{mean:{fmt}} ± {std:{fmt}}" if n > 1 else f"{mean:{fmt}}"
+
+
+def tool_task_table() -> str:
+    """Base vs trained validation accuracy and tool-call share, mean ± std over seeds, with and without the tool."""
+    meta, runs = tool_runs()
+    arms = {"with the interpreter": [n for n in runs if "-no-tools-" not in n],
+            "without it (same budget)": [n for n in runs if "-no-tools-" in n]}
+    arms = {label: names for label, names in arms.items() if names}
+
+    def val(name: str, key: str, which: int) -> float | None:
+        points = [r for r in runs[name] if any(k.startswith("val/acc/mean@") for k in r)]
+        return points[which].get(key)
+
+    def acc_key(name: str) -> str:
+        return next(k for r in runs[name] for k in r if k.startswith("val/acc/mean@") and k.count("/") == 2)
+
+    def cell(names: list[str], key_of, which: int, fmt: str = ".3f") -> str:
+        values = [v for v in (val(n, key_of(n), which) for n in names) if v is not None]
+        return _mean_std(values, fmt) if values else "—"
+
+    def steps(names: list[str], key: str, which: int) -> str:
+        values = [[r[key] for r in runs[n] if key in r and r["step"] >= 1] for n in names]
+        values = [v[which] for v in values if v]
+        return _mean_std(values) if values else "—"
+
+    def last_step(name: str) -> int:
+        return runs[name][-1]["step"]
+
+    k = acc_key(next(iter(runs)))
+    rows = [
+        (f"validation {k.split('/')[-1]}, base model (step 0)", lambda ns: cell(ns, acc_key, 0)),
+        (f"validation {k.split('/')[-1]}, trained (step {last_step(next(iter(runs)))})", lambda ns: cell(ns, acc_key, -1)),
+        ("validation pass@2, base → trained", lambda ns: f"{cell(ns, lambda n: 'val/pass@2', 0)} → "
+                                                          f"{cell(ns, lambda n: 'val/pass@2', -1)}"),
+        ("validation samples that called the tool, base → trained",
+         lambda ns: f"{cell(ns, lambda n: 'val/tool/samples_with_call', 0)} → "
+                    f"{cell(ns, lambda n: 'val/tool/samples_with_call', -1)}"),
+        ("validation accuracy of samples that called it, base → trained",
+         lambda ns: f"{cell(ns, lambda n: 'val/tool/acc_with_call', 0)} → "
+                    f"{cell(ns, lambda n: 'val/tool/acc_with_call', -1)}"),
+        ("rollout accuracy (all samples), first → last step",
+         lambda ns: f"{steps(ns, 'rollout/acc/mean', 0)} → {steps(ns, 'rollout/acc/mean', -1)}"),
+        ("rollout samples that called the tool, first → last step",
+         lambda ns: f"{steps(ns, 'tool/samples_with_call', 0)} → {steps(ns, 'tool/samples_with_call', -1)}"),
+        ("optimizer updates (steps with a mixed group)",
+         lambda ns: _mean_std([float(sum(1 for r in runs[n] if r.get("actor/num_optimizer_steps", 0) > 0))
+                               for n in ns], ".1f")),
+        ("wall time per run (s)", lambda ns: _mean_std([float(meta["wall_s"][n]) for n in ns], ".0f")),
+    ]
+    header = "| | " + " | ".join(f"{label} ({len(ns)} seed{'s' if len(ns) > 1 else ''})"
+                                  for label, ns in arms.items()) + " |"
+    lines = ["", header, "|---|" + "---|" * len(arms)]
+    lines += [f"| {label} | " + " | ".join(fn(ns) for ns in arms.values()) + " |" for label, fn in rows]
+    lines += ["", f"Recorded: `{TOOL_RUNS}/` (each run's raw `metrics.jsonl.gz`; `runs.json`: {meta['date']}, commit "
+              f"{meta['commit']}, {meta['host_cpu']}, {meta['load']}; commands: "
+              + "; ".join(f"`{c}`" for c in meta["commands"]) + ")."]
+    return "\n".join(lines) + "\n"
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
     "readme-vs-trl": readme_vs_trl,
     "readme-default-run": readme_default_run,
@@ -218,6 +298,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "vs-trl-rollout": vs_trl_rollout,
     "vs-trl-benchmark-row": vs_trl_benchmark_row,
     "vs-trl-mfu": vs_trl_mfu,
+    "tool-task-table": tool_task_table,
 }
 
 

@@ -239,41 +239,33 @@ def tool_task_table() -> str:
             "without it (same budget)": [n for n in runs if "-no-tools-" in n]}
     arms = {label: names for label, names in arms.items() if names}
 
-    def val(name: str, key: str, which: int) -> float | None:
-        points = [r for r in runs[name] if any(k.startswith("val/acc/mean@") for k in r)]
-        return points[which].get(key)
+    first = next(iter(runs))
+    acc = next(k for r in runs[first] for k in r if k.startswith("val/acc/mean@") and k.count("/") == 2)
+    k = acc.split("@")[1]
 
-    def acc_key(name: str) -> str:
-        return next(k for r in runs[name] for k in r if k.startswith("val/acc/mean@") and k.count("/") == 2)
-
-    def cell(names: list[str], key_of, which: int, fmt: str = ".3f") -> str:
-        values = [v for v in (val(n, key_of(n), which) for n in names) if v is not None]
-        return _mean_std(values, fmt) if values else "—"
+    def val(names: list[str], key: str, which: int) -> str:
+        """``key`` at the first (0) or last (-1) validation of each run, mean ± std over the runs that logged it."""
+        points = [[r for r in runs[n] if acc in r][which].get(key) for n in names]
+        values = [v for v in points if v is not None]
+        return _mean_std(values) if values else "—"
 
     def steps(names: list[str], key: str, which: int) -> str:
+        """``key`` at the first (0) or last (-1) training step of each run."""
         values = [[r[key] for r in runs[n] if key in r and r["step"] >= 1] for n in names]
         values = [v[which] for v in values if v]
         return _mean_std(values) if values else "—"
 
-    def last_step(name: str) -> int:
-        return runs[name][-1]["step"]
+    def change(of, key: str):
+        return lambda ns: f"{of(ns, key, 0)} → {of(ns, key, -1)}"
 
-    k = acc_key(next(iter(runs)))
     rows = [
-        (f"validation {k.split('/')[-1]}, base model (step 0)", lambda ns: cell(ns, acc_key, 0)),
-        (f"validation {k.split('/')[-1]}, trained (step {last_step(next(iter(runs)))})", lambda ns: cell(ns, acc_key, -1)),
-        ("validation pass@2, base → trained", lambda ns: f"{cell(ns, lambda n: 'val/pass@2', 0)} → "
-                                                          f"{cell(ns, lambda n: 'val/pass@2', -1)}"),
-        ("validation samples that called the tool, base → trained",
-         lambda ns: f"{cell(ns, lambda n: 'val/tool/samples_with_call', 0)} → "
-                    f"{cell(ns, lambda n: 'val/tool/samples_with_call', -1)}"),
-        ("validation accuracy of samples that called it, base → trained",
-         lambda ns: f"{cell(ns, lambda n: 'val/tool/acc_with_call', 0)} → "
-                    f"{cell(ns, lambda n: 'val/tool/acc_with_call', -1)}"),
-        ("rollout accuracy (all samples), first → last step",
-         lambda ns: f"{steps(ns, 'rollout/acc/mean', 0)} → {steps(ns, 'rollout/acc/mean', -1)}"),
-        ("rollout samples that called the tool, first → last step",
-         lambda ns: f"{steps(ns, 'tool/samples_with_call', 0)} → {steps(ns, 'tool/samples_with_call', -1)}"),
+        (f"validation mean@{k}, base model (step 0)", lambda ns: val(ns, acc, 0)),
+        (f"validation mean@{k}, trained (step {runs[first][-1]['step']})", lambda ns: val(ns, acc, -1)),
+        (f"validation pass@{k}, base → trained", change(val, f"val/pass@{k}")),
+        ("validation samples that called the tool, base → trained", change(val, "val/tool/samples_with_call")),
+        ("validation accuracy of samples that called it, base → trained", change(val, "val/tool/acc_with_call")),
+        ("rollout accuracy (all samples), first → last step", change(steps, "rollout/acc/mean")),
+        ("rollout samples that called the tool, first → last step", change(steps, "tool/samples_with_call")),
         ("optimizer updates (steps with a mixed group)",
          lambda ns: _mean_std([float(sum(1 for r in runs[n] if r.get("actor/num_optimizer_steps", 0) > 0))
                                for n in ns], ".1f")),

@@ -59,8 +59,7 @@ def summarize_validation(groups: Sequence[ScoredGroup], k: int) -> dict[str, flo
             metrics[f"val/{source}/acc/mean@{k}"] = sum(accs) / len(accs)
     metrics.update(verl_validation_metrics(groups))
     # multi-turn: how the held-out samples used the tool (val/tool/samples_with_call, val/tool/acc_with_call, ...)
-    metrics.update(tool_use_metrics([(cats, acc) for g in groups if g.tool_categories is not None
-                                     for cats, acc in zip(g.tool_categories, g.acc)], prefix="val/tool/"))
+    metrics.update(tool_use_metrics([sample for g in groups for sample in g.tool_use], prefix="val/tool/"))
     return metrics
 
 

@@ -41,6 +41,12 @@ class ScoredGroup:
         return [s + p for s, p in zip(self.scores, self.overlong_penalty)]
 
     @property
+    def tool_use(self) -> list[tuple[list[str], bool]]:
+        """Per response, its tool calls' result categories and whether it is right; empty for single-turn groups
+        (what :func:`dapo.tools.metrics.tool_use_metrics` takes)."""
+        return [] if self.tool_categories is None else list(zip(self.tool_categories, self.acc, strict=True))
+
+    @property
     def num_response_tokens(self) -> int:
         return sum(len(r) for r in self.response_ids)
 

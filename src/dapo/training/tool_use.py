@@ -44,8 +44,7 @@ def tool_rollout(engine: RolloutEngine, tokenizer, mt: MultiTurnConfig, max_resp
     return MultiTurnRollout(engine, tokenizer, sandbox, params)
 
 
-def tool_metrics(groups: Sequence[ScoredGroup], prefix: str = "tool/") -> dict[str, float]:
+def tool_metrics(groups: Sequence[ScoredGroup]) -> dict[str, float]:
     """``tool/*`` of the generated groups (empty for single-turn rollouts), :func:`dapo.tools.metrics.tool_use_metrics`
     over every sample of a multi-turn group."""
-    return tool_use_metrics([(cats, acc) for g in groups if g.tool_categories is not None
-                             for cats, acc in zip(g.tool_categories, g.acc)], prefix)
+    return tool_use_metrics([sample for g in groups for sample in g.tool_use])

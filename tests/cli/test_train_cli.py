@@ -22,7 +22,7 @@ REQUIRED_STEP_KEYS = {
 
 
 def test_short_train_through_the_cli(tmp_path, fast_args):
-    proc = run_dapo(["train", *fast_args, "trainer.experiment_name=short"], tmp_path,
+    proc = run_dapo(["train", *fast_args, "trainer.experiment_name=short", "trainer.profile_steps=[2]"], tmp_path,
                     extra_env={"XDG_CACHE_HOME": str(tmp_path / "cache")})  # the matmul probe's cache (perf/mfu/*)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = tmp_path / "short"
@@ -46,6 +46,14 @@ def test_short_train_through_the_cli(tmp_path, fast_args):
     assert AutoTokenizer.from_pretrained(hf).chat_template
     assert (run_dir / "plots" / "training.png").stat().st_size > 10_000
     assert "validation val/acc/mean@2: first" in proc.stdout and "plots:" in proc.stdout
+    # trainer.profile_steps=[2]: step 2's generation and update, each with its own operators (step 1 not profiled)
+    assert sorted(p.name for p in (run_dir / "profile").iterdir()) == ["step2.json", "step2.txt"]
+    profile = json.loads((run_dir / "profile" / "step2.json").read_text())
+    assert {"gen", "reward", "update_actor", "sync_weights"} <= set(profile["phases"])
+    for phase in ("gen", "update_actor"):
+        ops = {op["op"] for op in profile["phases"][phase]["operators"]}
+        assert {"aten::mm", "aten::addmm"} & ops, (phase, ops)  # the weights' products run in both
+    assert abs(profile["phases"]["update_actor"]["wall_s"] - records[2]["timing_s/update_actor"]) < 0.5
 
 
 def test_print_config_and_bad_override(tmp_path):

@@ -25,6 +25,7 @@ MAY_CHANGE_ON_RESUME: frozenset[str] = frozenset({
     "trainer.max_ckpt_to_keep", "trainer.resume_mode", "trainer.resume_with_changes", "trainer.logger",
     "trainer.default_local_dir", "trainer.experiment_name",  # where the run lives: a run directory may be moved
     "trainer.rollout_data_dir",  # a record of the batches, like the logger: it changes no number of the run
+    "trainer.profile_steps",  # the profiler observes a step; it changes no number of it
     "trainer.progress", "trainer.num_threads", "trainer.val_before_train", "trainer.project_name",
     "data.val_max_samples", "reward_model.num_workers", "reward_model.timeout_s", "rollout.max_batch_size",
     # how the same math is laid out on devices and on disk: every checkpoint format loads under every strategy and

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 __all__ = [
     "ActorConfig",
@@ -576,6 +576,10 @@ class TrainerConfig(_Section):
         None, description="write every step's training batch (after dynamic sampling) to <dir>/<step>.jsonl, one line "
         "per sample: prompt, response, ground truth, score, accuracy, and under async_training the weight version of "
         "each token and the sample's lag (None: not written)")
+    profile_steps: list[PositiveInt] = Field(
+        default_factory=list, description="steps to run under torch.profiler: each phase that runs the model "
+        "(generation, reward, old-log-prob pass, update, weight push) gets its operators by self time in "
+        "<run dir>/profile/step<K>.json and .txt (docs/performance.md); [] = none")
     seed: int = 42
     device: Literal["auto", "cpu", "cuda"] = "auto"
     num_threads: int | None = Field(None, gt=0, description="torch CPU threads (None = torch's default)")

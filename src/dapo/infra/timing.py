@@ -8,6 +8,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 
 from dapo.infra.memory import PeakMemory
+from dapo.infra.profiling import StepProfiler
 
 GB = 1024**3
 
@@ -17,14 +18,16 @@ class PhaseTimer:
 
     With ``memory`` each phase also records its peak memory (``peak_bytes[phase][kind]``, kind ``rss`` and on CUDA
     ``cuda_allocated`` / ``cuda_reserved``). Phases nest ("step" holds "gen"): entering a phase closes the current
-    measuring window into every open phase before resetting, so an outer phase's peak covers its inner ones.
+    measuring window into every open phase before resetting, so an outer phase's peak covers its inner ones. With
+    ``profiler`` (a profiled step, ``trainer.profile_steps``) the phases it profiles run under ``torch.profiler``.
     """
 
-    def __init__(self, *phases: str, memory: PeakMemory | None = None) -> None:
+    def __init__(self, *phases: str, memory: PeakMemory | None = None, profiler: StepProfiler | None = None) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
         for phase in phases:  # always reported, even when the phase did not run this step
             self.seconds[phase] = 0.0
         self.memory = memory
+        self.profiler = profiler
         self.peak_bytes: dict[str, dict[str, int]] = {}
         self._open: list[str] = []
 
@@ -38,19 +41,23 @@ class PhaseTimer:
 
     @contextlib.contextmanager
     def __call__(self, phase: str) -> Iterator[None]:
-        if self.memory is not None:
-            self._close_window()
-            self._open.append(phase)
-            self.memory.reset()
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[phase] += time.perf_counter() - start
+        # A profiler is entered before the clock starts and left after it stops: its start-up and its post-processing
+        # (seconds for a long phase) stay out of the phase's time and memory; the recording itself cannot.
+        profiled = self.profiler.phase(phase) if self.profiler is not None else contextlib.nullcontext()
+        with profiled:
             if self.memory is not None:
                 self._close_window()
-                self._open.remove(phase)
+                self._open.append(phase)
                 self.memory.reset()
+            start = time.perf_counter()
+            try:
+                yield
+            finally:
+                self.seconds[phase] += time.perf_counter() - start
+                if self.memory is not None:
+                    self._close_window()
+                    self._open.remove(phase)
+                    self.memory.reset()
 
     def metrics(self, prefix: str = "timing_s/") -> dict[str, float]:
         """Seconds per phase; with ``memory``, also ``perf/max_memory_rss_gb`` (the largest phase peak) and

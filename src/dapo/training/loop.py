@@ -69,7 +69,7 @@ def train_sync(run: Run) -> TrainResult:
     with run.record() as (tracker, progress):
         pending = run.start(tracker, progress)
         for step in range(state.step + 1, run.total_steps + 1):
-            timer = run.timer()
+            timer = run.timer(step=step)
             metrics, pending = pending, {}
             with timer("step"):
                 # Lines 3-9: sample, generate G outputs per prompt, reward, dynamic sampling until full.
@@ -118,7 +118,7 @@ def train_one_step_off(run: Run) -> TrainResult:
             if not state.prefetched and state.step < run.total_steps:
                 state.prefetched = [produce(state.step + 1).result()]
             for step in range(state.step + 1, run.total_steps + 1):
-                timer = run.timer("train", "wait_rollout")
+                timer = run.timer("train", "wait_rollout", step=step)
                 metrics, pending = pending, {}
                 with timer("step"):
                     batch, state.prefetched = state.prefetched[0], []
@@ -194,7 +194,7 @@ def train_fully_async(run: Run) -> TrainResult:
             pending = run.start(tracker, progress)
             producer.start()
             for step in range(state.step + 1, run.total_steps + 1):
-                timer = run.timer("train", "wait_rollout")
+                timer = run.timer("train", "wait_rollout", step=step)
                 metrics, pending = pending, {}
                 with timer("step"):
                     with timer("wait_rollout"), arrived:

@@ -33,6 +33,7 @@ from dapo.infra.atomic import describe_os_error
 from dapo.infra.checkpoint import CheckpointError
 from dapo.infra.cleanup import close_quietly
 from dapo.infra.memory import PeakMemory
+from dapo.infra.profiling import StepProfiler
 from dapo.infra.progress import TrainingProgress
 from dapo.infra.timing import PhaseTimer
 from dapo.infra.tracking import Tracker, truncate_metrics_after
@@ -158,8 +159,13 @@ class Run:
     perf: StepPerf
     steps_before: int = 0
 
-    def timer(self, *phases: str) -> PhaseTimer:
-        return PhaseTimer("gen", "reward", "old_log_prob", *phases, memory=self.memory)
+    def timer(self, *phases: str, step: int) -> PhaseTimer:
+        """The phase timer of ``step`` (under ``torch.profiler`` when the step is in ``trainer.profile_steps``)."""
+        profiler = None
+        if step in self.cfg.trainer.profile_steps:
+            profiler = StepProfiler(self.run_dir / "profile", step,
+                                    rank=self.world.rank if self.world.distributed else None)
+        return PhaseTimer("gen", "reward", "old_log_prob", *phases, memory=self.memory, profiler=profiler)
 
     def dump_batch(self, step: int, groups: list, produced: ProducedBatch | None = None) -> None:
         """``trainer.rollout_data_dir``: the batch step ``step`` trains on, as lines of JSON (rank 0 writes it; every

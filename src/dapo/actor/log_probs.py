@@ -343,23 +343,27 @@ def _shared_prompt_hidden(decoder: nn.Module, rows: SharedPromptRows, *, recompu
     only after the last one: a second full copy of the gradients for the whole backward (0.54 GB on SmolLM2-135M,
     found with the profiler's memory timeline). The token embeddings are looked up outside the passes, which gives
     every pass an input that requires grad (what the reentrant checkpoint needs to run a backward at all).
+
+    They are looked up once for all the passes: the embedding's backward builds a dense vocabulary x hidden gradient
+    (zero-filled, then added into ``.grad``), and one lookup per pass did that once per pass, 30 times an update in
+    the SmolLM2 job (49,152 x 576 floats each; docs/performance.md, the step's profile). The passes' embeddings are
+    views of the one lookup, whose backward runs once, after the last pass's.
     """
     prompt_rows = [rows.sample_prompt.index_select(0, chunk.samples) for chunk in rows.chunks]
     kwarg = _cache_kwarg(decoder)  # once per micro-batch, not once per pass
-    embedding = decoder.get_input_embeddings()
-
-    def embed(ids: Tensor) -> Tensor:
-        embeds = embedding(ids)
-        if recompute and not embeds.requires_grad:  # frozen embeddings: the checkpoint still needs a grad input
-            embeds = embeds.detach().requires_grad_()
-        return embeds
+    ids = [rows.prompt_input_ids, *(chunk.input_ids for chunk in rows.chunks)]
+    embeds = decoder.get_input_embeddings()(torch.cat([i.reshape(-1) for i in ids]))
+    if recompute and not embeds.requires_grad:  # frozen embeddings: the checkpoint still needs a grad input
+        embeds = embeds.detach().requires_grad_()
+    prompt_embeds, *chunk_embeds = [piece.view(*i.shape, -1)
+                                    for piece, i in zip(embeds.split([i.numel() for i in ids]), ids, strict=True)]
 
     def run(fn: object, *args: object) -> object:
         return checkpoint(fn, *args, use_reentrant=True) if recompute else fn(*args)  # type: ignore[operator]
 
-    prompt_out = run(_prompt_pass, decoder, kwarg, rows, embed(rows.prompt_input_ids))
-    parts = [prompt_out[0]] + [run(_chunk_pass, decoder, kwarg, chunk, index, embed(chunk.input_ids), *prompt_out[1:])
-                               for chunk, index in zip(rows.chunks, prompt_rows, strict=True)]
+    prompt_out = run(_prompt_pass, decoder, kwarg, rows, prompt_embeds)
+    parts = [prompt_out[0]] + [run(_chunk_pass, decoder, kwarg, chunk, index, chunk_embed, *prompt_out[1:])
+                               for chunk, index, chunk_embed in zip(rows.chunks, prompt_rows, chunk_embeds, strict=True)]
     return torch.cat(parts).index_select(0, rows.predictor_index)
 
 

@@ -11,6 +11,11 @@ Every figure between ``<!-- generated:NAME -->`` and ``<!-- /generated -->`` in 
   docs/runs/tools/*.metrics.jsonl.gz, runs.json
       the SmolLM2 tool task's seeded runs (with and without the interpreter) and their date, commit, commands, host
       CPU and each run's wall time
+  docs/runs/profile-smollm2/profile.json, metrics.jsonl.gz, run.json
+      a `dapo train` run of the vs_trl SmolLM2 job with step 2 under torch.profiler (`trainer.profile_steps`): the
+      profile's operators per phase, the run's metrics, and its date, commit, host CPU and command
+  docs/runs/harness-vs-benchmark/*.metrics.jsonl.gz, runs.json
+      issue 24's harness command and vs_trl's dapo job, run one after the other: their metrics, commands, date, host
 
     python scripts/render_docs.py            # rewrite the generated blocks in place
     python scripts/render_docs.py --check    # exit 1, naming each block that differs (tests/test_docs_generated.py)
@@ -36,6 +41,8 @@ VS_TRL = {"tiny": "docs/img/vs_trl_tiny.json", "smollm2": "docs/img/vs_trl_smoll
           "smollm2-bf16": "docs/img/vs_trl_smollm2_bf16_rollout.json"}
 DEFAULT_RUN = "docs/runs/default"
 TOOL_RUNS = "docs/runs/tools"
+PROFILE_RUN = "docs/runs/profile-smollm2"
+HARNESS_RUNS = "docs/runs/harness-vs-benchmark"
 
 
 @cache
@@ -151,11 +158,18 @@ def vs_trl_benchmark_row() -> str:
     return "; ".join(parts) + f" ({vs_trl('tiny')['meta']['started'][:10]})"
 
 
+def _rollout_peak(key: str) -> float:
+    """The rollout's peak as its steps logged it (a bf16 engine is measured against the bf16 peak)."""
+    (peak,) = {step["perf"]["perf/peak_flops/rollout"] for run in vs_trl_job(key)["runs"]
+               if run["program"] == "dapo" for step in run["steps"]}
+    return peak
+
+
 def vs_trl_mfu() -> str:
     """dapo's MFU and tokens/s per phase in the vs_trl jobs, from the records that logged them (vs_trl.py keeps the
     perf/* metrics of dapo's metrics.jsonl since the efficiency metrics exist; earlier records have none)."""
-    lines = ["", "| job | actor MFU | rollout MFU | actor tokens/s | rollout tokens/s | peak (FLOP/s per device) |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = ["", "| job | actor MFU | rollout MFU | actor tokens/s | rollout tokens/s | peak, actor / rollout (FLOP/s "
+             "per device, in each phase's precision) |", "| --- | --- | --- | --- | --- | --- |"]
     missing = []
     for key in VS_TRL:
         d = vs_trl_job(key)["summary"]["dapo"]
@@ -164,7 +178,7 @@ def vs_trl_mfu() -> str:
             continue
         lines.append(f"| {key} | {100 * d['perf/mfu/actor']:.1f} % | {100 * d['perf/mfu/rollout']:.1f} % | "
                      f"{d['perf/tokens_per_s/actor']:,.0f} | {d['perf/tokens_per_s/rollout']:,.0f} | "
-                     f"{d['perf/peak_flops/actor']:.3g} |")
+                     f"{d['perf/peak_flops/actor']:.3g} / {_rollout_peak(key):.3g} |")
     if missing:
         lines.append(f"| {', '.join(missing)} | not recorded: these runs predate the efficiency metrics | | | | |")
     return "\n".join(lines) + "\n"
@@ -281,6 +295,82 @@ def tool_task_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+@cache
+def profile_run() -> tuple[dict, dict, list[dict]]:
+    folder = ROOT / PROFILE_RUN
+    meta = json.loads((folder / "run.json").read_text(encoding="utf-8"))
+    profile = json.loads((folder / "profile.json").read_text(encoding="utf-8"))
+    with gzip.open(folder / "metrics.jsonl.gz", "rt", encoding="utf-8") as f:
+        records = [json.loads(line) for line in f if line.strip() and "timing_s/step" in line]
+    return meta, profile, records
+
+
+def _weight_products(phase: dict) -> float:
+    """Self seconds of the dense products (``aten::mm`` / ``addmm``) among a phase's recorded operators."""
+    return sum(op["self_s"] for op in phase["operators"] if op["op"] in ("aten::mm", "aten::addmm"))
+
+
+def profile_phases() -> str:
+    """Per phase of the profiled SmolLM2 step: its time without and under the profiler, the products' share, MFU."""
+    meta, profile, records = profile_run()
+    profiled = profile["step"]
+    plain = [r for r in records if r["step"] != profiled]
+    phases = {"gen": ("generation (engine)", "rollout"), "update_actor": ("update (actor)", "actor")}
+    (under,) = [r for r in records if r["step"] == profiled]
+    lines = ["", f"| phase | s per step, unprofiled steps ({', '.join(str(r['step']) for r in plain)}) | "
+             f"s under the profiler (step {profiled}) | of which `aten::mm`/`addmm` (self) | model FLOPs / their "
+             "seconds (GFLOP/s) | model FLOPs per step | MFU (unprofiled) | tokens/s |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    def each(key: str, fmt: Callable[[float], str]) -> str:  # one value per unprofiled step
+        return " / ".join(fmt(r[key]) for r in plain)
+
+    for key, (label, perf) in phases.items():
+        phase = profile["phases"][key]
+        wp = _weight_products(phase)
+        lines.append(
+            f"| {label} | {each('timing_s/' + key, lambda x: f'{x:.1f}')} | {phase['wall_s']:.1f} | "
+            f"{wp:.1f} ({100 * wp / phase['wall_s']:.0f} %) | {under['perf/flops/' + perf] / wp / 1e9:.0f} | "
+            f"{each('perf/flops/' + perf, lambda x: f'{x:.2e}')} | "
+            f"{each('perf/mfu/' + perf, lambda x: f'{100 * x:.1f} %')} | "
+            f"{each('perf/tokens_per_s/' + perf, lambda x: f'{x:.0f}')} |")
+    peak = plain[0]["perf/peak_flops/actor"]
+    lines += ["", f"MFU against {peak / 1e9:.0f} GFLOP/s, this host's fp32 matmul probe on 2 threads. Recorded: "
+              f"`{PROFILE_RUN}/` (`profile.json`: the profiler's operators of step {profiled}; `metrics.jsonl.gz`; "
+              f"`run.json`: {meta['date']}, commit {meta['commit']}, {meta['host_cpu']}, {meta['load']}; "
+              f"`{meta['command']}`)."]
+    return "\n".join(lines) + "\n"
+
+
+def profile_top(phase: str, rows: int) -> Callable[[], str]:
+    def render() -> str:
+        _, profile, _ = profile_run()
+        recorded = profile["phases"][phase]
+        lines = ["", "| operator, input shapes | calls | self s | share of the phase |", "| --- | --- | --- | --- |"]
+        for op in recorded["by_shape"][:rows]:
+            lines.append(f"| `{op['op']}` | {op['calls']:,} | {op['self_s']:.2f} | {100 * op['share']:.1f} % |")
+        return "\n".join(lines) + "\n"
+    return render
+
+
+def harness_vs_benchmark() -> str:
+    """Per step, the phases of the harness's command and of vs_trl's dapo job on the same host."""
+    folder = ROOT / HARNESS_RUNS
+    meta = json.loads((folder / "runs.json").read_text(encoding="utf-8"))
+    lines = ["", "| run | step | gen (s) | update (s) | step (s) | response tokens (mean) | update s per 1k trained "
+             "tokens |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for name in meta["runs"]:
+        with gzip.open(folder / f"{name}.metrics.jsonl.gz", "rt", encoding="utf-8") as f:
+            steps = [json.loads(line) for line in f if "timing_s/step" in line]
+        for r in steps:
+            tokens = 8 * (r["prompt_length/mean"] + 8 * r["response_length/mean"])  # 8 groups: a prompt once each
+            lines.append(f"| {name} | {r['step']} | {r['timing_s/gen']:.1f} | {r['timing_s/update_actor']:.1f} | "
+                         f"{r['timing_s/step']:.1f} | {r['response_length/mean']:.1f} | "
+                         f"{1000 * r['timing_s/update_actor'] / tokens:.1f} |")
+    lines += ["", f"Recorded: `{HARNESS_RUNS}/` (both runs' raw metrics; `runs.json`: {meta['date']}, commit "
+              f"{meta['commit']}, {meta['host_cpu']}, {meta['load']}; the two commands)."]
+    return "\n".join(lines) + "\n"
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
     "readme-vs-trl": readme_vs_trl,
     "readme-default-run": readme_default_run,
@@ -291,6 +381,10 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "vs-trl-benchmark-row": vs_trl_benchmark_row,
     "vs-trl-mfu": vs_trl_mfu,
     "tool-task-table": tool_task_table,
+    "profile-phases": profile_phases,
+    "harness-vs-benchmark": harness_vs_benchmark,
+    "profile-top-update": profile_top("update_actor", 14),
+    "profile-top-gen": profile_top("gen", 8),
 }
 
 

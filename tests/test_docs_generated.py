@@ -40,6 +40,31 @@ def test_the_superseded_trl_ratios_are_gone() -> None:
 def test_the_mfu_table_fills_from_a_record_that_has_them(monkeypatch) -> None:
     summary = {"dapo": {"perf/mfu/actor": 0.123, "perf/mfu/rollout": 0.045, "perf/tokens_per_s/actor": 5000.0,
                         "perf/tokens_per_s/rollout": 2000.0, "perf/peak_flops/actor": 1.5e11}}
-    monkeypatch.setattr(render_docs, "vs_trl_job", lambda key: {"summary": summary})
+    runs = [{"program": "dapo", "steps": [{"perf": {"perf/peak_flops/rollout": 6e11}}] * 2},
+            {"program": "trl", "steps": [{}]}]  # a bf16 engine's steps log the bf16 peak
+    monkeypatch.setattr(render_docs, "vs_trl_job", lambda key: {"summary": summary, "runs": runs})
     table = render_docs.vs_trl_mfu()
-    assert "| tiny | 12.3 % | 4.5 % | 5,000 | 2,000 | 1.5e+11 |" in table and "not recorded" not in table
+    assert "| tiny | 12.3 % | 4.5 % | 5,000 | 2,000 | 1.5e+11 / 6e+11 |" in table and "not recorded" not in table
+
+
+def test_the_profile_table_is_computed_from_the_profile_and_the_runs_metrics(monkeypatch) -> None:
+    def phase(wall: float, mm: float, addmm: float) -> dict:
+        return {"wall_s": wall, "runs": 1, "by_shape": [], "operators": [
+            {"op": "aten::mm", "self_s": mm}, {"op": "aten::addmm", "self_s": addmm}, {"op": "aten::mul", "self_s": 9.0}]}
+
+    def step(n: int, scale: float) -> dict:
+        return {"step": n, "timing_s/gen": 3.0 * scale, "timing_s/update_actor": 8.0 * scale,
+                "perf/flops/rollout": 1e11 * scale, "perf/flops/actor": 4e11 * scale, "perf/mfu/rollout": 0.1 * scale,
+                "perf/mfu/actor": 0.2 * scale, "perf/tokens_per_s/rollout": 100.0 * scale,
+                "perf/tokens_per_s/actor": 300.0 * scale, "perf/peak_flops/actor": 2e11}
+
+    profile = {"step": 2, "phases": {"gen": phase(4.0, 1.5, 0.5), "update_actor": phase(10.0, 4.0, 0.0)}}
+    meta = {"date": "D", "commit": "C", "host_cpu": "H", "load": "L", "command": "dapo train"}
+    monkeypatch.setattr(render_docs, "profile_run", lambda: (meta, profile, [step(1, 1.0), step(2, 1.0), step(3, 2.0)]))
+    table = render_docs.profile_phases()
+    # gen: products 1.5 + 0.5 = 2.0 s of 4.0 (50 %); step 2's 1e11 model FLOPs over them: 50 GFLOP/s
+    assert "| generation (engine) | 3.0 / 6.0 | 4.0 | 2.0 (50 %) | 50 | 1.00e+11 / 2.00e+11 | 10.0 % / 20.0 % | 100 / 200 |" \
+        in table, table
+    # update: 4.0 s of products of 10.0 (40 %); 4e11 FLOPs over 4.0 s: 100 GFLOP/s
+    assert "| update (actor) | 8.0 / 16.0 | 10.0 | 4.0 (40 %) | 100 |" in table
+    assert "unprofiled steps (1, 3)" in table and "against 200 GFLOP/s" in table

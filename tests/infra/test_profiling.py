@@ -76,3 +76,25 @@ def test_profile_steps_are_positive_step_numbers():
     with pytest.raises(ConfigError) as info:
         build_config(overrides=["trainer.profile_steps=[0]"])
     assert "trainer.profile_steps" in str(info.value)
+
+
+def test_self_and_total_times_are_those_of_torchs_key_averages():
+    from dapo.infra.profiling import PhaseProfile
+
+    weight = torch.randn(16, 16, requires_grad=True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        for _ in range(20):  # nested operators (matmul > mm, to > _to_copy > copy_) and an autograd backward
+            x = torch.randn(8, 16).to(torch.float64).float()
+            (x @ weight).relu().sum().backward()
+    ours = PhaseProfile()
+    ours.add(prof, wall_s=1.0)
+    theirs = {event.key: event for event in prof.key_averages()}
+    assert set(ours.operators) == set(theirs)
+    for name, op in ours.operators.items():
+        event = theirs[name]
+        assert op.calls == event.count, name
+        assert abs(op.total_s - event.cpu_time_total * 1e-6) < 2e-6 * event.count + 1e-6, name
+        assert abs(op.self_s - event.self_cpu_time_total * 1e-6) < 2e-6 * event.count + 1e-6, name
+    shapes = {f"{event.key} {event.input_shapes}": event for event in prof.key_averages(group_by_input_shape=True)}
+    assert set(ours.by_shape) == set(shapes)
+    assert all(ours.by_shape[key].calls == event.count for key, event in shapes.items())

@@ -20,11 +20,13 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from torch.autograd import DeviceType
 
 from dapo.infra.atomic import atomic_write_files
 
@@ -33,7 +35,7 @@ __all__ = ["PROFILED_PHASES", "PhaseProfile", "StepProfiler", "format_profile"]
 # The PhaseTimer phases of a step that do the work (not "step", which holds them, nor waiting or gathering).
 PROFILED_PHASES = ("gen", "reward", "old_log_prob", "update_actor", "sync_weights")
 
-US = 1e-6
+NS = 1e-9
 
 
 @dataclass
@@ -55,9 +57,7 @@ class PhaseProfile:
         """Adds one profiled run of the phase."""
         self.wall_s += wall_s
         self.runs += 1
-        _add_events(self.operators, profiler.key_averages(), lambda event: event.key)
-        _add_events(self.by_shape, profiler.key_averages(group_by_input_shape=True),
-                    lambda event: f"{event.key} {event.input_shapes}")
+        _add_events(self.operators, self.by_shape, profiler.profiler.kineto_results.events())
 
     def top(self, limit: int, totals: dict[str, OperatorTotals] | None = None) -> list[dict[str, float | int | str]]:
         totals = self.operators if totals is None else totals
@@ -69,13 +69,57 @@ class PhaseProfile:
                 for name, op in ranked[:limit]]
 
 
-def _add_events(totals: dict[str, OperatorTotals], events, key) -> None:
+def _add_events(by_name: dict[str, OperatorTotals], by_shape: dict[str, OperatorTotals], events) -> None:
+    """Self and total time per operator from the profiler's raw events.
+
+    What ``profiler.key_averages()`` computes, without building its Python ``FunctionEvent`` tree, which cost ~0.1 ms
+    per recorded call (three minutes for one SmolLM2 step): per thread, an operator's self time is its duration less
+    that of the operators it directly encloses. A device kernel (CUDA) is an entry of its own, by kernel name, with
+    its duration as device time. tests/infra/test_profiling.py checks the result against ``key_averages()``.
+    """
+    threads: dict[int, list] = defaultdict(list)
     for event in events:
-        op = totals.setdefault(key(event), OperatorTotals())
-        op.calls += event.count
-        op.self_s += event.self_cpu_time_total * US
-        op.total_s += event.cpu_time_total * US
-        op.self_device_s += getattr(event, "self_device_time_total", 0.0) * US
+        if event.is_async():
+            continue
+        if event.device_type() != DeviceType.CPU:
+            for totals, key in ((by_name, event.name()), (by_shape, event.name())):
+                op = totals.setdefault(key, OperatorTotals())
+                op.calls += 1
+                op.self_device_s += event.duration_ns() * NS
+            continue
+        threads[event.start_thread_id()].append((event.start_ns(), event.duration_ns(), event))
+
+    def close(duration: int, children: int, event) -> None:
+        name = event.name()
+        for totals, key in ((by_name, name), (by_shape, f"{name} {event.shapes()}")):
+            op = totals.setdefault(key, OperatorTotals())
+            op.calls += 1
+            op.self_s += (duration - children) * NS
+            op.total_s += duration * NS
+
+    for spans in threads.values():
+        spans.sort(key=lambda span: (span[0], -span[1]))  # an enclosing operator before what it encloses
+        # [end, children's duration, duration, event, merged] of the open operators. An operator directly inside one
+        # of the same name (aten::sum calling its dim overload) is merged into it, as key_averages does: not a call
+        # of its own, and what it encloses counts as enclosed by the outer one.
+        stack: list[list] = []
+
+        def pop() -> None:
+            _, children, length, ended, merged = stack.pop()
+            if merged:
+                stack[-1][1] += children
+            else:
+                close(length, children, ended)
+
+        for start, duration, event in spans:
+            while stack and stack[-1][0] <= start:
+                pop()
+            merged = bool(stack) and stack[-1][3].name() == event.name()
+            if stack and not merged:
+                stack[-1][1] += duration
+            stack.append([start + duration, 0, duration, event, merged])
+        while stack:
+            pop()
 
 
 class StepProfiler:

@@ -12,7 +12,9 @@ with the same as tables. Under torchrun every rank profiles its own work and wri
 Self time is the time an operator spends on the calling thread outside the operators it calls, so the self times
 of a phase add up to the time its Python code spent inside torch operators; intra-op threads working for an
 operator (a matrix product on 2 cores) are not counted again. ``share`` is self time over the phase's wall time.
-On CUDA the device's self time of each operator is recorded as well (``self_device_s``).
+On CUDA each device kernel is an entry of its own, by kernel name, with its time on the device (``self_device_s``);
+the CPU operators that launched it keep only their CPU time (not yet run on a GPU: no GPU was lent to this project's
+CPU sessions).
 """
 
 from __future__ import annotations

@@ -362,7 +362,8 @@ def harness_vs_benchmark() -> str:
         with gzip.open(folder / f"{name}.metrics.jsonl.gz", "rt", encoding="utf-8") as f:
             steps = [json.loads(line) for line in f if "timing_s/step" in line]
         for r in steps:
-            tokens = 8 * (r["prompt_length/mean"] + 8 * r["response_length/mean"])  # 8 groups: a prompt once each
+            # trained tokens: each group's prompt once, every generated response (one round, no filtering here)
+            tokens = r["train/num_groups"] * r["prompt_length/mean"] + r["rollout/num_tokens"]
             lines.append(f"| {name} | {r['step']} | {r['timing_s/gen']:.1f} | {r['timing_s/update_actor']:.1f} | "
                          f"{r['timing_s/step']:.1f} | {r['response_length/mean']:.1f} | "
                          f"{1000 * r['timing_s/update_actor'] / tokens:.1f} |")

@@ -7,7 +7,7 @@ import torch
 
 from dapo.config import ConfigError
 from dapo.config.loading import build_config
-from dapo.infra.profiling import StepProfiler, format_profile
+from dapo.infra.profiling import PhaseProfile, StepProfiler, format_profile
 from dapo.infra.timing import PhaseTimer
 
 
@@ -79,8 +79,6 @@ def test_profile_steps_are_positive_step_numbers():
 
 
 def test_self_and_total_times_are_those_of_torchs_key_averages():
-    from dapo.infra.profiling import PhaseProfile
-
     weight = torch.randn(16, 16, requires_grad=True)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
         for _ in range(20):  # nested operators (matmul > mm, to > _to_copy > copy_) and an autograd backward

@@ -79,25 +79,26 @@ def _add_events(by_name: dict[str, OperatorTotals], by_shape: dict[str, Operator
     that of the operators it directly encloses. A device kernel (CUDA) is an entry of its own, by kernel name, with
     its duration as device time. tests/infra/test_profiling.py checks the result against ``key_averages()``.
     """
+    def record(name: str, shape_key: str, *, self_s: float = 0.0, total_s: float = 0.0, device_s: float = 0.0) -> None:
+        for totals, key in ((by_name, name), (by_shape, shape_key)):
+            op = totals.setdefault(key, OperatorTotals())
+            op.calls += 1
+            op.self_s += self_s
+            op.total_s += total_s
+            op.self_device_s += device_s
+
     threads: dict[int, list] = defaultdict(list)
     for event in events:
         if event.is_async():
             continue
         if event.device_type() != DeviceType.CPU:
-            for totals, key in ((by_name, event.name()), (by_shape, event.name())):
-                op = totals.setdefault(key, OperatorTotals())
-                op.calls += 1
-                op.self_device_s += event.duration_ns() * NS
-            continue
-        threads[event.start_thread_id()].append((event.start_ns(), event.duration_ns(), event))
+            record(event.name(), event.name(), device_s=event.duration_ns() * NS)
+        else:
+            threads[event.start_thread_id()].append((event.start_ns(), event.duration_ns(), event))
 
     def close(duration: int, children: int, event) -> None:
         name = event.name()
-        for totals, key in ((by_name, name), (by_shape, f"{name} {event.shapes()}")):
-            op = totals.setdefault(key, OperatorTotals())
-            op.calls += 1
-            op.self_s += (duration - children) * NS
-            op.total_s += duration * NS
+        record(name, f"{name} {event.shapes()}", self_s=(duration - children) * NS, total_s=duration * NS)
 
     for spans in threads.values():
         spans.sort(key=lambda span: (span[0], -span[1]))  # an enclosing operator before what it encloses

@@ -6,13 +6,14 @@ last newline byte before the crash.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
 from dapo.evaluation.backends import EvalError, LocalBackend
 from dapo.evaluation.problems import load_problems
-from dapo.evaluation.runner import EvalSettings, read_samples, run_eval
+from dapo.evaluation.runner import EvalSettings, read_samples, run_eval, write_summary
 from tests.evaluation.eval_helpers import CharTokenizer, FakeEngine, dapo_row, write_jsonl
 
 
@@ -114,3 +115,45 @@ def test_a_torn_last_line_is_still_cut_off_and_resumed(finished):
     out.write_bytes(torn + "é".encode()[:1])  # killed in the middle of a two-byte character
     _rerun(problems, settings, out)
     assert len(read_samples(out)) == 20
+
+
+def _as_multi_turn(finished, calls_of_line6):
+    """The finished file turned into a multi-turn one (every line records tool calls), its summary rewritten."""
+    problems, settings, out = finished
+    multi = dataclasses.replace(settings, multi_turn={"max_assistant_turns": 3})
+    rows = [dict(json.loads(line), tool_calls=[]) for line in out.read_text().splitlines()]
+    rows[6]["tool_calls"] = calls_of_line6
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_summary(out, multi, rows, total=len(rows))
+    return problems, multi, out
+
+
+def test_a_resumed_multi_turn_line_with_more_calls_than_turns_is_refused(finished):
+    # Before: the category of each call was checked, not their number: a line edited to 200,000 calls was summed.
+    problems, multi, out = _as_multi_turn(finished, ["ok"] * 200_000)
+    with pytest.raises(EvalError, match="records 200000 tool calls, more than the 2 this loop can make"):
+        _rerun(problems, multi, out)
+
+
+def test_a_resumed_multi_turn_line_at_the_bound_is_accepted(finished):
+    problems, multi, out = _as_multi_turn(finished, ["ok", "error"])  # 3 turns: calls in the first two
+    summary = _rerun(problems, multi, out)
+    assert summary["status"] == "complete" and summary["metrics"]["overall"]["tool/calls"] == 2
+
+
+def test_a_single_turn_line_with_tool_calls_is_refused(finished):
+    problems, settings, out = finished
+    _edit_line(out, 6, tool_calls=["ok"])
+    with pytest.raises(EvalError, match="records 1 tool calls, more than the 0"):
+        _rerun(problems, settings, out)
+
+
+def test_a_multi_turn_line_without_tool_calls_is_refused(finished):
+    problems, multi, out = _as_multi_turn(finished, [])
+    lines = out.read_text().splitlines(keepends=True)
+    row = json.loads(lines[3])
+    del row["tool_calls"]
+    lines[3] = json.dumps(row) + "\n"
+    out.write_text("".join(lines))
+    with pytest.raises(EvalError, match='has no "tool_calls", which every multi-turn sample records'):
+        _rerun(problems, multi, out)

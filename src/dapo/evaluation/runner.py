@@ -202,6 +202,23 @@ def _check_resume(settings: EvalSettings, output: Path, done: list[dict[str, Any
         shown = ", ".join(f"{k}: {earlier.get(k)!r} -> {now.get(k)!r}" for k in diff)
         raise EvalError(f"{output} was made with other settings ({shown}); resume with the same settings or choose "
                         "another --output")
+    _check_tool_calls(settings, output, done)
+
+
+def _check_tool_calls(settings: EvalSettings, output: Path, done: list[dict[str, Any]]) -> None:
+    """A resumed multi-turn line's tool calls feed the summary's tool/* metrics, so their count is checked against
+    what the loop can make: one call per model turn, none in the last (MultiTurnParams), and none in single turn."""
+    most = 0 if settings.multi_turn is None else int(settings.multi_turn["max_assistant_turns"]) - 1
+    for row in done:
+        calls = row.get("tool_calls")
+        where = f'{output}: the line of problem {row["problem_key"]!r} sample {row["sample_index"]}'
+        if settings.multi_turn is not None and calls is None:
+            raise EvalError(f'{where} has no "tool_calls", which every multi-turn sample records; '
+                            "it is not this eval's samples file, or it was edited: choose another --output")
+        if calls is not None and len(calls) > most:
+            raise EvalError(f"{where} records {len(calls)} tool calls, more than the {most} this loop can make "
+                            f"(max_assistant_turns={most + 1 if settings.multi_turn else 'single turn'}, no call in "
+                            "the last turn); it was edited: choose another --output")
 
 
 def write_summary(output: Path, settings: EvalSettings, rows: Sequence[dict[str, Any]], total: int) -> dict[str, Any]:

@@ -126,6 +126,21 @@ def test_eval_and_serve_load_a_lora_checkpoint_folder_as_its_merged_model(tmp_pa
         load_policy(ModelConfig(path=str(tmp_path / "bare")))
 
 
+def test_resuming_adapters_of_another_rank_is_refused_in_one_line(tmp_path) -> None:
+    # Before: trainer.resume_with_changes=true with a new lora_rank died in PEFT's 105-line size-mismatch traceback;
+    # resume_run turns this ValueError into its one-line TrainingError ("cannot resume from ...: does not fit").
+    cfg, policy = _lora_policy()
+    path = save_checkpoint(tmp_path, 1, model=policy.model, tokenizer=policy.tokenizer,
+                           optimizer=build_optimizer(policy.model, cfg.actor.optim), scheduler=None,
+                           trainer_state={"step": 1})
+    _, other = _lora_policy(["actor_rollout_ref.model.lora_rank=4"])
+    with pytest.raises(ValueError, match=r"has shape \(8, \d+\) in the checkpoint but \(4, \d+\) in this run: "
+                                         r"the LoRA rank \(actor_rollout_ref.model.lora_rank\)") as info:
+        load_checkpoint(path, model=other.model, optimizer=None, scheduler=None,
+                        load_weights=lambda adapter: load_adapter_state(other.model, adapter))
+    assert "\n" not in str(info.value)
+
+
 def test_loading_a_full_models_weights_into_adapters_is_refused() -> None:
     _, policy = _lora_policy()
     with pytest.raises(KeyError, match="adapter weights not in the model"):

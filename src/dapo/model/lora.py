@@ -89,8 +89,17 @@ def adapter_config(model: nn.Module) -> dict:
 def load_adapter_state(model: nn.Module, state: Mapping[str, torch.Tensor]) -> list[str]:
     """Copy an adapter file's tensors (``adapter_model.safetensors``: PEFT's names without the adapter name) into
     ``model``'s adapters in place; return the adapter parameters the state did not fill."""
-    from peft import set_peft_model_state_dict
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
 
+    # Shapes first: PEFT's own load stops on a rank change with a deep size-mismatch traceback (a resume with a new
+    # lora_rank under trainer.resume_with_changes), where one line names the tensor and the two ranks.
+    current = get_peft_model_state_dict(model, adapter_name=ADAPTER_NAME)
+    for key, tensor in state.items():
+        if key in current and tuple(tensor.shape) != tuple(current[key].shape):
+            raise ValueError(f"adapter tensor {key} has shape {tuple(tensor.shape)} in the checkpoint but "
+                             f"{tuple(current[key].shape)} in this run: the LoRA rank "
+                             f"(actor_rollout_ref.model.lora_rank) or target modules differ from the checkpoint's; "
+                             "keep the checkpoint's LoRA settings to resume, or start a new run")
     result = set_peft_model_state_dict(model, dict(state), adapter_name=ADAPTER_NAME)
     unexpected = [k for k in result.unexpected_keys]
     if unexpected:

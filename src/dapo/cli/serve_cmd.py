@@ -42,11 +42,14 @@ from dapo.serve.config import BACKENDS
               help="request bodies still arriving 1 s after their headers, at most; one more drops the oldest (503)")
 @click.option("--keep-alive-timeout", type=click.FloatRange(min=0.1), default=15.0, show_default=True,
               help="seconds an idle keep-alive connection stays open")
+@click.option("--shutdown-drain", type=click.FloatRange(min=0), default=30.0, show_default=True,
+              help="on SIGINT/SIGTERM, seconds the requests in flight get to finish (new ones get 503)")
 @click.option("--ray-address", default=None,
               help="an existing Ray cluster (default: start a local one, bound to 127.0.0.1)")
 def serve_command(model, host, port, backend, tensor_parallel_size, num_replicas, served_model_name, device,
                   max_model_len, max_tokens_limit, max_n, num_cpus, num_threads, max_sequences_per_request,
-                  header_timeout, body_timeout, max_unfinished_uploads, keep_alive_timeout, ray_address) -> None:
+                  header_timeout, body_timeout, max_unfinished_uploads, keep_alive_timeout, shutdown_drain,
+                  ray_address) -> None:
     """Serve MODEL (default: the embedded tiny Qwen2) with /v1/chat/completions, /v1/completions, /v1/models.
 
     Clients talk to dapo's front door on --host/--port, which holds them to the header, body and upload bounds
@@ -63,7 +66,7 @@ def serve_command(model, host, port, backend, tensor_parallel_size, num_replicas
                           num_cpus=num_cpus, num_threads=num_threads, loopback_only=ray_address is None,
                           max_sequences_per_request=max_sequences_per_request, header_timeout_s=header_timeout,
                           body_timeout_s=body_timeout, max_unfinished_uploads=max_unfinished_uploads,
-                          keep_alive_timeout_s=keep_alive_timeout)
+                          keep_alive_timeout_s=keep_alive_timeout, shutdown_drain_s=shutdown_drain)
     except ServeConfigError as e:
         raise click.ClickException(str(e)) from None
     # Everything that can be checked in a second is checked before Ray spends ~30 s starting.
@@ -149,6 +152,8 @@ async def _serve_front(front, sock, banner: str) -> None:
     click.echo(banner, err=True)
     try:
         await stop.wait()
+        click.echo(f"dapo serve: stopping: requests in flight get up to {front.cfg.shutdown_drain_s:g} s to finish "
+                   "(shutdown_drain_s); new ones are refused", err=True)
     finally:
-        await front.close()
-    click.echo("dapo serve: stopping", err=True)
+        await front.close(front.cfg.shutdown_drain_s)
+    click.echo("dapo serve: stopped", err=True)

@@ -47,6 +47,9 @@ class ServeConfig:
             in its front door; ``serve run``: per replica); when one more arrives, the oldest of them is answered 503
             and dropped, so stalled uploads never crowd out a newer client (slow-loris), and under ``serve run`` never
             take every one of the replica's ``max_ongoing_requests`` slots.
+        shutdown_drain_s: on SIGINT or SIGTERM the front door stops listening and lets the requests in flight finish
+            for up to this many seconds (new requests on open connections get 503), then cuts the rest. ``dapo
+            serve``'s front door only.
         max_sequences_per_request: prompts x ``n`` of one request, at most (400 beyond).
         max_batch_rows: sequences decoded together at most (requests queue beyond it).
         max_batch_rows_per_request: sequences of one request in one engine call, at most (None = max_batch_rows // 4):
@@ -80,6 +83,7 @@ class ServeConfig:
     body_timeout_s: float = 10.0
     body_grace_s: float = 1.0
     max_unfinished_uploads: int = 64
+    shutdown_drain_s: float = 30.0
     max_sequences_per_request: int = 256
     max_batch_rows: int = 256
     max_batch_rows_per_request: int | None = None
@@ -104,6 +108,8 @@ class ServeConfig:
         for name in ("header_timeout_s", "keep_alive_timeout_s", "body_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ServeConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        if not 0 <= self.shutdown_drain_s < float("inf"):
+            raise ServeConfigError(f"shutdown_drain_s must be >= 0 and finite, got {self.shutdown_drain_s}")
         if not 0 <= self.body_grace_s < self.body_timeout_s:
             raise ServeConfigError(f"body_grace_s must be >= 0 and below body_timeout_s ({self.body_timeout_s:g}), "
                                    f"got {self.body_grace_s}")

@@ -87,6 +87,8 @@ class Front:
         self._client = None
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[asyncio.Task] = set()
+        self._busy: set[asyncio.Task] = set()  # connections with a request in flight (a drain lets them finish)
+        self._draining = False
 
     async def start(self, sock: socket.socket) -> None:
         """Listen on ``sock`` (bound by :func:`bind_socket`)."""
@@ -121,9 +123,17 @@ class Front:
                 await asyncio.sleep(0.2)
         raise RuntimeError(f"Ray Serve's proxy at {self.upstream} did not answer /health within {limit_s:g} s ({last})")
 
-    async def close(self) -> None:
+    async def close(self, drain_s: float = 0.0) -> None:
+        """Stop listening, then let the requests in flight finish for up to ``drain_s`` seconds (a request that
+        arrives meanwhile on a kept-alive connection is answered 503), then cut what is left. SIGTERM used to cut
+        every in-flight stream at once, ending it with neither ``[DONE]`` nor an error event."""
+        self._draining = True
         if self._server is not None:
             self._server.close()
+        for task in list(self._connections - self._busy):  # idle: waiting for a next request that is not wanted
+            task.cancel()
+        if self._busy and drain_s > 0:
+            await asyncio.wait(list(self._busy), timeout=drain_s)
         for task in list(self._connections):
             task.cancel()
         if self._connections:
@@ -144,15 +154,23 @@ class Front:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             reused = False
             while (request := await self._read_head(conn, reader, writer, reused)) is not None:
+                if self._draining:
+                    await self._refuse(reader, writer, APIError(503, "the server is shutting down; retry on another "
+                                                                     "one", code="shutting_down"))
+                    return
+                self._busy.add(task)
                 try:
                     body = await self._read_body(conn, reader, writer, request)
                 except APIError as e:
                     await self._refuse(reader, writer, e)
                     return
-                if not await self._forward(conn, reader, writer, request, body):
-                    return
-                if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
-                    return  # Connection: close, or HTTP/1.0
+                try:
+                    if not await self._forward(conn, reader, writer, request, body):
+                        return
+                finally:
+                    self._busy.discard(task)
+                if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE or self._draining:
+                    return  # Connection: close, or HTTP/1.0, or a drain: its answer was the connection's last
                 conn.start_next_cycle()
                 reused = True
         except h11.RemoteProtocolError as e:  # malformed request, headers over h11's 16 KiB, closed mid-request
@@ -163,6 +181,7 @@ class Front:
             log.exception("front door: connection failed")
         finally:
             self._connections.discard(task)
+            self._busy.discard(task)
             writer.close()
 
     async def _receive(self, conn: h11.Connection, reader: asyncio.StreamReader, timeout: float | None) -> bool:

@@ -64,6 +64,25 @@ def test_multi_turn_training_runs_and_the_mask_lines_up_log_probs_hf(tmp_path: P
     _check_tool_run(tmp_path / "t")
 
 
+@pytest.mark.slow
+def test_multi_turn_training_runs_one_step_off(tmp_path: Path) -> None:
+    """The tools preset under async_training.mode=one_step_off: the batch generated ahead is tagged with the wrapped
+    engine's weight version (it stopped with "'MultiTurnRollout' object has no attribute 'weight_version'"), the
+    tool ran, and every sample lags at most one version."""
+    cfg = load_config(PRESET, [*SMALL, "trainer.total_training_steps=2", "async_training.mode=one_step_off",
+                               "async_training.rollout_num_threads=1", "rollout.name=hf",
+                               f"trainer.default_local_dir={tmp_path}", "trainer.experiment_name=t",
+                               "trainer.progress=false", "trainer.test_freq=0", "trainer.val_before_train=false"])
+    assert train(cfg).steps_done == 2
+    steps = [r for r in records_of(tmp_path / "t") if r["step"] >= 1]
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:
+        assert r["tool/calls"] > 0, r
+        assert r["async/staleness/max"] <= 1, r
+        # the overlap's train interval wraps the timer's "train" phase: a few ms wider at most
+        assert 0.0 <= r["async/overlap_s"] <= r["timing_s/train"] + 0.05, r
+
+
 class HostileSandbox(PythonSandbox):
     """The real sandbox, running hostile programs in place of what the model wrote (the tiny model cannot be made to
     write them on demand)."""

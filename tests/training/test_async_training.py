@@ -258,3 +258,12 @@ def test_one_step_off_refuses_what_it_cannot_run() -> None:
         build_config({}, ["async_training.mode=one_step_off", "async_training.trigger_parameter_sync_step=2"])
     assert build_config({}, []).async_training.mode == "sync"  # the default run is the synchronous loop
 
+
+def test_fully_async_refuses_multi_turn_rollouts() -> None:
+    """A multi-turn rollout's per-token weight versions are not tracked (fully_async stopped with a KeyError on the
+    batch's versions); one_step_off tags the whole batch with one version and runs it."""
+    from dapo.config import ConfigError
+    with pytest.raises(ConfigError, match="async_training.mode=fully_async cannot run rollout.multi_turn.enable=true"):
+        build_config({}, ["async_training.mode=fully_async", "rollout.multi_turn.enable=true"])
+    assert build_config({}, ["async_training.mode=one_step_off", "rollout.multi_turn.enable=true"]).rollout.multi_turn.enable
+

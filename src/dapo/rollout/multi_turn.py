@@ -173,6 +173,11 @@ class MultiTurnRollout:
                                 else holding if len(holding) <= max(1, len(texts) // 100) else ())
 
     # The rest of the RolloutEngine interface is the engine's: the trainer pushes weights into it and probes it.
+    @property
+    def weight_version(self) -> int:
+        """The wrapped engine's weight version (one-step-off training tags the batch with it before generating)."""
+        return self.engine.weight_version
+
     def update_weights(self, named_tensors) -> None:
         self.engine.update_weights(named_tensors)
 

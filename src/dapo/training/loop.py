@@ -41,6 +41,7 @@ from dapo.training.generation import generate_and_filter
 from dapo.training.rank_split import is_rollout_rank, serve_rollout_rank
 from dapo.training.run import Run, TrainResult, build_run, pick_device, run_dir_of, total_steps_of
 from dapo.training.errors import TrainingError
+from dapo.training.overlap import Interval, busy_overlap
 from dapo.training.staleness import ProducedBatch, sample_lags, staleness_metrics
 
 __all__ = ["TrainResult", "build_run", "pick_device", "run_dir_of", "total_steps_of", "train", "train_fully_async",
@@ -107,8 +108,9 @@ def train_one_step_off(run: Run) -> TrainResult:
             t0 = time.perf_counter()
             groups, metrics = generate_and_filter(run.engine, state, policy.tokenizer, cfg, step, timer, run.scorer)
             metrics.update(timer.metrics(prefix="timing_s/produce_"))
-            metrics["async/produce_s"] = time.perf_counter() - t0
-            return ProducedBatch.of_version(groups, metrics, version)
+            t1 = time.perf_counter()
+            metrics["async/produce_s"] = t1 - t0
+            return ProducedBatch.of_version(groups, metrics, version, busy=[(t0, t1)])
 
         return producer.submit(work)
 
@@ -120,20 +122,20 @@ def train_one_step_off(run: Run) -> TrainResult:
             for step in range(state.step + 1, run.total_steps + 1):
                 timer = run.timer("train", "wait_rollout", step=step)
                 metrics, pending = pending, {}
+                step_start = time.perf_counter()
                 with timer("step"):
                     batch, state.prefetched = state.prefetched[0], []
                     ahead = produce(step + 1) if step < run.total_steps else None  # the engine works meanwhile
-                    train_produced(run, batch, step, timer, metrics)
+                    trained = train_produced(run, batch, step, timer, metrics)
                     with timer("wait_rollout"):  # the trainer idles while the engine finishes step+1's batch
                         state.prefetched = [ahead.result()] if ahead is not None else []
                     if batch.groups:
                         with timer("sync_weights"):
                             metrics.update(run.sync.push(step))
-                train_s, wait_s = timer.seconds["train"], timer.seconds["wait_rollout"]
-                produce_s = state.prefetched[0].metrics["async/produce_s"] if state.prefetched else 0.0
-                metrics["async/overlap_s"] = min(train_s, produce_s)  # both sides busy
-                metrics["async/trainer_idle_s"] = wait_s
-                metrics["async/engine_idle_s"] = max(0.0, timer.seconds["step"] - produce_s)
+                # Measured, not min(train_s, produce_s): the time both were busy at once (0 for a serial run).
+                producing = state.prefetched[0].busy if state.prefetched else []
+                metrics.update(_overlap_metrics(trained, producing, (step_start, time.perf_counter())))
+                metrics["async/trainer_idle_s"] = timer.seconds["wait_rollout"]
                 pending = run.end_step(step, metrics, timer, tracker, progress)
     finally:
         producer.shutdown(wait=False, cancel_futures=True)
@@ -158,7 +160,14 @@ def train_fully_async(run: Run) -> TrainResult:
     ready: collections.deque[ProducedBatch] = collections.deque(state.prefetched)
     state.prefetched = []
     shared: dict[str, Any] = {"actor_version": state.step, "stop": False, "error": None,
-                              "snapshot": _generation_state(state)}
+                              "snapshot": _generation_state(state), "busy": [], "busy_since": None}
+
+    def producer_busy(since: float) -> list[Interval]:
+        """The producer's busy intervals ending after ``since`` (one still running ends now); older ones dropped."""
+        with arrived:
+            shared["busy"] = [(s, e) for s, e in shared["busy"] if e >= since]
+            running = [] if shared["busy_since"] is None else [(shared["busy_since"], time.perf_counter())]
+            return shared["busy"] + running
 
     def produce() -> None:
         try:
@@ -170,12 +179,17 @@ def train_fully_async(run: Run) -> TrainResult:
                 versions: dict[int, list[list[int]]] = {}
                 timer = PhaseTimer("gen", "reward")
                 t0 = time.perf_counter()
+                with arrived:
+                    shared["busy_since"] = t0
                 groups, metrics = generate_and_filter(run.engine, state, policy.tokenizer, cfg, j, timer, run.scorer,
                                                       versions=versions)
                 metrics.update(timer.metrics(prefix="timing_s/produce_"))
-                metrics["async/produce_s"] = time.perf_counter() - t0
-                batch = ProducedBatch(groups, metrics, [versions[id(g)] for g in groups])
+                t1 = time.perf_counter()
+                metrics["async/produce_s"] = t1 - t0
+                batch = ProducedBatch(groups, metrics, [versions[id(g)] for g in groups], busy=[(t0, t1)])
                 with arrived:
+                    shared["busy"].append((t0, t1))
+                    shared["busy_since"] = None
                     ready.append(batch)
                     shared["snapshot"] = _generation_state(state)
                     arrived.notify_all()
@@ -196,6 +210,7 @@ def train_fully_async(run: Run) -> TrainResult:
             for step in range(state.step + 1, run.total_steps + 1):
                 timer = run.timer("train", "wait_rollout", step=step)
                 metrics, pending = pending, {}
+                step_start = time.perf_counter()
                 with timer("step"):
                     with timer("wait_rollout"), arrived:
                         arrived.wait_for(lambda: bool(ready) or shared["error"] is not None)
@@ -206,14 +221,16 @@ def train_fully_async(run: Run) -> TrainResult:
                     if max(lags, default=0) > bound:  # cannot happen by construction; never train on it if it does
                         raise TrainingError(f"step {step}: a sample lags {max(lags)} weight versions behind the actor, "
                                             f"more than async_training.staleness_threshold={bound}")
-                    train_produced(run, batch, step, timer, metrics)
+                    trained = train_produced(run, batch, step, timer, metrics)
                     with timer("sync_weights"):
                         metrics.update(run.sync.push(step))
                     with arrived:
                         shared["actor_version"] = step
                         arrived.notify_all()
                 metrics["async/trainer_idle_s"] = timer.seconds["wait_rollout"]
-                metrics["async/overlap_s"] = min(timer.seconds["train"], batch.metrics["async/produce_s"])
+                # Whatever the producer generated while this step ran (the batches after this one), measured.
+                window = (step_start, time.perf_counter())
+                metrics.update(_overlap_metrics(trained, producer_busy(since=step_start), window))
                 pending = run.end_step(step, metrics, timer, tracker, progress, checkpoint_state)
     finally:
         with arrived:
@@ -245,18 +262,29 @@ class _AsyncCheckpoint:
         return state
 
 
-def train_produced(run: Run, batch: ProducedBatch, step: int, timer: PhaseTimer, metrics: dict[str, float]) -> None:
+def _overlap_metrics(trained: Interval, producing: list[Interval], window: Interval) -> dict[str, float]:
+    """``async/overlap_s``: seconds the trainer's update (``trained``) and the producer's work (``producing``) ran at
+    once; ``async/engine_idle_s``: seconds of the step's ``window`` in which the producer did nothing."""
+    return {"async/overlap_s": busy_overlap([trained], producing),
+            "async/engine_idle_s": (window[1] - window[0]) - busy_overlap([window], producing)}
+
+
+def train_produced(run: Run, batch: ProducedBatch, step: int, timer: PhaseTimer,
+                   metrics: dict[str, float]) -> Interval:
     """Both asynchronous loops: step ``step`` trains on a batch the engine produced with older weights (the actor is
-    at version step-1), recording the batch's own metrics and its staleness."""
+    at version step-1), recording the batch's own metrics and its staleness. Returns the perf_counter interval of the
+    update (async/overlap_s)."""
     metrics.update(batch.metrics)
     metrics.update(staleness_metrics(batch, actor_version=step - 1))
     run.dump_batch(step, batch.groups, batch)
+    start = time.perf_counter()
     with timer("train"):
         if batch.groups:
             metrics.update(update_actor(batch.groups, run.policy, run.optimizer, run.scheduler, run.cfg, step, timer,
                                         world=run.world, off_policy=True))
         else:
             skipped_update(step, metrics)
+    return start, time.perf_counter()
 
 
 def skipped_update(step: int, metrics: dict[str, float]) -> None:

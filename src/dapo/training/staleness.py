@@ -22,11 +22,15 @@ class ProducedBatch:
     groups: list[ScoredGroup]
     metrics: dict[str, float]
     token_versions: list[list[list[int]]] = field(default_factory=list)
+    # perf_counter intervals the producer worked on this batch (async/overlap_s); not saved: a resumed run's clock
+    # differs, and a batch produced before the resume overlapped nothing of this process's training.
+    busy: list[tuple[float, float]] = field(default_factory=list, compare=False)
 
     @classmethod
-    def of_version(cls, groups: list[ScoredGroup], metrics: dict[str, float], version: int) -> ProducedBatch:
+    def of_version(cls, groups: list[ScoredGroup], metrics: dict[str, float], version: int,
+                   busy: list[tuple[float, float]] | None = None) -> ProducedBatch:
         """Every token of every sample drawn under ``version``."""
-        return cls(groups, metrics, [[[version] * len(ids) for ids in g.response_ids] for g in groups])
+        return cls(groups, metrics, [[[version] * len(ids) for ids in g.response_ids] for g in groups], busy or [])
 
     def state_dict(self) -> dict[str, Any]:
         return {"groups": [g.to_state() for g in self.groups], "metrics": dict(self.metrics),

@@ -164,3 +164,14 @@ def test_unwritable_end_of_run_plot_is_a_warning_after_a_complete_run(tmp_path, 
         in proc.stderr
     assert "done: 1 steps" in proc.stdout and "plots: not written" in proc.stdout
     assert find_latest_checkpoint(run_dir / "checkpoints").name == "global_step_1"
+
+
+def test_lora_rank_above_the_model_width_is_refused(tmp_path, fast_args):
+    # The embedded tiny model's narrowest linear layer (k_proj / v_proj) is far below 4096 wide.
+    proc = run_dapo_in_process(["train", *fast_args, "actor_rollout_ref.model.lora_rank=4096"], tmp_path)
+    _clean_failure(proc, "model.lora_rank=4096 exceeds", "targeted linear layers")
+
+
+def test_absurd_lora_rank_is_refused_before_loading(tmp_path, fast_args):
+    proc = run_dapo_in_process(["train", *fast_args, "actor_rollout_ref.model.lora_rank=1000000000"], tmp_path)
+    _clean_failure(proc, "lora_rank")

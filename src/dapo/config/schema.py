@@ -107,7 +107,10 @@ class ModelConfig(_Section):
         True, description="after a GGUF load, save an HF copy next to the run so later loads take a second"
     )
     # LoRA (Hugging Face PEFT, dapo.model.lora); verl's names. lora_rank=0 (verl's default) trains every weight.
-    lora_rank: int = Field(0, ge=0, description="LoRA rank r of the actor's adapters (PEFT); 0 = full fine-tuning")
+    # The cap is a cheap sanity bound before any model loads (no released model has a layer 65536 wide); the real bound,
+    # min(in, out) of the targeted layers, is checked against the model in dapo.model.lora.apply_lora.
+    lora_rank: int = Field(0, ge=0, le=65536,
+                           description="LoRA rank r of the actor's adapters (PEFT); 0 = full fine-tuning")
     lora_alpha: float = Field(16.0, gt=0.0, description="LoRA alpha: the adapters' update is scaled by alpha / rank")
     lora_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the adapters' input during training")
     target_modules: Literal["all-linear"] | list[str] = Field(

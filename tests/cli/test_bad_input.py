@@ -175,3 +175,11 @@ def test_lora_rank_above_the_model_width_is_refused(tmp_path, fast_args):
 def test_absurd_lora_rank_is_refused_before_loading(tmp_path, fast_args):
     proc = run_dapo_in_process(["train", *fast_args, "actor_rollout_ref.model.lora_rank=1000000000"], tmp_path)
     _clean_failure(proc, "lora_rank")
+
+
+def test_a_run_that_skips_every_optimizer_step_fails(tmp_path, fast_args):
+    # alpha / rank = 1e30 / 8 scales the adapters' gradient to inf: every optimizer step is skipped.
+    proc = run_dapo_in_process(["train", *fast_args, "actor_rollout_ref.model.lora_rank=8",
+                                "actor_rollout_ref.model.lora_alpha=1e30", "trainer.max_consecutive_skipped_steps=1"],
+                               tmp_path)
+    _clean_failure(proc, "consecutive optimizer steps were skipped", "trainer.max_consecutive_skipped_steps=1")

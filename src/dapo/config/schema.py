@@ -583,6 +583,9 @@ class TrainerConfig(_Section):
         default_factory=list, description="steps to run under torch.profiler: each phase that runs the model "
         "(generation, reward, old-log-prob pass, update, weight push) gets its operators by self time in "
         "<run dir>/profile/step<K>.json and .txt (docs/performance.md); [] = none")
+    max_consecutive_skipped_steps: int = Field(
+        3, ge=0, description="stop with an error after this many consecutive optimizer steps skipped for a non-finite "
+        "gradient norm (a run that skips every step trains nothing); 0 = never stop")
     seed: int = 42
     device: Literal["auto", "cpu", "cuda"] = "auto"
     num_threads: int | None = Field(None, gt=0, description="torch CPU threads (None = torch's default)")

@@ -164,3 +164,22 @@ def test_unwritable_end_of_run_plot_is_a_warning_after_a_complete_run(tmp_path, 
         in proc.stderr
     assert "done: 1 steps" in proc.stdout and "plots: not written" in proc.stdout
     assert find_latest_checkpoint(run_dir / "checkpoints").name == "global_step_1"
+
+
+def test_lora_rank_above_the_model_width_is_refused(tmp_path, fast_args):
+    # The embedded tiny model's narrowest linear layer (k_proj / v_proj) is far below 4096 wide.
+    proc = run_dapo_in_process(["train", *fast_args, "actor_rollout_ref.model.lora_rank=4096"], tmp_path)
+    _clean_failure(proc, "model.lora_rank=4096 exceeds", "targeted linear layers")
+
+
+def test_absurd_lora_rank_is_refused_before_loading(tmp_path, fast_args):
+    proc = run_dapo_in_process(["train", *fast_args, "actor_rollout_ref.model.lora_rank=1000000000"], tmp_path)
+    _clean_failure(proc, "lora_rank")
+
+
+def test_a_run_that_skips_every_optimizer_step_fails(tmp_path, fast_args):
+    # alpha / rank = 1e30 / 8 scales the adapters' gradient to inf: every optimizer step is skipped.
+    proc = run_dapo_in_process(["train", *fast_args, "actor_rollout_ref.model.lora_rank=8",
+                                "actor_rollout_ref.model.lora_alpha=1e30", "trainer.max_consecutive_skipped_steps=1"],
+                               tmp_path)
+    _clean_failure(proc, "consecutive optimizer steps were skipped", "trainer.max_consecutive_skipped_steps=1")

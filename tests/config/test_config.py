@@ -245,3 +245,28 @@ def test_7b_recipe_is_verls_test_script():
     assert (cfg.trainer.test_freq, cfg.trainer.save_freq, cfg.trainer.resume_mode) == (2, 2, "disable")
     header = (REPO / "configs" / "dapo_qwen2.5_math_7b.yaml").read_text()
     assert "#   dapo train --config configs/dapo_qwen2.5_math_7b.yaml" in header
+
+
+def test_several_config_files_merge_in_order_later_wins(tmp_path) -> None:
+    first = tmp_path / "first.yaml"
+    first.write_text("actor:\n  clip_ratio_high: 0.28\n  clip_ratio_low: 0.1\ntrainer:\n  seed: 7\n")
+    second = tmp_path / "second.yaml"
+    second.write_text("actor:\n  clip_ratio_high: 0.3\ntrainer:\n  total_training_steps: 4\n")
+    cfg = load_config([first, second])
+    # Both files' keys survive (the merge is per key, within each section); on a conflict the later file wins.
+    assert (cfg.actor.clip_ratio_low, cfg.trainer.seed, cfg.trainer.total_training_steps) == (0.1, 7, 4)
+    assert cfg.actor.clip_ratio_high == 0.3
+    assert load_config([second, first]).actor.clip_ratio_high == 0.28
+    assert load_config([first]).trainer.total_training_steps == load_config(None).trainer.total_training_steps
+
+
+def test_train_cli_merges_repeated_config_options(tmp_path) -> None:
+    from tests.cli.cli_helpers import run_dapo_in_process
+
+    first = tmp_path / "first.yaml"
+    first.write_text("trainer:\n  seed: 7\n  experiment_name: from-first\n")
+    second = tmp_path / "second.yaml"
+    second.write_text("trainer:\n  experiment_name: from-second\n")
+    proc = run_dapo_in_process(["train", "--config", str(first), "--config", str(second), "--print-config"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "seed: 7" in proc.stdout and "experiment_name: from-second" in proc.stdout

@@ -110,3 +110,25 @@ def test_probe_leaves_the_global_rng_alone() -> None:
     torch.manual_seed(0)
     assert measure_matmul_flops(torch.device("cpu"), "fp32", size=64, repeats=1) > 0
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_mfu_above_one_is_clamped_with_one_warning(monkeypatch, caplog) -> None:
+    import dapo.infra.perf as perf
+
+    monkeypatch.setattr(perf, "_warned_mfu_above_one", False)
+    peak = perf.PeakFlops(1e9, "fp32", "measured: fake probe")
+    with caplog.at_level("WARNING", logger="dapo.infra.perf"):
+        assert perf.mfu(5e8, peak) == 0.5             # below the peak: the plain ratio
+        assert perf.mfu(2.8e9, peak) == 1.0           # 280 %: clamped
+        assert perf.mfu(1.5e9, peak) == 1.0
+    warnings = [r for r in caplog.records if "above 100%" in r.getMessage()]
+    assert len(warnings) == 1 and "280%" in warnings[0].getMessage() and "fake probe" in warnings[0].getMessage()
+
+
+def test_probe_keeps_the_fastest_of_its_repeats(monkeypatch) -> None:
+    import dapo.infra.perf as perf
+
+    # perf_counter pairs (start, stop) per timed repeat: 0.5 s, 0.1 s (a quiet moment), 0.3 s
+    ticks = iter([0.0, 0.5, 1.0, 1.1, 2.0, 2.3])
+    monkeypatch.setattr(perf.time, "perf_counter", lambda: next(ticks))
+    assert perf.measure_matmul_flops(torch.device("cpu"), "fp32", size=8, repeats=3) == pytest.approx(2 * 8**3 / 0.1)

@@ -67,6 +67,21 @@ def test_an_unknown_target_module_is_refused_with_the_models_modules() -> None:
     assert linear_module_names(model) == ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
 
 
+def test_a_rank_above_the_narrowest_targeted_layer_is_refused() -> None:
+    model = load_policy(load_config(None, []).model).model
+    narrowest = min(min(m.in_features, m.out_features) for m in model.modules()
+                    if isinstance(m, torch.nn.Linear) and m is not model.get_output_embeddings())
+    too_big = load_config(None, [f"model.lora_rank={narrowest + 1}"])
+    with pytest.raises(ModelLoadError, match=rf"model.lora_rank={narrowest + 1} exceeds {narrowest}, the smallest"):
+        apply_lora(model, too_big.model)
+    apply_lora(model, load_config(None, [f"model.lora_rank={narrowest}"]).model)  # the bound itself fits
+
+
+def test_an_absurd_rank_is_refused_by_the_config() -> None:
+    with pytest.raises(ConfigError, match="lora_rank"):
+        load_config(None, ["actor_rollout_ref.model.lora_rank=1000000000"])
+
+
 # ------------------------------------------------------------------------------------------------------- actor
 def test_the_optimizer_holds_only_the_adapters() -> None:
     cfg, policy = _lora_policy()

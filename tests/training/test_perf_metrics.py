@@ -62,8 +62,9 @@ def check_perf_metrics(r: dict) -> None:
     for phase, seconds in (("rollout", r["timing_s/gen"]),
                            ("actor", r["timing_s/update_actor"] + r["timing_s/old_log_prob"])):
         assert r[f"perf/flops_per_s/{phase}"] * seconds == pytest.approx(r[f"perf/flops/{phase}"])
-        assert r[f"perf/mfu/{phase}"] == pytest.approx(r[f"perf/flops_per_s/{phase}"] / r[f"perf/peak_flops/{phase}"])
-        assert r[f"perf/mfu/{phase}"] > 0  # against a measured matmul peak on a CPU: not bounded by 1 under load
+        assert r[f"perf/mfu/{phase}"] == pytest.approx(
+            min(1.0, r[f"perf/flops_per_s/{phase}"] / r[f"perf/peak_flops/{phase}"]))  # a peak probed under load: 1
+        assert 0 < r[f"perf/mfu/{phase}"] <= 1
     # at least 2 N per generated token of the 1,059,968-weight model; training at least 6 N per token of each kept
     # group's prompt and one response (every kept group is informative, so it is trained)
     assert r["perf/flops/rollout"] >= 2 * 1_059_968 * r["rollout/num_tokens"]

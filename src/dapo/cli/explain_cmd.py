@@ -22,8 +22,9 @@ class _Refused(click.ClickException):
 
 
 @click.command("explain", context_settings={"ignore_unknown_options": True})
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
-              help="YAML config (see configs/); defaults: the embedded tiny model's run.")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), multiple=True,
+              help="YAML config (see configs/); repeat it to merge several in order (later files win, key by key); "
+                   "defaults: the embedded tiny model's run.")
 @click.option("--nnodes", type=int, default=1, show_default=True, help="Nodes (torchrun --nnodes).")
 @click.option("--nproc-per-node", type=int, default=1, show_default=True,
               help="Ranks (GPUs) per node (torchrun --nproc-per-node).")
@@ -40,7 +41,7 @@ class _Refused(click.ClickException):
 @click.option("--mfu", type=click.FloatRange(0.0, 1.0, min_open=True), default=0.4, show_default=True,
               help="Model FLOPs utilization assumed for the step-time estimate.")
 @click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
-def explain_command(config_path: str | None, nnodes: int, nproc_per_node: int, informative_fraction: float,
+def explain_command(config_path: tuple[str, ...], nnodes: int, nproc_per_node: int, informative_fraction: float,
                     prompt_tokens: int | None, response_tokens: int | None, gpu_memory_gib: float,
                     model_config: str | None, gpu: str, mfu: float, overrides: tuple[str, ...]) -> None:
     """Print the layout of a training step: batches, rounds, optimizer steps, micro-batches, memory per GPU.
@@ -50,7 +51,7 @@ def explain_command(config_path: str | None, nnodes: int, nproc_per_node: int, i
     from dapo.distributed.layout import Assumptions, LayoutError, compute_layout
 
     try:
-        cfg = load_config(config_path, overrides)
+        cfg = load_config(config_path or None, overrides)
     except ConfigError as exc:
         raise _Refused(str(exc)) from None
     for name, value in (("--prompt-tokens", prompt_tokens), ("--response-tokens", response_tokens)):
@@ -66,7 +67,7 @@ def explain_command(config_path: str | None, nnodes: int, nproc_per_node: int, i
     except LayoutError as exc:
         lines = "\n".join(f"  - {p}" for p in exc.problems)
         raise _Refused(f"this config cannot be laid out on {nnodes} x {nproc_per_node} ranks:\n{lines}") from None
-    click.echo(render(layout, cfg, config_path or "defaults", overrides, model_note))
+    click.echo(render(layout, cfg, " + ".join(config_path) or "defaults", overrides, model_note))
     click.echo("\n".join(compute_lines(layout, cfg, gpu, mfu)))
 
 

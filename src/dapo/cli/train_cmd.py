@@ -19,14 +19,14 @@ from dapo.config import ConfigError, config_to_dict, load_config
 
 
 @click.command("train", context_settings={"ignore_unknown_options": True})
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
-              help="YAML config (see configs/); defaults train the embedded tiny model on the synthetic task.")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), multiple=True,
+              help="YAML config (see configs/); repeat it to merge several in order (later files win, key by key); defaults train the embedded tiny model on the synthetic task.")
 @click.option("--print-config", is_flag=True, help="Print the resolved config and exit.")
 @click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
-def train_command(config_path: str | None, print_config: bool, overrides: tuple[str, ...]) -> None:
+def train_command(config_path: tuple[str, ...], print_config: bool, overrides: tuple[str, ...]) -> None:
     """Train a policy with DAPO. OVERRIDES are dotted keys, e.g. algorithm.clip_ratio_high=0.28 rollout.n=16."""
     try:
-        cfg = load_config(config_path, overrides)
+        cfg = load_config(config_path or None, overrides)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     if print_config:

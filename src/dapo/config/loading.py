@@ -370,28 +370,40 @@ def read_config_yaml(p: Path) -> Any:
         raise ConfigError(f"{p}: not valid YAML: {exc}") from None
 
 
+def merge_config_trees(base: Mapping[str, Any], later: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``later`` laid over it: mappings merge key by key (recursively), anything else in ``later``
+    (a scalar, a list) replaces ``base``'s value. How several ``--config`` files combine, in order."""
+    merged = dict(base)
+    for key, value in later.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = merge_config_trees(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
 def load_config_with_report(
-    path: str | Path | None = None, overrides: Sequence[str] = ()
+    path: str | Path | Sequence[str | Path] | None = None, overrides: Sequence[str] = ()
 ) -> tuple[DapoConfig, ConfigReport]:
     """``load_config`` that also returns the report (the verl keys accepted without effect, and why)."""
+    paths = [] if path is None else [path] if isinstance(path, (str, Path)) else list(path)
     tree: dict[str, Any] = {}
-    origin = "defaults"
-    if path is not None:
-        p = Path(path)
+    for p in map(Path, paths):
         loaded = read_config_yaml(p)
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{p}: the top level must be a mapping of sections, got {type(loaded).__name__}")
-        tree = loaded
-        origin = str(p)
+        tree = merge_config_trees(tree, loaded)
+    origin = " + ".join(str(p) for p in paths) if paths else "defaults"
     if overrides:
         origin += " + overrides"
     return build_config_with_report(tree, overrides, origin=origin)
 
 
-def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> DapoConfig:
-    """Load a YAML config file (or the defaults when None) and apply dotted overrides.
+def load_config(path: str | Path | Sequence[str | Path] | None = None, overrides: Sequence[str] = ()) -> DapoConfig:
+    """Load a YAML config file (or several, merged in order: later files override earlier ones key by key; or the
+    defaults when None) and apply dotted overrides.
 
     Every unknown or invalid key is reported in one ``ConfigError``; verl keys accepted without effect are logged
     as one warning line each (logger ``dapo.config``).

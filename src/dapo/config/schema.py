@@ -107,7 +107,10 @@ class ModelConfig(_Section):
         True, description="after a GGUF load, save an HF copy next to the run so later loads take a second"
     )
     # LoRA (Hugging Face PEFT, dapo.model.lora); verl's names. lora_rank=0 (verl's default) trains every weight.
-    lora_rank: int = Field(0, ge=0, description="LoRA rank r of the actor's adapters (PEFT); 0 = full fine-tuning")
+    # The cap is a cheap sanity bound before any model loads (no released model has a layer 65536 wide); the real bound,
+    # min(in, out) of the targeted layers, is checked against the model in dapo.model.lora.apply_lora.
+    lora_rank: int = Field(0, ge=0, le=65536,
+                           description="LoRA rank r of the actor's adapters (PEFT); 0 = full fine-tuning")
     lora_alpha: float = Field(16.0, gt=0.0, description="LoRA alpha: the adapters' update is scaled by alpha / rank")
     lora_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the adapters' input during training")
     target_modules: Literal["all-linear"] | list[str] = Field(
@@ -580,6 +583,9 @@ class TrainerConfig(_Section):
         default_factory=list, description="steps to run under torch.profiler: each phase that runs the model "
         "(generation, reward, old-log-prob pass, update, weight push) gets its operators by self time in "
         "<run dir>/profile/step<K>.json and .txt (docs/performance.md); [] = none")
+    max_consecutive_skipped_steps: int = Field(
+        3, ge=0, description="stop with an error after this many consecutive optimizer steps skipped for a non-finite "
+        "gradient norm (a run that skips every step trains nothing); 0 = never stop")
     seed: int = 42
     device: Literal["auto", "cpu", "cuda"] = "auto"
     num_threads: int | None = Field(None, gt=0, description="torch CPU threads (None = torch's default)")

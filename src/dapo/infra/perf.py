@@ -33,12 +33,15 @@ PyTorch runs fp32 matmuls without TF32 by default). Anything else (a CPU, a GPU 
 measured once by a short matmul probe, cached in ``$XDG_CACHE_HOME/dapo/peak_flops.json`` (``~/.cache/dapo``): MFU is
 then relative to the best dense matmul rate this machine reaches, not to a datasheet. A CPU probe taken while the
 1-minute load average exceeds the cores is used for that run but not cached (a contended figure would otherwise stay
-the reference and later steps would read MFU above 1); delete the file to measure again.
+the reference and later steps would read MFU above 1); delete the file to measure again. The probe keeps the best of
+several timed matmuls (a preempted one only looks slow), and an MFU that still comes out above 1 (the probe ran under
+load, so its peak is below the machine's: up to 280 % was seen) is reported as 1 with one warning per run.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
 import time
@@ -62,6 +65,7 @@ __all__ = [
     "group_forward_flops",
     "matmul_params",
     "measure_matmul_flops",
+    "mfu",
     "peak_flops",
     "sequence_forward_flops",
 ]
@@ -154,7 +158,26 @@ def datasheet_peak(device_name: str, dtype: str) -> PeakFlops | None:
 _DTYPES = {"bf16": "bfloat16", "fp32": "float32"}  # torch is imported on use: the CLI lists GPUs without it
 
 
-def measure_matmul_flops(device: torch.device, dtype: str, *, size: int | None = None, repeats: int = 3) -> float:
+log = logging.getLogger(__name__)
+_warned_mfu_above_one = False
+
+
+def mfu(achieved: float, peak: PeakFlops) -> float:
+    """``achieved / peak``, at most 1: achieving more than the peak means the peak is wrong (a probe taken under load
+    measured contention), so the ratio is clamped and the first clamp of the process says why in one warning."""
+    global _warned_mfu_above_one
+    ratio = achieved / peak.flops_per_s
+    if ratio > 1.0:
+        if not _warned_mfu_above_one:
+            _warned_mfu_above_one = True
+            log.warning("MFU %.0f%% is above 100%%: the peak (%s, %.3g FLOP/s) underestimates this device, probably "
+                        "probed under load; MFU is reported as 1 (delete the peak cache to probe again)",
+                        100 * ratio, peak.source, peak.flops_per_s)
+        return 1.0
+    return ratio
+
+
+def measure_matmul_flops(device: torch.device, dtype: str, *, size: int | None = None, repeats: int = 7) -> float:
     """The best FLOP/s of ``repeats`` square matmuls on ``device`` (deterministic inputs: the global RNG is untouched,
     so a probe never changes a seeded run)."""
     import torch

@@ -57,9 +57,25 @@ def apply_lora(model: nn.Module, cfg: ModelConfig) -> nn.Module:
             raise ModelLoadError(
                 f"model.target_modules: {unknown} {'is' if len(unknown) == 1 else 'are'} not a linear layer of "
                 f"{type(model).__name__}; its linear layers are {available} (or use 'all-linear')")
+    _check_rank_fits(model, cfg)
     config = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                         target_modules=cfg.target_modules, bias="none", task_type="CAUSAL_LM")
     return get_peft_model(model, config, adapter_name=ADAPTER_NAME)
+
+
+def _check_rank_fits(model: nn.Module, cfg: ModelConfig) -> None:
+    """Refuse a rank above min(in, out) of the narrowest targeted layer: B A (out x r times r x in) has rank at most
+    min(in, out), so a larger r adds only parameters and compute (a rank of 4096 on a 128-wide model ran ~10x slower
+    with the same function class; 10^9 tried to allocate 512 GB)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    targets = cfg.target_modules
+    widths = [min(m.in_features, m.out_features) for name, m in model.named_modules()
+              if isinstance(m, nn.Linear) and m is not head
+              and (targets == "all-linear" or name.rsplit(".", 1)[-1] in targets)]
+    if widths and cfg.lora_rank > min(widths):
+        raise ModelLoadError(
+            f"model.lora_rank={cfg.lora_rank} exceeds {min(widths)}, the smallest min(in, out) of the targeted linear "
+            f"layers of {type(model).__name__} (a LoRA update B A cannot have a higher rank); use a rank <= {min(widths)}")
 
 
 def with_lora(policy: Policy, cfg: ModelConfig) -> Policy:

@@ -11,7 +11,7 @@ the world size, and the time is this rank's wall time of the phase (waits includ
 
     perf/flops/{rollout,actor}          model FLOPs of the step's phase, whole job
     perf/flops_per_s/{rollout,actor}    achieved, per device
-    perf/mfu/{rollout,actor}            achieved / peak of one device (perf/peak_flops/{rollout,actor})
+    perf/mfu/{rollout,actor}            achieved / peak of one device (perf/peak_flops/{rollout,actor}), at most 1
     perf/tokens_per_s/rollout           generated response tokens per second per device
     perf/tokens_per_s/actor             trained sequence tokens (prompt + response of each trained sample, per epoch)
                                         per second of the update, per device
@@ -25,7 +25,7 @@ import torch
 
 from dapo.actor.update import trained_samples
 from dapo.config import DapoConfig
-from dapo.infra.perf import PeakFlops, TransformerShape, group_forward_flops, peak_flops
+from dapo.infra.perf import PeakFlops, TransformerShape, group_forward_flops, mfu, peak_flops
 from dapo.reward.scored_groups import ScoredGroup
 from dapo.training.train_batch import build_train_batch
 
@@ -97,7 +97,7 @@ class StepPerf:
                 "perf/flops/rollout": float(self._gen_flops),
                 "perf/flops_per_s/rollout": achieved,
                 "perf/peak_flops/rollout": self.rollout_peak.flops_per_s,
-                "perf/mfu/rollout": achieved / self.rollout_peak.flops_per_s,
+                "perf/mfu/rollout": mfu(achieved, self.rollout_peak),
                 "perf/tokens_per_s/rollout": self._gen_tokens / n / gen_s,
             })
         self._gen_flops = self._gen_tokens = 0
@@ -109,7 +109,7 @@ class StepPerf:
                 "perf/flops/actor": float(flops),
                 "perf/flops_per_s/actor": achieved,
                 "perf/peak_flops/actor": self.actor_peak.flops_per_s,
-                "perf/mfu/actor": achieved / self.actor_peak.flops_per_s,
+                "perf/mfu/actor": mfu(achieved, self.actor_peak),
                 "perf/tokens_per_s/actor": tokens / n / max(seconds.get("update_actor", 0.0), 1e-9),
             })
         return out

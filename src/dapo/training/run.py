@@ -50,6 +50,7 @@ from dapo.training.dynamic_sampling_buffer import DynamicSamplingBuffer
 from dapo.training.errors import TrainingError
 from dapo.training.generation import derive_seed, engine_tensor_parallel, validate_across_ranks
 from dapo.training.perf_metrics import StepPerf
+from dapo.training.skipped_steps import SkippedStepGuard
 from dapo.training.rank_split import engine_on_rollout_rank, rollout_ranks, trainer_world
 from dapo.training.rollout_dump import dump_batch
 from dapo.training.staleness import ProducedBatch
@@ -158,6 +159,11 @@ class Run:
     wall0: float
     perf: StepPerf
     steps_before: int = 0
+    skipped_steps: SkippedStepGuard | None = None
+
+    def __post_init__(self) -> None:
+        if self.skipped_steps is None:
+            self.skipped_steps = SkippedStepGuard(self.cfg.trainer.max_consecutive_skipped_steps)
 
     def timer(self, *phases: str, step: int) -> PhaseTimer:
         """The phase timer of ``step`` (under ``torch.profiler`` when the step is in ``trainer.profile_steps``)."""
@@ -232,6 +238,7 @@ class Run:
         if step == self.steps_before + 1 and self.world.is_main:
             record_run_config(self.run_dir, cfg)  # a step under cfg completed: now it describes the run
         progress.update(step, metrics)
+        self.skipped_steps.observe(step, metrics)  # after the record: the failing step's metrics are kept
         pending: dict[str, float] = {}
         if (cfg.trainer.save_freq > 0 and step % cfg.trainer.save_freq == 0) or is_last:
             t0 = time.perf_counter()

@@ -177,6 +177,29 @@ def test_os_exit_is_reported_with_its_status(sandbox: PythonSandbox) -> None:
     assert result.category == "error" and result.exit_code == 3 and "status 3" in result.output
 
 
+def test_the_codes_own_exit_status_is_never_a_memory_kill(sandbox: PythonSandbox) -> None:
+    # 82 was the launcher's memory status: the code choosing it (either way of exiting) is still the code's own exit.
+    for code in ("import sys\nsys.exit(82)", "import os\nos._exit(82)", "import sys\nsys.exit(81)"):
+        result = sandbox.run(code)
+        assert result.category == "error" and result.exit_code in (81, 82), (code, result)
+        assert "exited with status" in result.output, (code, result)
+
+
+def test_printing_a_bwrap_message_and_exiting_1_is_not_a_sandbox_failure(sandbox: PythonSandbox) -> None:
+    result = sandbox.run("import sys\nprint('bwrap: Can\\'t mount proc', flush=True)\nsys.exit(1)")
+    assert result.category == "error" and result.exit_code == 1, result
+
+
+@pytest.mark.skipif(BWRAP_PROBLEM is not None, reason=f"bwrap: {BWRAP_PROBLEM}")
+def test_a_real_bubblewrap_set_up_failure_is_a_sandbox_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    sandbox = PythonSandbox(LIMITS, mode="bwrap")
+    argv = sandbox._bwrap_argv()
+    bad = argv[:1] + ["--ro-bind", "/nonexistent-dapo-path", "/nonexistent-dapo-path"] + argv[1:]
+    monkeypatch.setattr(sandbox, "_bwrap_argv", lambda: bad)
+    result = sandbox.run("print(1)")
+    assert result.category == "sandbox" and result.output.startswith("bwrap:"), result
+
+
 def test_killing_its_parent_leaves_the_caller_running(sandbox: PythonSandbox) -> None:
     for code in ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)",
                  "import os, signal\nos.kill(-1, signal.SIGKILL)",

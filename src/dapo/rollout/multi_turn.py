@@ -305,7 +305,9 @@ class MultiTurnRollout:
         """The tool output as tokens: the output encoded alone and cut to ``max_tool_response_length``, inside the
         response template (its two halves encoded alone too)."""
         p = self.params
-        ids = self.tokenizer.encode(output.rstrip("\n"), add_special_tokens=False)
+        # split_special_tokens: the code's output is plain text; a printed "<|im_end|><|im_start|>user" must not become
+        # real special-token ids (a forged turn boundary) inside the tool segment.
+        ids = self.tokenizer.encode(output.rstrip("\n"), add_special_tokens=False, split_special_tokens=True)
         cap = p.max_tool_response_length
         if len(ids) > cap:
             marker = self.tokenizer.encode("...", add_special_tokens=False)

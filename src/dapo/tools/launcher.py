@@ -2,13 +2,12 @@
 
 This file is passed to ``python -I -c`` as source text (:data:`LAUNCHER_SOURCE`), never imported inside the sandbox,
 so it uses the standard library only and nothing of ``dapo``. It reads a JSON header line and then the code from
-stdin, and reports how the code ended through its exit status (the only channel the code cannot write into without
-ending the process, which the parent then reports as an error or a kill):
-
-* ``0``: the code ran to the end (or called ``sys.exit(0)``);
-* :data:`EXIT_EXCEPTION`: the code raised; its traceback (the code's frames only) is on stderr;
-* :data:`EXIT_MEMORY`: the code raised ``MemoryError`` (the address-space limit);
-* anything else: the code chose its own status (``sys.exit(n)``, ``os._exit(n)``) or a signal ended the process.
+stdin. When the code raises, it writes a one-line JSON record ``{"outcome": "exception" | "memory"}`` on the status
+pipe named by the header's ``status_fd`` (never stdout/stderr) and exits with :data:`EXIT_EXCEPTION` /
+:data:`EXIT_MEMORY`. The parent classifies from that record, not from the exit status: the code's own
+``sys.exit(n)`` / ``os._exit(n)`` can choose any status (82 included), and is then reported as an exit with that
+status. The code runs in this process and could write that pipe too, but a record it writes can only claim what it
+could get by raising (``raise MemoryError``); its exit status and its printed text claim nothing.
 
 Order matters: limits first (so nothing later runs unlimited), then the identity change (dropping every capability
 a root launcher held), then, in the weaker ``process`` mode only, the Python audit hook; only then the code.
@@ -30,6 +29,16 @@ def main() -> None:  # pragma: no cover - runs in the sandboxed child (tests obs
     import traceback
 
     header = json.loads(sys.stdin.buffer.readline())
+    status_fd = int(header["status_fd"])
+
+    def report(outcome: str) -> None:
+        # The outcome goes on its own pipe, not in the exit status: the code's sys.exit(n) / os._exit(n) can set any
+        # status, so a status alone never says "memory" (the parent reads this record).
+        try:
+            os.write(status_fd, json.dumps({"outcome": outcome}).encode() + b"\n")
+        except OSError:
+            pass
+
     code = sys.stdin.buffer.read().decode("utf-8", errors="replace")
     sys.stdin.close()
 
@@ -68,6 +77,7 @@ def main() -> None:  # pragma: no cover - runs in the sandboxed child (tests obs
         del namespace
         sys.stderr.write("MemoryError: the code exceeded the sandbox's memory limit\n")
         sys.stderr.flush()
+        report("memory")
         os._exit(EXIT_MEMORY)
     except SystemExit as exc:
         sys.stdout.flush()
@@ -83,6 +93,7 @@ def main() -> None:  # pragma: no cover - runs in the sandboxed child (tests obs
         text.write("".join(traceback.format_exception_only(type(exc), exc)))
         sys.stderr.write(text.getvalue())
         sys.stderr.flush()
+        report("exception")
         os._exit(EXIT_EXCEPTION)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -163,16 +163,35 @@ class PythonSandbox:
                 "workdir": header_workdir,
                 "read_roots": sorted({sys.base_prefix, sys.prefix, os.path.dirname(os.path.realpath(self.python))}),
             }
+            # Two pipes the code's exit status and output cannot stand in for: the launcher's outcome record, and
+            # (bwrap) bubblewrap's own --json-status-fd, which it closes before the code starts and which holds an
+            # "exit-code" record only when its set-up finished and the code ran.
+            status_r, status_w = os.pipe()
+            pipes = [status_r, status_w]
+            header["status_fd"] = status_w
+            pass_fds = [status_w]
+            bwrap_r = None
+            if self.mode == "bwrap":
+                bwrap_r, bwrap_w = os.pipe()
+                pipes += [bwrap_r, bwrap_w]
+                pass_fds.append(bwrap_w)
+                argv = argv[:1] + ["--json-status-fd", str(bwrap_w)] + argv[1:]
             try:
                 proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, cwd=cwd, env=_clean_env(header_workdir),
-                                        start_new_session=True, close_fds=True)
+                                        start_new_session=True, close_fds=True, pass_fds=pass_fds)
             except OSError as exc:
                 return ToolResult(f"sandbox: could not start the interpreter: {exc}", "sandbox", None,
                                   time.monotonic() - start)
+            finally:
+                for fd in pass_fds:  # the parent keeps only the read ends: EOF once the child side has gone
+                    os.close(fd)
+                    pipes.remove(fd)
             return self._supervise(proc, json.dumps(header).encode() + b"\n" + code.encode("utf-8", "replace"),
-                                   start)
+                                   start, status_r, bwrap_r)
         finally:
+            for fd in pipes if "pipes" in locals() else ():
+                os.close(fd)
             if workdir is not None:
                 shutil.rmtree(workdir, ignore_errors=True)
 
@@ -185,7 +204,8 @@ class PythonSandbox:
         with ThreadPoolExecutor(max_workers=min(max_workers, len(codes)), thread_name_prefix="dapo-tool") as pool:
             return list(pool.map(self.run, codes))
 
-    def _supervise(self, proc: subprocess.Popen, stdin_bytes: bytes, start: float) -> ToolResult:
+    def _supervise(self, proc: subprocess.Popen, stdin_bytes: bytes, start: float, status_fd: int,
+                   bwrap_fd: int | None) -> ToolResult:
         """Feed the code, collect output up to the cap, and kill the group at the wall limit or the cap."""
         limits = self.limits
         deadline = start + limits.wall_time_s
@@ -235,18 +255,22 @@ class PythonSandbox:
         if reason == "output_limit":
             return ToolResult(output + f"\n[output cut at {limits.max_output_bytes} bytes; the code was killed]",
                               "output_limit", status, wall)
-        return ToolResult(*self._classify(output, status), status, wall)
+        outcomes = [r.get("outcome") for r in _json_records(status_fd)]
+        code_ran = bwrap_fd is None or any("exit-code" in r for r in _json_records(bwrap_fd))
+        return ToolResult(*self._classify(output, status, outcomes, code_ran), status, wall)
 
-    def _classify(self, output: str, status: int) -> tuple[str, str]:
+    def _classify(self, output: str, status: int, outcomes: list, code_ran: bool) -> tuple[str, str]:
+        """The category from what the code cannot forge: bubblewrap's own record of whether the code started, and
+        the launcher's outcome record; the exit status only tells the code's own exit or a signal."""
+        if not code_ran:  # bubblewrap's set-up failed (its message, "bwrap: ...", is the output)
+            return output, "sandbox"
+        if "memory" in outcomes:
+            return output, "memory"
+        if "exception" in outcomes:
+            return output, "error"
         if status == 0:
             return output, "ok"
-        if status == launcher.EXIT_MEMORY:
-            return output, "memory"
-        if status == launcher.EXIT_EXCEPTION:
-            return output, "error"
         signum = -status if status < 0 else status - 128 if self.mode == "bwrap" and status > 128 else None
-        if self.mode == "bwrap" and status == 1 and output.startswith("bwrap:"):
-            return output, "sandbox"
         if signum == signal.SIGXCPU:
             return output + f"\nTimeoutError: the code used its {self.limits.cpu_time_s:g} s of CPU time", "timeout"
         if signum is not None and 0 < signum < signal.NSIG:
@@ -311,6 +335,29 @@ def bwrap_problem(python: str) -> str | None:
     if done.returncode != 0:
         return f"bwrap exited with {done.returncode}: {done.stderr.decode(errors='replace').strip()[:300]}"
     return None
+
+
+def _json_records(fd: int, limit: int = 65536) -> list[dict]:
+    """The JSON object lines already written on a pipe whose writers have gone (lines that do not parse are skipped)."""
+    os.set_blocking(fd, False)
+    data = b""
+    while len(data) < limit:
+        try:
+            chunk = os.read(fd, limit - len(data))
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        data += chunk
+    records = []
+    for line in data.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
 
 
 def _clean_env(workdir: str) -> dict[str, str]:

@@ -232,7 +232,7 @@ class WordTokenizer:
     def __len__(self) -> int:
         return len(self.pieces)
 
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = False, split_special_tokens: bool = False) -> list[int]:
         ids, i = [], 0
         while i < len(text):
             best = max((p for p in self.pieces[1:] if text.startswith(p, i)), key=len)

@@ -85,3 +85,25 @@ def test_the_engine_log_probs_stand_in_for_the_skipped_pass_and_the_update_match
     # The gap is taken where the weights are still pi_old's (the first mini-batch), so it is the engine's mismatch,
     # not the update's own drift over its later mini-batches.
     assert skipped["rollout/log_prob_diff/max"] < 1e-5
+
+
+def test_sequence_is_weight_is_the_product_over_every_token_before_token_rejection() -> None:
+    # One response of two tokens, pi_old/mu = 0.9 and 2.0/0.9 = 2.222...; token_k1 with the band [0.5, 2.0] rejects
+    # the second token. The sequence weight is 0.9 * 2.222... = 2.0 on the kept token (verl: the product over the
+    # whole response); computing it after the rejection gave 0.9 (the product over the kept token only).
+    from dapo.actor.batch import TrainBatch
+    from dapo.training.actor_step import with_rollout_correction
+    cfg = build_config(None, ["algorithm.rollout_correction.rollout_is=sequence",
+                              "algorithm.rollout_correction.rollout_is_threshold=5.0",
+                              "algorithm.rollout_correction.rollout_rs=token_k1",
+                              "algorithm.rollout_correction.rollout_rs_threshold=0.5_2.0"])
+    roll = torch.tensor([-1.0, -1.0], dtype=torch.float64)
+    old = roll + torch.log(torch.tensor([0.9, 2.0 / 0.9], dtype=torch.float64))
+    batch = TrainBatch(prompt_ids=[[1, 2]], response_ids=[[3, 4]], advantages=torch.tensor([1.0]),
+                       sample_mask=torch.tensor([True]), group_index=torch.tensor([0]),
+                       old_log_probs=[old], rollout_log_probs=[roll])
+    out, metrics = with_rollout_correction(batch, cfg)
+    assert out.loss_mask().tolist() == [[True, False]]
+    assert out.is_weights is not None
+    torch.testing.assert_close(out.is_weights[0].double(), torch.tensor([2.0, 0.0], dtype=torch.float64))
+    assert metrics["rollout_corr/rs_masked_fraction"] == 0.5

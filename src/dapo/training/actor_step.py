@@ -32,9 +32,11 @@ from dapo.training.weight_sync import actor_log_probs_of
 
 
 def with_rollout_correction(batch: TrainBatch, cfg: DapoConfig) -> tuple[TrainBatch, dict[str, float]]:
-    """Apply ``algorithm.rollout_correction`` between pi_old and the engine's mu when asked for: rejection sampling
-    first (rejected tokens leave the loss and its normalisers), then importance weights pi_old / mu (TIS or IcePop)
-    on what is left."""
+    """Apply ``algorithm.rollout_correction`` between pi_old and the engine's mu when asked for: importance weights
+    pi_old / mu (TIS or IcePop) over every token of each response, then rejection sampling masks the loss (rejected
+    tokens leave it and its normalisers). The order matters for ``rollout_is=sequence`` with a ``token_*`` rejection
+    mode: the sequence weight is the product over the whole response, as verl computes it, not over the kept tokens
+    only (rejecting a token does not make the response's other tokens more or less likely under mu)."""
     rc = cfg.algorithm.rollout_correction
     if rc.rollout_is is None and rc.rollout_rs is None:
         return batch, {}
@@ -42,6 +44,7 @@ def with_rollout_correction(batch: TrainBatch, cfg: DapoConfig) -> tuple[TrainBa
     old = pad_per_token(batch.old_log_probs)
     roll = pad_per_token(batch.rollout_log_probs)
     metrics: dict[str, float] = {}
+    unrejected = batch.loss_mask()  # before rejection: the mask the importance weights are computed over
     if rc.rollout_rs is not None:
         upper, lower = rc.rs_bounds()
         rs = rejection_mask(old, roll, batch.loss_mask(), mode=rc.rollout_rs, upper=upper, lower=lower)
@@ -50,9 +53,10 @@ def with_rollout_correction(batch: TrainBatch, cfg: DapoConfig) -> tuple[TrainBa
         metrics["rollout_corr/rs_seq_masked_fraction"] = rs.seq_masked_fraction
     if rc.rollout_is is not None:
         threshold, lower = rc.is_bounds()
-        iw = truncated_importance_weights(old, roll, batch.loss_mask(), level=rc.rollout_is, threshold=threshold,
+        iw = truncated_importance_weights(old, roll, unrejected, level=rc.rollout_is, threshold=threshold,
                                           lower=lower)
-        batch = batch.with_is_weights([iw.weights[i, :n] for i, n in enumerate(batch.response_lengths)])
+        weights = torch.where(batch.loss_mask(), iw.weights, 0.0)  # rejected tokens carry no weight
+        batch = batch.with_is_weights([weights[i, :n] for i, n in enumerate(batch.response_lengths)])
         metrics.update({
             "rollout_corr/is_weight_mean": iw.mean,
             "rollout_corr/is_weight_max": iw.max,

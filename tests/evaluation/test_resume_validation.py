@@ -41,6 +41,14 @@ def _edit_line(out, index, **fields):
     out.write_text("".join(lines))
 
 
+def _drop_field(out, index, name):
+    lines = out.read_text().splitlines(keepends=True)
+    row = json.loads(lines[index])
+    del row[name]
+    lines[index] = json.dumps(row) + "\n"
+    out.write_text("".join(lines))
+
+
 def _first_wrong(out):
     return next(i for i, line in enumerate(out.read_text().splitlines()) if not json.loads(line)["acc"])
 
@@ -69,11 +77,7 @@ def test_a_resumed_line_of_the_wrong_type_is_refused_with_its_line_number(finish
 
 def test_a_line_without_a_field_is_refused(finished):
     problems, settings, out = finished
-    lines = out.read_text().splitlines(keepends=True)
-    row = json.loads(lines[2])
-    del row["acc"]
-    lines[2] = json.dumps(row) + "\n"
-    out.write_text("".join(lines))
+    _drop_field(out, 2, "acc")
     with pytest.raises(EvalError, match='line 3 has no "acc"'):
         read_samples(out)
 
@@ -150,10 +154,6 @@ def test_a_single_turn_line_with_tool_calls_is_refused(finished):
 
 def test_a_multi_turn_line_without_tool_calls_is_refused(finished):
     problems, multi, out = _as_multi_turn(finished, [])
-    lines = out.read_text().splitlines(keepends=True)
-    row = json.loads(lines[3])
-    del row["tool_calls"]
-    lines[3] = json.dumps(row) + "\n"
-    out.write_text("".join(lines))
+    _drop_field(out, 3, "tool_calls")
     with pytest.raises(EvalError, match='has no "tool_calls", which every multi-turn sample records'):
         _rerun(problems, multi, out)

@@ -20,7 +20,8 @@ from dapo.config import ConfigError, config_to_dict, load_config
 
 @click.command("train", context_settings={"ignore_unknown_options": True})
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), multiple=True,
-              help="YAML config (see configs/); repeat it to merge several in order (later files win, key by key); defaults train the embedded tiny model on the synthetic task.")
+              help="YAML config (see configs/); repeat it to merge several in order (later files win, key by "
+                   "key); defaults train the embedded tiny model on the synthetic task.")
 @click.option("--print-config", is_flag=True, help="Print the resolved config and exit.")
 @click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
 def train_command(config_path: tuple[str, ...], print_config: bool, overrides: tuple[str, ...]) -> None:

@@ -35,11 +35,17 @@ def is_lora(model: nn.Module) -> bool:
     return peft is not None and isinstance(model, peft.PeftModel)
 
 
+def _linear_layers(model: nn.Module) -> Iterator[tuple[str, nn.Linear]]:
+    """``model``'s linear layers under their last names (what ``target_modules`` names), output head excluded."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear) and module is not head:
+            yield name.rsplit(".", 1)[-1], module
+
+
 def linear_module_names(model: nn.Module) -> list[str]:
     """The distinct last names of ``model``'s linear layers (what ``target_modules`` names), output head excluded."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    return sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
-                   if isinstance(module, nn.Linear) and module is not head})
+    return sorted({name for name, _ in _linear_layers(model)})
 
 
 def apply_lora(model: nn.Module, cfg: ModelConfig) -> nn.Module:
@@ -67,11 +73,9 @@ def _check_rank_fits(model: nn.Module, cfg: ModelConfig) -> None:
     """Refuse a rank above min(in, out) of the narrowest targeted layer: B A (out x r times r x in) has rank at most
     min(in, out), so a larger r adds only parameters and compute (a rank of 4096 on a 128-wide model ran ~10x slower
     with the same function class; 10^9 tried to allocate 512 GB)."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     targets = cfg.target_modules
-    widths = [min(m.in_features, m.out_features) for name, m in model.named_modules()
-              if isinstance(m, nn.Linear) and m is not head
-              and (targets == "all-linear" or name.rsplit(".", 1)[-1] in targets)]
+    widths = [min(m.in_features, m.out_features) for name, m in _linear_layers(model)
+              if targets == "all-linear" or name in targets]
     if widths and cfg.lora_rank > min(widths):
         raise ModelLoadError(
             f"model.lora_rank={cfg.lora_rank} exceeds {min(widths)}, the smallest min(in, out) of the targeted linear "

@@ -29,7 +29,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-VOLATILE = ("timing_s/", "perf/")  # wall-clock measurements: differ between any two runs
+from dapo.infra.timing import is_measured_metric
+
 
 
 def train_cmd(out: Path, name: str, steps: int) -> list[str]:
@@ -101,7 +102,7 @@ def end_state(run_dir: Path, steps: int) -> tuple[dict, dict, list[dict]]:
     ckpt = run_dir / "checkpoints" / f"global_step_{steps}"
     weights = load_file(ckpt / "hf" / "model.safetensors")
     optim = torch.load(ckpt / "optimizer.pt", weights_only=True)
-    metrics = [{k: v for k, v in json.loads(line).items() if not k.startswith(VOLATILE)}
+    metrics = [{k: v for k, v in json.loads(line).items() if not is_measured_metric(k)}
                for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return weights, optim, metrics
 

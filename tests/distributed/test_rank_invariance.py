@@ -16,6 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from dapo.infra.timing import is_measured_metric
 from tests.cli.cli_helpers import run_dapo_in_process
 from tests.cli.warm_dapo import prestart
 from tests.distributed.test_train_torchrun import SMALL
@@ -26,7 +27,6 @@ STEPS = 3
 # width and tokens; dynamic sampling (on by default) drops all-wrong / all-right groups and refills the batch.
 ARGS = [*SMALL, f"trainer.total_training_steps={STEPS}", "data.gen_batch_size=5", "data.synth.num_val=5",
         "trainer.val_before_train=true", "trainer.save_freq=0", "trainer.progress=false"]
-VOLATILE = ("timing_s/", "perf/")
 # Float results of the update (and the actor-vs-rollout log-prob gaps): equal up to rounding, compared with a
 # tolerance. actor/num_micro_batches counts every rank's micro-batches, so it depends on the world size.
 FLOAT = ("actor/", "rollout/log_prob_diff", "rollout/probs_diff")
@@ -55,7 +55,7 @@ def test_two_ranks_train_the_same_parameters_as_one_process(tmp_path: Path) -> N
     assert sum(r["train/num_all_wrong_groups"] + r["train/num_all_correct_groups"] for r in a[1:]) > 0
     assert any(k.startswith("val/acc/mean@") for k in a[0]) and any(k.startswith("val/acc/mean@") for k in a[-1])
     for ra, rb in zip(a, b):
-        keys = {k for k in ra.keys() | rb.keys() if not k.startswith(VOLATILE) and k not in WORLD_DEPENDENT}
+        keys = {k for k in ra.keys() | rb.keys() if not is_measured_metric(k) and k not in WORLD_DEPENDENT}
         assert keys <= ra.keys() & rb.keys(), (ra["step"], keys ^ (ra.keys() & rb.keys()))
         # Everything decided by the samples is identical: the same responses were generated and scored (rewards,
         # accuracies, lengths, token counts, kept / dropped groups, validation).

@@ -37,13 +37,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from dapo.infra.timing import is_measured_metric
 from tests.cli.cli_helpers import run_dapo_in_process
 from tests.distributed.test_train_torchrun import SMALL, metric_steps, step_lines
 from tests.distributed.warm_torchrun import torchrun_warm
 
 FSDP2 = [*SMALL, "trainer.total_training_steps=3", "actor.strategy=fsdp2"]
-# Keys of a step's record that depend on the machine, not on the run's state.
-_NOT_STATE = ("timing_s/", "perf/", "memory/")
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +67,7 @@ def _interrupted_after_step_2(reference: Path, root: Path) -> Path:
 
 
 def _records(run_dir: Path) -> dict[int, dict]:
-    return {r["step"]: {k: v for k, v in r.items() if not k.startswith(_NOT_STATE)}
+    return {r["step"]: {k: v for k, v in r.items() if not is_measured_metric(k)}
             for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
 
 

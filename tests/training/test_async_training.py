@@ -25,6 +25,7 @@ from safetensors.torch import load_file
 from dapo.config import build_config
 from dapo.training.staleness import ProducedBatch, sample_lags, staleness_metrics
 from tests.cli.cli_helpers import FAST
+from tests.training.test_perf_metrics import group
 from tests.cli.warm_dapo import kill_after_checkpoint, run_dapo_warm
 
 GEN_BATCH, MAX_ROUNDS, GROUPS, N = 6, 3, 4, 4  # data.gen_batch_size, max_num_gen_batches, train_batch_size, rollout.n
@@ -198,9 +199,8 @@ def test_fully_async_killed_with_sigkill_loses_no_step_and_trains_the_saved_batc
     prefetched = saved.get("prefetched", [])
     for i, batch in enumerate(prefetched):
         trained = [(line["uid"], line["acc"], line["score"], line["weight_versions"]) for line in batches[3 + i]]
-        assert trained == [(g["prompt"]["uid"], a, score, versions)
-                           for g, group_versions in zip(batch["groups"], batch["token_versions"])
-                           for a, score, versions in zip(g["acc"], g["scores"], group_versions)]
+        assert trained == [(g["prompt"]["uid"], a, score, versions) for g in batch["groups"]
+                           for a, score, versions in zip(g["acc"], g["scores"], g["token_versions"], strict=True)]
     # ... and every later batch is generated anew by the resumed worker (which starts from the checkpoint's
     # weights, version 2): a generation in flight at the kill is dropped, never half-carried over.
     assert 3 + len(prefetched) <= FULLY_STEPS, len(prefetched)  # at least one batch generated after the resume
@@ -236,8 +236,15 @@ def test_dynamic_sampling_fills_every_async_batch_with_informative_groups_only(r
     assert dropped > 0  # the filter had something to drop: the test is not vacuous
 
 
+def versioned_group(token_versions: list[list[int]]):
+    """A group whose responses are as long as their version lists, with those versions."""
+    g = group(2, [len(v) for v in token_versions], [True] * len(token_versions))
+    g.token_versions = token_versions
+    return g
+
+
 def test_staleness_metrics_count_every_sample_and_token() -> None:
-    batch = ProducedBatch(groups=[], metrics={}, token_versions=[[[3, 3], [2, 3, 3]], [[1], []]])
+    batch = ProducedBatch([versioned_group([[3, 3], [2, 3, 3]]), versioned_group([[1], []])], metrics={})
     assert sample_lags(batch, actor_version=3) == [0, 1, 2, 0]
     m = staleness_metrics(batch, actor_version=3)
     assert m["async/staleness/mean"] == 0.75 and m["async/staleness/max"] == 2

@@ -12,6 +12,16 @@ from dapo.infra.profiling import StepProfiler
 
 GB = 1024**3
 
+# Metrics that measure this machine at this moment (phase times, throughput and MFU, memory, the asynchronous loops'
+# overlap and idle times), not the run's state: two runs that train the same thing agree on every other key.
+MEASURED_METRIC_PREFIXES = ("timing_s/", "perf/", "memory/", "async/overlap_s", "async/engine_idle_s",
+                            "async/trainer_idle_s", "async/produce_s")
+
+
+def is_measured_metric(key: str) -> bool:
+    """Whether a metric key is a measurement of the machine (``MEASURED_METRIC_PREFIXES``), not of the run."""
+    return key.startswith(MEASURED_METRIC_PREFIXES)
+
 
 class PhaseTimer:
     """``with timer("gen"): ...`` adds the block's seconds to ``timer.seconds["gen"]`` (phases may repeat or nest).

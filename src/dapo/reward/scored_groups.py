@@ -34,6 +34,9 @@ class ScoredGroup:
     # output; and each response's tool-call result categories. None for single-turn rollouts.
     action_masks: list[list[int]] | None = None
     tool_categories: list[list[str]] | None = None
+    # Per response, per token: the weight version (trainer step) the engine held when it drew the token; None until
+    # the rollout side stamps it (asynchronous training reads the lag of each sample from here, dapo.training.staleness).
+    token_versions: list[list[int]] | None = None
 
     @property
     def rewards(self) -> list[float]:
@@ -61,6 +64,7 @@ class ScoredGroup:
             "overlong_penalty": self.overlong_penalty, "preds": self.preds,
             **({} if self.action_masks is None else {"action_masks": self.action_masks,
                                                       "tool_categories": self.tool_categories}),
+            **({} if self.token_versions is None else {"token_versions": self.token_versions}),
         }
 
     @classmethod
@@ -70,7 +74,7 @@ class ScoredGroup:
                             dict(p.get("extra_info", {})))  # checkpoints before extra_info was saved have none
         return cls(prompt, state["response_ids"], state["rollout_log_probs"], state["truncated"], state["scores"],
                    state["acc"], state["overlong_penalty"], state["preds"], state.get("action_masks"),
-                   state.get("tool_categories"))
+                   state.get("tool_categories"), state.get("token_versions"))
 
 
 def group_index_of(groups: Sequence[ScoredGroup]) -> torch.Tensor:
@@ -120,6 +124,7 @@ def score_rollout(
     # A multi-turn rollout (dapo.rollout.multi_turn.MultiTurnOutput) also says which tokens are the model's.
     action_masks = getattr(rollout, "action_mask", None)
     tool_categories = getattr(rollout, "tool_categories", None)
+    token_versions = rollout.token_versions  # set by an engine in a rollout worker (RemoteEngine), else None
     groups: dict[int, ScoredGroup] = {}
     for i, p in enumerate(rollout.prompt_index):
         g = groups.get(p)
@@ -135,4 +140,6 @@ def score_rollout(
         if action_masks is not None:
             g.action_masks = (g.action_masks or []) + [list(action_masks[i])]
             g.tool_categories = (g.tool_categories or []) + [list(tool_categories[i])]
+        if token_versions is not None:
+            g.token_versions = (g.token_versions or []) + [list(token_versions[i])]
     return [groups[p] for p in sorted(groups)]

@@ -87,11 +87,10 @@ def share_params(params: SamplingParams, share: slice, world: World, tensor_para
 
 
 def generate_round(engine: RolloutEngine, prompts: list[PromptItem], tokenizer, cfg: DapoConfig,
-                   params: SamplingParams, timer: PhaseTimer, scorer: RewardScorer | None, world: World,
-                   versions: dict[int, list[list[int]]] | None = None) -> list[ScoredGroup]:
+                   params: SamplingParams, timer: PhaseTimer, scorer: RewardScorer | None, world: World
+                   ) -> list[ScoredGroup]:
     """The scored groups of ``prompts``, in prompt order, on every rank; each rank generates and scores its share
-    (``params`` are those of the whole batch). ``versions`` (asynchronous training, one process) receives each
-    group's per-sample, per-token weight versions, keyed by ``id(group)``."""
+    (``params`` are those of the whole batch)."""
     tp = engine_tensor_parallel(cfg)
     where = generation_share(len(prompts), world, tp)
     share = prompts[where]
@@ -105,10 +104,6 @@ def generate_round(engine: RolloutEngine, prompts: list[PromptItem], tokenizer, 
         if is_engine_leader(world, tp):  # a tensor-parallel engine's other ranks hold the same rollout
             with timer("reward"):
                 groups = score_rollout(share, rollout, tokenizer, cfg, scorer)
-            if versions is not None and rollout.token_versions is not None:  # prompts' samples are contiguous
-                n = params.n
-                for i, group in enumerate(groups):
-                    versions[id(group)] = rollout.token_versions[i * n:(i + 1) * n]
     if not world.distributed:
         return groups
     with timer("gather"):  # also where a rank waits for the slowest one's generation
@@ -132,7 +127,6 @@ def validate_across_ranks(engine: RolloutEngine, prompts: list[PromptItem], toke
 
 def generate_and_filter(engine: RolloutEngine, state: RunState, tokenizer, cfg: DapoConfig, step: int,
                         timer: PhaseTimer, scorer: RewardScorer | None = None, world: World = World(),
-                        versions: dict[int, list[list[int]]] | None = None,
                         on_round: Callable[[list[ScoredGroup]], None] | None = None
                         ) -> tuple[list[ScoredGroup], dict[str, float]]:
     """Generation rounds of gen_batch_size prompts until train_batch_size informative groups are held.
@@ -158,7 +152,7 @@ def generate_and_filter(engine: RolloutEngine, state: RunState, tokenizer, cfg: 
         draws = state.sampler.next_draws(cfg.data.effective_gen_batch_size)
         prompts = [d.item for d in draws]
         groups = generate_round(engine, prompts, tokenizer, cfg, rollout_params(cfg, step, rnd), timer, scorer,
-                                world, versions)
+                                world)
         if on_round is not None:
             on_round(groups)
         acc = torch.tensor([float(a) for g in groups for a in g.acc])

@@ -16,15 +16,14 @@ from pathlib import Path
 
 from dapo.infra.atomic import atomic_write
 from dapo.reward.scored_groups import ScoredGroup
-from dapo.training.staleness import ProducedBatch, sample_lags
+from dapo.training.staleness import sample_lag
 
 
-def dump_batch(directory: str | Path, step: int, groups: list[ScoredGroup], tokenizer,
-               produced: ProducedBatch | None = None) -> Path:
-    """Write ``directory/<step>.jsonl`` for the ``groups`` step ``step`` trains on; ``produced``: the batch they came
-    in from an older engine (its versions; the actor that trains on it holds version step-1). An empty batch (an
-    update skipped) writes an empty file: the step ran and trained nothing."""
-    lags = iter(sample_lags(produced, actor_version=step - 1)) if produced is not None else None
+def dump_batch(directory: str | Path, step: int, groups: list[ScoredGroup], tokenizer, *,
+               with_versions: bool = False) -> Path:
+    """Write ``directory/<step>.jsonl`` for the ``groups`` step ``step`` trains on; ``with_versions``: they came in
+    from an older engine, and each line says which weights drew its tokens (the actor that trains on them holds
+    version step-1). An empty batch (an update skipped) writes an empty file: the step ran and trained nothing."""
     lines = []
     for g, group in enumerate(groups):
         prompt = tokenizer.decode(list(group.prompt.input_ids), skip_special_tokens=True)
@@ -32,8 +31,9 @@ def dump_batch(directory: str | Path, step: int, groups: list[ScoredGroup], toke
             line = {"input": prompt, "output": tokenizer.decode(response, skip_special_tokens=True),
                     "gts": group.prompt.ground_truth, "score": group.scores[s], "step": step, "group": g,
                     "uid": group.prompt.uid, "acc": bool(group.acc[s])}
-            if produced is not None:
-                line["weight_versions"] = produced.token_versions[g][s]
-                line["lag"] = next(lags)  # sample_lags runs group by group, sample by sample, as these loops do
+            if with_versions:
+                versions = group.token_versions[s] if group.token_versions is not None else []
+                line["weight_versions"] = versions
+                line["lag"] = sample_lag(versions, actor_version=step - 1)
             lines.append(json.dumps(line, ensure_ascii=False) + "\n")
     return atomic_write(Path(directory) / f"{step}.jsonl", "".join(lines))

@@ -53,7 +53,6 @@ from dapo.training.perf_metrics import StepPerf
 from dapo.training.skipped_steps import SkippedStepGuard
 from dapo.training.rank_split import engine_on_rollout_rank, rollout_ranks, trainer_world
 from dapo.training.rollout_dump import dump_batch
-from dapo.training.staleness import ProducedBatch
 from dapo.training.tool_use import with_tool_rollout
 from dapo.training.run_state import (RunState, check_resume_config, checkpoint_format, find_resume_checkpoint,
                                     record_run_config, resume_run, save_run)
@@ -173,11 +172,12 @@ class Run:
                                     rank=self.world.rank if self.world.distributed else None)
         return PhaseTimer("gen", "reward", "old_log_prob", *phases, memory=self.memory, profiler=profiler)
 
-    def dump_batch(self, step: int, groups: list, produced: ProducedBatch | None = None) -> None:
+    def dump_batch(self, step: int, groups: list, *, with_versions: bool) -> None:
         """``trainer.rollout_data_dir``: the batch step ``step`` trains on, as lines of JSON (rank 0 writes it; every
         rank holds the same groups)."""
         if self.cfg.trainer.rollout_data_dir is not None and self.world.is_main:
-            dump_batch(self.cfg.trainer.rollout_data_dir, step, groups, self.policy.tokenizer, produced)
+            dump_batch(self.cfg.trainer.rollout_data_dir, step, groups, self.policy.tokenizer,
+                       with_versions=with_versions)
 
     def validate(self, step: int) -> dict[str, float]:
         t0 = time.perf_counter()

@@ -16,36 +16,52 @@ from dapo.reward.scored_groups import ScoredGroup
 
 @dataclass
 class ProducedBatch:
-    """A step's training batch as the rollout side handed it over: the kept groups, the generation metrics, and per
-    sample (group by group, sample by sample) the weight version of each token."""
+    """A step's training batch as the rollout side handed it over: the kept groups (each with the weight version of
+    every token, ``ScoredGroup.token_versions``) and the generation metrics."""
 
     groups: list[ScoredGroup]
     metrics: dict[str, float]
-    token_versions: list[list[list[int]]] = field(default_factory=list)
-    # perf_counter intervals the producer worked on this batch (async/overlap_s); not saved: a resumed run's clock
-    # differs, and a batch produced before the resume overlapped nothing of this process's training.
+    # Not saved (a resumed run's clock differs, and its FLOP count restarts): the perf_counter intervals the producer
+    # worked on this batch (async/overlap_s), every group its rounds generated, kept or not (perf/flops/rollout), and
+    # the seconds of generation in them (perf/*/rollout).
     busy: list[tuple[float, float]] = field(default_factory=list, compare=False)
+    generated: list[ScoredGroup] = field(default_factory=list, compare=False)
+    gen_s: float = field(default=0.0, compare=False)
 
     @classmethod
-    def of_version(cls, groups: list[ScoredGroup], metrics: dict[str, float], version: int,
-                   busy: list[tuple[float, float]] | None = None) -> ProducedBatch:
-        """Every token of every sample drawn under ``version``."""
-        return cls(groups, metrics, [[[version] * len(ids) for ids in g.response_ids] for g in groups], busy or [])
+    def stamped(cls, groups: list[ScoredGroup], metrics: dict[str, float], version: int, **measured: Any
+                ) -> ProducedBatch:
+        """The batch of ``groups``; a group the engine did not stamp (an engine in this process, or one that draws a
+        whole request under one version) gets ``version`` on every token."""
+        for g in groups:
+            if g.token_versions is None:
+                g.token_versions = [[version] * len(ids) for ids in g.response_ids]
+        return cls(groups, metrics, **measured)
+
+    @property
+    def token_versions(self) -> list[list[list[int]]]:
+        """Group by group, sample by sample, the version of each token."""
+        return [g.token_versions or [[] for _ in g.response_ids] for g in self.groups]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"groups": [g.to_state() for g in self.groups], "metrics": dict(self.metrics),
-                "token_versions": self.token_versions}
+        return {"groups": [g.to_state() for g in self.groups], "metrics": dict(self.metrics)}
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> ProducedBatch:
-        return cls([ScoredGroup.from_state(g) for g in state["groups"]], dict(state["metrics"]),
-                   state["token_versions"])
+        groups = [ScoredGroup.from_state(g) for g in state["groups"]]
+        for g, versions in zip(groups, state.get("token_versions", [])):  # checkpoints that kept them beside
+            g.token_versions = versions
+        return cls(groups, dict(state["metrics"]))
+
+
+def sample_lag(versions: list[int], actor_version: int) -> int:
+    """A sample's lag: versions between the actor's and its oldest token's (0 for a sample without tokens)."""
+    return actor_version - min(versions, default=actor_version)
 
 
 def sample_lags(batch: ProducedBatch, actor_version: int) -> list[int]:
-    """Each sample's lag: versions between the actor's and the oldest token's (0 for a sample without tokens)."""
-    return [actor_version - min(versions, default=actor_version)
-            for group in batch.token_versions for versions in group]
+    """Each sample's lag, group by group, sample by sample."""
+    return [sample_lag(versions, actor_version) for group in batch.token_versions for versions in group]
 
 
 def staleness_metrics(batch: ProducedBatch, actor_version: int) -> dict[str, float]:

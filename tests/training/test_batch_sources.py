@@ -1,0 +1,149 @@
+"""The training loop over each batch source, with generation and the update replaced by timed stand-ins.
+
+The real ``train_loop`` and the real sources run; only ``generate_and_filter`` (a fixed wait, recording which weight
+version the engine held when each batch started) and ``update_actor`` (a slower wait) are stand-ins, so the
+schedule the sources promise (docs/async.md) is checked where the producer can run ahead: a producer let one version
+past the bound, a one-step-off made serial, or a fully async made synchronous each fail a test here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from dapo.config import build_config
+from dapo.distributed.world import World
+from dapo.infra.timing import PhaseTimer
+from dapo.training import batch_source, loop, producers
+from dapo.training.errors import TrainingError
+from tests.training.test_perf_metrics import group
+
+GEN_S, UPDATE_S, STEPS = 0.1, 0.3, 5
+
+
+class FakeRun:
+    """What ``train_loop`` and the sources read of a ``Run``; pushes set the engine's version as the real one does."""
+
+    def __init__(self, *overrides: str) -> None:
+        self.cfg = build_config({}, list(overrides))
+        self.world = World()
+        self.total_steps = STEPS
+        self.engine = SimpleNamespace(weight_version=0)
+        self.state = SimpleNamespace(step=0, prefetched=[], val_history=[],
+                                     state_dict=lambda: {"sampler": {}, "accumulator": {}, "token_totals": {}})
+        self.sync = SimpleNamespace(push=self._push)
+        self.perf = SimpleNamespace(count_generated=lambda groups: None, metrics=lambda *a, **k: {})
+        self.policy = SimpleNamespace(tokenizer=None)
+        self.optimizer = self.scheduler = self.scorer = None
+        self.engine_samples_from_actor = False
+        self.records: list[dict] = []
+        self.generated: dict[int, tuple[int, float, float]] = {}  # batch -> (engine version at its start, start, end)
+        self.updates: dict[int, tuple[float, float]] = {}
+
+    def _push(self, step: int) -> dict:
+        self.engine.weight_version = step
+        return {}
+
+    @contextlib.contextmanager
+    def record(self):
+        yield None, None
+
+    def start(self, tracker, progress) -> dict:
+        return self._push(self.state.step)
+
+    def timer(self, *phases: str, step: int) -> PhaseTimer:
+        return PhaseTimer("gen", "reward", "old_log_prob", *phases)
+
+    def dump_batch(self, step, groups, *, with_versions) -> None:
+        pass
+
+    def end_step(self, step, metrics, timer, tracker, progress, checkpoint_state=None) -> dict:
+        self.state.step = step
+        self.records.append(metrics)
+        return {}
+
+    def result(self):
+        return self.records
+
+
+@pytest.fixture
+def stand_ins(monkeypatch: pytest.MonkeyPatch):
+    """Generation and the update replaced by waits that record their intervals on the run."""
+
+    def generate(engine, state, tokenizer, cfg, step, timer, scorer=None, world=None, on_round=None):
+        run = current["run"]
+        t0 = time.perf_counter()
+        version = run.engine.weight_version
+        with timer("gen"):
+            time.sleep(GEN_S)
+        run.generated[step] = (version, t0, time.perf_counter())
+        return [group(2, [3, 2], [True, False])], {}
+
+    def update(groups, policy, optimizer, scheduler, cfg, step, timer, **kwargs):
+        t0 = time.perf_counter()
+        time.sleep(UPDATE_S)
+        current["run"].updates[step] = (t0, time.perf_counter())
+        return {}
+
+    current: dict = {}
+    monkeypatch.setattr(batch_source, "generate_and_filter", generate)
+    monkeypatch.setattr(producers, "generate_and_filter", generate)
+    monkeypatch.setattr(loop, "update_actor", update)
+
+    def train(*overrides: str) -> FakeRun:
+        run = current["run"] = FakeRun(*overrides)
+        loop.train_loop(run, loop.SOURCES[run.cfg.async_training.mode](run))
+        return run
+
+    return train
+
+
+def lag_of(run: FakeRun, step: int) -> int:
+    """Versions between step ``step``'s actor (step-1) and the weights its batch started from."""
+    return (step - 1) - run.generated[step][0]
+
+
+def overlap(a: tuple[float, float], b: tuple[float, float]) -> float:
+    return max(0.0, min(a[1], b[1]) - max(a[0], b[0]))
+
+
+def test_sync_generates_each_batch_with_the_actors_weights_and_overlaps_nothing(stand_ins) -> None:
+    run = stand_ins()
+    assert [lag_of(run, s) for s in range(1, STEPS + 1)] == [0] * STEPS
+    assert all(r["async/overlap_s"] == 0.0 and r["async/staleness/max"] == 0 for r in run.records)
+    assert all(r["async/engine_idle_s"] >= UPDATE_S * 0.9 for r in run.records)  # the engine waits for the update
+
+
+def test_one_step_off_generates_the_next_batch_during_the_update_one_version_behind(stand_ins) -> None:
+    run = stand_ins("async_training.mode=one_step_off")
+    assert [lag_of(run, s) for s in range(1, STEPS + 1)] == [0] + [1] * (STEPS - 1)  # exactly 1 after step 1
+    for step in range(1, STEPS):  # batch step+1 is generated while step trains (not after: that would be serial)
+        assert overlap(run.generated[step + 1][1:], run.updates[step]) >= GEN_S * 0.8, step
+        assert run.records[step - 1]["async/overlap_s"] >= GEN_S * 0.8
+        assert run.records[step - 1]["async/staleness/samples_lag_1" if step > 1 else
+                                     "async/staleness/samples_lag_0"] == 2
+    assert run.records[-1]["async/overlap_s"] == 0.0  # nothing left to generate during the last update
+
+
+@pytest.mark.parametrize("bound", [0, 1, 2])
+def test_fully_async_runs_ahead_exactly_as_far_as_the_staleness_bound(stand_ins, bound: int) -> None:
+    """Generation is faster than the update, so the producer starts every batch as soon as the bound allows: batch j
+    starts once step j-1-bound is pushed, and its lag is min(j-1, bound) exactly (a producer let one version past
+    the bound would lag bound+1, and the loop refuses to train it; one held to the actor's pace would lag 0)."""
+    run = stand_ins("async_training.mode=fully_async", f"async_training.staleness_threshold={bound}")
+    assert [lag_of(run, s) for s in range(1, STEPS + 1)] == [min(s - 1, bound) for s in range(1, STEPS + 1)]
+    assert max(r["async/staleness/max"] for r in run.records) == bound
+    if bound > 0:  # the next batch's generation ran during the update
+        assert sum(r["async/overlap_s"] for r in run.records) >= (STEPS - 1) * GEN_S * 0.8
+
+
+def test_fully_async_refuses_a_batch_older_than_the_bound(stand_ins, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loop's own check, behind the producer's: a batch stamped one version too old never trains."""
+    real = producers.produce_batch
+    monkeypatch.setattr(producers, "produce_batch", lambda run, step, version: real(run, step, version - 1))
+    with pytest.raises(TrainingError, match="lags 2 weight versions behind the actor, more than "
+                                            "async_training.staleness_threshold=1"):
+        stand_ins("async_training.mode=fully_async", "async_training.staleness_threshold=1")

@@ -54,6 +54,7 @@ def train_command(config_path: tuple[str, ...], print_config: bool, overrides: t
     from dapo.reward.registry import UnknownDataSourceError
     from dapo.rollout.factory import EngineUnavailableError
     from dapo.rollout.sampler import NonFiniteLogitsError
+    from dapo.rollout.worker import RolloutWorkerError
     from dapo.training.dynamic_sampling_buffer import DynamicSamplingExhausted
     from dapo.training.errors import TrainingError
     from dapo.training.loop import train
@@ -80,6 +81,8 @@ def train_command(config_path: tuple[str, ...], print_config: bool, overrides: t
         # No barrier or teardown here: the other ranks may wait in a collective this rank never reaches; this
         # rank's non-zero exit makes torchrun stop them.
         raise click.ClickException(str(exc) if not world.distributed else f"rank {world.rank}: {exc}") from None
+    except RolloutWorkerError as exc:  # the worker died, failed or stalled: say so, and where a rerun resumes
+        raise click.ClickException(f"{exc}. {resume_hint(cfg)}") from None
     except RuntimeError as exc:  # another rank died: gloo / NCCL raise from the collective this rank was in
         if not (world.distributed and is_lost_peer(exc)):
             raise

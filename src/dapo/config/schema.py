@@ -583,6 +583,10 @@ class TrainerConfig(_Section):
         default_factory=list, description="steps to run under torch.profiler: each phase that runs the model "
         "(generation, reward, old-log-prob pass, update, weight push) gets its operators by self time in "
         "<run dir>/profile/step<K>.json and .txt (docs/performance.md); [] = none")
+    stall_timeout_s: float = Field(
+        300.0, gt=0, description="the longest the trainer waits on another process (the rollout worker's generation, "
+        "weight push and probe) without a sign of progress from it (the worker sends one every few seconds while it "
+        "runs); then the run stops with a message naming the stage and the peer")
     max_consecutive_skipped_steps: int = Field(
         3, ge=0, description="stop with an error after this many consecutive optimizer steps skipped for a non-finite "
         "gradient norm (a run that skips every step trains nothing); 0 = never stop")

@@ -56,6 +56,39 @@ class WorkerOptions:
     num_threads: int | None = None
     drop_pushes_after: int | None = None
     partial_chunk_tokens: int | None = None
+    stall_timeout_s: float = 300.0
+
+    @property
+    def heartbeat_s(self) -> float:
+        """How often the worker says it is alive: several times per stall deadline, at most every 5 s."""
+        return min(5.0, self.stall_timeout_s / 5)
+
+
+class RolloutWorkerStalled(RolloutWorkerError):
+    """The worker is alive but has shown no sign of progress for ``stall_timeout_s`` (stopped, or hung)."""
+
+
+class _LockedConnection:
+    """The worker's end of the pipe, shared by the serving loop and the heartbeat thread: one send at a time."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn, self._lock = conn, threading.Lock()
+
+    def send(self, message: tuple) -> None:
+        with self._lock:
+            self._conn.send(message)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
+def _heartbeat(conn: _LockedConnection, every_s: float, stop: threading.Event) -> None:
+    """Tell the trainer this process still runs (a stopped or hung process goes silent: RolloutWorkerStalled)."""
+    while not stop.wait(every_s):
+        try:
+            conn.send(("alive",))
+        except (OSError, EOFError, BrokenPipeError):
+            return
 
 
 def _segment_seed(seed: int, sample: int, segment: int) -> int:
@@ -189,10 +222,14 @@ def _serve(spec: EngineSpec, model_cfg: Any, options: WorkerOptions, conn: Any, 
     from dapo.model.loading import load_policy
     from dapo.rollout.factory import build_rollout_engine
 
+    conn = _LockedConnection(conn)
+    stop_heartbeat = threading.Event()
+    threading.Thread(target=_heartbeat, args=(conn, options.heartbeat_s, stop_heartbeat), name="dapo-heartbeat",
+                     daemon=True).start()
     try:
         if options.num_threads is not None:
             torch.set_num_threads(options.num_threads)
-        transport = WeightTransport.connect(address)
+        transport = WeightTransport.connect(address, timeout_s=options.stall_timeout_s)
         transport.group  # noqa: B018 - the rendezvous, before the slow part
         policy = load_policy(model_cfg)
         engine = build_rollout_engine(spec, policy)
@@ -203,6 +240,7 @@ def _serve(spec: EngineSpec, model_cfg: Any, options: WorkerOptions, conn: Any, 
     try:
         _Worker(engine, transport, conn, options).serve()
     finally:
+        stop_heartbeat.set()
         engine.close()
         transport.close()
 
@@ -213,8 +251,11 @@ class RemoteEngine:
     A reader thread files every message of the worker as it arrives (finished requests, replies to pushes and probes,
     failures), so that one thread may wait for generations while another pushes weights."""
 
-    def __init__(self, process: Any, conn: Any, transport: Any) -> None:
+    def __init__(self, process: Any, conn: Any, transport: Any, stall_timeout_s: float = 300.0) -> None:
         self._process, self._conn, self._transport = process, conn, transport
+        self._stall_timeout_s = stall_timeout_s
+        self._last_heard = (time.monotonic(), "nothing yet")  # the worker's last sign of progress: when, what
+        self._unresponsive = False
         self._next_id = 0
         self._pending: set[int] = set()
         self._aborted: set[int] = set()
@@ -240,15 +281,15 @@ class RemoteEngine:
 
         from dapo.distributed.weight_transport import WeightTransport
 
-        transport = WeightTransport.host(advertise=host)
+        transport = WeightTransport.host(timeout_s=options.stall_timeout_s, advertise=host)
         authkey = os.urandom(32)  # only the rank given the contact may drive this trainer's engine
         with Listener((host, 0), authkey=authkey) as listener:
             hand_over(RankContact(spec, model_cfg, options, listener.address, authkey, transport.address))
             conn = listener.accept()
-        engine = cls(_PeerRank(conn), conn, transport)
+        engine = cls(_PeerRank(conn), conn, transport, options.stall_timeout_s)
         try:
             transport.group  # noqa: B018 - the rendezvous with the rollout rank
-            engine._reply("ready", timeout=START_TIMEOUT_S)
+            engine._reply("ready", timeout=START_TIMEOUT_S, stage="engine start")
         except BaseException:
             engine.close()
             raise
@@ -260,16 +301,16 @@ class RemoteEngine:
         from dapo.distributed.weight_transport import WeightTransport
 
         ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked torch threads or CUDA state
-        transport = WeightTransport.host()
+        transport = WeightTransport.host(timeout_s=options.stall_timeout_s)
         parent, child = ctx.Pipe()
         process = ctx.Process(target=_worker_main, args=(spec, model_cfg, options, child, transport.address),
                               name="dapo-rollout-worker", daemon=True)
         process.start()
         child.close()
-        engine = cls(process, parent, transport)
+        engine = cls(process, parent, transport, options.stall_timeout_s)
         try:
             transport.group  # noqa: B018 - the rendezvous with the worker
-            engine._reply("ready", timeout=START_TIMEOUT_S)
+            engine._reply("ready", timeout=START_TIMEOUT_S, stage="engine start")
         except BaseException:
             engine.close()
             raise
@@ -289,7 +330,7 @@ class RemoteEngine:
 
     def receive(self, timeout: float | None = None) -> list[FinishedRequest]:
         with self._arrived:
-            self._wait(lambda: bool(self._finished) or not self._pending, timeout)
+            self._wait(lambda: bool(self._finished) or not self._pending, timeout, stage="generation")
             finished = list(self._finished.values())
             self._finished.clear()
         return finished
@@ -310,8 +351,11 @@ class RemoteEngine:
             t0 = time.perf_counter()
             with self._send_lock:
                 self._send(("push", version, layout), locked=True)
-                stats = self._transport.send(layout, tensors)
-            self._reply("pushed", timeout=None)
+                try:
+                    stats = self._transport.send(layout, tensors)
+                except RuntimeError as exc:  # gloo gave up after stall_timeout_s (the group's timeout)
+                    raise self._stalled("the weight broadcast", detail=f" ({type(exc).__name__}: {exc})") from None
+            self._reply("pushed", timeout=None, stage="the weight push")
         self._version = version
         self.last_push = {"async/weight_transfer_s": time.perf_counter() - t0,
                           "async/weight_broadcast_s": stats.seconds,
@@ -323,7 +367,7 @@ class RemoteEngine:
         """Blocking generation; the output's ``token_versions`` say which weights drew each token."""
         request_id = self.submit(prompt_token_ids, params)
         with self._arrived:
-            self._wait(lambda: request_id in self._finished, None)
+            self._wait(lambda: request_id in self._finished, None, stage="generation")
             done = self._finished.pop(request_id)
         done.output.token_versions = done.token_versions
         return done.output
@@ -334,12 +378,14 @@ class RemoteEngine:
     def log_probs_of(self, prompt_token_ids: Sequence[int], response_ids: Sequence[int]) -> list[float]:
         with self._reply_lock:
             self._send(("log_probs", list(prompt_token_ids), list(response_ids)))
-            return self._reply("log_probs", timeout=None)[1]
+            return self._reply("log_probs", timeout=None, stage="the weight probe")[1]
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
+        if self._unresponsive and self._process.is_alive():  # a stopped worker would hold the exit for 30 s
+            self._process.kill()
         try:
             if self._process.is_alive():
                 with self._send_lock:
@@ -367,6 +413,9 @@ class RemoteEngine:
                 return
             with self._arrived:
                 kind = message[0]
+                self._last_heard = (time.monotonic(), kind)
+                if kind == "alive":
+                    continue
                 if kind == "finished":
                     _, request_id, output, token_versions = message
                     if request_id in self._aborted:
@@ -380,24 +429,38 @@ class RemoteEngine:
                     self._replies.append(message)
                 self._arrived.notify_all()
 
-    def _wait(self, ready: Callable[[], bool], timeout: float | None) -> bool:
-        """Under ``self._arrived``: wait until ``ready()``, a failure, the worker's death, or ``timeout``."""
+    def _wait(self, ready: Callable[[], bool], timeout: float | None, *, stage: str) -> bool:
+        """Under ``self._arrived``: wait until ``ready()``, a failure, the worker's death, ``timeout``, or
+        ``stall_timeout_s`` without a message from the worker (RolloutWorkerStalled, naming ``stage``)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while not ready():
             if self._failure is not None:
                 raise RolloutWorkerError(self._failure)
             if not self._process.is_alive() and not ready():
                 raise self._died()
+            if time.monotonic() - self._last_heard[0] > self._stall_timeout_s:
+                raise self._stalled(stage)
             left = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
             if left <= 0:
                 return False
             self._arrived.wait(left)
         return True
 
-    def _reply(self, kind: str, timeout: float | None) -> tuple:
+    def _stalled(self, stage: str, detail: str = "") -> RolloutWorkerStalled:
+        self._unresponsive = True
+        when, kind = self._last_heard
+        pid = getattr(self._process, "pid", None)
+        peer = f"the rollout worker (pid {pid})" if pid is not None else "the rollout rank"
+        return RolloutWorkerStalled(
+            f"{peer} showed no sign of progress for {time.monotonic() - when:.0f} s while the trainer waited for "
+            f"{stage} (trainer.stall_timeout_s={self._stall_timeout_s:g}); its last message was {kind!r}{detail}. "
+            "It is stopped or hung (a SIGSTOP, a swapped-out or overloaded machine, a deadlock in the engine); the "
+            "run stopped")
+
+    def _reply(self, kind: str, timeout: float | None, *, stage: str) -> tuple:
         with self._arrived:
-            if not self._wait(lambda: bool(self._replies), timeout):
-                raise RolloutWorkerError(f"the rollout worker sent nothing for {timeout:.0f} s")
+            if not self._wait(lambda: bool(self._replies), timeout, stage=stage):
+                raise RolloutWorkerError(f"the rollout worker sent nothing for {timeout:.0f} s during {stage}")
             reply = self._replies.popleft()
         if reply[0] != kind:
             raise RolloutWorkerError(f"the rollout worker answered {reply[0]!r} where {kind!r} was due")

@@ -130,7 +130,8 @@ def build_engine(cfg: DapoConfig, spec: EngineSpec, policy: Policy, module: torc
 
     at = cfg.async_training
     options = WorkerOptions(num_threads=at.rollout_num_threads,
-                            partial_chunk_tokens=at.partial_rollout_chunk_tokens if at.partial_rollout else None)
+                            partial_chunk_tokens=at.partial_rollout_chunk_tokens if at.partial_rollout else None,
+                            stall_timeout_s=cfg.trainer.stall_timeout_s)
     if rollout_ranks(cfg, job):
         return engine_on_rollout_rank(spec, cfg, options, job)
     return RemoteEngine.start(spec, cfg.model, options)

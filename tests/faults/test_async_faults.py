@@ -1,0 +1,68 @@
+"""Faults of the rollout worker process in asynchronous training, on real processes: a stopped worker ends the run
+within ``trainer.stall_timeout_s`` with one message, never a silent wait (docs/async.md, "No silent hangs")."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.cli.cli_helpers import FAST
+
+STALL_S = 10
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def _wait_for_step(metrics: Path, step: int, proc: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        if metrics.exists() and any(json.loads(line)["step"] >= step for line in metrics.read_text().splitlines()
+                                    if line.strip()):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"step {step} not recorded within {timeout} s")
+
+
+def test_a_stopped_rollout_worker_ends_the_run_within_the_stall_deadline_with_one_message(tmp_path: Path) -> None:
+    args = [*FAST, "trainer.total_training_steps=30", "trainer.test_freq=0", "trainer.save_freq=1",
+            "trainer.val_before_train=false", "async_training.mode=fully_async", "async_training.rollout_num_threads=1",
+            f"trainer.stall_timeout_s={STALL_S}", f"trainer.default_local_dir={tmp_path}",
+            "trainer.experiment_name=stopped"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.Popen([sys.executable, "-m", "dapo.cli.main", "train", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    worker = None
+    try:
+        _wait_for_step(tmp_path / "stopped" / "metrics.jsonl", 1, proc, timeout=300)
+        (worker,) = [c for c in _children(proc.pid)
+                     if "multiprocessing" in Path(f"/proc/{c}/cmdline").read_text()
+                     and "resource_tracker" not in Path(f"/proc/{c}/cmdline").read_text()]
+        os.kill(worker, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        _, stderr = proc.communicate(timeout=STALL_S + 60)
+        took = time.monotonic() - stopped_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if worker is not None:
+            try:
+                os.kill(worker, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert proc.returncode != 0
+    assert took < STALL_S + 45, took  # the deadline plus a step's work and the exit, not a silent wait
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert f"the rollout worker (pid {worker}) showed no sign of progress" in stderr, stderr[-3000:]
+    assert f"trainer.stall_timeout_s={STALL_S}" in stderr and "the run stopped" in stderr
+    assert "Resume works: a rerun of the same command continues from" in stderr  # and where it resumes

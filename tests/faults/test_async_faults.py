@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.cli.cli_helpers import FAST
 
 STALL_S = 10
@@ -21,6 +23,13 @@ def _children(pid: int) -> list[int]:
     for task in Path(f"/proc/{pid}/task").iterdir():
         found += [int(c) for c in (task / "children").read_text().split()]
     return found
+
+
+def _worker_of(pid: int) -> int:
+    """The pid of the rollout worker process the trainer ``pid`` spawned."""
+    (worker,) = [c for c in _children(pid) if "multiprocessing" in Path(f"/proc/{c}/cmdline").read_text()
+                 and "resource_tracker" not in Path(f"/proc/{c}/cmdline").read_text()]
+    return worker
 
 
 def _wait_for_step(metrics: Path, step: int, proc: subprocess.Popen, timeout: float) -> None:
@@ -45,9 +54,7 @@ def test_a_stopped_rollout_worker_ends_the_run_within_the_stall_deadline_with_on
     worker = None
     try:
         _wait_for_step(tmp_path / "stopped" / "metrics.jsonl", 1, proc, timeout=300)
-        (worker,) = [c for c in _children(proc.pid)
-                     if "multiprocessing" in Path(f"/proc/{c}/cmdline").read_text()
-                     and "resource_tracker" not in Path(f"/proc/{c}/cmdline").read_text()]
+        worker = _worker_of(proc.pid)
         os.kill(worker, signal.SIGSTOP)
         stopped_at = time.monotonic()
         _, stderr = proc.communicate(timeout=STALL_S + 60)
@@ -66,3 +73,31 @@ def test_a_stopped_rollout_worker_ends_the_run_within_the_stall_deadline_with_on
     assert f"the rollout worker (pid {worker}) showed no sign of progress" in stderr, stderr[-3000:]
     assert f"trainer.stall_timeout_s={STALL_S}" in stderr and "the run stopped" in stderr
     assert "Resume works: a rerun of the same command continues from" in stderr  # and where it resumes
+
+
+@pytest.mark.parametrize("mode", ["fully_async", "one_step_off"])
+def test_a_killed_rollout_worker_is_restarted_and_the_run_trains_every_step_once(tmp_path: Path, mode: str) -> None:
+    """SIGKILL of the worker while it generates the next batch: a new worker gets the actor's weights, the lost batch
+    is generated again from the same seeds, and every step trains once on a full batch (async/worker_restarts)."""
+    steps = 4
+    args = [*FAST, f"trainer.total_training_steps={steps}", "trainer.test_freq=0", "trainer.save_freq=0",
+            "trainer.val_before_train=false", f"async_training.mode={mode}", "async_training.rollout_num_threads=1",
+            f"trainer.default_local_dir={tmp_path}", "trainer.experiment_name=killed"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.Popen([sys.executable, "-m", "dapo.cli.main", "train", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        metrics = tmp_path / "killed" / "metrics.jsonl"
+        _wait_for_step(metrics, 1, proc, timeout=300)
+        os.kill(_worker_of(proc.pid), signal.SIGKILL)
+        _, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "the rollout worker process exited (exit code -9)" in stderr and "restarting it" in stderr, stderr[-3000:]
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, steps + 1))  # every step once
+    assert all(r["train/num_groups"] == 4 for r in records)  # full batches: nothing lost
+    assert max(r["async/worker_restarts"] for r in records) == 1
+    assert all(r["async/staleness/max"] <= 1 for r in records)  # the bound holds across the restart

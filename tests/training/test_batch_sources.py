@@ -32,8 +32,8 @@ class FakeRun:
         self.world = World()
         self.total_steps = STEPS
         self.engine = SimpleNamespace(weight_version=0)
-        self.state = SimpleNamespace(step=0, prefetched=[], val_history=[],
-                                     state_dict=lambda: {"sampler": {}, "accumulator": {}, "token_totals": {}})
+        self.state = SimpleNamespace(step=0, prefetched=[], val_history=[], generation_state=dict,
+                                     load_generation_state=lambda state: None)
         self.sync = SimpleNamespace(push=self._push)
         self.perf = SimpleNamespace(count_generated=lambda groups: None, metrics=lambda *a, **k: {})
         self.policy = SimpleNamespace(tokenizer=None)

@@ -64,6 +64,15 @@ class WorkerOptions:
         return min(5.0, self.stall_timeout_s / 5)
 
 
+class RolloutWorkerDied(RolloutWorkerError):
+    """The worker process is gone (killed, crashed); ``engine`` is the handle it belonged to (``respawn`` replaces
+    it with a new process)."""
+
+    def __init__(self, message: str, engine: RemoteEngine) -> None:
+        super().__init__(message)
+        self.engine = engine
+
+
 class RolloutWorkerStalled(RolloutWorkerError):
     """The worker is alive but has shown no sign of progress for ``stall_timeout_s`` (stopped, or hung)."""
 
@@ -256,6 +265,9 @@ class RemoteEngine:
         self._stall_timeout_s = stall_timeout_s
         self._last_heard = (time.monotonic(), "nothing yet")  # the worker's last sign of progress: when, what
         self._unresponsive = False
+        self._pipe_closed = False
+        self._respawn: tuple | None = None  # (spec, model cfg, options) of a worker this process spawned
+        self.restarts = 0  # workers replaced since the run started (async/worker_restarts)
         self._next_id = 0
         self._pending: set[int] = set()
         self._aborted: set[int] = set()
@@ -308,6 +320,7 @@ class RemoteEngine:
         process.start()
         child.close()
         engine = cls(process, parent, transport, options.stall_timeout_s)
+        engine._respawn = (spec, model_cfg, options)
         try:
             transport.group  # noqa: B018 - the rendezvous with the worker
             engine._reply("ready", timeout=START_TIMEOUT_S, stage="engine start")
@@ -315,6 +328,18 @@ class RemoteEngine:
             engine.close()
             raise
         return engine
+
+    def respawn(self) -> RemoteEngine:
+        """A new worker process with the same engine in place of this dead one (which is closed); it holds the
+        model's initial weights until the caller pushes the current ones. Requests in flight here are lost: their
+        callers see ``RolloutWorkerDied`` and generate again."""
+        if self._respawn is None:
+            raise RolloutWorkerError("the rollout rank died and cannot be restarted from the trainer; torchrun's "
+                                     "--max-restarts restarts the job, which resumes from the last checkpoint")
+        self.close()
+        fresh = RemoteEngine.start(*self._respawn)
+        fresh.restarts = self.restarts + 1
+        return fresh
 
     # ------------------------------------------------------------------ the streaming interface
     @property
@@ -359,7 +384,8 @@ class RemoteEngine:
         self._version = version
         self.last_push = {"async/weight_transfer_s": time.perf_counter() - t0,
                           "async/weight_broadcast_s": stats.seconds,
-                          "async/weight_transfer_bytes": float(stats.num_bytes)}
+                          "async/weight_transfer_bytes": float(stats.num_bytes),
+                          "async/worker_restarts": float(self.restarts)}
         return self.last_push
 
     # ------------------------------------------------------------------ the blocking RolloutEngine interface
@@ -408,6 +434,7 @@ class RemoteEngine:
                 message = self._conn.recv()
             except (OSError, EOFError):
                 with self._arrived:
+                    self._pipe_closed = True
                     self._failure = self._failure or "the pipe to the rollout worker closed"
                     self._arrived.notify_all()
                 return
@@ -435,7 +462,7 @@ class RemoteEngine:
         deadline = None if timeout is None else time.monotonic() + timeout
         while not ready():
             if self._failure is not None:
-                raise RolloutWorkerError(self._failure)
+                raise self._died() if self._pipe_closed else RolloutWorkerError(self._failure)
             if not self._process.is_alive() and not ready():
                 raise self._died()
             if time.monotonic() - self._last_heard[0] > self._stall_timeout_s:
@@ -478,11 +505,12 @@ class RemoteEngine:
         except (OSError, EOFError, BrokenPipeError) as exc:
             raise self._died(exc) from None
 
-    def _died(self, exc: BaseException | None = None) -> RolloutWorkerError:
+    def _died(self, exc: BaseException | None = None) -> RolloutWorkerDied:
         self._process.join(timeout=5)
         code = self._process.exitcode
-        return RolloutWorkerError(f"the rollout worker process exited (exit code {code})"
-                                  + (f": {exc}" if exc else ""))
+        reported = self._failure if self._failure and not self._failure.startswith("the pipe") else None
+        return RolloutWorkerDied(f"the rollout worker process exited (exit code {code})" + (f": {exc}" if exc else "")
+                                 + (f"; before that, {reported}" if reported else ""), engine=self)
 
 
 class _PeerRank:

@@ -30,6 +30,7 @@ import time
 
 from dapo.config import DapoConfig
 from dapo.distributed.world import World
+from dapo.rollout.worker import RolloutWorkerDied
 from dapo.training.actor_step import update_actor
 from dapo.training.batch_source import BatchSource, InlineSource
 from dapo.training.overlap import busy_overlap
@@ -90,7 +91,11 @@ def train_loop(run: Run, source: BatchSource) -> TrainResult:
                     source.before_push(step, timer)
                     if batch.groups or source.pushes_every_step:  # the new weights go to the engine
                         with timer("sync_weights"):
-                            metrics.update(run.sync.push(step))
+                            try:
+                                metrics.update(run.sync.push(step))
+                            except RolloutWorkerDied as death:  # a new worker gets them (restart_engine)
+                                run.restart_engine(death, version=step)
+                                metrics.update(run.engine.last_push)
                     source.after_push(step)
                 # Measured, not min(train_s, produce_s): the time the update and the producer were busy at once (0
                 # for the inline source), and the time of the step the producer did nothing.

@@ -23,6 +23,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
 from dapo.infra.timing import PhaseTimer
+from dapo.rollout.worker import RolloutWorkerDied
 from dapo.training.errors import TrainingError
 from dapo.training.generation import generate_and_filter
 from dapo.training.overlap import Interval
@@ -62,12 +63,24 @@ class OneStepOffSource:
 
     def _produce(self, step: int) -> Future[ProducedBatch]:
         version = self.run.engine.weight_version  # no push until this batch is back: every sample has this version
+        self._before = (step, self.run.state.generation_state())  # to generate it again if the worker dies
         return self._pool.submit(produce_batch, self.run, step, version)
+
+    def _result(self, ahead: Future[ProducedBatch], actor_version: int) -> ProducedBatch:
+        """The batch ``ahead``; if the worker died generating it, a new worker (given the actor's weights,
+        ``actor_version``) generates it again from the same prompts and seeds, here."""
+        try:
+            return ahead.result()
+        except RolloutWorkerDied as death:
+            step, before = self._before
+            self.run.state.load_generation_state(before)
+            self.run.restart_engine(death, version=actor_version)
+            return produce_batch(self.run, step, version=self.run.engine.weight_version)
 
     def start(self) -> None:
         state = self.run.state
         if not state.prefetched and state.step < self.run.total_steps:
-            state.prefetched = [self._produce(state.step + 1).result()]
+            state.prefetched = [self._result(self._produce(state.step + 1), actor_version=state.step)]
 
     def next_batch(self, step: int, timer: PhaseTimer) -> ProducedBatch:
         state = self.run.state
@@ -77,7 +90,8 @@ class OneStepOffSource:
 
     def before_push(self, step: int, timer: PhaseTimer) -> None:
         with timer("wait_rollout"):  # the trainer idles while the engine finishes step+1's batch
-            self.run.state.prefetched = [self._ahead.result()] if self._ahead is not None else []
+            self.run.state.prefetched = ([self._result(self._ahead, actor_version=step)] if self._ahead is not None
+                                         else [])
         self._busy = list(self.run.state.prefetched[0].busy) if self.run.state.prefetched else []
 
     def after_push(self, step: int) -> None:
@@ -111,10 +125,13 @@ class FullyAsyncSource:
         self._actor_version = run.state.step
         self._stop = False
         self._error: BaseException | None = None
-        self._snapshot = _generation_state(run.state)
+        self._snapshot = run.state.generation_state()
         self._busy: list[Interval] = []
         self._busy_since: float | None = None
-        self._thread = threading.Thread(target=self._produce_all, name="dapo-producer", daemon=True)
+        self._thread = self._producer_thread()
+
+    def _producer_thread(self) -> threading.Thread:
+        return threading.Thread(target=self._produce_all, name="dapo-producer", daemon=True)
 
     def _produce_all(self) -> None:
         run = self.run
@@ -130,7 +147,7 @@ class FullyAsyncSource:
                     self._busy += batch.busy
                     self._busy_since = None
                     self._ready.append(batch)
-                    self._snapshot = _generation_state(run.state)
+                    self._snapshot = run.state.generation_state()
                     self._cond.notify_all()
         except BaseException as exc:  # noqa: BLE001 - handed to the trainer's thread, which raises it
             with self._cond:
@@ -141,11 +158,17 @@ class FullyAsyncSource:
         self._thread.start()
 
     def next_batch(self, step: int, timer: PhaseTimer) -> ProducedBatch:
-        with timer("wait_rollout"), self._cond:
-            self._cond.wait_for(lambda: bool(self._ready) or self._error is not None)
-            if not self._ready:
-                raise self._error
-            batch = self._ready.popleft()
+        with timer("wait_rollout"):
+            while True:
+                with self._cond:
+                    self._cond.wait_for(lambda: bool(self._ready) or self._error is not None)
+                    if self._ready:
+                        batch = self._ready.popleft()
+                        break
+                    error, self._error = self._error, None
+                if not isinstance(error, RolloutWorkerDied):
+                    raise error
+                self._survive(error, actor_version=step - 1)
         lags = sample_lags(batch, actor_version=step - 1)
         if max(lags, default=0) > self.bound:  # cannot happen by construction; never train on it if it does
             raise TrainingError(f"step {step}: a sample lags {max(lags)} weight versions behind the actor, more "
@@ -154,6 +177,18 @@ class FullyAsyncSource:
 
     def before_push(self, step: int, timer: PhaseTimer) -> None:
         pass
+
+    def _survive(self, death: RolloutWorkerDied, actor_version: int) -> None:
+        """The worker died under the producer: back to the generation state after the last complete batch, a new
+        worker with the actor's weights, and a new producer thread that generates the lost batch again from the
+        same seeds (as a resumed run does, docs/async.md)."""
+        self._thread.join()
+        self.run.restart_engine(death, version=actor_version)
+        with self._cond:
+            self.run.state.load_generation_state(self._snapshot)
+            self._busy_since = None
+        self._thread = self._producer_thread()
+        self._thread.start()
 
     def after_push(self, step: int) -> None:
         with self._cond:
@@ -178,12 +213,6 @@ class FullyAsyncSource:
         with self._cond:
             self._stop = True
             self._cond.notify_all()
-
-
-def _generation_state(state) -> dict[str, Any]:
-    """What the producer's side of the run state is right now (sampler, buffer, token totals)."""
-    full = state.state_dict()
-    return {key: full[key] for key in ("sampler", "accumulator", "token_totals")}
 
 
 @dataclasses.dataclass

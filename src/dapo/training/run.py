@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+from typing import TYPE_CHECKING
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -50,6 +51,7 @@ from dapo.training.dynamic_sampling_buffer import DynamicSamplingBuffer
 from dapo.training.errors import TrainingError
 from dapo.training.generation import derive_seed, engine_tensor_parallel, validate_across_ranks
 from dapo.training.perf_metrics import StepPerf
+from dapo.training.worker_restarts import WorkerRestartGuard
 from dapo.training.skipped_steps import SkippedStepGuard
 from dapo.training.rank_split import engine_on_rollout_rank, rollout_ranks, trainer_world
 from dapo.training.rollout_dump import dump_batch
@@ -57,6 +59,9 @@ from dapo.training.tool_use import with_tool_rollout
 from dapo.training.run_state import (RunState, check_resume_config, checkpoint_format, find_resume_checkpoint,
                                     record_run_config, resume_run, save_run)
 from dapo.training.weight_sync import WeightSync
+
+if TYPE_CHECKING:
+    from dapo.rollout.worker import RolloutWorkerDied
 
 log = logging.getLogger(__name__)
 
@@ -160,10 +165,24 @@ class Run:
     perf: StepPerf
     steps_before: int = 0
     skipped_steps: SkippedStepGuard | None = None
+    worker_restarts: WorkerRestartGuard | None = None
 
     def __post_init__(self) -> None:
         if self.skipped_steps is None:
             self.skipped_steps = SkippedStepGuard(self.cfg.trainer.max_consecutive_skipped_steps)
+        if self.worker_restarts is None:
+            self.worker_restarts = WorkerRestartGuard()
+
+    def restart_engine(self, death: RolloutWorkerDied, *, version: int) -> None:
+        """Replace the dead rollout worker ``death`` names by a new process holding the actor's current weights,
+        tagged ``version`` (the caller knows which step they are); a death already handled (the engine was replaced
+        since) is a no-op. Stops the run past the restart budget (``WorkerRestartGuard``)."""
+        if death.engine is not self.engine:
+            return
+        self.worker_restarts.allow(death)
+        log.warning("%s; restarting it and pushing the weights of step %d (async/worker_restarts)", death, version)
+        self.engine = self.sync.engine = self.engine.respawn()
+        self.sync.push(version)
 
     def timer(self, *phases: str, step: int) -> PhaseTimer:
         """The phase timer of ``step`` (under ``torch.profiler`` when the step is in ``trainer.profile_steps``)."""

@@ -55,6 +55,18 @@ class RunState:
             state["prefetched"] = [batch.state_dict() for batch in self.prefetched]
         return state
 
+    def generation_state(self) -> dict[str, Any]:
+        """The producer's side of the state (sampler, dynamic-sampling buffer, token totals), as saved."""
+        full = self.state_dict()
+        return {key: full[key] for key in ("sampler", "accumulator", "token_totals")}
+
+    def load_generation_state(self, state: dict[str, Any]) -> None:
+        """Back to a ``generation_state()``: the batches generated since are generated again, from the same seeds."""
+        self.sampler.load_state_dict(state["sampler"])
+        self.buffer.load_state_dict(state["accumulator"], from_state=ScoredGroup.from_state)
+        self.generated_tokens_total = int(state["token_totals"]["generated"])
+        self.wasted_tokens_total = int(state["token_totals"]["wasted"])
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step = int(state["step"])
         self.sampler.load_state_dict(state["sampler"])

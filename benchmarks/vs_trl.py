@@ -118,6 +118,10 @@ def job_definition(name: str, args: argparse.Namespace) -> Job:
 # ------------------------------------------------------------------------------------------------ subprocesses
 def child_env(threads: int) -> dict[str, str]:
     env = dict(os.environ)
+    # Both programs at libgomp's default spin (300,000 iterations): the benchmark owns the machine, TRL spins by
+    # default, and dapo waits passively unless a spin count is exported (dapo/cli/openmp.py; the recorded jobs were
+    # taken so).
+    env.setdefault("GOMP_SPINCOUNT", "300000")
     env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false",
                HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                PYTHONPATH=os.pathsep.join(p for p in (str(ROOT / "src"), env.get("PYTHONPATH", "")) if p))

@@ -14,6 +14,9 @@ Every figure between ``<!-- generated:NAME -->`` and ``<!-- /generated -->`` in 
   docs/runs/profile-smollm2/profile.json, metrics.jsonl.gz, run.json
       a `dapo train` run of the vs_trl SmolLM2 job with step 2 under torch.profiler (`trainer.profile_steps`): the
       profile's operators per phase, the run's metrics, and its date, commit, host CPU and command
+  docs/runs/omp-policy.json
+      scripts/bench_omp_policy.py: a 3-step `dapo train` under each OpenMP waiting policy, alone and beside a busy
+      process (wall and step times of every run, medians)
   docs/runs/harness-vs-benchmark/*.metrics.jsonl.gz, runs.json
       issue 24's harness command and vs_trl's dapo job, run one after the other: their metrics, commands, date, host
 
@@ -43,6 +46,7 @@ DEFAULT_RUN = "docs/runs/default"
 TOOL_RUNS = "docs/runs/tools"
 PROFILE_RUN = "docs/runs/profile-smollm2"
 HARNESS_RUNS = "docs/runs/harness-vs-benchmark"
+OMP_POLICY = "docs/runs/omp-policy.json"
 
 
 @cache
@@ -372,6 +376,28 @@ def harness_vs_benchmark() -> str:
     return "\n".join(lines) + "\n"
 
 
+def omp_policy() -> str:
+    """Median wall and step times of the 3-step run per OpenMP policy, alone and contended, with each policy's
+    ratio to passive in the same condition."""
+    record = json.loads((ROOT / OMP_POLICY).read_text(encoding="utf-8"))
+    summary, conditions = record["summary"], list(record["meta"]["neighbours"])
+    reps = {len(rs) for by_cond in record["runs"].values() for rs in by_cond.values()}
+    head = "| policy | " + " | ".join(f"{c}: run / step (vs passive)" for c in conditions) + " |"
+    rows = [head, "| --- |" + " --- |" * len(conditions)]
+    for policy, by_cond in summary.items():
+        cells = []
+        for c in conditions:
+            m, p = by_cond[c], summary["passive"][c]
+            cells.append(f"{m['median_wall_s']:.1f} s / {m['median_step_s']:.2f} s "
+                         f"({m['median_wall_s'] / p['median_wall_s']:.2f}x)")
+        rows.append(f"| {policy} | " + " | ".join(cells) + " |")
+    meta = record["meta"]
+    rows.append("")
+    rows.append(f"Medians of {'/'.join(map(str, sorted(reps)))} interleaved runs of `{' '.join(meta['command'])}` "
+                f"on {meta['cores']} cores, {meta['date'][:10]} (`{OMP_POLICY}`).")
+    return "\n" + "\n".join(rows) + "\n"
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
     "readme-vs-trl": readme_vs_trl,
     "readme-default-run": readme_default_run,
@@ -384,6 +410,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "tool-task-table": tool_task_table,
     "profile-phases": profile_phases,
     "harness-vs-benchmark": harness_vs_benchmark,
+    "omp-policy": omp_policy,
     "profile-top-update": profile_top("update_actor", 14),
     "profile-top-gen": profile_top("gen", 8),
 }

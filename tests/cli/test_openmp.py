@@ -1,5 +1,6 @@
-"""The OpenMP waiting policy each command runs under: passive by default, libgomp's own for `dapo train` with the
-in-process engine, and whatever the user exported, always. Checked in fresh interpreters, as the CLI starts."""
+"""The OpenMP waiting policy every command runs under: passive, unless the user exported a policy or a spin count.
+Checked in fresh interpreters, as the CLI starts, and in a real `dapo train` process (the environment its libgomp
+read is the one the process was started with plus what dapo.cli.main set before torch loaded)."""
 
 from __future__ import annotations
 
@@ -12,27 +13,38 @@ import pytest
 PROBE = """
 import os, sys
 import dapo.cli.main
-from dapo.cli.openmp import spin_when_alone
 assert "torch" not in sys.modules, "torch loaded before the policy was chosen"
-spin_when_alone({alone})
-print(os.environ.get("OMP_WAIT_POLICY", "<libgomp default>"))
+print(os.environ.get("OMP_WAIT_POLICY", "<libgomp default>"), os.environ.get("GOMP_SPINCOUNT", "-"))
 """
 
 
-def policy(alone: bool, exported: str | None) -> str:
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    if exported is not None:
-        env["OMP_WAIT_POLICY"] = exported
-    out = subprocess.run([sys.executable, "-c", PROBE.format(alone=alone)], env=env, capture_output=True, text=True,
-                         check=True)
+def policy(exported: dict[str, str]) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env.update(exported)
+    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, check=True)
     return out.stdout.strip()
 
 
-@pytest.mark.parametrize(("alone", "exported", "want"), [
-    (False, None, "PASSIVE"),  # eval / serve / vLLM training: another process computes alongside
-    (True, None, "<libgomp default>"),  # dapo train with the Transformers engine
-    (True, "PASSIVE", "PASSIVE"),  # the user's choice stands
-    (False, "ACTIVE", "ACTIVE"),
+@pytest.mark.parametrize(("exported", "want"), [
+    ({}, "PASSIVE -"),  # every command, dapo train with the in-process engine included (#39 item 12)
+    ({"OMP_WAIT_POLICY": "ACTIVE"}, "ACTIVE -"),  # the user's choice stands
+    ({"OMP_WAIT_POLICY": "PASSIVE"}, "PASSIVE -"),
+    ({"GOMP_SPINCOUNT": "300000"}, "<libgomp default> 300000"),  # a spin count is a choice too: no PASSIVE over it
 ])
-def test_wait_policy_by_command_and_user_choice(alone: bool, exported: str | None, want: str) -> None:
-    assert policy(alone, exported) == want
+def test_wait_policy_is_passive_unless_the_user_chose(exported: dict[str, str], want: str) -> None:
+    assert policy(exported) == want
+
+
+def test_dapo_train_with_the_in_process_engine_waits_passively(tmp_path) -> None:
+    """The run that spun before (the sync loop with the Transformers engine, alone in its process): it collapsed ~2x
+    beside any other computing process. A missing data file stops the run after its policy is final (and before it
+loads a model)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    code = ("import os, sys; sys.argv = ['dapo', 'train', 'data.train_files=[missing.parquet]']\n"
+            "import dapo.cli.main as m\n"
+            "try:\n    m.main()\nexcept SystemExit:\n    pass\n"
+            "print('POLICY', os.environ.get('OMP_WAIT_POLICY'))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path,
+                         timeout=120)
+    assert "missing.parquet" in out.stdout + out.stderr  # it got past the config, into the command
+    assert "POLICY PASSIVE" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]

@@ -7,14 +7,12 @@ passed down (``docs/distributed.md``); rank 0 alone prints and plots.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
 
 import click
 import yaml
 
-from dapo.cli.openmp import spin_when_alone
 from dapo.config import ConfigError, config_to_dict, load_config
 
 
@@ -36,12 +34,6 @@ def train_command(config_path: tuple[str, ...], print_config: bool, overrides: t
         click.echo(f"# objective: {describe_objective(cfg)}")  # a YAML comment: the output stays a loadable config
         click.echo(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
         return
-    # The Transformers engine generates in this process: nothing else computes alongside, so threads may spin; not so
-    # with several torchrun ranks on one machine, which share its cores (torchrun's variable: torch is not loaded yet).
-    # An asynchronous run's rollout worker computes alongside the trainer: never spin there.
-    spin_when_alone(cfg.rollout.name == "hf" and cfg.async_training.mode == "sync"
-                    and int(os.environ.get("LOCAL_WORLD_SIZE", "1")) <= 1)
-
     # Imported here so `dapo --help` and config errors stay instant (and torch loads after the OpenMP choice).
     from dapo.data.prompts import PromptTooLongError
     from dapo.data.schema import DataError

@@ -158,6 +158,17 @@ def test_sapo_hand_computed() -> None:
     assert sapo_gate(torch.tensor(1.0), 3.0).item() == pytest.approx(2 / 3)
 
 
+def test_sapo_temperatures_keep_the_inputs_dtype() -> None:
+    # float64 in, float64 temperatures: on-policy (r = 1) the gate is 4/tau * 1/2 = 2/tau, so A = -1 gives the loss
+    # 2 / 1.05 to float64's precision (a float32 tau_neg = 1.0499999523 is off by 4.5e-8, relative).
+    out, grad = run("sapo", [[0.0, 0.0]], [[0.0, 0.0]], [[1.0, -1.0]], [[1, 1]], tau_pos=1.0, tau_neg=1.05)
+    torch.testing.assert_close(out.loss_mat, torch.tensor([[-2.0, 2 / 1.05]], dtype=F64), rtol=1e-15, atol=0.0)
+    # Off-policy the temperature enters the sigmoid too: r = 2, A = -1 -> 4/1.05 * sigmoid(1.05).
+    out, _ = run("sapo", [[math.log(2.0)]], [[0.0]], [[-1.0]], [[1]], tau_neg=1.05)
+    want = 4 / 1.05 / (1 + math.exp(-1.05 * (math.exp(math.log(2.0)) - 1)))
+    torch.testing.assert_close(out.loss_mat, torch.tensor([[want]], dtype=F64), rtol=1e-14, atol=0.0)
+
+
 def test_clip_cov_detaches_the_token_in_the_covariance_band() -> None:
     # On-policy (r = 1). log pi = [0, -1, -3, -4] (mean -2), A = [1, 0, 0, -3] (mean -0.5):
     # Cov = [2 * 1.5, 1 * 0.5, -1 * 0.5, -2 * -2.5] = [3, 0.5, -0.5, 5]; band (1, 5) open -> only token 0;

@@ -290,6 +290,21 @@ class PolicyLossConfig(_Section):
         return self
 
 
+# What each loss mode's paper publishes where it differs from DAPO's defaults (docs/objectives.md): a config that
+# switches loss_mode takes these for every key it does not set itself. GSPO (arXiv 2507.18071) clips its
+# sequence-level ratio at 3e-4 / 4e-4 and, like GMPO (arXiv 2507.20673, log-space clip +-0.4) and SAPO (arXiv
+# 2511.20347), averages per response, 1/G sum_i (verl hard-codes that aggregation for these modes); CISPO (arXiv
+# 2506.13585) puts no lower bound on its IS weight (0.999: the nearest eps_low < 1).
+LOSS_MODE_DEFAULTS: dict[str, dict[str, float | str]] = {
+    "gspo": {"clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4, "loss_agg_mode": "seq-mean-token-mean"},
+    "gspo_token": {"clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4, "loss_agg_mode": "seq-mean-token-mean"},
+    "geo_mean": {"clip_ratio_low": 0.4, "clip_ratio_high": 0.4, "loss_agg_mode": "seq-mean-token-mean"},
+    "sapo": {"loss_agg_mode": "seq-mean-token-mean"},
+    "cispo": {"clip_ratio_low": 0.999},
+}
+_MODE_DEFAULTED_KEYS = sorted({k for defaults in LOSS_MODE_DEFAULTS.values() for k in defaults})
+
+
 class ActorConfig(_Section):
     strategy: Literal["replicated", "fsdp2"] = Field(
         "replicated", description="data parallel under torchrun: every rank a full replica (gradients all-reduced), "
@@ -345,6 +360,23 @@ class ActorConfig(_Section):
     gradient_checkpointing: bool = False
     dtype: Literal["fp32", "bf16"] = "fp32"
     optim: OptimConfig = Field(default_factory=OptimConfig)
+
+    @model_validator(mode="after")
+    def _loss_mode_defaults(self) -> "ActorConfig":
+        # A key the input did not give (pydantic's model_fields_set: given by a file, an override, an alias or a verl
+        # / TRL spelling) takes the loss mode's paper value, else the field's own default. Written into __dict__:
+        # the values are this module's constants (valid), and the key stays out of model_fields_set, which is how
+        # paper_defaults_taken tells a taken default from a value the user chose.
+        for key in _MODE_DEFAULTED_KEYS:
+            if key not in self.model_fields_set:
+                self.__dict__[key] = LOSS_MODE_DEFAULTS.get(self.policy_loss.loss_mode, {}).get(
+                    key, type(self).model_fields[key].default)
+        return self
+
+    def paper_defaults_taken(self) -> dict[str, float | str]:
+        """The keys whose value is ``policy_loss.loss_mode``'s paper default because the config did not set them."""
+        return {k: v for k, v in LOSS_MODE_DEFAULTS.get(self.policy_loss.loss_mode, {}).items()
+                if k not in self.model_fields_set}
 
     @model_validator(mode="after")
     def _micro_batch_given(self) -> "ActorConfig":

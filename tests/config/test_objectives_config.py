@@ -118,7 +118,7 @@ def test_trl_and_verl_values_without_a_counterpart_are_refused() -> None:
                         "algorithm.rollout_correction.rollout_is_batch_normalize=false"])
 
 
-# ------------------------------------------------ #39 items 1 and 21: a one-key loss_mode switch is the paper's objective
+# ---------------------------------------- #39 items 1 and 21: a one-key loss_mode switch is the paper's objective
 def _loss_and_grad(cfg: DapoConfig, log_ratio: list[list[float]], adv: list[float],
                    mask: list[list[int]]) -> tuple[float, torch.Tensor]:
     """The scalar the actor back-propagates for this config (its loss mode, knobs and aggregation), and its gradient
@@ -187,7 +187,8 @@ def test_keys_the_user_sets_win_over_the_papers_defaults() -> None:
     assert (cfg.actor.clip_ratio_low, cfg.actor.clip_ratio_high, cfg.actor.loss_agg_mode) == (3e-4, 0.01, "token-mean")
     assert cfg.actor.paper_defaults_taken() == {"clip_ratio_low": 3e-4}
     assert report.notices == ["actor.clip_ratio_low=0.0003: actor.policy_loss.loss_mode=gspo's paper default, GSPO "
-                              "(arXiv 2507.18071), for what the config does not set (set a key to choose another value)"]
+                              "(arXiv 2507.18071), for what the config does not set (set a key to choose another "
+                              "value)"]
     # an aggregation set against the paper's runs, with one warning saying what it changes
     assert [w for w in report.warnings if "actor.loss_agg_mode=token-mean with actor.policy_loss.loss_mode=gspo" in w
             and "seq-mean-token-mean" in w]

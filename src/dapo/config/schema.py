@@ -340,13 +340,17 @@ class ActorConfig(_Section):
         "sampled from the actor's own fp32 weights without top-p/top-k: pi_old is the engine's log-probs); never "
         "always uses the engine's log-probs",
     )
-    clip_ratio_low: float = Field(0.2, ge=0.0, lt=1.0, description="epsilon_low of Clip-Higher (Eq. 10), in [0, 1)")
+    clip_ratio_low: float = Field(0.2, ge=0.0, lt=1.0, description="epsilon_low of Clip-Higher (Eq. 10), in [0, 1); "
+                                  "when not set, gspo / gspo_token take 3e-4, geo_mean 0.4, cispo 0.999 (their "
+                                  "papers')")
     clip_ratio_high: float = Field(0.28, ge=0.0, le=1e6, description="epsilon_high of Clip-Higher (Eq. 10); <= 1e6 "
-                                   "(1 + epsilon_high must stay a float32 number)")
+                                   "(1 + epsilon_high must stay a float32 number); when not set, gspo / gspo_token "
+                                   "take 4e-4, geo_mean 0.4 (their papers')")
     clip_ratio_c: float | None = Field(10.0, gt=1.0, le=1e6,
                                        description="dual-clip bound for negative advantages, <= 1e6; None = off")
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = Field(
-        "token-mean", description="token-mean is DAPO's token-level loss (Eq. 12)"
+        "token-mean", description="token-mean is DAPO's token-level loss (Eq. 12); when not set, loss modes gspo, "
+        "gspo_token, geo_mean and sapo take their papers' seq-mean-token-mean (docs/objectives.md)"
     )
     policy_loss: PolicyLossConfig = Field(default_factory=PolicyLossConfig)
     tau_pos: float = Field(1.0, gt=0.0, description="sapo: gate temperature of positive-advantage tokens")

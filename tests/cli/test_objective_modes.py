@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from dapo.cli.main import cli
@@ -80,10 +81,27 @@ def test_print_config_names_the_resolved_objective() -> None:
     out = CliRunner().invoke(cli, ["train", "--print-config", f"{LOSS}=cispo", "algorithm.adv_estimator=rloo",
                                    f"{RC}.rollout_rs=seq_mean_k1", f"{RC}.rollout_rs_threshold=0.99_1.01"])
     assert out.exit_code == 0, out.output
-    first = out.output.splitlines()[0]
-    assert first.startswith("# objective: policy loss cispo (clip_ratio_low=0.2, clip_ratio_high=0.28)")
+    first, second = out.output.splitlines()[:2]
+    # CISPO's paper has no lower bound on its IS weight: clip_ratio_low 0.999 where the config does not set one
+    assert first.startswith("# objective: policy loss cispo (clip_ratio_low=0.999, clip_ratio_high=0.28)")
     assert "advantages rloo" in first and "rollout_rs=seq_mean_k1 [0.99, 1.01]" in first
+    assert second.startswith("# note: actor.clip_ratio_low=0.999: actor.policy_loss.loss_mode=cispo's paper default")
     assert "loss_mode: cispo" in out.output
+
+
+def test_print_config_says_which_values_came_from_the_loss_modes_paper() -> None:
+    out = CliRunner().invoke(cli, ["train", "--print-config", f"{LOSS}=gspo", "actor.clip_ratio_high=0.001"])
+    assert out.exit_code == 0, out.output
+    lines = out.output.splitlines()
+    assert lines[0].startswith("# objective: policy loss gspo (clip_ratio_low=0.0003, clip_ratio_high=0.001), "
+                               "aggregation seq-mean-token-mean")
+    assert lines[1] == ("# note: actor.clip_ratio_low=0.0003, actor.loss_agg_mode=seq-mean-token-mean: "
+                        "actor.policy_loss.loss_mode=gspo's paper defaults, GSPO (arXiv 2507.18071), for what the "
+                        "config does not set (set a key to choose another value)")
+    printed = yaml.safe_load(out.output)  # the comments keep it a loadable config, with the values resolved
+    assert printed["actor"]["clip_ratio_low"] == 3e-4 and printed["actor"]["loss_agg_mode"] == "seq-mean-token-mean"
+    plain = CliRunner().invoke(cli, ["train", "--print-config"])
+    assert plain.exit_code == 0 and "# note:" not in plain.output
 
 
 @pytest.mark.parametrize("top_p", [0.7, 1.0])

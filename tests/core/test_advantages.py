@@ -168,7 +168,7 @@ EST_LENGTHS = torch.tensor([1, 2, 3, 1, 1, 2, 4])
 
 
 def estimate(name: str, **kwargs: object) -> torch.Tensor:
-    return get_adv_estimator(name)(EST_SCORES, EST_GROUPS, response_lengths=EST_LENGTHS, **kwargs)
+    return get_adv_estimator(name)(EST_SCORES, EST_GROUPS, token_counts=EST_LENGTHS, **kwargs)
 
 
 def test_registry_holds_verl_estimator_names() -> None:
@@ -220,7 +220,7 @@ def test_grpo_passk_hand_computed() -> None:
 
 
 def test_reinforce_plus_plus_needs_lengths() -> None:
-    with pytest.raises(ValueError, match="response_lengths"):
+    with pytest.raises(ValueError, match="token_counts"):
         get_adv_estimator("reinforce_plus_plus")(EST_SCORES, EST_GROUPS)
 
 

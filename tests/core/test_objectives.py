@@ -158,6 +158,17 @@ def test_sapo_hand_computed() -> None:
     assert sapo_gate(torch.tensor(1.0), 3.0).item() == pytest.approx(2 / 3)
 
 
+def test_sapo_temperatures_keep_the_inputs_dtype() -> None:
+    # float64 in, float64 temperatures: on-policy (r = 1) the gate is 4/tau * 1/2 = 2/tau, so A = -1 gives the loss
+    # 2 / 1.05 to float64's precision (a float32 tau_neg = 1.0499999523 is off by 4.5e-8, relative).
+    out, grad = run("sapo", [[0.0, 0.0]], [[0.0, 0.0]], [[1.0, -1.0]], [[1, 1]], tau_pos=1.0, tau_neg=1.05)
+    torch.testing.assert_close(out.loss_mat, torch.tensor([[-2.0, 2 / 1.05]], dtype=F64), rtol=1e-15, atol=0.0)
+    # Off-policy the temperature enters the sigmoid too: r = 2, A = -1 -> 4/1.05 * sigmoid(1.05).
+    out, _ = run("sapo", [[math.log(2.0)]], [[0.0]], [[-1.0]], [[1]], tau_neg=1.05)
+    want = 4 / 1.05 / (1 + math.exp(-1.05 * (math.exp(math.log(2.0)) - 1)))
+    torch.testing.assert_close(out.loss_mat, torch.tensor([[want]], dtype=F64), rtol=1e-14, atol=0.0)
+
+
 def test_clip_cov_detaches_the_token_in_the_covariance_band() -> None:
     # On-policy (r = 1). log pi = [0, -1, -3, -4] (mean -2), A = [1, 0, 0, -3] (mean -0.5):
     # Cov = [2 * 1.5, 1 * 0.5, -1 * 0.5, -2 * -2.5] = [3, 0.5, -0.5, 5]; band (1, 5) open -> only token 0;
@@ -167,6 +178,47 @@ def test_clip_cov_detaches_the_token_in_the_covariance_band() -> None:
     torch.testing.assert_close(out.loss_mat, torch.tensor([[-1.0, 0.0, 0.0, 3.0]], dtype=F64))
     torch.testing.assert_close(grad, torch.tensor([[0.0, 0.0, 0.0, 3.0]], dtype=F64))
     assert out.pg_clipfrac.item() == pytest.approx(1 / 4)
+
+
+def test_clip_cov_off_policy_clips_and_never_detaches_an_already_clipped_token() -> None:
+    # log pi = [-1, -2, -9, -11, -2] (mean -5, deviations [4, 3, -4, -6, 3]), A = [1, 1, -1, -1, 0] (mean 0):
+    # Cov = [4, 3, 4, 6, 0]; in the band (1, 5): tokens 0, 1 and 2. Ratios (pi_old set apart from pi):
+    #   token 0: r = 1.5, A = +1: above 1 + 0.28, PPO's clip takes -1.28 -> no gradient; clipped, so not a candidate.
+    #   token 1: r = 1.1, A = +1: inside, -1.1; the only candidate -> detached: loss kept, gradient 0 (else -1.1).
+    #   token 2: r = 0.5, A = -1: below 1 - 0.2, max(0.5, 0.8) = 0.8 -> no gradient; clipped, not a candidate.
+    #   token 3: r = 2.0, A = -1: max(2, 1.28) = 2, the unclipped side (the clip never helps a negative advantage
+    #            upwards) -> gradient -A r = 2; Cov 6 is outside the band.
+    #   token 4: A = 0: loss 0, gradient 0.
+    # max(1, int(2e-4 * 5)) = 1 token drawn, whatever the seed.
+    lp = [[-1.0, -2.0, -9.0, -11.0, -2.0]]
+    ratios = [1.5, 1.1, 0.5, 2.0, 0.7]
+    old = [[lp[0][t] - math.log(r) for t, r in enumerate(ratios)]]
+    for seed in range(8):  # a draw among the clipped tokens too would miss token 1 in most of these seeds
+        lp_t = torch.tensor(lp, dtype=F64, requires_grad=True)
+        out = get_policy_loss("clip_cov").fn(lp_t, torch.tensor(old, dtype=F64),
+                                             torch.tensor([[1.0, 1.0, -1.0, -1.0, 0.0]], dtype=F64),
+                                             torch.tensor([[1, 1, 1, 1, 1]]),
+                                             PolicyLossParams(generator=torch.Generator().manual_seed(seed)))
+        out.loss_mat.sum().backward()
+        torch.testing.assert_close(out.loss_mat, torch.tensor([[-1.28, -1.1, 0.8, 2.0, 0.0]], dtype=F64))
+        torch.testing.assert_close(lp_t.grad, torch.tensor([[0.0, 0.0, 0.0, 2.0, 0.0]], dtype=F64))
+        assert out.pg_clipfrac.item() == pytest.approx(3 / 5)  # 2 clipped + 1 detached
+
+
+def test_clip_cov_off_policy_clip_reads_eps_low_and_eps_high() -> None:
+    # The same batch with eps_low = 0.6, eps_high = 0.6: token 0 (r = 1.5) and token 2 (r = 0.5) are now inside
+    # [0.4, 1.6], unclipped, and join token 1 as candidates; the band is narrowed to (3.5, 5) so that token 0 and
+    # token 2 (Cov 4) are the only ones in it and 1 of them is detached: the other keeps its gradient -A r.
+    lp = [[-1.0, -2.0, -9.0, -11.0, -2.0]]
+    old = [[lp[0][t] - math.log(r) for t, r in enumerate([1.5, 1.1, 0.5, 2.0, 0.7])]]
+    out, grad = run("clip_cov", lp, old, [[1.0, 1.0, -1.0, -1.0, 0.0]], [[1, 1, 1, 1, 1]],
+                    clip_ratio_low=0.6, clip_ratio_high=0.6, clip_cov_lb=3.5)
+    torch.testing.assert_close(out.loss_mat, torch.tensor([[-1.5, -1.1, 0.5, 2.0, 0.0]], dtype=F64))
+    assert grad[0, 1].item() == pytest.approx(-1.1) and grad[0, 3].item() == pytest.approx(2.0)
+    undetached = {0: -1.5, 2: 0.5}  # -A r of tokens 0 and 2
+    kept = {t: g for t, g in undetached.items() if grad[0, t].item() != 0.0}
+    assert len(kept) == 1 and all(grad[0, t].item() == pytest.approx(g) for t, g in kept.items())
+    assert out.pg_clipfrac.item() == pytest.approx(1 / 5)
 
 
 def test_kl_cov_penalises_the_largest_covariance_token() -> None:

@@ -4,6 +4,7 @@ the order given, and the per-sample prompt / response / rollout log-prob fields.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -119,3 +120,24 @@ def test_a_single_response_group_gets_zero_advantage() -> None:
     batch = build_train_batch([_group(4, [1.0], [-0.25])], DapoConfig())
     assert batch.advantages.tolist() == [0.0]
     assert batch.group_index.tolist() == [0]
+
+
+def test_reinforce_plus_plus_whitens_over_action_tokens_not_tool_output() -> None:
+    # One group of two, rewards (2, 0). Response 0: 4 tokens, the middle two a tool's output (action mask 1 0 0 1):
+    # 2 action tokens. Response 1: 3 tokens, all actions. Over the 5 action tokens:
+    #   reinforce_plus_plus: mean (2*2 + 3*0) / 5 = 0.8, centred (1.2, -0.8);
+    #   _baseline: group mean 1, centred (1, -1), token mean (2*1 - 3*1) / 5 = -0.2, centred again (1.2, -0.8);
+    #   both: unbiased variance (2 * 1.2^2 + 3 * 0.8^2) / 4 = 1.2, A = (1.2, -0.8) / sqrt(1.2 + 1e-8).
+    # Counting the 2 tool tokens too (7 tokens) gives other values, which is what this test excludes.
+    group = dataclasses.replace(_group(0, [2.0, 0.0], [0.0, 0.0]), response_ids=[[5, 6, 7, 8], [9, 9, 9]],
+                                rollout_log_probs=[[-0.1] * 4, [-0.2] * 3], action_masks=[[1, 0, 0, 1], [1, 1, 1]])
+    want = [1.2 / math.sqrt(1.2 + 1e-8), -0.8 / math.sqrt(1.2 + 1e-8)]
+    for estimator in ("reinforce_plus_plus", "reinforce_plus_plus_baseline"):
+        batch = build_train_batch([group], build_config({}, [f"algorithm.adv_estimator={estimator}"]))
+        assert batch.advantages.tolist() == pytest.approx(want, rel=1e-6), estimator
+    # Single turn (no action mask) every token is an action: 4 + 3 tokens, mean 8/7, variance
+    # (4 (6/7)^2 + 3 (8/7)^2) / 6 = 8/7.
+    single = dataclasses.replace(group, action_masks=None)
+    batch = build_train_batch([single], build_config({}, ["algorithm.adv_estimator=reinforce_plus_plus"]))
+    assert batch.advantages.tolist() == pytest.approx(
+        [(6 / 7) / math.sqrt(8 / 7 + 1e-8), (-8 / 7) / math.sqrt(8 / 7 + 1e-8)], rel=1e-6)

@@ -13,7 +13,8 @@ import sys
 import click
 import yaml
 
-from dapo.config import ConfigError, config_to_dict, load_config
+from dapo.config import ConfigError, config_to_dict
+from dapo.config.loading import load_config_with_report
 
 
 @click.command("train", context_settings={"ignore_unknown_options": True})
@@ -25,15 +26,22 @@ from dapo.config import ConfigError, config_to_dict, load_config
 def train_command(config_path: tuple[str, ...], print_config: bool, overrides: tuple[str, ...]) -> None:
     """Train a policy with DAPO. OVERRIDES are dotted keys, e.g. algorithm.clip_ratio_high=0.28 rollout.n=16."""
     try:
-        cfg = load_config(config_path or None, overrides)
+        cfg, report = load_config_with_report(config_path or None, overrides)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
+    for line in report.warnings:  # as load_config logs them
+        logging.getLogger("dapo.config").warning("%s", line)
     if print_config:
         from dapo.config.objective import describe_objective
 
-        click.echo(f"# objective: {describe_objective(cfg)}")  # a YAML comment: the output stays a loadable config
+        # YAML comments: the output stays a loadable config
+        click.echo(f"# objective: {describe_objective(cfg)}")
+        for line in report.notices:
+            click.echo(f"# note: {line}")
         click.echo(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
         return
+    for line in report.notices:  # before logging is set up, so on stderr directly
+        click.echo(f"note: {line}", err=True)
     # Imported here so `dapo --help` and config errors stay instant (and torch loads after the OpenMP choice).
     from dapo.data.prompts import PromptTooLongError
     from dapo.data.schema import DataError

@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from dapo.config import verl_keys
+from dapo.config.objective import objective_warnings, paper_defaults_notice
 from dapo.config.schema import ConfigError, DapoConfig
 
 log = logging.getLogger("dapo.config")
@@ -221,10 +222,13 @@ def _same_value(a: Any, b: Any) -> bool:
 
 @dataclass
 class ConfigReport:
-    """What building a config did besides validating it: one line per verl key accepted without effect."""
+    """What building a config did besides validating it: one line per verl key accepted without effect or objective
+    setting that does not do what the paper or verl does (warnings), and per default taken from the loss mode's
+    paper instead of DAPO's (notices)."""
 
     warnings: list[str] = field(default_factory=list)
     renamed: dict[str, str] = field(default_factory=dict)  # verl key as given -> our key
+    notices: list[str] = field(default_factory=list)
 
 
 def _entries(tree: Mapping[str, Any] | None, overrides: Sequence[str], problems: list[str]) -> list[tuple[str, Any]]:
@@ -324,15 +328,26 @@ def build_config_with_report(
     for why, keys in warned.items():
         report.warnings.append(f"{', '.join(keys)}: accepted without effect: {why}")
     assert cfg is not None
+    report.warnings.extend(objective_warnings(cfg))
+    notice = paper_defaults_notice(cfg)
+    if notice is not None:
+        report.notices.append(notice)
     return cfg, report
 
 
 def build_config(tree: Mapping[str, Any] | None = None, overrides: Sequence[str] = (), *, origin: str = "config") -> DapoConfig:
     """Build and validate a config from a nested mapping plus dotted overrides (warnings go to the log)."""
     cfg, report = build_config_with_report(tree, overrides, origin=origin)
+    log_report(report)
+    return cfg
+
+
+def log_report(report: ConfigReport) -> None:
+    """The report's warnings at WARNING, its notices at INFO (logger ``dapo.config``)."""
     for line in report.warnings:
         log.warning("%s", line)
-    return cfg
+    for line in report.notices:
+        log.info("%s", line)
 
 
 def _get_dotted(cfg: BaseModel, dotted: str) -> Any:
@@ -409,8 +424,7 @@ def load_config(path: str | Path | Sequence[str | Path] | None = None, overrides
     as one warning line each (logger ``dapo.config``).
     """
     cfg, report = load_config_with_report(path, overrides)
-    for line in report.warnings:
-        log.warning("%s", line)
+    log_report(report)
     return cfg
 
 

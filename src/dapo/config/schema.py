@@ -290,6 +290,21 @@ class PolicyLossConfig(_Section):
         return self
 
 
+# What each loss mode's paper publishes where it differs from DAPO's defaults (docs/objectives.md): a config that
+# switches loss_mode takes these for every key it does not set itself. GSPO (arXiv 2507.18071) clips its
+# sequence-level ratio at 3e-4 / 4e-4 and, like GMPO (arXiv 2507.20673, log-space clip +-0.4) and SAPO (arXiv
+# 2511.20347), averages per response, 1/G sum_i (verl hard-codes that aggregation for these modes); CISPO (arXiv
+# 2506.13585) puts no lower bound on its IS weight (0.999: the nearest eps_low < 1).
+LOSS_MODE_DEFAULTS: dict[str, dict[str, float | str]] = {
+    "gspo": {"clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4, "loss_agg_mode": "seq-mean-token-mean"},
+    "gspo_token": {"clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4, "loss_agg_mode": "seq-mean-token-mean"},
+    "geo_mean": {"clip_ratio_low": 0.4, "clip_ratio_high": 0.4, "loss_agg_mode": "seq-mean-token-mean"},
+    "sapo": {"loss_agg_mode": "seq-mean-token-mean"},
+    "cispo": {"clip_ratio_low": 0.999},
+}
+_MODE_DEFAULTED_KEYS = sorted({k for defaults in LOSS_MODE_DEFAULTS.values() for k in defaults})
+
+
 class ActorConfig(_Section):
     strategy: Literal["replicated", "fsdp2"] = Field(
         "replicated", description="data parallel under torchrun: every rank a full replica (gradients all-reduced), "
@@ -325,13 +340,17 @@ class ActorConfig(_Section):
         "sampled from the actor's own fp32 weights without top-p/top-k: pi_old is the engine's log-probs); never "
         "always uses the engine's log-probs",
     )
-    clip_ratio_low: float = Field(0.2, ge=0.0, lt=1.0, description="epsilon_low of Clip-Higher (Eq. 10), in [0, 1)")
+    clip_ratio_low: float = Field(0.2, ge=0.0, lt=1.0, description="epsilon_low of Clip-Higher (Eq. 10), in [0, 1); "
+                                  "when not set, gspo / gspo_token take 3e-4, geo_mean 0.4, cispo 0.999 (their "
+                                  "papers')")
     clip_ratio_high: float = Field(0.28, ge=0.0, le=1e6, description="epsilon_high of Clip-Higher (Eq. 10); <= 1e6 "
-                                   "(1 + epsilon_high must stay a float32 number)")
+                                   "(1 + epsilon_high must stay a float32 number); when not set, gspo / gspo_token "
+                                   "take 4e-4, geo_mean 0.4 (their papers')")
     clip_ratio_c: float | None = Field(10.0, gt=1.0, le=1e6,
                                        description="dual-clip bound for negative advantages, <= 1e6; None = off")
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = Field(
-        "token-mean", description="token-mean is DAPO's token-level loss (Eq. 12)"
+        "token-mean", description="token-mean is DAPO's token-level loss (Eq. 12); when not set, loss modes gspo, "
+        "gspo_token, geo_mean and sapo take their papers' seq-mean-token-mean (docs/objectives.md)"
     )
     policy_loss: PolicyLossConfig = Field(default_factory=PolicyLossConfig)
     tau_pos: float = Field(1.0, gt=0.0, description="sapo: gate temperature of positive-advantage tokens")
@@ -345,6 +364,23 @@ class ActorConfig(_Section):
     gradient_checkpointing: bool = False
     dtype: Literal["fp32", "bf16"] = "fp32"
     optim: OptimConfig = Field(default_factory=OptimConfig)
+
+    @model_validator(mode="after")
+    def _loss_mode_defaults(self) -> "ActorConfig":
+        # A key the input did not give (pydantic's model_fields_set: given by a file, an override, an alias or a verl
+        # / TRL spelling) takes the loss mode's paper value, else the field's own default. Written into __dict__:
+        # the values are this module's constants (valid), and the key stays out of model_fields_set, which is how
+        # paper_defaults_taken tells a taken default from a value the user chose.
+        for key in _MODE_DEFAULTED_KEYS:
+            if key not in self.model_fields_set:
+                self.__dict__[key] = LOSS_MODE_DEFAULTS.get(self.policy_loss.loss_mode, {}).get(
+                    key, type(self).model_fields[key].default)
+        return self
+
+    def paper_defaults_taken(self) -> dict[str, float | str]:
+        """The keys whose value is ``policy_loss.loss_mode``'s paper default because the config did not set them."""
+        return {k: v for k, v in LOSS_MODE_DEFAULTS.get(self.policy_loss.loss_mode, {}).items()
+                if k not in self.model_fields_set}
 
     @model_validator(mode="after")
     def _micro_batch_given(self) -> "ActorConfig":

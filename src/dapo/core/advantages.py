@@ -17,11 +17,14 @@ from torch import Tensor
 
 
 class AdvantageEstimator(Protocol):
-    """What a registered estimator looks like: per-sample scores and group ids in, per-sample advantages out."""
+    """What a registered estimator looks like: per-sample scores and group ids in, per-sample advantages out.
+
+    ``token_counts[i]`` is the number of tokens of response i that enter the loss: its action tokens (a multi-turn
+    response's tool output is context, not an action). Only the estimators that normalise over tokens read it."""
 
     def __call__(
         self, scores: Tensor, group_index: Tensor, *, norm_adv_by_std: bool = True, eps: float = 1e-6,
-        response_lengths: Tensor | None = None,
+        token_counts: Tensor | None = None,
     ) -> Tensor: ...
 
 
@@ -53,7 +56,7 @@ def get_adv_estimator(name: str) -> AdvantageEstimator:
 @register_adv_estimator("grpo")
 def compute_grpo_outcome_advantage(
     scores: Tensor, group_index: Tensor, *, norm_adv_by_std: bool = True, eps: float = 1e-6,
-    response_lengths: Tensor | None = None,
+    token_counts: Tensor | None = None,
 ) -> Tensor:
     """Group-normalised outcome advantage, DAPO Eq. 9: ``A_i = (R_i - mean(R_group)) / (std(R_group) + eps)``.
 
@@ -67,7 +70,7 @@ def compute_grpo_outcome_advantage(
         group_index: ``[B]`` integer id of each response's prompt group; any ids, in any order.
         norm_adv_by_std: divide by the group std (GRPO/DAPO) or not (Dr. GRPO).
         eps: added to the std so a zero-variance group gives 0, not NaN.
-        response_lengths: unused (the registry's common signature).
+        token_counts: unused (the registry's common signature).
 
     Returns:
         ``[B]`` advantages, float32 (float64 when ``scores`` is float64).
@@ -120,7 +123,7 @@ class _Groups:
 @register_adv_estimator("rloo")
 def compute_rloo_outcome_advantage(
     scores: Tensor, group_index: Tensor, *, norm_adv_by_std: bool = True, eps: float = 1e-6,
-    response_lengths: Tensor | None = None,
+    token_counts: Tensor | None = None,
 ) -> Tensor:
     """RLOO (REINFORCE Leave-One-Out; Ahmadian et al. 2024, "Back to Basics", arXiv 2402.14740): the baseline of
     response i is the mean reward of the OTHER responses of its group::
@@ -135,15 +138,16 @@ def compute_rloo_outcome_advantage(
     return torch.where(g.constant, torch.zeros_like(adv), adv)
 
 
-def _token_whiten(values: Tensor, response_lengths: Tensor | None, where: str) -> Tensor:
-    """Whiten per-sample values over the batch's TOKENS (sample i counts ``response_lengths[i]`` times), as verl's
-    ``masked_whiten``: ``(v - mean) / sqrt(var + 1e-8)`` with the unbiased token variance."""
-    if response_lengths is None:
-        raise ValueError(f"{where}: response_lengths are needed (the whitening is over tokens)")
-    if response_lengths.shape != values.shape:
-        raise ValueError(f"{where}: response_lengths{tuple(response_lengths.shape)} must match scores"
+def _token_whiten(values: Tensor, token_counts: Tensor | None, where: str) -> Tensor:
+    """Whiten per-sample values over the batch's loss TOKENS (sample i counts ``token_counts[i]`` times, its action
+    tokens), as verl's ``masked_whiten`` over the response mask that excludes tool output: ``(v - mean) /
+    sqrt(var + 1e-8)`` with the unbiased token variance."""
+    if token_counts is None:
+        raise ValueError(f"{where}: token_counts are needed (the whitening is over tokens)")
+    if token_counts.shape != values.shape:
+        raise ValueError(f"{where}: token_counts{tuple(token_counts.shape)} must match scores"
                          f"{tuple(values.shape)}")
-    weight = response_lengths.to(values.dtype)
+    weight = token_counts.to(values.dtype)
     n = weight.sum()
     if n <= 1:
         return torch.zeros_like(values)
@@ -155,23 +159,24 @@ def _token_whiten(values: Tensor, response_lengths: Tensor | None, where: str) -
 @register_adv_estimator("reinforce_plus_plus")
 def compute_reinforce_plus_plus_outcome_advantage(
     scores: Tensor, group_index: Tensor, *, norm_adv_by_std: bool = True, eps: float = 1e-6,
-    response_lengths: Tensor | None = None,
+    token_counts: Tensor | None = None,
 ) -> Tensor:
     """REINFORCE++ (Hu 2025, arXiv 2501.03262, Sec. 3): no critic and no group baseline; the return of every token
-    (outcome reward, gamma = 1: the response's reward R_i) is normalised over the whole batch's tokens::
+    (outcome reward, gamma = 1: the response's reward R_i) is normalised over the whole batch's action tokens (those
+    that enter the loss; multi-turn tool output is not one)::
 
         A_i,t = (R_i - mean_tokens(R)) / sqrt(var_tokens(R) + 1e-8)
 
     (verl's ``masked_whiten``: token-weighted mean, unbiased token variance). Groups are not read.
     """
     g = _Groups.of("reinforce_plus_plus", scores, group_index, eps)
-    return _token_whiten(g.scores, response_lengths, "reinforce_plus_plus")
+    return _token_whiten(g.scores, token_counts, "reinforce_plus_plus")
 
 
 @register_adv_estimator("reinforce_plus_plus_baseline")
 def compute_reinforce_plus_plus_baseline_outcome_advantage(
     scores: Tensor, group_index: Tensor, *, norm_adv_by_std: bool = True, eps: float = 1e-6,
-    response_lengths: Tensor | None = None,
+    token_counts: Tensor | None = None,
 ) -> Tensor:
     """REINFORCE++-baseline (arXiv 2501.03262, the group-baseline variant): subtract the group mean reward, then
     whiten over the batch's tokens like ``reinforce_plus_plus``::
@@ -180,13 +185,13 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     """
     g = _Groups.of("reinforce_plus_plus_baseline", scores, group_index, eps)
     centered = torch.where(g.constant, torch.zeros_like(g.scores), g.scores - g.mean)
-    return _token_whiten(centered, response_lengths, "reinforce_plus_plus_baseline")
+    return _token_whiten(centered, token_counts, "reinforce_plus_plus_baseline")
 
 
 @register_adv_estimator("grpo_passk")
 def compute_grpo_passk_outcome_advantage(
     scores: Tensor, group_index: Tensor, *, norm_adv_by_std: bool = True, eps: float = 1e-6,
-    response_lengths: Tensor | None = None,
+    token_counts: Tensor | None = None,
 ) -> Tensor:
     """Pass@k GRPO, as verl's ``grpo_passk`` (which cites arXiv 2503.19595): only the best response of a group learns,
     from the margin over the second best (with 0/1 rewards: a group solved by exactly one sample pushes that sample

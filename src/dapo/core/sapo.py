@@ -38,7 +38,10 @@ def sapo_policy_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor,
         raise ValueError(f"sapo: tau_pos and tau_neg must be > 0, got {params.tau_pos} and {params.tau_neg}")
     log_ratio = log_prob - old_log_prob
     ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-    tau = torch.where(advantages > 0, params.tau_pos, params.tau_neg).to(ratio.dtype)
+    # The temperatures in the input's dtype: a Python float given to torch.where becomes a float32 tensor, which
+    # rounds 1.05 to 1.0499999523 before any cast to float64 could keep it.
+    tau = torch.where(advantages > 0, torch.tensor(params.tau_pos, dtype=ratio.dtype, device=ratio.device),
+                      torch.tensor(params.tau_neg, dtype=ratio.dtype, device=ratio.device))
     loss = -sapo_gate(ratio, tau) * advantages
     return token_diagnostics(response_mask, masked_loss(loss, response_mask), log_ratio=log_ratio, ratio=ratio,
                              clipped=torch.zeros_like(response_mask, dtype=torch.bool))

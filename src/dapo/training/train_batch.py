@@ -14,14 +14,21 @@ from dapo.core.overlong import overlong_filter_mask
 from dapo.reward.scored_groups import ScoredGroup, group_index_of
 
 
+def action_token_counts(groups: Sequence[ScoredGroup]) -> torch.Tensor:
+    """``[N]`` tokens per response that enter the loss: in a multi-turn batch only the model's own (its action mask;
+    tool output is context, as verl's whitening mask), else every token. The same rule as the batch's action_mask."""
+    if any(g.action_masks is None for g in groups):
+        return torch.tensor([len(r) for g in groups for r in g.response_ids], dtype=torch.long)
+    return torch.tensor([sum(1 for a in m if a) for g in groups for m in g.action_masks], dtype=torch.long)
+
+
 def build_train_batch(groups: Sequence[ScoredGroup], cfg: DapoConfig) -> TrainBatch:
     """One sample per response, groups contiguous, in the order given."""
     rewards = torch.tensor([r for g in groups for r in g.rewards], dtype=torch.float32)
     group_index = group_index_of(groups)
     estimator = get_adv_estimator(cfg.algorithm.adv_estimator)
-    response_lengths = torch.tensor([len(r) for g in groups for r in g.response_ids])
     advantages = estimator(rewards, group_index, norm_adv_by_std=cfg.algorithm.norm_adv_by_std_in_grpo,
-                           response_lengths=response_lengths)
+                           token_counts=action_token_counts(groups))
     truncated = torch.tensor([t for g in groups for t in g.truncated], dtype=torch.bool)
     sample_mask = overlong_filter_mask(truncated) if cfg.algorithm.overlong_filter else torch.ones_like(truncated)
     return TrainBatch(

@@ -6,6 +6,8 @@ tests/distributed/warm_torchrun.py): the rank split is what a user launches with
 from __future__ import annotations
 
 import json
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -41,15 +43,92 @@ def test_one_trainer_rank_and_one_rollout_rank_train_within_the_staleness_bound(
         assert lines and all(line["lag"] <= 1 and max(line["weight_versions"]) <= step - 1 for line in lines)
 
 
-def test_the_rank_split_built_is_one_trainer_rank_and_one_rollout_rank() -> None:
+@pytest.mark.slow
+def test_one_trainer_rank_and_two_rollout_ranks_share_every_batch_and_every_push(tmp_path: Path) -> None:
+    """1 + 2 (torchrun --nproc-per-node 3): the prompts of every generation round are dealt to both engines, so both
+    contribute samples every step; one broadcast per push reaches both (the probe asks both and they agree: an engine
+    that missed a push would differ from the other and stop the run); the staleness bound holds sample by sample."""
+    run_dir = tmp_path / "fleet"
+    args = [a if a != "rollout.n_gpus_per_node=1" else "rollout.n_gpus_per_node=2" for a in SPLIT]
+    cfg = build_config({}, args)
+    assert cfg.data.effective_gen_batch_size % 2 == 0
+    per_engine = cfg.data.effective_gen_batch_size // 2 * cfg.rollout.n  # samples of one round on each engine
+    result = torchrun([*args, "trainer.experiment_name=fleet", f"trainer.rollout_data_dir={run_dir / 'batches'}"],
+                      tmp_path, nproc=3, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "engine hf on each of 2 rollout ranks" in result.stdout
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = [r for r in records if r["step"] > 0]
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    for r in records:
+        # both engines, every batch: each round's prompts are dealt half and half (an even round), n samples each
+        assert r["async/engine_samples/0"] == r["async/engine_samples/1"] == per_engine * r["train/num_gen_batches"]
+        assert "async/engine_samples/2" not in r
+        assert r["rollout/probe_logprob_diff"] < 1e-3 and r["async/weight_transfer_bytes"] > 1e6
+        assert r["async/staleness/max"] <= 1 and r["train/num_groups"] > 0
+    for step in range(1, STEPS + 1):
+        lines = [json.loads(line) for line in (run_dir / "batches" / f"{step}.jsonl").read_text().splitlines()]
+        assert lines and all(line["lag"] <= 1 and max(line["weight_versions"]) <= step - 1 for line in lines)
+
+
+def test_the_rank_split_built_is_one_trainer_rank_and_any_rollout_ranks() -> None:
     split = build_config({}, ["async_training.mode=one_step_off", "rollout.n_gpus_per_node=1"])
     assert rollout_ranks(split, World(rank=0, world_size=2)) == 1
     assert not is_rollout_rank(split, World(rank=0, world_size=2))
     assert is_rollout_rank(split, World(rank=1, world_size=2))
     assert rollout_ranks(build_config({}, []), World(rank=0, world_size=2)) == 0  # data parallel, as before
-    with pytest.raises(TrainingError, match="one trainer rank and one rollout rank"):
+    with pytest.raises(TrainingError, match="one trainer rank and 1 rollout rank"):
         rollout_ranks(split, World())  # no torchrun: there is no rank to give
-    with pytest.raises(TrainingError, match="one trainer rank and one rollout rank"):
+    with pytest.raises(TrainingError, match="several trainer ranks beside rollout ranks are not built yet"):
         rollout_ranks(split, World(rank=0, world_size=3))
+    two = build_config({}, ["async_training.mode=fully_async", "rollout.n_gpus_per_node=2"])
+    assert rollout_ranks(two, World(rank=0, world_size=3)) == 2
+    assert [is_rollout_rank(two, World(rank=r, world_size=3)) for r in range(3)] == [False, True, True]
     with pytest.raises(TrainingError, match="asynchronous loop"):
         rollout_ranks(build_config({}, ["rollout.n_gpus_per_node=1"]), World(rank=0, world_size=2))
+
+
+@pytest.mark.slow
+def test_a_killed_rollout_rank_ends_the_job_and_max_restarts_resumes_it(tmp_path: Path) -> None:
+    """1 + 2 ranks under torchrun --max-restarts=1; rollout rank 2 is SIGKILLed once step 1's checkpoint is complete.
+    The trainer cannot restart a torchrun rank: torchrun sees the rank fail (its log names it), stops the others and
+    starts the job again, which resumes from the last complete checkpoint and finishes every step, each recorded
+    once."""
+    from dapo.infra.checkpoint import is_complete_checkpoint
+    from tests.distributed.test_kill_resume_torchrun import kill_9, worker_pids
+    from tests.distributed.test_train_torchrun import TORCHRUN_ENV, torchrun_command
+    from tests.distributed.test_data_parallel import free_port
+
+    run_dir = tmp_path / "killed"
+    args = [a if a != "rollout.n_gpus_per_node=1" else "rollout.n_gpus_per_node=2" for a in SPLIT]
+    command = torchrun_command([*args, "trainer.save_freq=1", "trainer.experiment_name=killed"], tmp_path, nproc=3,
+                               # c10d rendezvous: a restarted round meets afresh (a static master port's store
+                               # keeps the dead round's addresses, and gloo's mesh then connects to them)
+                               rdzv=["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+                                     "--max-restarts=1"])
+    log_path = tmp_path / "job.log"
+    with log_path.open("w") as log:
+        job = subprocess.Popen(command, env=TORCHRUN_ENV, stdout=log, stderr=subprocess.STDOUT)
+        workers: dict[int, int] = {}
+        try:
+            deadline = time.monotonic() + 300
+            first = run_dir / "checkpoints" / "global_step_1"
+            while not is_complete_checkpoint(first) and job.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert job.poll() is None, "the run ended before it could be killed:\n" + log_path.read_text()[-4000:]
+            workers = worker_pids(job.pid)
+            assert sorted(workers) == [0, 1, 2]
+            kill_9([workers[2]])
+            job.wait(timeout=400)
+        finally:
+            kill_9([job.pid, *workers.values()])
+    out = log_path.read_text()
+    assert job.returncode == 0, out[-4000:]
+    # Whoever notices first names the dead rank in one line: the trainer (its connection to the rank closed) or,
+    # when torchrun has already stopped it, the trainer's SIGTERM handler; no rank prints a traceback.
+    first_round = out.split("resumed from")[0]
+    assert ("rollout rank 2: its connection closed" in first_round
+            or "rank 0: rank 2 of 3 died" in first_round), out[-4000:]
+    assert "Traceback" not in first_round, out[-4000:]
+    assert "resumed from" in out
+    assert metric_steps(run_dir) == list(range(1, STEPS + 1))  # every step recorded once

@@ -95,7 +95,7 @@ def test_a_killed_rollout_worker_is_restarted_and_the_run_trains_every_step_once
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, stderr[-3000:]
-    assert "the rollout worker process exited (exit code -9)" in stderr and "restarting it" in stderr, stderr[-3000:]
+    assert "the rollout worker process exited (exit code -9)" in stderr and "restarted it" in stderr, stderr[-3000:]
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, steps + 1))  # every step once
     assert all(r["train/num_groups"] == 4 for r in records)  # full batches: nothing lost

@@ -75,6 +75,7 @@ def train_command(config_path: tuple[str, ...], print_config: bool, overrides: t
         signal.signal(signal.SIGTERM, stopped_by_torchrun)
     try:
         result = train(cfg, world=world)
+        world.barrier()  # every rank has finished its last collective before the process group goes
     except (TrainingError, ModelLoadError, DataError, PromptTooLongError, RewardScoringError,
             UnknownDataSourceError, EngineUnavailableError, DynamicSamplingExhausted, FileOperationError,
             NonFiniteLogitsError) as exc:
@@ -87,7 +88,6 @@ def train_command(config_path: tuple[str, ...], print_config: bool, overrides: t
         if not (world.distributed and is_lost_peer(exc)):
             raise
         raise click.ClickException(lost_rank_message(exc, world.rank, world.world_size, resume_hint(cfg))) from None
-    world.barrier()  # every rank has finished its last collective before the process group goes
     world.close()
     if not world.is_main:  # rank 0 reports and plots the run: its record is the run's
         return

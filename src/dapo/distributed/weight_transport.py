@@ -1,7 +1,8 @@
 """Weights from the trainer's process to a rollout worker's process over a torch.distributed process group.
 
-A group of two of its own (rank 0: the trainer, rank 1: the rollout worker), built from a TCP store on loopback (or
-on the trainer's address when the worker is another torchrun rank, possibly on another machine), so
+A group of its own (rank 0: the trainer, ranks 1..M: the rollout workers, each owning one engine; M = 1 for a
+spawned worker), built from a TCP store on loopback (or on the trainer's address when the workers are other torchrun
+ranks, possibly on other machines), so
 that it never touches the trainer's default group (torchrun's data-parallel ranks): gloo on CPU, the same
 ``broadcast`` calls NCCL would run between GPUs. Weights never travel through files.
 
@@ -57,30 +58,34 @@ class WeightTransport:
     ``address``), ``connect(address)`` in the worker; both then block in the group's rendezvous until the other joins
     (``timeout_s``)."""
 
-    def __init__(self, store: dist.TCPStore, rank: int, timeout_s: float, host: str = "127.0.0.1") -> None:
-        self.rank = rank
+    def __init__(self, store: dist.TCPStore, rank: int, timeout_s: float, host: str = "127.0.0.1",
+                 size: int = 2) -> None:
+        self.rank, self.size = rank, size
         self.address = (host, store.port)
         self._store = store
         self._timeout = datetime.timedelta(seconds=timeout_s)
         self._group: dist.ProcessGroupGloo | None = None
 
     @classmethod
-    def host(cls, timeout_s: float = 300.0, advertise: str = "127.0.0.1") -> WeightTransport:
-        """The trainer's side; ``advertise``: the address the worker connects to (loopback for a spawned worker, the
-        trainer's host for a rollout rank on another machine)."""
-        store = dist.TCPStore(advertise, 0, 2, True, timeout=datetime.timedelta(seconds=timeout_s),
+    def host(cls, timeout_s: float = 300.0, advertise: str = "127.0.0.1", size: int = 2) -> WeightTransport:
+        """The trainer's side; ``advertise``: the address the workers connect to (loopback for a spawned worker, the
+        trainer's host for rollout ranks on other machines); ``size``: the trainer plus every engine the push
+        reaches (one broadcast reaches them all)."""
+        store = dist.TCPStore(advertise, 0, size, True, timeout=datetime.timedelta(seconds=timeout_s),
                               wait_for_workers=False)
-        return cls(store, TRAINER_RANK, timeout_s, advertise)
+        return cls(store, TRAINER_RANK, timeout_s, advertise, size)
 
     @classmethod
-    def connect(cls, address: tuple[str, int], timeout_s: float = 300.0) -> WeightTransport:
-        store = dist.TCPStore(address[0], address[1], 2, False, timeout=datetime.timedelta(seconds=timeout_s))
-        return cls(store, WORKER_RANK, timeout_s)
+    def connect(cls, address: tuple[str, int], timeout_s: float = 300.0, rank: int = WORKER_RANK,
+                size: int = 2) -> WeightTransport:
+        """A worker's side: ``rank`` in 1..size-1 among the engines of the group."""
+        store = dist.TCPStore(address[0], address[1], size, False, timeout=datetime.timedelta(seconds=timeout_s))
+        return cls(store, rank, timeout_s, size=size)
 
     @property
     def group(self) -> dist.ProcessGroupGloo:
-        if self._group is None:  # the rendezvous: blocks until the other side constructs its group too
-            self._group = dist.ProcessGroupGloo(self._store, self.rank, 2, self._timeout)
+        if self._group is None:  # the rendezvous: blocks until every member constructs its group too
+            self._group = dist.ProcessGroupGloo(self._store, self.rank, self.size, self._timeout)
         return self._group
 
     @staticmethod
@@ -103,7 +108,7 @@ class WeightTransport:
         return TransferStats(layout.num_bytes, time.perf_counter() - t0)
 
     def receive(self, layout: WeightLayout) -> tuple[list[tuple[str, torch.Tensor]], TransferStats]:
-        """Rank 1: the tensors ``layout`` announces, in its order."""
+        """A worker's rank: the tensors ``layout`` announces, in its order."""
         t0 = time.perf_counter()
         received: dict[int, torch.Tensor] = {}
         for dtype in dict.fromkeys(layout.dtypes):

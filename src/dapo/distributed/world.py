@@ -42,7 +42,16 @@ class World:
             backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
             if backend == "nccl":
                 torch.cuda.set_device(local_rank)
-            dist.init_process_group(backend=backend)
+            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+            if attempt is None:
+                dist.init_process_group(backend=backend)
+            else:
+                # Under torchrun the workers meet in the agent's store, which outlives a restart: a round restarted
+                # by --max-restarts would read the dead round's addresses from it and its gloo mesh fail to connect
+                # ("Connection refused"). Each round meets under its own prefix.
+                store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+                dist.init_process_group(backend=backend, store=dist.PrefixStore(f"dapo/round_{attempt}", store),
+                                        rank=rank, world_size=world_size)
         return cls(rank=rank, world_size=world_size, local_rank=local_rank)
 
     def device(self) -> torch.device:

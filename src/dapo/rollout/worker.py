@@ -16,6 +16,7 @@ has finished, so a request is sampled under one version (``token_versions`` reco
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import logging
 import multiprocessing
@@ -212,6 +213,8 @@ class RankContact:
     control: tuple[str, int]
     authkey: bytes
     weights: tuple[str, int]
+    weight_rank: int = 1  # this engine's rank in the weight group (the trainer is 0)
+    weight_size: int = 2  # the trainer and every engine one push reaches
 
 
 def serve_on_rank(contact: RankContact) -> None:
@@ -221,12 +224,14 @@ def serve_on_rank(contact: RankContact) -> None:
 
     conn = Client(contact.control, authkey=contact.authkey)
     try:
-        _serve(contact.spec, contact.model_cfg, contact.options, conn, contact.weights)
+        _serve(contact.spec, contact.model_cfg, contact.options, conn, contact.weights, contact.weight_rank,
+               contact.weight_size)
     finally:
         conn.close()
 
 
-def _serve(spec: EngineSpec, model_cfg: Any, options: WorkerOptions, conn: Any, address: tuple[str, int]) -> None:
+def _serve(spec: EngineSpec, model_cfg: Any, options: WorkerOptions, conn: Any, address: tuple[str, int],
+           weight_rank: int = 1, weight_size: int = 2) -> None:
     from dapo.distributed.weight_transport import WeightTransport
     from dapo.model.loading import load_policy
     from dapo.rollout.factory import build_rollout_engine
@@ -238,7 +243,8 @@ def _serve(spec: EngineSpec, model_cfg: Any, options: WorkerOptions, conn: Any, 
     try:
         if options.num_threads is not None:
             torch.set_num_threads(options.num_threads)
-        transport = WeightTransport.connect(address, timeout_s=options.stall_timeout_s)
+        transport = WeightTransport.connect(address, timeout_s=options.stall_timeout_s, rank=weight_rank,
+                                            size=weight_size)
         transport.group  # noqa: B018 - the rendezvous, before the slow part
         policy = load_policy(model_cfg)
         engine = build_rollout_engine(spec, policy)
@@ -260,8 +266,10 @@ class RemoteEngine:
     A reader thread files every message of the worker as it arrives (finished requests, replies to pushes and probes,
     failures), so that one thread may wait for generations while another pushes weights."""
 
-    def __init__(self, process: Any, conn: Any, transport: Any, stall_timeout_s: float = 300.0) -> None:
+    def __init__(self, process: Any, conn: Any, transport: Any, stall_timeout_s: float = 300.0,
+                 owns_transport: bool = True) -> None:
         self._process, self._conn, self._transport = process, conn, transport
+        self._owns_transport = owns_transport  # False: the weight group is shared by a fleet, which closes it
         self._stall_timeout_s = stall_timeout_s
         self._last_heard = (time.monotonic(), "nothing yet")  # the worker's last sign of progress: when, what
         self._unresponsive = False
@@ -284,28 +292,39 @@ class RemoteEngine:
         self._reader.start()
 
     @classmethod
-    def on_rank(cls, spec: EngineSpec, model_cfg: Any, options: WorkerOptions, host: str,
-                hand_over: Callable[[RankContact], Any]) -> RemoteEngine:
-        """The worker is another torchrun rank (disaggregated training): listen for its control connection and host
-        the weight group on ``host`` (an address the rollout rank reaches: torchrun's MASTER_ADDR), ``hand_over``
-        the contact to that rank (over torchrun's group), then wait until it has connected and built its engine."""
+    def on_ranks(cls, spec: EngineSpec, model_cfg: Any, options: WorkerOptions, host: str, count: int,
+                 hand_over: Callable[[list[RankContact]], Any]) -> tuple[list[RemoteEngine], Any]:
+        """The workers are ``count`` other torchrun ranks (disaggregated training): listen for each one's control
+        connection, host one weight group for all of them on ``host`` (an address they reach: torchrun's
+        MASTER_ADDR), ``hand_over`` the contacts (over torchrun's group; contact i is for the i-th rollout rank),
+        then wait until every one has connected and built its engine. The engines share the weight group: one
+        broadcast per push reaches them all (:class:`dapo.rollout.fleet.EngineFleet`)."""
         from multiprocessing.connection import Listener
 
         from dapo.distributed.weight_transport import WeightTransport
 
-        transport = WeightTransport.host(timeout_s=options.stall_timeout_s, advertise=host)
-        authkey = os.urandom(32)  # only the rank given the contact may drive this trainer's engine
-        with Listener((host, 0), authkey=authkey) as listener:
-            hand_over(RankContact(spec, model_cfg, options, listener.address, authkey, transport.address))
-            conn = listener.accept()
-        engine = cls(_PeerRank(conn), conn, transport, options.stall_timeout_s)
+        transport = WeightTransport.host(timeout_s=options.stall_timeout_s, advertise=host, size=count + 1)
+        keys = [os.urandom(32) for _ in range(count)]  # only the rank given a contact may drive its engine
+        listeners = [Listener((host, 0), authkey=key) for key in keys]
+        engines: list[RemoteEngine] = []
         try:
-            transport.group  # noqa: B018 - the rendezvous with the rollout rank
-            engine._reply("ready", timeout=START_TIMEOUT_S, stage="engine start")
+            hand_over([RankContact(spec, model_cfg, options, lst.address, key, transport.address, i + 1, count + 1)
+                       for i, (lst, key) in enumerate(zip(listeners, keys, strict=True))])
+            for lst in listeners:
+                conn = lst.accept()
+                engines.append(cls(_PeerRank(conn), conn, transport, options.stall_timeout_s, owns_transport=False))
+            transport.group  # noqa: B018 - the rendezvous with every rollout rank
+            for engine in engines:
+                engine._reply("ready", timeout=START_TIMEOUT_S, stage="engine start")
         except BaseException:
-            engine.close()
+            for engine in engines:
+                engine.close()
+            transport.close()
             raise
-        return engine
+        finally:
+            for lst in listeners:
+                lst.close()
+        return engines, transport
 
     @classmethod
     def start(cls, spec: EngineSpec, model_cfg: Any, options: WorkerOptions = WorkerOptions()) -> RemoteEngine:
@@ -371,22 +390,7 @@ class RemoteEngine:
     def push_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> dict[str, float]:
         """Announce the push, broadcast the tensors, and wait until the worker has loaded them (it serves requests
         queued before the push first, or, with partial rollouts, takes it between two segments of a request)."""
-        layout, tensors = self._transport.layout_of(named_tensors)
-        with self._reply_lock:
-            t0 = time.perf_counter()
-            with self._send_lock:
-                self._send(("push", version, layout), locked=True)
-                try:
-                    stats = self._transport.send(layout, tensors)
-                except RuntimeError as exc:  # gloo gave up after stall_timeout_s (the group's timeout)
-                    raise self._stalled("the weight broadcast", detail=f" ({type(exc).__name__}: {exc})") from None
-            self._reply("pushed", timeout=None, stage="the weight push")
-        self._version = version
-        self.last_push = {"async/weight_transfer_s": time.perf_counter() - t0,
-                          "async/weight_broadcast_s": stats.seconds,
-                          "async/weight_transfer_bytes": float(stats.num_bytes),
-                          "async/worker_restarts": float(self.restarts)}
-        return self.last_push
+        return push_to_engines([self], self._transport, named_tensors, version)
 
     # ------------------------------------------------------------------ the blocking RolloutEngine interface
     def generate(self, prompt_token_ids: Sequence[Sequence[int]], params: SamplingParams) -> RolloutOutput:
@@ -424,7 +428,8 @@ class RemoteEngine:
             self._process.join(timeout=10)
         self._reader.join(timeout=5)
         self._conn.close()
-        self._transport.close()
+        if self._owns_transport:
+            self._transport.close()
 
     # ------------------------------------------------------------------ plumbing
     def _read(self) -> None:
@@ -506,11 +511,45 @@ class RemoteEngine:
             raise self._died(exc) from None
 
     def _died(self, exc: BaseException | None = None) -> RolloutWorkerDied:
+        if isinstance(self._process, _PeerRank):  # torchrun's process: no exit code here, only a closed connection
+            return RolloutWorkerDied("its connection closed: the rank exited, was killed, or its machine is gone",
+                                     engine=self)
         self._process.join(timeout=5)
         code = self._process.exitcode
         reported = self._failure if self._failure and not self._failure.startswith("the pipe") else None
         return RolloutWorkerDied(f"the rollout worker process exited (exit code {code})" + (f": {exc}" if exc else "")
                                  + (f"; before that, {reported}" if reported else ""), engine=self)
+
+
+def push_to_engines(engines: Sequence[RemoteEngine], transport: Any, named_tensors: Iterable[tuple[str, torch.Tensor]],
+                    version: int) -> dict[str, float]:
+    """One weight push to every engine of a weight group: announce it on each control channel, one broadcast per
+    dtype reaches them all, then wait until each has loaded it. While the push is on, no other message goes out on
+    these channels and no other push or probe runs."""
+    layout, tensors = transport.layout_of(named_tensors)
+    with contextlib.ExitStack() as held:
+        for engine in engines:
+            held.enter_context(engine._reply_lock)  # noqa: SLF001 - one module's classes
+        t0 = time.perf_counter()
+        with contextlib.ExitStack() as sending:
+            for engine in engines:
+                sending.enter_context(engine._send_lock)  # noqa: SLF001
+            for engine in engines:
+                engine._send(("push", version, layout), locked=True)  # noqa: SLF001
+            try:
+                stats = transport.send(layout, tensors)
+            except RuntimeError as exc:  # gloo gave up after stall_timeout_s (the group's timeout)
+                late = [e for e in engines if time.monotonic() - e._last_heard[0] > e._stall_timeout_s] or engines
+                raise late[0]._stalled("the weight broadcast", detail=f" ({type(exc).__name__}: {exc})") from None
+        for engine in engines:
+            engine._reply("pushed", timeout=None, stage="the weight push")  # noqa: SLF001
+            engine._version = version  # noqa: SLF001
+    transfer = {"async/weight_transfer_s": time.perf_counter() - t0, "async/weight_broadcast_s": stats.seconds,
+                "async/weight_transfer_bytes": float(stats.num_bytes),
+                "async/worker_restarts": float(sum(e.restarts for e in engines))}
+    for engine in engines:
+        engine.last_push = transfer
+    return transfer
 
 
 class _PeerRank:

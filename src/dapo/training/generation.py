@@ -201,4 +201,6 @@ def generate_and_filter(engine: RolloutEngine, state: RunState, tokenizer, cfg: 
         "rollout/acc/mean": sum(generated_acc) / max(1, len(generated_acc)),
         "rollout/num_tokens": float(generated_tokens),
         **tool_metrics(generated_groups),
+        # several rollout ranks (dapo.rollout.fleet): the samples each engine generated while this batch was made
+        **getattr(engine, "take_engine_counts", dict)(),
     }

@@ -52,7 +52,7 @@ def train(cfg: DapoConfig, world: World = World()) -> TrainResult:
     disaggregated torchrun job (``rollout.n_gpus_per_node``) serves the trainer rank's generations instead, and
     trains nothing."""
     if is_rollout_rank(cfg, world):
-        serve_rollout_rank(world)
+        serve_rollout_rank(cfg, world)
         return TrainResult(run_dir_of(cfg), steps_done=0, wall_s=0.0, peak_rss_mb=0.0)
     run = build_run(cfg, world)
     try:

@@ -1,12 +1,14 @@
 """Disaggregated asynchronous training under torchrun: the ranks split into trainer ranks and rollout ranks.
 
-``rollout.n_gpus_per_node=R`` (verl's fully-async key) gives the last R ranks of the torchrun job to the rollout: such
-a rank owns the engine and serves the trainer exactly as a spawned rollout worker process does
-(``dapo.rollout.worker``), with the same messages and the same weight group, only reached over TCP instead of a pipe.
-The trainer rank trains as a single process (its run sees a one-process world) and talks to torchrun's group once:
-to hand the rollout rank its contact (where to connect, where the weights meet). Built: one trainer rank and one
-rollout rank (``--nproc-per-node 2``); several of either would need a data-parallel group of the trainer ranks only
-and one engine per rollout rank, which is not built.
+``rollout.n_gpus_per_node=R`` (verl's fully-async key) gives the last R ranks of the torchrun job to the rollout: each
+such rank owns one engine and serves the trainer exactly as a spawned rollout worker process does
+(``dapo.rollout.worker``), with the same messages, only reached over TCP instead of a pipe. The trainer sees the R
+engines as one (``dapo.rollout.fleet.EngineFleet``): prompts are dealt to them, their outputs merged, and one
+broadcast on a weight group spanning the trainer and every engine carries each push. The trainer rank trains as a
+single process (its run sees a one-process world) and talks to torchrun's group once: to hand each rollout rank its
+contact (where to connect, where the weights meet). Built: one trainer rank and any number of rollout ranks
+(``--nproc-per-node 1+R``); several trainer ranks need a data-parallel group of the trainer ranks only, which is
+not built yet (refused with that message).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 from dapo.config import DapoConfig
 from dapo.distributed.world import World
 from dapo.rollout.factory import EngineSpec
+from dapo.rollout.fleet import EngineFleet
 from dapo.rollout.worker import RemoteEngine, RankContact, WorkerOptions, serve_on_rank
 from dapo.training.errors import TrainingError
 
@@ -29,10 +32,10 @@ def rollout_ranks(cfg: DapoConfig, world: World) -> int:
     if cfg.async_training.mode == "sync":
         raise TrainingError(f"rollout.n_gpus_per_node={wanted} gives ranks to the rollout alone, which only an "
                             "asynchronous loop feeds: set async_training.mode=one_step_off or fully_async")
-    if world.world_size != wanted + 1 or wanted != 1:
+    if world.world_size != wanted + 1:
         raise TrainingError(f"rollout.n_gpus_per_node={wanted} with {world.world_size} torchrun rank(s): the split "
-                            "built is one trainer rank and one rollout rank (torchrun --nproc-per-node 2, "
-                            "rollout.n_gpus_per_node=1)")
+                            f"built is one trainer rank and {wanted} rollout rank(s) (torchrun --nproc-per-node "
+                            f"{wanted + 1}); several trainer ranks beside rollout ranks are not built yet")
     return wanted
 
 
@@ -45,14 +48,19 @@ def trainer_world(cfg: DapoConfig, world: World) -> World:
     return World() if rollout_ranks(cfg, world) else world
 
 
-def engine_on_rollout_rank(spec: EngineSpec, cfg: DapoConfig, options: WorkerOptions, world: World) -> RemoteEngine:
-    """The trainer rank's handle on the rollout rank's engine; the contact travels over torchrun's group, from an
-    address the rollout rank can reach (torchrun's MASTER_ADDR: the trainer is rank 0)."""
+def engines_on_rollout_ranks(spec: EngineSpec, cfg: DapoConfig, options: WorkerOptions, world: World
+                             ) -> EngineFleet:
+    """The trainer rank's handle on the rollout ranks' engines; the contacts travel over torchrun's group, from an
+    address the rollout ranks can reach (torchrun's MASTER_ADDR: the trainer is rank 0)."""
     host = os.environ.get("MASTER_ADDR", "127.0.0.1")
-    return RemoteEngine.on_rank(spec, cfg.model, options, host, hand_over=world.broadcast_object)
+    count = rollout_ranks(cfg, world)
+    engines, transport = RemoteEngine.on_ranks(spec, cfg.model, options, host, count,
+                                               hand_over=world.broadcast_object)
+    return EngineFleet(engines, transport, ranks=range(world.world_size - count, world.world_size))
 
 
-def serve_rollout_rank(world: World) -> None:
-    """A rollout rank's whole run: take the contact the trainer rank hands over, then serve until it closes."""
-    contact: RankContact = world.broadcast_object(None)
-    serve_on_rank(contact)
+def serve_rollout_rank(cfg: DapoConfig, world: World) -> None:
+    """A rollout rank's whole run: take its contact from the ones the trainer rank hands over, then serve until it
+    closes."""
+    contacts: list[RankContact] = world.broadcast_object(None)
+    serve_on_rank(contacts[world.rank - (world.world_size - rollout_ranks(cfg, world))])

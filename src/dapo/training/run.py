@@ -53,7 +53,7 @@ from dapo.training.generation import derive_seed, engine_tensor_parallel, valida
 from dapo.training.perf_metrics import StepPerf
 from dapo.training.worker_restarts import WorkerRestartGuard
 from dapo.training.skipped_steps import SkippedStepGuard
-from dapo.training.rank_split import engine_on_rollout_rank, rollout_ranks, trainer_world
+from dapo.training.rank_split import engines_on_rollout_ranks, rollout_ranks, trainer_world
 from dapo.training.rollout_dump import dump_batch
 from dapo.training.tool_use import with_tool_rollout
 from dapo.training.run_state import (RunState, check_resume_config, checkpoint_format, find_resume_checkpoint,
@@ -138,7 +138,7 @@ def build_engine(cfg: DapoConfig, spec: EngineSpec, policy: Policy, module: torc
                             partial_chunk_tokens=at.partial_rollout_chunk_tokens if at.partial_rollout else None,
                             stall_timeout_s=cfg.trainer.stall_timeout_s)
     if rollout_ranks(cfg, job):
-        return engine_on_rollout_rank(spec, cfg, options, job)
+        return engines_on_rollout_ranks(spec, cfg, options, job)
     return RemoteEngine.start(spec, cfg.model, options)
 
 
@@ -180,8 +180,8 @@ class Run:
         if death.engine is not self.engine:
             return
         self.worker_restarts.allow(death)
-        log.warning("%s; restarting it and pushing the weights of step %d (async/worker_restarts)", death, version)
-        self.engine = self.sync.engine = self.engine.respawn()
+        self.engine = self.sync.engine = self.engine.respawn()  # a torchrun rank cannot be: that raises, saying so
+        log.warning("%s; restarted it, pushing the weights of step %d (async/worker_restarts)", death, version)
         self.sync.push(version)
 
     def timer(self, *phases: str, step: int) -> PhaseTimer:
@@ -217,8 +217,9 @@ class Run:
             progress.note(f"resumed from {self.resume_from} (step {state.step})")
         if state.step >= self.total_steps:
             progress.note(f"nothing to do: the checkpoint is at step {state.step} of {self.total_steps}")
-        where_engine = (" on a rollout rank of its own" if cfg.rollout.n_gpus_per_node else
-                        " in a rollout worker process")
+        ranks = cfg.rollout.n_gpus_per_node
+        where_engine = (" on a rollout rank of its own" if ranks == 1 else f" on each of {ranks} rollout ranks"
+                        if ranks else " in a rollout worker process")
         progress.note(f"dapo: model {self.policy.source}; engine {cfg.rollout.name}"
                       f"{'' if cfg.async_training.mode == 'sync' else where_engine}; "
                       f"task {self.task.description}; {len(self.task.train)} train / {len(self.task.val)} val "

@@ -38,7 +38,7 @@ from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ("README.md", "docs/performance.md", "docs/results.md", "docs/tiny-model.md", "docs/tools.md")
+DOCS = ("README.md", "docs/guide.md", "docs/performance.md", "docs/results.md", "docs/tiny-model.md", "docs/tools.md")
 BLOCK = re.compile(r"<!-- generated:([\w-]+) -->(.*?)<!-- /generated -->", re.S)
 VS_TRL = {"tiny": "docs/img/vs_trl_tiny.json", "smollm2": "docs/img/vs_trl_smollm2.json",
           "smollm2-bf16": "docs/img/vs_trl_smollm2_bf16_rollout.json"}

@@ -87,3 +87,29 @@ def run_dapo_in_process(args: list[str], run_root: Path) -> subprocess.Completed
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         stderr += "Traceback (most recent call last):\n" + "".join(traceback.format_exception(*result.exc_info))
     return subprocess.CompletedProcess(["dapo", *cmd], result.exit_code, result.stdout, stderr)
+
+
+def save_embedded_checkpoint(ckpt_root: Path, *, lora: bool = False, seed: int = 0) -> Path:
+    """A checkpoint of the embedded tiny model as training writes it (``global_step_1`` with ``hf/`` and its
+    manifest); ``lora``: a LoRA actor's, whose ``hf/`` holds the adapter and ``hf/merged/`` the merged model."""
+    import torch
+
+    from dapo.config import load_config
+    from dapo.infra.checkpoint import save_checkpoint
+    from dapo.model.loading import load_policy
+    from dapo.model.lora import AdapterAndMergedExport, with_lora
+
+    cfg = load_config(None, ["actor_rollout_ref.model.lora_rank=8"] if lora else [])
+    torch.manual_seed(seed)
+    policy = with_lora(load_policy(cfg.model), cfg.model)
+    model = AdapterAndMergedExport(policy.model, policy.tokenizer) if lora else policy.model
+    optimizer = torch.optim.SGD([p for p in policy.model.parameters() if p.requires_grad], lr=0.1)
+    return save_checkpoint(ckpt_root, 1, model=model, tokenizer=policy.tokenizer, optimizer=optimizer,
+                           scheduler=None, trainer_state={"step": 1})
+
+
+def flip_middle_byte(path: Path) -> None:
+    """Damage ``path`` without changing its size (what only a checksum notices)."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))

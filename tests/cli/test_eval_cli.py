@@ -143,3 +143,32 @@ def test_eval_multi_turn_against_a_server_is_refused(tmp_path):
     r = _run(["--test-file", "synth", "--multi-turn", "--base-url", "http://127.0.0.1:9", "--output",
               str(tmp_path / "o.jsonl"), *FAST])
     assert r.exit_code != 0 and "--multi-turn runs the tool loop on a local engine" in r.output
+
+
+def test_eval_refuses_a_checkpoint_whose_merged_model_is_another_one(tmp_path):
+    # Before: a LoRA checkpoint whose hf/merged/ had been replaced by another model's folder was evaluated silently
+    # (the other model's score reported as this checkpoint's).
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from dapo.model.loading import EMBEDDED_MODEL_DIR
+    from tests.cli.cli_helpers import save_embedded_checkpoint
+
+    ckpt = save_embedded_checkpoint(tmp_path / "run" / "checkpoints", lora=True)
+    args = ["--model", str(ckpt / "hf"), "--test-file", "synth", "--output", str(tmp_path / "o.jsonl"), *FAST]
+    assert _run(args).exit_code == 0  # the checkpoint as saved evaluates
+    merged = ckpt / "hf" / "merged"
+    other = AutoModelForCausalLM.from_pretrained(EMBEDDED_MODEL_DIR)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.mul_(1.01)
+    shutil.rmtree(merged)
+    other.save_pretrained(merged)
+    AutoTokenizer.from_pretrained(EMBEDDED_MODEL_DIR).save_pretrained(merged)
+    r = _run([*args[:-len(FAST)], "--output", str(tmp_path / "o2.jsonl"), *FAST])
+    assert r.exit_code == 1 and isinstance(r.exception, SystemExit), r.output
+    assert "hf/merged/model.safetensors does not match its checksum" in r.output and str(ckpt) in r.output
+    assert "another checkpoint of the run" in r.output and "resume" not in r.output
+    assert not (tmp_path / "o2.jsonl").exists()

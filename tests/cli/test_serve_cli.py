@@ -53,3 +53,22 @@ def test_ray_failures_are_explained_with_the_fix():
     slow = explain_ray_failure(Exception("The current node timed out during startup. This could happen because "
                                          "some of the raylet failed"), None)
     assert "30 s" in slow and "--ray-address" in slow and "\n" not in slow
+
+
+def test_a_checkpoint_whose_weights_changed_is_one_message_before_ray_starts(tmp_path):
+    # Before: the damaged weights passed the check and the server would have started serving them (here the port
+    # held below stops it at the next check, "cannot listen", instead).
+    import socket
+
+    from tests.cli.cli_helpers import flip_middle_byte, save_embedded_checkpoint
+
+    ckpt = save_embedded_checkpoint(tmp_path / "checkpoints")
+    flip_middle_byte(ckpt / "hf" / "model.safetensors")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = CliRunner().invoke(cli, ["serve", str(ckpt / "hf"), "--port", str(port)])
+    assert r.exit_code == 1 and "cannot serve the model" in r.output, r.output
+    assert "hf/model.safetensors does not match its checksum" in r.output and "another checkpoint" in r.output
+    assert "cannot listen" not in r.output and "Traceback" not in r.output

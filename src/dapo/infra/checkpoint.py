@@ -88,6 +88,7 @@ __all__ = [
     "CheckpointError",
     "checkpoint_config",
     "checkpoint_dir_name",
+    "checkpoint_folder_problem",
     "checkpoint_problems",
     "find_latest_checkpoint",
     "is_complete_checkpoint",
@@ -637,8 +638,11 @@ def _sha256(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def _manifest_problem(path: Path, *, verify: bool = False) -> str | None:
-    """None when ``path`` is a complete checkpoint (and, with ``verify``, every checksum matches), else why not."""
+def _manifest_problem(path: Path, *, verify: bool = False, within: str | None = None) -> str | None:
+    """None when ``path`` is a complete checkpoint (and, with ``verify``, every checksum matches), else why not.
+
+    ``within``: a folder of the checkpoint (``hf``, ``hf/merged``) whose files alone are checked, where a file the
+    manifest does not list is a problem too (what loads a model from that folder would read it)."""
     if not path.is_dir():
         return "not a folder"
     manifest_path = path / MANIFEST_NAME
@@ -656,6 +660,12 @@ def _manifest_problem(path: Path, *, verify: bool = False) -> str | None:
     files = manifest.get("files")
     if not isinstance(files, dict) or not files:
         return f"{MANIFEST_NAME} lists no files"
+    if within is not None:
+        files = {rel: meta for rel, meta in files.items() if rel.startswith(f"{within}/")}
+        on_disk = (f"{within}/{rel}" for rel in _relative_files(path / within))
+        unlisted = sorted(rel for rel in on_disk if rel not in files)
+        if unlisted:
+            return f"{unlisted[0]} is not in its {MANIFEST_NAME} (it was added after the save)"
     for rel, meta in files.items():
         file = path / rel
         if not file.is_file():
@@ -683,6 +693,31 @@ def checkpoint_problems(ckpt_root: Path) -> dict[Path, str]:
             if problem is not None:
                 problems[entry] = problem
     return problems
+
+
+def checkpoint_folder_problem(folder: Path) -> tuple[Path, str] | None:
+    """Whether a model folder inside a checkpoint (``global_step_N/hf``, ``hf/merged``) holds the files that save
+    wrote: None when ``folder`` is in no dapo checkpoint (a plain Hugging Face folder) or every file under it matches
+    the manifest (size and SHA-256, the check a resume makes) and none was added; else the checkpoint and why not.
+
+    The checkpoint is the nearest enclosing folder with a dapo ``manifest.json`` (or a ``global_step_N`` folder with
+    any ``manifest.json``, which is then checked as a resume would). Hashing reads the folder once (about 1 GB/s)."""
+    folder = Path(folder).resolve()
+    for ckpt in (folder, *folder.parents):
+        manifest_path = ckpt / MANIFEST_NAME
+        if not manifest_path.is_file():
+            continue
+        if not _STEP_DIR_RE.match(ckpt.name):
+            try:
+                manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue  # another tool's file of that name
+            if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+                continue
+        within = folder.relative_to(ckpt).as_posix()
+        problem = _manifest_problem(ckpt, verify=True, within=None if within == "." else within)
+        return None if problem is None else (ckpt, problem)
+    return None
 
 
 def checkpoint_config(path: Path) -> dict[str, Any] | None:

@@ -13,6 +13,7 @@ import torch
 
 from dapo.config import ModelConfig
 from dapo.infra.atomic import atomic_directory
+from dapo.infra.checkpoint import checkpoint_folder_problem
 from dapo.model import hub
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,27 @@ def _package_dir(name: str) -> Path:
 
 
 def resolve_model_path(cfg: ModelConfig) -> Path:
+    """The model folder ``cfg`` names; one inside a checkpoint of a dapo run must hold the files that run saved."""
+    path = _model_folder(cfg)
+    if cfg.path:  # the embedded model is no checkpoint
+        _check_against_manifest(path)
+    return path
+
+
+def _check_against_manifest(path: Path) -> None:
+    """Refuse a checkpoint's model folder whose files are not the ones its manifest lists (replaced, damaged, added):
+    it would load silently and answer as another model (or fail deep inside safetensors)."""
+    found = checkpoint_folder_problem(path)
+    if found is None:
+        return
+    ckpt, problem = found
+    raise ModelLoadError(
+        f"'{path}' is in the dapo checkpoint '{ckpt}', but {problem}, so it is not the model that run saved. Use "
+        f"another checkpoint of the run (a sibling global_step_N/hf) or restore this one from a copy; to use these "
+        f"files anyway as a plain model, copy the model folder out of the checkpoint")
+
+
+def _model_folder(cfg: ModelConfig) -> Path:
     if cfg.path and cfg.path.startswith(PACKAGE_SCHEME):
         path = _package_dir(cfg.path[len(PACKAGE_SCHEME):])
     else:

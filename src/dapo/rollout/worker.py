@@ -538,7 +538,10 @@ def push_to_engines(engines: Sequence[RemoteEngine], transport: Any, named_tenso
                 engine._send(("push", version, layout), locked=True)  # noqa: SLF001
             try:
                 stats = transport.send(layout, tensors)
-            except RuntimeError as exc:  # gloo gave up after stall_timeout_s (the group's timeout)
+            except RuntimeError as exc:  # a member died (connection reset) or gloo gave up after stall_timeout_s
+                dead = _wait_for_a_death(engines)
+                if dead is not None:
+                    raise dead._died(exc) from None  # noqa: SLF001 - restartable, not a stall
                 late = [e for e in engines if time.monotonic() - e._last_heard[0] > e._stall_timeout_s] or engines
                 raise late[0]._stalled("the weight broadcast", detail=f" ({type(exc).__name__}: {exc})") from None
         for engine in engines:
@@ -550,6 +553,19 @@ def push_to_engines(engines: Sequence[RemoteEngine], transport: Any, named_tenso
     for engine in engines:
         engine.last_push = transfer
     return transfer
+
+
+def _wait_for_a_death(engines: Sequence[RemoteEngine], within_s: float = 5.0) -> RemoteEngine | None:
+    """The engine whose process is gone, given a few seconds to show it (a reset connection arrives before the
+    kernel has reaped the process); None when all are alive."""
+    deadline = time.monotonic() + within_s
+    while True:
+        for engine in engines:
+            if not engine._process.is_alive() or engine._pipe_closed:  # noqa: SLF001
+                return engine
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.1)
 
 
 class _PeerRank:

@@ -316,26 +316,43 @@ class PythonSandbox:
         size, reason = 0, None
         fd = proc.stdout.fileno()
         os.set_blocking(fd, False)
-        with selectors.DefaultSelector() as selector:
-            selector.register(fd, selectors.EVENT_READ)
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    reason = "timeout"
-                    break
-                if not selector.select(timeout=remaining):
-                    continue
-                try:
-                    data = os.read(fd, 65536)
-                except BlockingIOError:
-                    continue
-                if not data:
-                    break  # every writer closed the pipe: the code has ended (or closed its output)
-                chunks.append(data)
-                size += len(data)
-                if size > limits.max_output_bytes:
-                    reason = "output_limit"
-                    break
+        # The call's main process ending also ends the reading: a process it left behind (a daemon of the unsafe
+        # mode, which only the cgroup then ends) may hold the pipe open, and must not hold the call to its wall limit.
+        try:
+            exit_fd = os.pidfd_open(proc.pid)
+        except (AttributeError, OSError):
+            exit_fd = None
+        try:
+            with selectors.DefaultSelector() as selector:
+                selector.register(fd, selectors.EVENT_READ)
+                if exit_fd is not None:
+                    selector.register(exit_fd, selectors.EVENT_READ)
+                main_ended = False
+                while True:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        reason = "timeout"
+                        break
+                    events = selector.select(timeout=remaining if exit_fd is not None else min(remaining, 0.05))
+                    if not main_ended and (any(key.fd == exit_fd for key, _ in events)
+                                           or (exit_fd is None and proc.poll() is not None)):
+                        main_ended = True  # read what is already in the pipe, then stop
+                    try:
+                        data = os.read(fd, 65536)
+                    except BlockingIOError:
+                        if main_ended:
+                            break
+                        continue
+                    if not data:
+                        break  # every writer closed the pipe: the code has ended (or closed its output)
+                    chunks.append(data)
+                    size += len(data)
+                    if size > limits.max_output_bytes:
+                        reason = "output_limit"
+                        break
+        finally:
+            if exit_fd is not None:
+                os.close(exit_fd)
         if reason is None:
             try:
                 proc.wait(timeout=max(0.0, deadline - time.monotonic()))

@@ -19,6 +19,7 @@ import resource
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
@@ -385,6 +386,12 @@ def test_a_call_ends_when_its_trainer_dies(tmp_path: Path) -> None:
     while started & set(_sleeping_sandbox_pids()) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not started & set(_sleeping_sandbox_pids())
+    # What the dead trainer could not remove (its call's cgroup, its mount point) goes with the next sandbox built.
+    leftovers = [p for parent in CGROUPS.parents for p in parent.glob(f"dapo-tool-{trainer.pid}-*")]
+    leftovers += list(Path(tempfile.gettempdir()).glob(f"dapo-tool-mnt-{trainer.pid}-*"))
+    assert leftovers or (CGROUPS.version is None and os.geteuid() != 0)
+    PythonSandbox(LIMITS, mode="bwrap")
+    assert not [p for p in leftovers if p.exists()]
 
 
 def _sleeping_sandbox_pids() -> list[int]:

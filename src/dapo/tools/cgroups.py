@@ -152,6 +152,7 @@ class CgroupHost:
                 parent = Path(mount + own[""].rstrip("/"))
                 reason = _v2_usable(parent)
                 if reason is None:
+                    _remove_stale([parent])
                     return cls(2, [parent], None)
                 reasons.append(f"cgroup v2 at {parent}: {reason}")
         v1 = {}
@@ -162,6 +163,7 @@ class CgroupHost:
         if len(v1) == len(CONTROLLERS):
             reason = _v1_usable(list(v1.values()))
             if reason is None:
+                _remove_stale(list(v1.values()))
                 return cls(1, list(dict.fromkeys(v1.values())), None)
             reasons.append(f"cgroup v1: {reason}")
         elif v1:
@@ -198,6 +200,30 @@ class CgroupHost:
             group.kill_and_remove(timeout_s=0.5)
             raise
         return group
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_stale(parents: list[Path]) -> None:
+    """The call cgroups of a process that died before it could remove them (a SIGKILLed trainer): their processes
+    are killed and they are removed (``dapo-tool-<pid>-<n>``, with <pid> gone)."""
+    for parent in dict.fromkeys(parents):
+        try:
+            children = list(parent.glob("dapo-tool-*-*"))
+        except OSError:
+            continue
+        for child in children:
+            owner = child.name.split("-")[2]
+            if owner.isdigit() and not pid_alive(int(owner)) and child.is_dir():
+                CallCgroup([child], 2 if (child / "cgroup.kill").exists() else 1).kill_and_remove(timeout_s=1.0)
 
 
 def _try_write(path: Path, value: str) -> None:

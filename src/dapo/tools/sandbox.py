@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Literal
 
 from dapo.tools import launcher
-from dapo.tools.cgroups import CallCgroup, CgroupHost, CgroupLimits
+from dapo.tools.cgroups import CallCgroup, CgroupHost, CgroupLimits, pid_alive
 from dapo.tools.seccomp import seccomp_filter, seccomp_problem
 
 UNSAFE_MODE = "unsafe-no-isolation"
@@ -183,7 +183,9 @@ class PythonSandbox:
         self._unshare = shutil.which("unshare", path="/usr/bin:/bin")
         self._mount = shutil.which("mount", path="/usr/bin:/bin")
         if self._is_root and self._unshare and self._mount:
-            self._tmpfs_mount = tempfile.mkdtemp(prefix="dapo-tool-mnt-")  # an empty mount point, never written
+            _remove_stale_mount_points()
+            # an empty mount point, never written (the tmpfs is mounted on it only inside each call's namespace)
+            self._tmpfs_mount = tempfile.mkdtemp(prefix=f"dapo-tool-mnt-{os.getpid()}-")
             weakref.finalize(self, _remove_dir, self._tmpfs_mount)
         else:
             self.gaps["inodes"] = ("the working directory's inodes are unbounded (bubblewrap's tmpfs takes a size "
@@ -490,6 +492,14 @@ def _data_fd(data: bytes) -> int:
     finally:
         os.close(write_end)
     return read_end
+
+
+def _remove_stale_mount_points() -> None:
+    """Mount points left by a sandbox whose process died before its finalizer ran (empty directories)."""
+    for path in Path(tempfile.gettempdir()).glob("dapo-tool-mnt-*-*"):
+        owner = path.name.split("-")[3]
+        if owner.isdigit() and not pid_alive(int(owner)):
+            _remove_dir(str(path))
 
 
 def _remove_dir(path: str) -> None:

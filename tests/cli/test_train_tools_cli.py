@@ -25,7 +25,7 @@ from tests.cli.warm_dapo import run_dapo_warm
 
 PRESET = str(Path(__file__).resolve().parents[2] / "configs" / "tools" / "tiny_calculator.yaml")
 SMALL = [*FAST, "data.max_response_length=64", "algorithm.filter_groups.max_num_gen_batches=1",
-         "rollout.multi_turn.sandbox.mode=process", "trainer.total_training_steps=1", "data.val_max_samples=2"]
+         "rollout.multi_turn.sandbox.mode=unsafe-no-isolation", "trainer.total_training_steps=1", "data.val_max_samples=2"]
 
 
 def records_of(run_dir: Path) -> list[dict]:

@@ -48,7 +48,7 @@ def test_rows_are_valid_dapo_records_with_the_tool_instruction() -> None:
 
 def test_the_dapo_reward_accepts_the_tool_computed_answer_and_rejects_a_near_miss() -> None:
     problem = generate_big_arith_problems(1, seed=3)[0]
-    tool = PythonSandbox(mode="process").run(problem.reference_code)  # the interpreter gets it exactly
+    tool = PythonSandbox(mode="unsafe-no-isolation").run(problem.reference_code)  # the interpreter gets it exactly
     assert tool.ok and int(tool.output) == problem.answer
     right = f"```python\n{problem.reference_code}\n```\n```output\n{tool.output}```\nAnswer: {tool.output.strip()}"
     wrong = f"Answer: {problem.answer + 1}"

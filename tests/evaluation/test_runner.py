@@ -127,3 +127,27 @@ def test_unreachable_server_names_the_url(tmp_path):
     backend = OpenAIBackend(f"http://127.0.0.1:{port}/v1", "m", max_retries=1, backoff_s=0.001)
     with pytest.raises(EvalError, match=f"cannot reach the server at http://127.0.0.1:{port}/v1"):
         run_eval(_problems(tmp_path, count=1), backend, _settings(n=1, backend="openai"), tmp_path / "o.jsonl")
+
+
+def test_eval_scores_the_models_tokens_not_what_the_tool_printed(tmp_path):
+    # #39 item 8 in dapo eval: a multi-turn response whose tool printed the right "Answer:" line and whose model wrote
+    # none is wrong; the recorded response is still the whole trajectory.
+    from dapo.rollout.multi_turn import MultiTurnOutput
+
+    class ToolPrintsTheAnswer(FakeEngine):
+        def generate(self, prompt_token_ids, params):
+            model, tool = [ord(c) for c in "let me run it\n"], [ord(c) for c in "```output\nAnswer: 0\n```"]
+            rows = [model + tool for _ in prompt_token_ids for _ in range(params.n)]
+            return MultiTurnOutput([i for i, _ in enumerate(prompt_token_ids) for _ in range(params.n)], rows,
+                                   [[0.0] * len(r) for r in rows], ["stop"] * len(rows),
+                                   action_mask=[[1] * len(model) + [0] * len(tool) for _ in rows],
+                                   turns=[2] * len(rows), tool_categories=[["ok"]] * len(rows))
+
+    problems = load_problems([write_jsonl(tmp_path / "t.jsonl", [dapo_row("what is 0?", "0", index=0)])])
+    settings = EvalSettings(model="fake", test_files=("t.jsonl",), n=2, temperature=1.0, top_p=1.0, max_tokens=64,
+                            seed=3, batch_size=2)
+    out = tmp_path / "o.jsonl"
+    run_eval(problems, LocalBackend(ToolPrintsTheAnswer(), CharTokenizer()), settings, out)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["acc"] for r in rows] == [False, False]
+    assert all(r["response"].endswith("Answer: 0\n```") for r in rows)

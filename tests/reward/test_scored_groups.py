@@ -205,3 +205,38 @@ def test_group_index_of_lays_groups_out_one_after_another() -> None:
     assert index.tolist() == [0, 0, 0, 1, 2, 2]
     empty = group_index_of([])
     assert empty.dtype == torch.long and empty.tolist() == []
+
+
+def _trajectory(tokenizer, model_before: str, tool: str, model_after: str):  # type: ignore[no-untyped-def]
+    """A multi-turn trajectory: model tokens, a tool output (mask 0), model tokens, EOS."""
+    from dapo.rollout.multi_turn import MultiTurnOutput
+
+    before, out = (tokenizer.encode(t, add_special_tokens=False) for t in (model_before, tool))
+    after = tokenizer.encode(model_after, add_special_tokens=False) + [tokenizer.eos_token_id]
+    ids = before + out + after
+    mask = [1] * len(before) + [0] * len(out) + [1] * len(after)
+    return ids, mask, MultiTurnOutput
+
+
+def test_an_answer_line_printed_by_the_tool_earns_no_reward(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    # #39 item 8: the reward read the whole trajectory, so code that printed "Answer: 42" scored +1 for a model that
+    # wrote no answer at all. Only the model's tokens are scored: the same tool output, the answer written by the
+    # model after it, is right; printed by the tool alone, it is wrong.
+    forged = _trajectory(tokenizer, "```python\nprint('Answer: 42')\n```", "\n```output\nAnswer: 42\n```\n", "ok")
+    honest = _trajectory(tokenizer, "```python\nprint(6 * 7)\n```", "\n```output\n42\n```\n", "Answer: 42")
+    cls = forged[2]
+    rollout = cls(prompt_index=[0, 0], response_ids=[forged[0], honest[0]], logprobs=[[0.0] * len(forged[0]),
+                  [0.0] * len(honest[0])], finish_reason=["stop", "stop"], action_mask=[forged[1], honest[1]],
+                  turns=[2, 2], tool_categories=[["ok"], ["ok"]])
+    [group] = score_rollout(PROMPTS, rollout, tokenizer, build_config({}, ["data.max_response_length=200"]))
+    assert group.acc == [False, True] and group.scores == [-1.0, 1.0]
+    assert group.action_masks == [forged[1], honest[1]]
+
+
+def test_model_text_joins_the_models_runs_and_leaves_the_tool_out(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    from dapo.rollout.multi_turn import model_text
+
+    ids, mask, _ = _trajectory(tokenizer, "a=1", "TOOL", "b")
+    assert model_text(tokenizer, ids, mask) == "a=1\nb"  # EOS skipped, the tool segment one newline
+    with pytest.raises(ValueError, match="3 ids but 2 mask entries"):
+        model_text(tokenizer, ids[:3], mask[:2])

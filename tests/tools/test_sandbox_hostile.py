@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dapo.tools.sandbox import PythonSandbox, SandboxLimits, SandboxUnavailableError, bwrap_problem
+from dapo.tools.sandbox import UNSAFE_MODE, PythonSandbox, SandboxLimits, SandboxUnavailableError, bwrap_problem
 
 # Generous time limits for the calls that end by themselves (this host's 2 cores are shared by many jobs), short ones
 # for the calls that only a limit ends.
@@ -22,7 +22,7 @@ LIMITS = SandboxLimits(wall_time_s=20.0, cpu_time_s=10.0, memory_bytes=256 * 2**
 SHORT = {"wall_time_s": 1.5, "cpu_time_s": 1.0}
 BWRAP_PROBLEM = bwrap_problem(sys.executable)
 MODES = [pytest.param("bwrap", marks=pytest.mark.skipif(BWRAP_PROBLEM is not None, reason=f"bwrap: {BWRAP_PROBLEM}")),
-         "process"]
+         UNSAFE_MODE]
 
 
 @pytest.fixture(scope="module", params=MODES)
@@ -105,7 +105,7 @@ def test_the_process_limit_binds(sandbox: PythonSandbox) -> None:
     assert result.category == "ok", result.output
     refused_after = int(result.output.split("refused after ")[1].split()[0])
     assert refused_after < LIMITS.max_processes  # the launcher itself is one of them
-    if sandbox.mode == "process":
+    if sandbox.mode == UNSAFE_MODE:
         assert refused_after == 0 and "PermissionError" in result.output
 
 
@@ -113,7 +113,7 @@ def test_a_detached_grandchild_dies_with_the_call(sandbox: PythonSandbox) -> Non
     code = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\n    os._exit(0)\n"
             "print('parent done')")
     result = sandbox.run(code)
-    if sandbox.mode == "process":  # this mode refuses new processes outright
+    if sandbox.mode == UNSAFE_MODE:  # its audit hook refuses new processes outright
         assert result.category == "error" and "os.fork is not allowed" in result.output
         return
     assert result.category == "ok" and result.output == "parent done\n"
@@ -197,9 +197,9 @@ def test_printing_a_bwrap_message_and_exiting_1_is_not_a_sandbox_failure(sandbox
 @pytest.mark.skipif(BWRAP_PROBLEM is not None, reason=f"bwrap: {BWRAP_PROBLEM}")
 def test_a_real_bubblewrap_set_up_failure_is_a_sandbox_failure(monkeypatch: pytest.MonkeyPatch) -> None:
     sandbox = PythonSandbox(LIMITS, mode="bwrap")
-    argv = sandbox._bwrap_argv()
-    bad = argv[:1] + ["--ro-bind", "/nonexistent-dapo-path", "/nonexistent-dapo-path"] + argv[1:]
-    monkeypatch.setattr(sandbox, "_bwrap_argv", lambda: bad)
+    monkeypatch.setattr(sandbox, "_customise_bwrap",
+                        lambda argv: argv[:1] + ["--ro-bind", "/nonexistent-dapo-path", "/nonexistent-dapo-path"]
+                        + argv[1:])
     result = sandbox.run("print(1)")
     assert result.category == "sandbox" and result.output.startswith("bwrap:"), result
 
@@ -229,7 +229,7 @@ def test_calls_run_in_parallel_in_input_order(sandbox: PythonSandbox) -> None:
 def test_auto_mode_refuses_without_bubblewrap_and_names_the_fix(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on this PATH
-    with pytest.raises(SandboxUnavailableError, match="apt-get install bubblewrap.*mode=process"):
+    with pytest.raises(SandboxUnavailableError, match="apt-get install bubblewrap.*mode=unsafe-no-isolation"):
         PythonSandbox(LIMITS, mode="auto")
 
 

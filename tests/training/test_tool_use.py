@@ -55,7 +55,7 @@ def test_off_by_default_and_built_when_enabled(tmp_path: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(Path(dapo.__file__).parent / "assets" / "tiny-qwen2")
     engine = ClosingEngine()
     assert with_tool_rollout(engine, build_config({}, []), tokenizer) is engine
-    cfg = build_config({}, ["rollout.multi_turn.enable=true", "rollout.multi_turn.sandbox.mode=process",
+    cfg = build_config({}, ["rollout.multi_turn.enable=true", "rollout.multi_turn.sandbox.mode=unsafe-no-isolation",
                             "rollout.multi_turn.max_assistant_turns=2", "data.max_response_length=40"])
     built = with_tool_rollout(engine, cfg, tokenizer)
     assert isinstance(built, MultiTurnRollout) and built.engine is engine

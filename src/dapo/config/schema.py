@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
 
 __all__ = [
     "ActorConfig",
@@ -141,14 +141,27 @@ class ModelConfig(_Section):
 class SandboxConfig(_Section):
     """The code interpreter's isolation and limits per call (dapo.tools.sandbox; docs/tools.md)."""
 
-    mode: Literal["auto", "bwrap", "process"] = Field(
-        "auto", description="auto/bwrap: bubblewrap namespaces (auto refuses where it cannot run); process: the weaker "
-        "audit-hook mode, only when named")
+    mode: Literal["auto", "bwrap", "unsafe-no-isolation"] = Field(
+        "auto", description="auto/bwrap: bubblewrap namespaces + seccomp (auto refuses where it cannot run); "
+        "unsafe-no-isolation: no boundary at all (an audit hook against accidents), only when named")
     wall_time_s: float = Field(5.0, gt=0.0, le=3600.0, description="wall-clock limit; the call's processes are killed")
     cpu_time_s: float = Field(5.0, gt=0.0, le=3600.0, description="CPU-time limit (RLIMIT_CPU)")
-    memory_mb: int = Field(512, ge=64, description="address-space limit (RLIMIT_AS) in MiB")
+    memory_mb: int = Field(512, ge=64, description="address-space limit per process (RLIMIT_AS) and memory of "
+                           "the call's processes together (cgroup memory.max, where there is one) in MiB")
     max_output_bytes: int = Field(65536, ge=1, description="stdout + stderr kept; more is cut and the call killed")
-    max_processes: int = Field(16, ge=1, description="processes/threads (RLIMIT_NPROC where it binds)")
+    max_processes: int = Field(16, ge=1, description="processes/threads (RLIMIT_NPROC where it binds; the call's "
+                               "cgroup pids.max where there is one)")
+    max_files: int = Field(4096, ge=16, description="inodes of the working directory's tmpfs (bwrap as root)")
+    cpu_cores: float = Field(1.0, ge=0.01, le=1024.0, description="CPU quota of the call's cgroup (cpu.max)")
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _renamed_mode(cls, value: object) -> object:
+        if value == "process":
+            raise ValueError("'process' is refused: it is not an isolation boundary (the code runs with the "
+                             "trainer's uid; one line of the standard library gets past its audit hook, "
+                             "docs/tools.md); use bwrap, or name it unsafe-no-isolation")
+        return value
 
 
 class MultiTurnConfig(_Section):

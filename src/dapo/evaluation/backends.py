@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dapo.rollout.base import RolloutEngine, SamplingParams
+from dapo.rollout.multi_turn import model_text
 
 RETRY_STATUS: frozenset[int] = frozenset({408, 429, 500, 502, 503, 504})
 
@@ -35,6 +36,13 @@ class Generated:
     prompt_tokens: int
     response_tokens: int
     tool_calls: tuple[str, ...] | None = None  # multi-turn: each tool call's result category, in order
+    # multi-turn: the model's own tokens' text (tool outputs left out), what the reward scores; None: ``text``
+    model_text: str | None = None
+
+    @property
+    def scored_text(self) -> str:
+        """What the reward reads: the model's text, never what a tool printed."""
+        return self.text if self.model_text is None else self.model_text
 
 
 def encode_messages(tokenizer, messages: Sequence[dict[str, str]]) -> list[int]:
@@ -54,7 +62,8 @@ class LocalBackend:
     """Samples with an in-process engine. ``generate`` is synchronous and batches many prompts in one engine call.
 
     The engine may be a multi-turn rollout (:class:`dapo.rollout.multi_turn.MultiTurnRollout`): a response is then the
-    whole trajectory (model and tool tokens, as the reward reads it in training) and carries its tool calls."""
+    whole trajectory (model and tool tokens) and carries its tool calls; the reward scores its ``model_text``, the
+    model's tokens only (as in training)."""
 
     name = "local"
 
@@ -87,12 +96,14 @@ class LocalBackend:
             max_tokens=params.max_tokens, stop_token_ids=params.stop_token_ids, seed=params.seed))
         results: list[list[Generated]] = [[] for _ in prompts]
         tool_categories = getattr(out, "tool_categories", None)
+        action_masks = getattr(out, "action_mask", None)
         for k in range(len(out)):
             i = owner[out.prompt_index[k]]
             ids = out.response_ids[k]
             calls = None if tool_categories is None else tuple(tool_categories[k])
+            own = None if action_masks is None else model_text(self.tokenizer, ids, action_masks[k])
             results[i].append(Generated(decode_response(self.tokenizer, ids), out.finish_reason[k],
-                                        len(encoded[i]), len(ids), calls))
+                                        len(encoded[i]), len(ids), calls, own))
         return results
 
     def close(self) -> None:

@@ -255,7 +255,7 @@ def _row(problem: EvalProblem, index: int, gen: Generated, result) -> dict[str, 
 
 
 def _score(problems: Sequence[EvalProblem], gens: Sequence[Generated], reward_workers: int):
-    items = [RewardInput(p.data_source, g.text, p.ground_truth, dict(p.extra_info) or None)
+    items = [RewardInput(p.data_source, g.scored_text, p.ground_truth, dict(p.extra_info) or None)
              for p, g in zip(problems, gens)]
     return score_batch(items, num_workers=reward_workers)
 

@@ -18,6 +18,7 @@ from dapo.data.prompts import PromptItem
 from dapo.reward.batch import RewardInput, RewardScorer
 from dapo.reward.registry import registry_for_compat
 from dapo.rollout.base import RolloutOutput
+from dapo.rollout.multi_turn import model_text
 
 
 @dataclass
@@ -96,12 +97,17 @@ def score_rollout(
     prompts: Sequence[PromptItem], rollout: RolloutOutput, tokenizer, cfg: DapoConfig,
     scorer: RewardScorer | None = None,
 ) -> list[ScoredGroup]:
-    """Decode, score with the rule reward, add the soft overlong punishment, and regroup by prompt.
+    """Decode (a multi-turn trajectory: the model's tokens only, :func:`~dapo.rollout.multi_turn.model_text`), score
+    with the rule reward, add the soft overlong punishment, and regroup by prompt.
 
     ``scorer`` (kept across calls by a trainer) applies the failure policy; without one a scorer is built from ``cfg``
     for this call only.
     """
-    texts = tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
+    action_masks = getattr(rollout, "action_mask", None)  # a multi-turn rollout says which tokens are the model's
+    if action_masks is None:
+        texts = tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
+    else:  # the reward scores the model's own tokens: an "Answer:" line printed by the tool earns nothing
+        texts = [model_text(tokenizer, ids, mask) for ids, mask in zip(rollout.response_ids, action_masks, strict=True)]
     inputs = [
         RewardInput(prompts[p].data_source, text, prompts[p].ground_truth, prompts[p].extra_info)
         for p, text in zip(rollout.prompt_index, texts)
@@ -121,8 +127,6 @@ def score_rollout(
     else:
         penalty = [0.0] * len(lengths)
 
-    # A multi-turn rollout (dapo.rollout.multi_turn.MultiTurnOutput) also says which tokens are the model's.
-    action_masks = getattr(rollout, "action_mask", None)
     tool_categories = getattr(rollout, "tool_categories", None)
     token_versions = rollout.token_versions  # set by an engine in a rollout worker (RemoteEngine), else None
     groups: dict[int, ScoredGroup] = {}

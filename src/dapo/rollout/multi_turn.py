@@ -23,7 +23,8 @@ after the token that closed it: the tokens sampled after that are dropped, which
 is a sample of the same policy).
 
 The action mask marks the model's own tokens (1) against tool output (0). Tool tokens carry a log-prob of 0.0 as a
-placeholder that nothing may read: they are context, not actions.
+placeholder that nothing may read: they are context, not actions. The reward reads the model's tokens only
+(:func:`model_text`): a line the code printed is not the model's answer.
 """
 
 from __future__ import annotations
@@ -321,6 +322,24 @@ class MultiTurnRollout:
         before, after = p.call_format.response_template.split("{output}", 1)
         return (self.tokenizer.encode(before, add_special_tokens=False) + ids
                 + self.tokenizer.encode(after, add_special_tokens=False))
+
+
+def model_text(tokenizer, ids: Sequence[int], action_mask: Sequence[int]) -> str:
+    """The text of the model's own tokens of a trajectory, what the reward reads: each run of model tokens decoded
+    (special tokens skipped) and the runs joined by a newline where a tool output stood. The tool output is left out:
+    what the code printed (an ``Answer: 42`` line) is not the model's answer and must earn no reward."""
+    if len(ids) != len(action_mask):
+        raise ValueError(f"model_text: {len(ids)} ids but {len(action_mask)} mask entries")
+    runs, run = [], []
+    for token, is_model in zip(ids, action_mask):
+        if is_model:
+            run.append(int(token))
+        elif run:
+            runs.append(run)
+            run = []
+    if run:
+        runs.append(run)
+    return "\n".join(tokenizer.decode(r, skip_special_tokens=True) for r in runs)
 
 
 def _replace(sampling: SamplingParams, **changes) -> SamplingParams:

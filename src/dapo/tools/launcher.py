@@ -10,7 +10,8 @@ status. The code runs in this process and could write that pipe too, but a recor
 could get by raising (``raise MemoryError``); its exit status and its printed text claim nothing.
 
 Order matters: limits first (so nothing later runs unlimited), then the identity change (dropping every capability
-a root launcher held), then, in the weaker ``process`` mode only, the Python audit hook; only then the code.
+a root launcher held), then, in the ``unsafe-no-isolation`` mode only, the Python audit hook (no boundary: it turns
+away accidents); only then the code.
 """
 
 from __future__ import annotations
@@ -41,6 +42,12 @@ def main() -> None:  # pragma: no cover - runs in the sandboxed child (tests obs
 
     code = sys.stdin.buffer.read().decode("utf-8", errors="replace")
     sys.stdin.close()
+    # The sandbox's set-up (bubblewrap, the cgroup, the tmpfs) is done once this runs: without this record the parent
+    # reports a "sandbox" failure, whatever the exit status says.
+    try:
+        os.write(status_fd, b'{"started": true}\n')
+    except OSError:
+        pass
 
     # Limits: hard == soft, so the code cannot raise them again (it never holds CAP_SYS_RESOURCE).
     cpu = int(header["cpu_time_s"])
@@ -61,6 +68,7 @@ def main() -> None:  # pragma: no cover - runs in the sandboxed child (tests obs
         os.setresuid(uid, uid, uid)
 
     if header["audit"]:
+        _die_with_parent_no_new_privs()
         _install_audit_hook(header["workdir"], header["read_roots"])
 
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
@@ -100,8 +108,25 @@ def main() -> None:  # pragma: no cover - runs in the sandboxed child (tests obs
     os._exit(0)
 
 
+def _die_with_parent_no_new_privs() -> None:  # pragma: no cover - sandboxed child
+    """The unsafe mode's two prctl(2) calls (bubblewrap makes both itself): the launcher is SIGKILLed when the trainer
+    dies, and nothing it execs gains privileges (setuid bits, file capabilities). ctypes is still allowed here: the
+    audit hook that refuses it comes next."""
+    import ctypes
+    import os
+    import signal
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_pdeathsig, pr_set_no_new_privs = 1, 38
+    parent = os.getppid()
+    libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
+    libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0)
+    if os.getppid() != parent:  # the trainer died before the death signal was armed
+        os._exit(1)
+
+
 def _install_audit_hook(workdir: str, read_roots: list[str]) -> None:  # pragma: no cover - sandboxed child
-    """The ``process`` mode's only file, network and process fence: a Python audit hook (PEP 578).
+    """The ``unsafe-no-isolation`` mode's only file, network and process fence: a Python audit hook (PEP 578).
 
     It refuses opening files outside ``workdir`` (reads are also allowed under the interpreter's own prefixes, for
     imports), sockets, signals to other processes, new processes and ctypes. An audit hook is not a security

@@ -34,7 +34,8 @@ def tool_rollout(engine: RolloutEngine, tokenizer, mt: MultiTurnConfig, max_resp
     box = mt.sandbox
     sandbox = PythonSandbox(SandboxLimits(wall_time_s=box.wall_time_s, cpu_time_s=box.cpu_time_s,
                                           memory_bytes=box.memory_mb * 2**20, max_output_bytes=box.max_output_bytes,
-                                          max_processes=box.max_processes), mode=box.mode)
+                                          max_processes=box.max_processes, max_files=box.max_files,
+                                          cpu_cores=box.cpu_cores), mode=box.mode)
     params = MultiTurnParams(
         max_assistant_turns=mt.max_assistant_turns, max_response_length=max_response_length,
         max_tool_response_length=mt.max_tool_response_length,

@@ -7,8 +7,15 @@ Each target is started on 127.0.0.1 (a free port), warmed up with one request, t
 concurrent clients each send R streamed chat requests (temperature 1.0, top-p 0.7, max_tokens M, usage included), one
 after another. Reported per (target, C): requests/s, generated tokens/s (usage.completion_tokens / wall time), time to
 first token (TTFT: request sent -> first non-empty content delta) and inter-token latency (ITL: per request, (last
-delta - first delta) / (completion tokens - 1), i.e. vLLM's TPOT) at p50/p99 over requests. The target is stopped before the next one starts.
-Loopback only; every run is bounded by --time-limit per (target, C). Prints a markdown table (docs/serving.md's).
+delta - first delta) / (completion tokens - 1), i.e. vLLM's TPOT) at p50/p99 over requests, and content chunks per
+generated token (1.0 where every token is its own chunk; a chunked stream sends fewer). The target is stopped before
+the next one starts, so all targets of one invocation are measured in one run, one after another.
+Loopback only; every run is bounded by --time-limit per (target, C). Prints a markdown table; ``--out`` writes
+``{"meta": {date, argv, host, versions, note}, "rows": [...]}`` (docs/serving.md renders its TTFT table from
+docs/runs/bench-ttft-tiny.json through scripts/render_docs.py).
+
+    python benchmarks/bench_serve.py --targets dapo-hf,vllm --clients 1,4,16 --requests-per-client 4 \\
+        --max-tokens 64 --out docs/runs/bench-ttft-tiny.json --note "shared 2-core machine"
 """
 
 from __future__ import annotations
@@ -99,7 +106,7 @@ def stop_target(proc: subprocess.Popen) -> None:
 async def one_request(http: httpx.AsyncClient, url: str, body: dict, stats: dict) -> None:
     t0 = time.perf_counter()
     first = last = None
-    tokens = 0
+    tokens = chunks = 0
     async with http.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
         if r.status_code != 200:
             stats["failed"] += 1
@@ -114,6 +121,7 @@ async def one_request(http: httpx.AsyncClient, url: str, body: dict, stats: dict
                 stats["tokens"] += tokens
             for choice in chunk.get("choices", []):
                 if (choice.get("delta") or {}).get("content"):
+                    chunks += 1
                     now = time.perf_counter()
                     if first is None:
                         first = now
@@ -121,6 +129,7 @@ async def one_request(http: httpx.AsyncClient, url: str, body: dict, stats: dict
                     last = now
     if first is not None and tokens > 1:  # the request's mean gap between tokens after the first
         stats["gaps"].append((last - first) / (tokens - 1))
+    stats["chunks"] += chunks
     stats["done"] += 1
 
 
@@ -129,7 +138,7 @@ async def load(url: str, model: str, clients: int, per_client: int, max_tokens: 
     by then (``timed_out``: true; ``wall_s`` is the time to the cut): a slow target yields a row, not a crash of the whole benchmark."""
     body = {"model": model, "messages": [{"role": "user", "content": QUESTION}], "max_tokens": max_tokens,
             "temperature": 1.0, "top_p": 0.7, "stream": True, "stream_options": {"include_usage": True}}
-    stats = {"done": 0, "failed": 0, "tokens": 0, "ttft": [], "gaps": []}
+    stats = {"done": 0, "failed": 0, "tokens": 0, "chunks": 0, "ttft": [], "gaps": []}
 
     async def client(http):
         for _ in range(per_client):
@@ -152,7 +161,35 @@ async def load(url: str, model: str, clients: int, per_client: int, max_tokens: 
             "timed_out": bool(pending), "unfinished_requests": clients * per_client - stats["done"] - stats["failed"],
             "requests_per_s": round(stats["done"] / wall, 2), "tokens_per_s": round(stats["tokens"] / wall, 1),
             "ttft_p50_ms": ms(percentile(stats["ttft"], 50)), "ttft_p99_ms": ms(percentile(stats["ttft"], 99)),
-            "itl_p50_ms": ms(percentile(stats["gaps"], 50)), "itl_p99_ms": ms(percentile(stats["gaps"], 99))}
+            "itl_p50_ms": ms(percentile(stats["gaps"], 50)), "itl_p99_ms": ms(percentile(stats["gaps"], 99)),
+            "chunks_per_token": round(stats["chunks"] / stats["tokens"], 3) if stats["tokens"] else None}
+
+
+def run_meta(args: argparse.Namespace) -> dict:
+    """When, where and with what the run was made: date, command, host CPU and load, versions, commit."""
+    import platform
+
+    versions = {}
+    for name in ("torch", "transformers", "vllm", "ray"):
+        try:
+            versions[name] = __import__(name).__version__
+        except Exception:  # not installed (or broken): the record says so
+            versions[name] = None
+    try:
+        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, timeout=10).stdout.strip() or None
+    except OSError:
+        commit = None
+    cpu = platform.processor() or None
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "argv": ["benchmarks/bench_serve.py",
+            *sys.argv[1:]], "commit": commit, "cpu": cpu, "cpu_count": os.cpu_count(),
+            "load_average_at_start": [round(x, 2) for x in os.getloadavg()], "versions": versions,
+            "note": args.note}
 
 
 def stop_on_sigterm(signum: int, frame: object) -> None:
@@ -172,9 +209,11 @@ def main() -> None:
     ap.add_argument("--start-limit", type=float, default=600, help="seconds a server may take to start")
     ap.add_argument("--time-limit", type=float, default=900, help="seconds one (target, clients) run may take")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
+    ap.add_argument("--note", default=None, help="recorded with the results (e.g. what else shared the machine)")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, stop_on_sigterm)
     rows = []
+    meta = run_meta(args)
     for target in args.targets.split(","):
         port = free_port()
         url = f"http://127.0.0.1:{port}"
@@ -189,15 +228,17 @@ def main() -> None:
                 print(json.dumps(result), flush=True)
                 rows.append(result)
                 if args.out:  # after every row: a run cut short keeps what it measured
-                    atomic_write(args.out, json.dumps(rows, indent=1))
+                    atomic_write(args.out, json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
         finally:
             stop_target(proc)
-    print("\n| target | model | clients | req/s | gen tok/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | failed |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("\n| target | model | clients | req/s | gen tok/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | chunks/token "
+          "| failed |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         cut = f" (cut at {r['wall_s']} s, {r['unfinished_requests']} unfinished)" if r.get("timed_out") else ""
         print(f"| {r['target']} | {r['model']} | {r['clients']} | {r['requests_per_s']} | {r['tokens_per_s']} | "
-              f"{r['ttft_p50_ms']} / {r['ttft_p99_ms']} | {r['itl_p50_ms']} / {r['itl_p99_ms']} | {r['failed']}{cut} |")
+              f"{r['ttft_p50_ms']} / {r['ttft_p99_ms']} | {r['itl_p50_ms']} / {r['itl_p99_ms']} | "
+              f"{r['chunks_per_token']} | {r['failed']}{cut} |")
 
 
 if __name__ == "__main__":

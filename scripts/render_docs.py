@@ -19,6 +19,9 @@ Every figure between ``<!-- generated:NAME -->`` and ``<!-- /generated -->`` in 
       process (wall and step times of every run, medians)
   docs/runs/harness-vs-benchmark/*.metrics.jsonl.gz, runs.json
       issue 24's harness command and vs_trl's dapo job, run one after the other: their metrics, commands, date, host
+  docs/runs/bench-ttft-tiny.json
+      what benchmarks/bench_serve.py wrote for `dapo serve` and `vllm serve` in one run (meta: date, argv, commit,
+      host CPU and load, versions, note; per server and client count: TTFT, ITL, chunks per token, throughput)
 
     python scripts/render_docs.py            # rewrite the generated blocks in place
     python scripts/render_docs.py --check    # exit 1, naming each block that differs (tests/test_docs_generated.py)
@@ -38,7 +41,8 @@ from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ("README.md", "docs/guide.md", "docs/performance.md", "docs/results.md", "docs/tiny-model.md", "docs/tools.md")
+DOCS = ("README.md", "docs/guide.md", "docs/performance.md", "docs/results.md", "docs/serving.md",
+        "docs/tiny-model.md", "docs/tools.md")
 BLOCK = re.compile(r"<!-- generated:([\w-]+) -->(.*?)<!-- /generated -->", re.S)
 VS_TRL = {"tiny": "docs/img/vs_trl_tiny.json", "smollm2": "docs/img/vs_trl_smollm2.json",
           "smollm2-bf16": "docs/img/vs_trl_smollm2_bf16_rollout.json"}
@@ -47,6 +51,7 @@ TOOL_RUNS = "docs/runs/tools"
 PROFILE_RUN = "docs/runs/profile-smollm2"
 HARNESS_RUNS = "docs/runs/harness-vs-benchmark"
 OMP_POLICY = "docs/runs/omp-policy.json"
+BENCH_TTFT = "docs/runs/bench-ttft-tiny.json"
 
 
 @cache
@@ -396,6 +401,46 @@ def omp_policy() -> str:
     rows.append(f"Medians of {'/'.join(map(str, sorted(reps)))} interleaved runs of `{' '.join(meta['command'])}` "
                 f"on {meta['cores']} cores, {meta['date'][:10]} (`{OMP_POLICY}`).")
     return "\n" + "\n".join(rows) + "\n"
+@cache
+def bench_ttft() -> dict:
+    return json.loads((ROOT / BENCH_TTFT).read_text(encoding="utf-8"))
+
+
+SERVERS = {"dapo-hf": "`dapo serve` (Transformers)", "dapo-vllm": "`dapo serve` (vLLM backend)", "vllm": "`vllm serve`"}
+
+
+def serving_ttft() -> str:
+    """Time to first token and between tokens of `dapo serve` and `vllm serve`, measured in one run."""
+    record = bench_ttft()
+    meta, rows = record["meta"], record["rows"]
+    lines = ["", "| server | clients | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | content chunks per token | "
+             "generated tokens/s | requests (failed) |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        cut = f", cut at {r['wall_s']} s" if r.get("timed_out") else ""
+        lines.append(f"| {SERVERS.get(r['target'], r['target'])} | {r['clients']} | {r['ttft_p50_ms']:.1f} / "
+                     f"{r['ttft_p99_ms']:.1f} | {r['itl_p50_ms']:.1f} / {r['itl_p99_ms']:.1f} | "
+                     f"{r['chunks_per_token']:.2f} | {r['tokens_per_s']:.0f} | {r['requests']} ({r['failed']}{cut}) |")
+    by = {(r["target"], r["clients"]): r for r in rows}
+    ratios = [(c, by[("dapo-hf", c)]["ttft_p50_ms"] / by[("vllm", c)]["ttft_p50_ms"])
+              for t, c in by if t == "dapo-hf" and ("vllm", c) in by and by[("vllm", c)]["ttft_p50_ms"] > 0]
+    if ratios:
+        lines += ["", "Median time to first token, `dapo serve` / `vllm serve`: " + ", ".join(
+            f"{ratio:.1f}x at {c} client{'s' if c > 1 else ''}" for c, ratio in ratios) + "."]
+    argv = [a for a in meta["argv"]]
+    if "--out" in argv:  # where the record was written is not part of what was measured
+        i = argv.index("--out")
+        del argv[i:i + 2]
+    if "--note" in argv:
+        i = argv.index("--note")
+        del argv[i:i + 2]
+    load = " / ".join(f"{x:g}" for x in meta["load_average_at_start"])
+    versions = ", ".join(f"{k} {v}" for k, v in meta["versions"].items() if v)
+    note = (meta.get("note") or "").rstrip(".")
+    note = f" {note[:1].upper()}{note[1:]}." if note else ""
+    lines += ["", f"Recorded: `{BENCH_TTFT}`, {meta['started'][:16].replace('T', ' ')} UTC, commit {meta['commit']}, "
+              f"`python {' '.join(argv)}`; {meta['cpu_count']} cores ({meta['cpu']}), load average {load} (1 / 5 / "
+              f"15 min) at the start; {versions}.{note}"]
+    return "\n".join(lines) + "\n"
 
 
 RENDERERS: dict[str, Callable[[], str]] = {
@@ -413,6 +458,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "omp-policy": omp_policy,
     "profile-top-update": profile_top("update_actor", 14),
     "profile-top-gen": profile_top("gen", 8),
+    "serving-ttft": serving_ttft,
 }
 
 

@@ -68,3 +68,22 @@ def test_the_profile_table_is_computed_from_the_profile_and_the_runs_metrics(mon
     # update: 4.0 s of products of 10.0 (40 %); 4e11 FLOPs over 4.0 s: 100 GFLOP/s
     assert "| update (actor) | 8.0 / 16.0 | 10.0 | 4.0 (40 %) | 100 |" in table
     assert "unprofiled steps (1, 3)" in table and "against 200 GFLOP/s" in table
+
+
+def test_the_serving_table_and_ratios_come_from_the_record(monkeypatch) -> None:
+    def row(target, clients, ttft):
+        return {"target": target, "clients": clients, "ttft_p50_ms": ttft, "ttft_p99_ms": 2 * ttft, "itl_p50_ms": 3.0,
+                "itl_p99_ms": 4.0, "chunks_per_token": 1.0, "tokens_per_s": 100.0, "requests": 8, "failed": 0,
+                "wall_s": 1.0, "timed_out": False}
+
+    record = {"meta": {"started": "2030-01-02T03:04:05Z", "argv": ["benchmarks/bench_serve.py", "--out", "x.json",
+                                                                   "--clients", "1,4"],
+                       "commit": "abc1234", "cpu": "a CPU", "cpu_count": 2, "load_average_at_start": [1.5, 2.0, 2.5],
+                       "versions": {"torch": "9.9", "vllm": None}, "note": "shared machine"},
+              "rows": [row("dapo-hf", 1, 30.0), row("dapo-hf", 4, 50.0), row("vllm", 1, 10.0), row("vllm", 4, 25.0)]}
+    monkeypatch.setattr(render_docs, "bench_ttft", lambda: record)
+    text = render_docs.serving_ttft()
+    assert "| `dapo serve` (Transformers) | 4 | 50.0 / 100.0 | 3.0 / 4.0 | 1.00 | 100 | 8 (0) |" in text
+    assert "3.0x at 1 client, 2.0x at 4 clients" in text
+    assert "`python benchmarks/bench_serve.py --clients 1,4`" in text and "x.json" not in text
+    assert "torch 9.9." in text and "vllm" not in text.split("Recorded:")[1] and "Shared machine." in text

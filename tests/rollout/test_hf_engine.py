@@ -271,3 +271,51 @@ def test_greedy_output_matches_transformers_generate() -> None:
         reference = sequences[k, width:].tolist()
         assert ids == reference[: len(ids)]
         assert all(t == PAD for t in reference[len(ids) :]), "generate kept going where the engine stopped"
+
+
+# ------------------------------------------------------------------------------------------------ streaming steps
+def _record_steps(cut_after: int | None = None):
+    """An on_step that records every (entry, token, logprob) per step, ending the call after ``cut_after`` steps."""
+    steps: list[list[tuple[int, int, float]]] = []
+
+    def on_step(rows: list[int], tokens: list[int], logprobs: list[float]) -> bool:
+        steps.append(list(zip(rows, tokens, logprobs)))
+        return cut_after is not None and len(steps) >= cut_after
+
+    return steps, on_step
+
+
+@pytest.mark.parametrize("max_batch_size", [None, 5])
+def test_every_step_reports_each_running_rows_token_and_nothing_past_its_stop(max_batch_size) -> None:
+    # The stream a server builds from the steps must be the output itself: same tokens, same log-probs, in order, and
+    # no token a row drew after its stop token while it waited to leave the batch.
+    params = SamplingParams(n=3, max_tokens=16, seed=0)
+    engine = engine_for(eos_prone_model(), max_batch_size=max_batch_size)
+    steps, on_step = _record_steps()
+    output = engine.generate_streaming(PROMPTS, params, on_step)
+    assert output.response_ids == engine.generate(PROMPTS, params).response_ids  # reporting changes nothing drawn
+    assert "stop" in output.finish_reason and "length" in output.finish_reason
+    streamed: dict[int, list[tuple[int, float]]] = {k: [] for k in range(len(output))}
+    for step in steps:
+        assert [k for k, _, _ in step] == sorted(k for k, _, _ in step)  # entry order
+        for k, token, logprob in step:
+            streamed[k].append((token, logprob))
+    for k in range(len(output)):
+        assert [t for t, _ in streamed[k]] == output.response_ids[k]
+        assert [lp for _, lp in streamed[k]] == pytest.approx(output.logprobs[k], abs=1e-6)
+
+
+def test_a_step_callback_can_end_the_call_early() -> None:
+    params = SamplingParams(n=2, temperature=0.0, max_tokens=12)
+    engine = engine_for(build_tiny_qwen2(0), max_batch_size=4)  # 8 rows: the second chunk never starts
+    full = engine.generate(PROMPTS, params)
+    steps, on_step = _record_steps(cut_after=3)
+    cut = engine.generate_streaming(PROMPTS, params, on_step)
+    assert len(steps) == 3
+    for k in range(len(cut)):
+        if k < 4:
+            assert cut.response_ids[k] == full.response_ids[k][:3]
+            assert cut.finish_reason[k] == ("stop" if full.finish_reason[k] == "stop" and
+                                            len(full.response_ids[k]) <= 3 else "length")
+        else:
+            assert cut.response_ids[k] == [] and cut.finish_reason[k] == "length"

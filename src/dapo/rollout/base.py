@@ -26,7 +26,7 @@ Every generator (the hand-written Hugging Face engine in :mod:`dapo.rollout.hf_e
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
@@ -212,6 +212,24 @@ class RolloutEngine(Protocol):
 
     def close(self) -> None:
         """Release what the engine holds (processes, device memory). Idempotent; a no-op for in-process engines."""
+        ...
+
+
+# One decode step of a call: (the sequences that drew a token, as entry indices of the output; their tokens; their
+# log-probs) -> True to end the call after this step.
+StepCallback = Callable[[list[int], list[int], list[float]], bool]
+
+
+@runtime_checkable
+class TokenStreamingEngine(Protocol):
+    """An engine that reports each decode step while it generates (the Transformers engine): what lets a server send
+    every token as it is decoded, and end a call early so that a request that arrived meanwhile joins the next one."""
+
+    def generate_streaming(self, prompt_token_ids: Sequence[Sequence[int]], params: SamplingParams,
+                           on_step: StepCallback) -> RolloutOutput:
+        """``generate``, calling ``on_step`` after every decode step with the sequences that drew a token in it (never
+        one that had already stopped), in entry order. When ``on_step`` returns True the call ends after that step:
+        each sequence that has not stopped answers "length" with the tokens it has, fewer than ``max_tokens``."""
         ...
 
 

@@ -38,7 +38,7 @@ from dapo.model.attention import (
     GQA_SDPA, SHARED_PREFIX, SHARED_PREFIX_CACHE, attention_implementation, grouped_query_sdpa,
 )
 from dapo.model.left_padding import left_pad
-from dapo.rollout.base import RolloutOutput, SamplingParams
+from dapo.rollout.base import RolloutOutput, SamplingParams, StepCallback
 from dapo.rollout.kv_cache import preallocated_cache, shared_prompt_cache
 from dapo.rollout.sampler import sample_next_tokens, sample_stream_keys, stream_uniforms
 
@@ -110,6 +110,16 @@ class HFRolloutEngine:
     # ------------------------------------------------------------------------------------------------ public API
     def generate(self, prompt_token_ids: Sequence[Sequence[int]], params: SamplingParams) -> RolloutOutput:
         """Sample ``params.n`` responses for each prompt; one entry per sample, each prompt's samples contiguous."""
+        return self._generate(prompt_token_ids, params, None)
+
+    def generate_streaming(self, prompt_token_ids: Sequence[Sequence[int]], params: SamplingParams,
+                           on_step: StepCallback) -> RolloutOutput:
+        """:meth:`generate`, reporting every decode step to ``on_step``
+        (:class:`dapo.rollout.base.TokenStreamingEngine`); it runs on this thread, between two forward passes."""
+        return self._generate(prompt_token_ids, params, on_step)
+
+    def _generate(self, prompt_token_ids: Sequence[Sequence[int]], params: SamplingParams,
+                  on_step: StepCallback | None) -> RolloutOutput:
         if not isinstance(params, SamplingParams):
             raise TypeError(f"HFRolloutEngine.generate: params must be SamplingParams, got {type(params).__name__}")
         prompts = self._validate_prompts(prompt_token_ids)
@@ -135,10 +145,18 @@ class HFRolloutEngine:
         self.model.eval()
         try:
             with torch.inference_mode(), grouped_query_sdpa(self.model):
+                cut = False
                 for start in range(0, len(rows), chunk_size):
-                    ids, lps, reasons = self._generate_rows(
+                    count = len(rows[start : start + chunk_size])
+                    if cut:  # the caller ended the call: the rows not started yet answer with no tokens
+                        response_ids += [[] for _ in range(count)]
+                        logprobs += [[] for _ in range(count)]
+                        finish_reason += ["length"] * count
+                        continue
+                    ids, lps, reasons, cut = self._generate_rows(
                         prompts, rows[start : start + chunk_size], params, stop_ids, generator,
                         None if keys is None else keys[start : start + chunk_size],
+                        on_step=on_step, first_entry=start,
                     )
                     response_ids += ids
                     logprobs += lps
@@ -235,9 +253,13 @@ class HFRolloutEngine:
         stop_ids: torch.Tensor,
         generator: torch.Generator | None,
         keys: torch.Tensor | None = None,
-    ) -> tuple[list[list[int]], list[list[float]], list[str]]:
+        *,
+        on_step: StepCallback | None = None,
+        first_entry: int = 0,
+    ) -> tuple[list[list[int]], list[list[float]], list[str], bool]:
         """Generate one response per entry of ``rows`` (a prompt index each) as one shrinking batch; ``keys`` (one
-        stream key per row) replace ``generator`` as the source of randomness when given."""
+        stream key per row) replace ``generator`` as the source of randomness when given. ``on_step`` hears of every
+        step's tokens (rows numbered from ``first_entry``); the last value returned: whether it ended the call."""
         device = self.device
         # Prefill each distinct prompt once, left-padded; then give every row a copy of its prompt's cache.
         position_of = {p: i for i, p in enumerate(dict.fromkeys(rows))}
@@ -269,6 +291,7 @@ class HFRolloutEngine:
                 attention_mask = attention_mask[row_to_distinct]
 
         num_rows, max_tokens = len(rows), params.max_tokens
+        steps_done, cut = 0, False
         out_tokens = torch.full((num_rows, max_tokens), self.pad_token_id, dtype=torch.long, device=device)
         out_logprobs = torch.zeros((num_rows, max_tokens), dtype=torch.float32, device=device)
         alive = torch.arange(num_rows, device=device)  # batch position -> row, for the rows still decoding
@@ -285,6 +308,13 @@ class HFRolloutEngine:
                 )
                 out_tokens[alive, step] = tokens
                 out_logprobs[alive, step] = token_logprobs
+                steps_done = step + 1
+                if on_step is not None:
+                    running = (~finished).nonzero().squeeze(-1)  # rows past their stop token drew nothing of theirs
+                    cut = bool(on_step((alive[running] + first_entry).tolist(), tokens[running].tolist(),
+                                       token_logprobs[running].tolist()))
+                    if cut:
+                        break
                 if step == max_tokens - 1:
                     break
                 finished |= torch.isin(tokens, stop_ids)
@@ -310,10 +340,12 @@ class HFRolloutEngine:
                 )
                 next_position = next_position + 1
 
-        # A response ends at its first stop token (kept) or after max_tokens tokens.
+        # A response ends at its first stop token (kept) or after max_tokens tokens (after the steps made, for a call
+        # ended early by on_step).
+        out_tokens, out_logprobs = out_tokens[:, :steps_done], out_logprobs[:, :steps_done]
         is_stop = torch.isin(out_tokens, stop_ids)
         stopped = is_stop.any(dim=-1)
-        lengths = torch.where(stopped, is_stop.int().argmax(dim=-1) + 1, max_tokens)
+        lengths = torch.where(stopped, is_stop.int().argmax(dim=-1) + 1, steps_done)
         token_lists = out_tokens.tolist()
         logprob_lists = out_logprobs.tolist()
         response_ids, logprobs, finish_reason = [], [], []
@@ -321,4 +353,4 @@ class HFRolloutEngine:
             response_ids.append(token_lists[k][:length])
             logprobs.append(logprob_lists[k][:length])
             finish_reason.append("stop" if was_stopped else "length")
-        return response_ids, logprobs, finish_reason
+        return response_ids, logprobs, finish_reason, cut

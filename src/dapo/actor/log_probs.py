@@ -41,6 +41,7 @@ from dapo.core.kl import entropy_from_logits
 from dapo.distributed.data_parallel import is_sharded
 from dapo.model.cache_layers import is_linear_layer, layer_states, load_linear_states
 from dapo.model.left_padding import left_pad
+from dapo.model.loading import unsupported_logits
 
 if TYPE_CHECKING:
     from dapo.config import ActorConfig
@@ -400,14 +401,9 @@ def decoder_and_lm_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
             f"{name} is not a supported causal LM: the actor needs the decoder (model.get_decoder() or model.model) "
             "and the LM head (model.get_output_embeddings() or model.lm_head)"
         )
-    config = getattr(model, "config", None)
-    for attr in _LOGIT_TRANSFORM_ATTRS:
-        value = getattr(config, attr, None)
-        if value not in (None, 1, 1.0, 0, 0.0):
-            raise TypeError(
-                f"{name} transforms its logits ({attr}={value}); the actor computes logits as lm_head(hidden) and "
-                "would get them wrong for this model family"
-            )
+    problem = unsupported_logits(getattr(model, "config", None))
+    if problem is not None:
+        raise TypeError(f"{name} {problem}")
     return decoder, head
 
 

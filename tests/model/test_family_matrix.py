@@ -33,14 +33,15 @@ REFUSED = {
 }
 
 
-@pytest.fixture(scope="module")
-def sampled() -> dict[str, tuple]:
-    """Each family's model and the engine's samples of it, made once for the module."""
-    out = {}
-    for name in NAMES:
-        model = build_tiny_model(name)
-        out[name] = (model, *sampled_batch(model))
-    return out
+_SAMPLED: dict[str, tuple] = {}
+
+
+def sampled(family: str) -> tuple:
+    """The family's model, the engine's samples of it and their log-probs, made once per module run."""
+    if family not in _SAMPLED:
+        model = build_tiny_model(family)
+        _SAMPLED[family] = (model, *sampled_batch(model))
+    return _SAMPLED[family]
 
 
 @pytest.mark.parametrize("family", NAMES)
@@ -50,8 +51,8 @@ def test_greedy_engine_answers_equal_model_generate(family: str) -> None:
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("family", NAMES)
-def test_engine_log_probs_equal_the_actors(family: str, layout: str, sampled: dict) -> None:
-    model, batch, engine_logprobs = sampled[family]
+def test_engine_log_probs_equal_the_actors(family: str, layout: str) -> None:
+    model, batch, engine_logprobs = sampled(family)
     lengths = {len(r) for r in batch.response_ids}
     assert len(lengths) >= 3, "the samples must stop at different steps, or no finished row leaves the batch"
     if (family, layout) in REFUSED:
@@ -62,11 +63,11 @@ def test_engine_log_probs_equal_the_actors(family: str, layout: str, sampled: di
 
 
 @pytest.mark.parametrize(("family", "layout"), sorted(REFUSED))
-def test_a_refused_layout_is_really_wrong_for_that_family(family: str, layout: str, sampled: dict) -> None:
+def test_a_refused_layout_is_really_wrong_for_that_family(family: str, layout: str) -> None:
     """The refusals are not caution: computed anyway (the layout functions take no refusal), the log-probs are off
     by far more than the tolerance (packed samples leak into each other; a sliding window's prompt pass keeps
     only the window)."""
-    model, batch, engine_logprobs = sampled[family]
+    model, batch, engine_logprobs = sampled(family)
     with torch.no_grad():
         actor, _ = compute_response_log_probs(model, batch, temperature=1.0, chunk_size=64, with_entropy=False,
                                               layout=layout)

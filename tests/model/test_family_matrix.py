@@ -94,6 +94,22 @@ def test_lora_all_linear_adapts_every_layers_token_mixer(family: str) -> None:
         assert any(name.startswith(mixer) for name in per_layer[str(index)]), (index, per_layer[str(index)])
 
 
+def test_the_recorded_matrix_is_this_matrix() -> None:
+    """docs/models.md renders docs/runs/model-matrix.json: it holds every family, each gap within the tolerance, and
+    exactly the refusals asserted above (rerun scripts/model_matrix.py when a family or a refusal changes)."""
+    record = json.loads((Path(__file__).resolve().parents[2] / "docs/runs/model-matrix.json").read_text())
+    assert list(record["families"]) == NAMES
+    refused = set()
+    for family, entry in record["families"].items():
+        assert entry["greedy_equals_generate"]
+        for layout, result in entry["layouts"].items():
+            if "refused" in result:
+                refused.add((family, layout))
+            else:
+                assert result["gap"] <= GAP_TOLERANCE
+    assert refused == set(REFUSED)
+
+
 # ------------------------------------------------------------------------------------------------ the two fixes
 def test_mla_with_fewer_kv_heads_than_heads_loads_and_runs(tmp_path: Path) -> None:
     """DeepSeek-V3's attention expands keys and values to every query head; Transformers still repeats them

@@ -66,8 +66,8 @@ LAYOUTS: tuple[str, ...] = ("packed", "padded", "shared_prompt")
 # Families whose decoder builds its attention mask without the position ids, so that outside flash-attention's varlen
 # kernels (which read the restarts from the position ids themselves) packed samples attend to each other. Measured
 # by tests/model/test_family_matrix.py: GPT-OSS packed log-probs were off by up to 4.6 nats.
-_UNPACKED_MASKS = {"gpt_oss": "GPT-OSS's forward builds its attention mask without the position ids, so the packed "
-                              "samples would attend to each other (only flash-attention kernels separate them)"}
+_UNPACKED_MASKS = {"gpt_oss": "GPT-OSS's forward builds its attention mask without the position ids, so outside "
+                              "flash-attention kernels the packed samples would attend to each other"}
 _LOGIT_TRANSFORM_ATTRS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 
 

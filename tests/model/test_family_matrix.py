@@ -131,6 +131,29 @@ def test_mla_with_fewer_kv_heads_than_heads_loads_and_runs(tmp_path: Path) -> No
     assert greedy_mismatches(policy.model) == []
 
 
+@pytest.mark.parametrize("family", ["qwen3_5", "deepseek_v3"])
+def test_shared_prompt_gradient_equals_padded_through_linear_states_and_mla(family: str) -> None:
+    """The shared-prompt layout carries each prompt's linear-attention states (or MLA latents) into its response
+    passes with their autograd history: the gradient of a weighted sum of log-probs equals the padded layout's, with
+    and without recomputation (each response chunk continues from states the prompt pass made)."""
+    _, batch, _ = sampled(family)
+    weights = [torch.linspace(-1.0, 1.0, len(r)) for r in batch.response_ids]
+
+    def grads(layout: str, recompute: bool) -> dict[str, torch.Tensor]:
+        model = build_tiny_model(family).train()
+        log_probs, _ = compute_response_log_probs(model, batch, temperature=1.0, chunk_size=7, with_entropy=False,
+                                                  layout=layout, checkpoint_passes=recompute, max_chunk_tokens=12)
+        sum((lp * w).sum() for lp, w in zip(log_probs, weights, strict=True)).backward()
+        return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+    want = grads("padded", False)
+    for recompute in (False, True):
+        got = grads("shared_prompt", recompute)
+        assert set(got) == set(want)
+        for name in want:
+            assert float((got[name] - want[name]).norm()) <= 1e-4 * float(want[name].norm()) + 1e-7, name
+
+
 def test_an_unsupported_causal_lm_is_refused_at_load_naming_the_piece(tmp_path: Path) -> None:
     """Gemma 2 soft-caps its logits; the actor computes lm_head(hidden) itself, so it cannot train it. Before, the
     model loaded and the run failed after its first rollout, in the actor."""

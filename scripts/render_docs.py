@@ -17,6 +17,9 @@ Every figure between ``<!-- generated:NAME -->`` and ``<!-- /generated -->`` in 
   docs/runs/omp-policy.json
       scripts/bench_omp_policy.py: a 3-step `dapo train` under each OpenMP waiting policy, alone and beside a busy
       process (wall and step times of every run, medians)
+  docs/runs/model-matrix.json
+      scripts/model_matrix.py: per tiny model family, the HF engine's greedy check, the engine-vs-actor log-prob gap
+      on each actor layout (or the actor's refusal), and what LoRA's all-linear adapts
   docs/runs/harness-vs-benchmark/*.metrics.jsonl.gz, runs.json
       issue 24's harness command and vs_trl's dapo job, run one after the other: their metrics, commands, date, host
   docs/runs/bench-ttft-tiny.json
@@ -41,8 +44,8 @@ from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ("README.md", "docs/guide.md", "docs/performance.md", "docs/results.md", "docs/serving.md",
-        "docs/tiny-model.md", "docs/tools.md")
+DOCS = ("README.md", "docs/guide.md", "docs/models.md", "docs/performance.md", "docs/results.md",
+        "docs/serving.md", "docs/tiny-model.md", "docs/tools.md")
 BLOCK = re.compile(r"<!-- generated:([\w-]+) -->(.*?)<!-- /generated -->", re.S)
 VS_TRL = {"tiny": "docs/img/vs_trl_tiny.json", "smollm2": "docs/img/vs_trl_smollm2.json",
           "smollm2-bf16": "docs/img/vs_trl_smollm2_bf16_rollout.json"}
@@ -52,6 +55,7 @@ PROFILE_RUN = "docs/runs/profile-smollm2"
 HARNESS_RUNS = "docs/runs/harness-vs-benchmark"
 OMP_POLICY = "docs/runs/omp-policy.json"
 BENCH_TTFT = "docs/runs/bench-ttft-tiny.json"
+MODEL_MATRIX = "docs/runs/model-matrix.json"
 
 
 @cache
@@ -443,7 +447,44 @@ def serving_ttft() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _layout_cell(entry: dict) -> str:
+    if "gap" in entry:
+        return f"{entry['gap']:.1e}"
+    reason = entry["refused"].split("cannot run here: ", 1)[-1].split("; use ", 1)[0]
+    return f"refused ({reason})"
+
+
+def _lora_cell(per_layer: dict[str, list[str]]) -> str:
+    """The distinct module kinds 'all-linear' adapts over all layers, without PEFT's inner wrappers."""
+    names = sorted({n for names in per_layer.values() for n in names if not n.endswith(".base_layer")})
+    return ", ".join(f"`{n}`" for n in names)
+
+
+def model_matrix() -> str:
+    """The family x engine x layout x LoRA x FSDP2 x R3 table of docs/runs/model-matrix.json."""
+    record = json.loads((ROOT / MODEL_MATRIX).read_text(encoding="utf-8"))
+    meta, families = record["meta"], record["families"]
+    rows = ["| family | cache kinds | HF engine greedy = generate | gap padded | gap shared_prompt | gap packed | "
+            "vLLM | FSDP2 | R3 |", "| --- |" + " --- |" * 8]
+    for name, f in families.items():
+        kinds = " + ".join(f["cache_kinds"]) + (", MoE" if f["moe"] else "")
+        cells = [_layout_cell(f["layouts"][layout]) for layout in ("padded", "shared_prompt", "packed")]
+        rows.append(f"| {name} (`{f['config_class']}`, {f['attention']}) | {kinds} | "
+                    f"{'yes' if f['greedy_equals_generate'] else '**no**'} | " + " | ".join(cells) + " | "
+                    + " | ".join("not measured" if f[k] is None else str(f[k]) for k in ("vllm", "fsdp2"))
+                    + f" | {'not yet' if f['r3'] is None else f['r3']} |")
+    lora = ["| family | adapted by `model.target_modules=all-linear` |", "| --- | --- |"]
+    lora += [f"| {name} | {_lora_cell(f['lora_all_linear'])} |" for name, f in families.items()]
+    tokens = {f["sampled_tokens"] for f in families.values()}
+    return ("\n" + "\n".join(rows) + "\n\n" + "\n".join(lora) + "\n\n"
+            f"Gaps: the largest |engine log-prob - actor log-prob| (nats) over the {min(tokens)}-{max(tokens)} tokens "
+            f"the engine sampled per family (fp32; the tests' tolerance is {meta['tolerance']:g}). Recorded "
+            f"{meta['date']}, commit {meta['commit']}, torch {meta['torch']}, transformers {meta['transformers']}, "
+            f"peft {meta['peft']}, {meta['host']} (`{MODEL_MATRIX}`, written by `scripts/model_matrix.py`).\n")
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
+    "model-matrix": model_matrix,
     "readme-vs-trl": readme_vs_trl,
     "readme-default-run": readme_default_run,
     "default-run-accuracy": default_run_accuracy,

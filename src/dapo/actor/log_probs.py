@@ -39,7 +39,9 @@ from dapo.actor.micro_batching import plan_micro_batches, response_chunks, warn_
 from dapo.actor.precision import autocast_context
 from dapo.core.kl import entropy_from_logits
 from dapo.distributed.data_parallel import is_sharded
+from dapo.model.cache_layers import is_linear_layer, layer_states, load_linear_states
 from dapo.model.left_padding import left_pad
+from dapo.model.loading import unsupported_logits
 
 if TYPE_CHECKING:
     from dapo.config import ActorConfig
@@ -61,6 +63,11 @@ LAYOUTS: tuple[str, ...] = ("packed", "padded", "shared_prompt")
 
 # Config attributes of model families whose logits are NOT simply lm_head(hidden): computing lm_head ourselves would
 # silently give wrong log-probs for them, so they are refused.
+# Families whose decoder builds its attention mask without the position ids, so that outside flash-attention's varlen
+# kernels (which read the restarts from the position ids themselves) packed samples attend to each other. Measured
+# by tests/model/test_family_matrix.py: GPT-OSS packed log-probs were off by up to 4.6 nats.
+_UNPACKED_MASKS = {"gpt_oss": "GPT-OSS's forward builds its attention mask without the position ids, so outside "
+                              "flash-attention kernels the packed samples would attend to each other"}
 _LOGIT_TRANSFORM_ATTRS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 
 
@@ -101,8 +108,8 @@ def resolve_layout(requested: str, model: nn.Module) -> str:
     (FSDP2 runs each layer's all-gather/reduce-scatter once per forward, and shared_prompt forwards twice), runs
     Hugging Face's activation checkpointing (its checkpointed layers drop the KV cache that carries the prompt to the
     responses; :func:`dapo.actor.update.configure_model_for_training` leaves it off for this layout, which checkpoints
-    its own passes) or has sliding-window layers: padded then. An explicit shared_prompt that cannot run is refused,
-    naming why.
+    its own passes) or has sliding-window layers: padded then. A model with linear-attention layers is never packed
+    (their state does not restart at a sample boundary). An explicit layout that cannot run is refused, naming why.
     """
     if requested not in (*LAYOUTS, "auto"):
         raise ValueError(f"actor.layout must be 'auto', 'packed', 'padded' or 'shared_prompt', got {requested!r}")
@@ -117,9 +124,19 @@ def resolve_layout(requested: str, model: nn.Module) -> str:
                 "the model has sliding-window attention layers" if sliding else None)
     if requested == "shared_prompt" and obstacle is not None:
         raise ValueError(f"actor.layout=shared_prompt cannot run here: {obstacle}; use auto, padded or packed")
+    # A linear-attention layer (Gated DeltaNet) sees no position ids: its recurrent state would run from one packed
+    # sample into the next, so every packed sample after the first would be conditioned on the ones before it.
+    linear = "linear_attention" in (getattr(config, "layer_types", None) or ())
+    if requested == "packed" and linear:
+        raise ValueError("actor.layout=packed cannot run here: the model has linear-attention layers, whose recurrent "
+                         "state would carry from one packed sample into the next; use auto, padded or shared_prompt")
+    model_type = str(getattr(config, "model_type", "") or "")
+    if requested == "packed" and model_type in _UNPACKED_MASKS and not implementation.startswith("flash_attention"):
+        raise ValueError(f"actor.layout=packed cannot run here: {_UNPACKED_MASKS[model_type]}; use auto, padded or "
+                         "shared_prompt")
     if requested != "auto":
         return requested
-    if implementation.startswith("flash_attention"):
+    if implementation.startswith("flash_attention") and not linear:
         return "packed"
     return "padded" if obstacle is not None else "shared_prompt"
 
@@ -302,23 +319,30 @@ def _last_hidden(out: object) -> Tensor:
 
 
 def _prompt_pass(decoder: nn.Module, cache_kwarg: str, rows: SharedPromptRows, embeds: Tensor) -> tuple[Tensor, ...]:
-    """Pass 1: the last hidden state of each distinct prompt, then every layer's keys, then every layer's values."""
+    """Pass 1: the last hidden state of each distinct prompt, then every layer's first and then every layer's second
+    carried tensor (keys and values, or a linear-attention layer's convolution and recurrent states)."""
     cache = DynamicCache(config=getattr(decoder, "config", None))
     mask = rows.prompt_attention_mask
     hidden = _last_hidden(decoder(inputs_embeds=embeds, position_ids=rows.prompt_position_ids,
                                   attention_mask=None if bool(mask.all()) else mask, use_cache=True,
                                   **{cache_kwarg: cache}))
-    return (hidden[:, -1], *(layer.keys for layer in cache.layers), *(layer.values for layer in cache.layers))
+    states = [layer_states(layer, index) for index, layer in enumerate(cache.layers)]
+    return (hidden[:, -1], *(first for first, _ in states), *(second for _, second in states))
 
 
 def _chunk_pass(decoder: nn.Module, cache_kwarg: str, chunk: ResponseChunk, prompt_rows: Tensor, embeds: Tensor,
                 *prompt_kv: Tensor) -> Tensor:
-    """Pass 2 for one response chunk: ``[rows * width, H]`` hidden states, on a copy of its prompts' keys/values."""
+    """Pass 2 for one response chunk: ``[rows * width, H]`` hidden states, on a copy of its prompts' carried tensors
+    (a linear-attention layer continues from its prompt's states; :class:`dapo.model.cache_layers.ForkedLinearLayer`)."""
     cache = DynamicCache(config=getattr(decoder, "config", None))
     num_layers = len(prompt_kv) // 2
     for index in range(num_layers):
-        cache.update(prompt_kv[index].index_select(0, prompt_rows),
-                     prompt_kv[num_layers + index].index_select(0, prompt_rows), index)
+        first = prompt_kv[index].index_select(0, prompt_rows)
+        second = prompt_kv[num_layers + index].index_select(0, prompt_rows)
+        if index < len(cache.layers) and is_linear_layer(cache.layers[index]):
+            load_linear_states(cache, index, first, second)
+        else:
+            cache.update(first, second, index)
     hidden = _last_hidden(decoder(inputs_embeds=embeds, position_ids=chunk.position_ids,
                                   attention_mask=chunk.attention_mask, use_cache=True, **{cache_kwarg: cache}))
     return hidden.reshape(-1, hidden.shape[-1])
@@ -377,14 +401,9 @@ def decoder_and_lm_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
             f"{name} is not a supported causal LM: the actor needs the decoder (model.get_decoder() or model.model) "
             "and the LM head (model.get_output_embeddings() or model.lm_head)"
         )
-    config = getattr(model, "config", None)
-    for attr in _LOGIT_TRANSFORM_ATTRS:
-        value = getattr(config, attr, None)
-        if value not in (None, 1, 1.0, 0, 0.0):
-            raise TypeError(
-                f"{name} transforms its logits ({attr}={value}); the actor computes logits as lm_head(hidden) and "
-                "would get them wrong for this model family"
-            )
+    problem = unsupported_logits(getattr(model, "config", None))
+    if problem is not None:
+        raise TypeError(f"{name} {problem}")
     return decoder, head
 
 

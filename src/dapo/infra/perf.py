@@ -90,11 +90,24 @@ def _kv_heads(shape: TransformerShape) -> int:
     return int(getattr(shape, "num_key_value_heads", None) or shape.num_attention_heads)
 
 
+def _mlp_width(shape: TransformerShape) -> int:
+    """The gated MLP's inner width a token goes through. A MoE config without a dense ``intermediate_size``
+    (Qwen3.5-MoE) counts the experts a token is routed to and the shared expert: ``k * moe_intermediate_size +
+    shared_expert_intermediate_size``. (MoE configs that also name a dense width are counted dense, an upper bound;
+    linear-attention and MLA layers are counted as standard attention: the figure is an estimate for those families.)
+    """
+    width = getattr(shape, "intermediate_size", None)
+    if width:
+        return int(width)
+    routed = int(getattr(shape, "num_experts_per_tok", 0) or 0) * int(getattr(shape, "moe_intermediate_size", 0) or 0)
+    return routed + int(getattr(shape, "shared_expert_intermediate_size", 0) or 0)
+
+
 def matmul_params(shape: TransformerShape) -> int:
     """``N``: the weights one token is multiplied with (attention projections, gated MLP, LM head; no embedding)."""
     h, d = shape.hidden_size, _head_dim(shape)
     q, kv = shape.num_attention_heads * d, _kv_heads(shape) * d
-    per_layer = h * (q + 2 * kv) + q * h + 3 * h * shape.intermediate_size
+    per_layer = h * (q + 2 * kv) + q * h + 3 * h * _mlp_width(shape)
     return shape.num_hidden_layers * per_layer + shape.vocab_size * h
 
 

@@ -33,7 +33,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 __all__ = [
     "GQA_SDPA", "SHARED_PREFIX", "SHARED_PREFIX_CACHE", "SharedPrefix", "attention_implementation",
-    "gqa_sdpa_attention", "grouped_query_sdpa", "shared_prefix_attention",
+    "gqa_sdpa_attention", "grouped_query_sdpa", "shared_prefix_attention", "ungroup_expanded_heads",
 ]
 
 GQA_SDPA = "dapo_gqa_sdpa"
@@ -71,7 +71,7 @@ def _one_query_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
 
     The query heads of a KV head form the rows of one matmul against that head's keys, so nothing is repeated; at one
     query per row this is 30% faster on CPU than SDPA's flash kernel, which tiles for long queries. Returns
-    ``[batch, 1, heads, head_dim]`` like the attention functions.
+    ``[batch, 1, heads, value_head_dim]`` like the attention functions.
     """
     batch, heads, _, dim = query.shape
     kv_heads = key.shape[1]
@@ -79,8 +79,8 @@ def _one_query_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
     grouped = query.reshape(batch, kv_heads, heads // kv_heads, dim)
     scores = torch.matmul(grouped, key.transpose(-1, -2)) * scale  # [batch, kv_heads, group, keys]
     scores = scores.masked_fill(~mask.reshape(batch, 1, 1, -1), float("-inf"))
-    out = torch.matmul(torch.softmax(scores, dim=-1), value)  # [batch, kv_heads, group, dim]
-    return out.reshape(batch, 1, heads, dim)
+    out = torch.matmul(torch.softmax(scores, dim=-1), value)  # [batch, kv_heads, group, value dim]
+    return out.reshape(batch, 1, heads, value.shape[-1])  # MLA: the value head dim differs from the query's
 
 
 @dataclass(frozen=True)
@@ -154,13 +154,22 @@ def shared_prefix_attention(
     ``key``/``value`` are the row's own tokens (its response so far, this step's included, none of them padding); the
     prompt part comes from the :class:`SharedPrefix` of this layer of the cache passed as ``SHARED_PREFIX_CACHE``.
     Both parts enter one softmax (the scores are concatenated), so this is the same attention as over the row's
-    whole sequence, with the prompt's left padding masked by the prefix's bias. Returns ``[rows, 1, heads, dim]``.
+    whole sequence, with the prompt's left padding masked by the prefix's bias. Returns ``[rows, 1, heads, value dim]``
+    (MLA's value heads are narrower than its query and key heads).
     """
     cache = kwargs.get(SHARED_PREFIX_CACHE)
     if cache is None or query.shape[2] != 1:
         raise ValueError("shared_prefix_attention runs one-query decode steps of a cache with shared prefixes; got "
                          f"{query.shape[2]} queries and cache {type(cache).__name__}")
-    prefix: SharedPrefix = cache.layers[module.layer_idx].prefix  # type: ignore[attr-defined]
+    layer = cache.layers[module.layer_idx]  # type: ignore[attr-defined]
+    expand = getattr(module, "expand_kv", None)
+    if expand is not None and not getattr(layer, "prefix_expanded", False):
+        # MLA (DeepSeek-V3): the cache holds the compressed latents, which the module expands to per-head keys and
+        # values after reading it. The prompt part is expanded once per call, here, where the module is at hand.
+        latent_keys, latent_values = layer.prefix.keys_t.transpose(-1, -2), layer.prefix.values
+        layer.prefix = layer.prefix.with_tensors(*expand(latent_keys, latent_values))
+        layer.prefix_expanded = True
+    prefix: SharedPrefix = layer.prefix
     rows, heads, _, dim = query.shape
     kv_heads, prompt_positions = prefix.keys_t.shape[1], prefix.keys_t.shape[3]
     group = heads // kv_heads
@@ -171,8 +180,27 @@ def shared_prefix_attention(
     probs = torch.softmax(scores, dim=-1)  # [rows, kv_heads, group, prompt positions + own positions]
     prompt_probs, own_probs = probs.split([prompt_positions, key.shape[-2]], dim=-1)
     out = prefix.to_rows(torch.matmul(prefix.to_grid(prompt_probs), prefix.values), group)
-    out = out + torch.matmul(own_probs, value)  # [rows, kv_heads, group, dim]
-    return out.reshape(rows, 1, heads, dim), None
+    out = out + torch.matmul(own_probs, value)  # [rows, kv_heads, group, value dim]
+    return out.reshape(rows, 1, heads, value.shape[-1]), None
+
+
+def ungroup_expanded_heads(model: nn.Module) -> int:
+    """Make the attention modules that expand their keys and values to every query head (MLA, DeepSeek-V3's
+    ``expand_kv``) say so: ``num_key_value_groups = 1``. Returns how many were changed.
+
+    Such a module computes one key and one value head per query head whatever ``num_key_value_heads`` says, but
+    Transformers sets ``num_key_value_groups = num_attention_heads / num_key_value_heads`` on it, and its SDPA and eager
+    functions then repeat those keys that many times again: a config with fewer KV heads than query heads fails in
+    Transformers' own forward ("The size of tensor a (8) must match the size of tensor b (16) at non-singleton
+    dimension 1"). The weights do not depend on ``num_key_value_heads`` (``kv_b_proj`` has a block per query head), so
+    this is the model those weights define.
+    """
+    changed = 0
+    for module in model.modules():
+        if callable(getattr(module, "expand_kv", None)) and getattr(module, "num_key_value_groups", 1) != 1:
+            module.num_key_value_groups = 1
+            changed += 1
+    return changed
 
 
 def _no_mask(*args: object, **kwargs: object) -> None:

@@ -15,10 +15,27 @@ from dapo.config import ModelConfig
 from dapo.infra.atomic import atomic_directory
 from dapo.infra.checkpoint import checkpoint_folder_problem
 from dapo.model import hub
+from dapo.model.attention import ungroup_expanded_heads
 
 log = logging.getLogger(__name__)
 
 EMBEDDED_MODEL_DIR = Path(__file__).resolve().parents[1] / "assets" / "tiny-qwen2"
+
+
+# Config attributes of model families whose logits are NOT simply lm_head(hidden): the actor computes lm_head itself
+# (one chunk of rows at a time), so it would silently get wrong log-probs for them; they are refused.
+_LOGIT_TRANSFORM_ATTRS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+
+
+def unsupported_logits(config: object) -> str | None:
+    """Why the actor cannot compute this model's logits as ``lm_head(hidden)`` (Gemma 2's soft-capping, Cohere's logit
+    scale, ...), or None."""
+    for attr in _LOGIT_TRANSFORM_ATTRS:
+        value = getattr(config, attr, None)
+        if value not in (None, 1, 1.0, 0, 0.0):
+            return (f"transforms its logits ({attr}={value}); the actor computes logits as lm_head(hidden) and "
+                    "would get them wrong for this model family")
+    return None
 
 
 class ModelLoadError(RuntimeError):
@@ -189,6 +206,12 @@ def load_policy(cfg: ModelConfig, *, dtype: torch.dtype = torch.float32, device:
             del model.config.quantization_config
     if cache is not None and "gguf_file" in kwargs and cfg.save_pretrained_cache:
         _save_atomically(model, tokenizer, cache)
+    problem = unsupported_logits(model.config)
+    if problem is not None:
+        raise ModelLoadError(f"'{path}' ({type(model).__name__}) is not supported: it {problem}")
+    if ungroup_expanded_heads(model):
+        log.info("'%s': its attention expands keys and values to every query head (MLA); num_key_value_heads=%s "
+                 "is not used", path, getattr(model.config, "num_key_value_heads", None))
     model.to(device)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -8,8 +8,9 @@ processors and stopping criteria per step. RL rollouts have wildly varying lengt
 2. prefills each *distinct* prompt once and decodes its ``n`` samples on that one copy of its keys and values
    (:class:`dapo.rollout.kv_cache.SharedPrefixLayer`; a copy per sample where the model does not run SDPA),
 3. decodes one token per step for the rows still running, and
-4. drops finished rows from the batch and from the KV cache (``DynamicCache.batch_select_indices``) once an eighth
-   of the batch has emitted a stop token, so compute shrinks with the number of unfinished sequences.
+4. drops finished rows from the batch and from the KV cache (every layer kind: keys and values, or a linear-attention
+   layer's states; :func:`dapo.model.cache_layers.select_cache_rows`) once an eighth of the batch has emitted a stop
+   token, so compute shrinks with the number of unfinished sequences.
 
 The engine shares the actor's ``nn.Module``: the actor's optimizer step *is* the weight update, so
 :meth:`HFRolloutEngine.update_weights` has nothing to do when handed the module's own tensors (it copies in any other
@@ -37,6 +38,7 @@ from transformers import DynamicCache, PreTrainedModel
 from dapo.model.attention import (
     GQA_SDPA, SHARED_PREFIX, SHARED_PREFIX_CACHE, attention_implementation, grouped_query_sdpa,
 )
+from dapo.model.cache_layers import select_cache_rows
 from dapo.model.left_padding import left_pad
 from dapo.rollout.base import RolloutOutput, SamplingParams, StepCallback
 from dapo.rollout.kv_cache import preallocated_cache, shared_prompt_cache
@@ -287,7 +289,7 @@ class HFRolloutEngine:
                 cache, padded = shared, False  # the prompts' padding is the prefix's bias; own tokens are never padding
                 decode_kwargs = {SHARED_PREFIX_CACHE: cache}
             else:
-                cache.batch_select_indices(row_to_distinct)
+                select_cache_rows(cache, row_to_distinct)
                 attention_mask = attention_mask[row_to_distinct]
 
         num_rows, max_tokens = len(rows), params.max_tokens
@@ -328,7 +330,7 @@ class HFRolloutEngine:
                     keep = (~finished).nonzero().squeeze(-1)
                     alive, tokens, next_position = alive[keep], tokens[keep], next_position[keep]
                     finished = finished[keep]
-                    cache.batch_select_indices(keep)
+                    select_cache_rows(cache, keep)
                     if padded:
                         attention_mask = attention_mask[keep]
                         padded = not bool(attention_mask.all())

@@ -12,6 +12,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from dapo.model.attention import SharedPrefix
+from dapo.model.cache_layers import is_linear_layer, select_layer_rows
 
 __all__ = ["PreallocatedLayer", "SharedPrefixLayer", "preallocated_cache", "shared_prompt_cache"]
 
@@ -119,15 +120,22 @@ def shared_prompt_cache(prefill: DynamicCache, prompt_mask: torch.Tensor, row_to
     """The cache for rows decoding after the prompts of ``prefill`` (``row_to_prompt[row]``), each prompt kept once.
 
     ``prompt_mask`` is the prompts' padding mask (``[prompts, width]``, true at tokens); ``capacity`` the positions each
-    row's own buffer starts with (it grows if exceeded). None when a layer is not a full-attention
-    :class:`PreallocatedLayer` (a sliding window keeps only its window): the caller then copies the prompts instead.
+    row's own buffer starts with (it grows if exceeded). A linear-attention layer (Qwen3.5's Gated DeltaNet) has no
+    keys to share: its fixed-size states are copied to every row (:func:`dapo.model.cache_layers.select_cache_rows`),
+    as decoding updates them per row. None when an attention layer is not a full-attention
+    :class:`PreallocatedLayer` (a sliding window keeps only its window) or no layer is one: the caller then copies the
+    prompts instead.
     """
-    if not prefill.layers or not all(type(layer) is PreallocatedLayer and layer.is_initialized
-                                     for layer in prefill.layers):
+    attention = [layer for layer in prefill.layers if not is_linear_layer(layer)]
+    if not attention or not all(type(layer) is PreallocatedLayer and layer.is_initialized for layer in attention):
         return None
-    first = prefill.layers[0]
+    first = attention[0]
     placed = SharedPrefix.of_rows(first.keys, first.values, prompt_mask, row_to_prompt)  # the rows' places, once
     cache = DynamicCache()
-    cache.layers = [SharedPrefixLayer(placed.with_tensors(layer.keys, layer.values), capacity)
+    cache.layers = [layer if is_linear_layer(layer) else
+                    SharedPrefixLayer(placed.with_tensors(layer.keys, layer.values), capacity)
                     for layer in prefill.layers]
+    for layer in cache.layers:
+        if is_linear_layer(layer):
+            select_layer_rows(layer, row_to_prompt)
     return cache

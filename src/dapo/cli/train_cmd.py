@@ -88,6 +88,12 @@ def train_command(config_path: tuple[str, ...], print_config: bool, overrides: t
         if not (world.distributed and is_lost_peer(exc)):
             raise
         raise click.ClickException(lost_rank_message(exc, world.rank, world.world_size, resume_hint(cfg))) from None
+    finally:
+        # This rank is on its way out (done or failing, its message about to be printed): a SIGTERM from torchrun
+        # now, after another rank failed, must not raise inside the interpreter's exit (an atexit callback printed
+        # a traceback that way in CI). The process ends by itself; torchrun's SIGKILL follows if it does not.
+        if world.distributed:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
     world.close()
     if not world.is_main:  # rank 0 reports and plots the run: its record is the run's
         return

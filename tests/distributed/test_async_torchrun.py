@@ -71,16 +71,63 @@ def test_one_trainer_rank_and_two_rollout_ranks_share_every_batch_and_every_push
         assert lines and all(line["lag"] <= 1 and max(line["weight_versions"]) <= step - 1 for line in lines)
 
 
-def test_the_rank_split_built_is_one_trainer_rank_and_any_rollout_ranks() -> None:
+@pytest.mark.slow
+def test_two_fsdp2_trainer_ranks_and_two_rollout_ranks_train_within_the_staleness_bound(tmp_path: Path) -> None:
+    """2 x 2 (torchrun --nproc-per-node 4, actor.strategy=fsdp2): the trainer ranks shard the actor over a group of
+    their own; the leading one runs the producer against both engines and hands every batch to the other; each push
+    gathers the shards on both trainer ranks and reaches both engines in one broadcast. Both engines contribute every
+    step, the bound holds sample by sample, and the checkpoint holds both trainer ranks' shards (world size 2, not 4:
+    the rollout ranks hold no part of the actor)."""
+    run_dir = tmp_path / "two_by_two"
+    args = [*(a if a != "rollout.n_gpus_per_node=1" else "rollout.n_gpus_per_node=2" for a in SPLIT),
+            "actor.strategy=fsdp2"]
+    result = torchrun([*args, "trainer.experiment_name=two_by_two", f"trainer.rollout_data_dir={run_dir / 'batches'}"],
+                      tmp_path, nproc=4, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "engine hf on each of 2 rollout ranks" in result.stdout
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = [r for r in records if r["step"] > 0]
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    for r in records:
+        assert r["async/engine_samples/0"] > 0 and r["async/engine_samples/0"] == r["async/engine_samples/1"]
+        assert r["rollout/probe_logprob_diff"] < 1e-3 and r["async/weight_transfer_bytes"] > 1e6
+        assert r["async/staleness/max"] <= 1 and r["train/num_groups"] > 0
+    for step in range(1, STEPS + 1):
+        lines = [json.loads(line) for line in (run_dir / "batches" / f"{step}.jsonl").read_text().splitlines()]
+        assert lines and all(line["lag"] <= 1 and max(line["weight_versions"]) <= step - 1 for line in lines)
+    checkpoint = run_dir / "checkpoints" / f"global_step_{STEPS}"
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    assert manifest["layout"] == "sharded" and manifest["world_size"] == 2
+    assert sorted(p.name for p in checkpoint.glob("rng_rank*.pt")) == ["rng_rank0.pt", "rng_rank1.pt"]
+
+
+@pytest.mark.slow
+def test_two_replicated_trainer_ranks_and_one_rollout_rank_resume_one_step_off(tmp_path: Path) -> None:
+    """2 + 1, one_step_off, replicated: the run trains, and a rerun with more steps resumes from its checkpoint on
+    the same split (the leader's prefetched batch is in the checkpoint) and records every step once."""
+    args = [*(a for a in SPLIT if not a.startswith(("async_training.mode", "async_training.partial",
+                                                        "async_training.staleness"))),
+            "async_training.mode=one_step_off", "trainer.experiment_name=two_plus_one"]
+    first = torchrun([*args, "trainer.total_training_steps=2"], tmp_path, nproc=3, timeout=600)
+    assert first.returncode == 0, first.stderr[-4000:]
+    second = torchrun([*args, "trainer.total_training_steps=3"], tmp_path, nproc=3, timeout=600)
+    assert second.returncode == 0, second.stderr[-4000:]
+    assert "resumed from" in second.stdout
+    records = [json.loads(line) for line in (tmp_path / "two_plus_one" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["step"] > 0] == [1, 2, 3]
+    assert all(r["async/staleness/max"] <= 1 and r["async/engine_samples/0"] > 0 for r in records if r["step"] > 0)
+
+
+def test_the_rank_split_is_any_trainer_ranks_and_any_rollout_ranks() -> None:
     split = build_config({}, ["async_training.mode=one_step_off", "rollout.n_gpus_per_node=1"])
     assert rollout_ranks(split, World(rank=0, world_size=2)) == 1
     assert not is_rollout_rank(split, World(rank=0, world_size=2))
     assert is_rollout_rank(split, World(rank=1, world_size=2))
     assert rollout_ranks(build_config({}, []), World(rank=0, world_size=2)) == 0  # data parallel, as before
-    with pytest.raises(TrainingError, match="one trainer rank and 1 rollout rank"):
+    with pytest.raises(TrainingError, match="leaves no rank to train"):
         rollout_ranks(split, World())  # no torchrun: there is no rank to give
-    with pytest.raises(TrainingError, match="several trainer ranks beside rollout ranks are not built yet"):
-        rollout_ranks(split, World(rank=0, world_size=3))
+    assert rollout_ranks(split, World(rank=0, world_size=3)) == 1  # two trainer ranks beside one rollout rank
+    assert [is_rollout_rank(split, World(rank=r, world_size=3)) for r in range(3)] == [False, False, True]
     two = build_config({}, ["async_training.mode=fully_async", "rollout.n_gpus_per_node=2"])
     assert rollout_ranks(two, World(rank=0, world_size=3)) == 2
     assert [is_rollout_rank(two, World(rank=r, world_size=3)) for r in range(3)] == [False, True, True]

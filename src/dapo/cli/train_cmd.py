@@ -7,6 +7,7 @@ passed down (``docs/distributed.md``); rank 0 alone prints and plots.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 
@@ -89,11 +90,12 @@ def train_command(config_path: tuple[str, ...], print_config: bool, overrides: t
             raise
         raise click.ClickException(lost_rank_message(exc, world.rank, world.world_size, resume_hint(cfg))) from None
     finally:
-        # This rank is on its way out (done or failing, its message about to be printed): a SIGTERM from torchrun
-        # now, after another rank failed, must not raise inside the interpreter's exit (an atexit callback printed
-        # a traceback that way in CI). The process ends by itself; torchrun's SIGKILL follows if it does not.
+        # This rank is on its way out (done or failing, its message printed next): a SIGTERM from torchrun now,
+        # after another rank failed, must not raise inside the interpreter's exit (an atexit callback printed a
+        # traceback that way in CI), nor be ignored (an exit held up by a torn process group would then wait for
+        # torchrun's SIGKILL, or forever under an agent that sends none): it ends the process at once, quietly.
         if world.distributed:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, exit_quietly)
     world.close()
     if not world.is_main:  # rank 0 reports and plots the run: its record is the run's
         return
@@ -118,3 +120,14 @@ def train_command(config_path: tuple[str, ...], print_config: bool, overrides: t
         click.echo(f"validation {k_key}: first {first:.3f} (step {result.val_history[0][0]}) -> "
                    f"last {last:.3f} (step {result.val_history[-1][0]}), {100 * (last - first):+.1f} points")
     click.echo(f"metrics: {result.run_dir / 'metrics.jsonl'}; plots: {plot_path or 'not written'}")
+
+
+def exit_quietly(signum: int, frame: object) -> None:
+    """SIGTERM once the command has ended: flush what was printed and exit, with no traceback (``train``)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed stream: nothing to flush
+            pass
+    os._exit(128 + signum)
+

@@ -684,9 +684,10 @@ class DapoConfig(_Section):
                 "actor.recompute_old_log_prob=auto or always (never makes pi_old the engine's log-probs: weight 1)"
             )
         at = self.async_training
-        if at.mode != "sync" and self.actor.strategy != "replicated":
-            problems.append(f"async_training.mode={at.mode} runs the actor replicated (actor.strategy=replicated); "
-                            "a sharded actor's weight push to a rollout worker is not built")
+        if at.mode != "sync" and self.actor.strategy == "fsdp2" and self.rollout.n_gpus_per_node == 0:
+            problems.append(f"async_training.mode={at.mode} with actor.strategy=fsdp2 shards the actor over trainer "
+                            "ranks of a torchrun job beside rollout ranks of its own: set rollout.n_gpus_per_node=R "
+                            "(torchrun --nproc-per-node N+R, N >= 2 trainer ranks)")
         if at.mode != "sync" and at.trigger_parameter_sync_step != 1:
             problems.append("async_training.trigger_parameter_sync_step must be 1 (a push after every step): longer "
                             "intervals are not built")

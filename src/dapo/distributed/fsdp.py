@@ -136,10 +136,11 @@ def shard_actor(model: nn.Module, cfg: FsdpConfig, world: World, *, gradient_che
     mp = MixedPrecisionPolicy(param_dtype=DTYPES[cfg.param_dtype], reduce_dtype=DTYPES[cfg.reduce_dtype],
                               cast_forward_inputs=False)
     offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if cfg.cpu_offload else OffloadPolicy()
+    mesh = world.device_mesh()  # the trainer ranks' own group when other ranks of the job serve the rollout
     for layer in decoder_layers(model):
-        fully_shard(layer, mp_policy=mp, offload_policy=offload)
+        fully_shard(layer, mesh=mesh, mp_policy=mp, offload_policy=offload)
     root = ShardedActor(model)
-    fully_shard(root, mp_policy=mp, offload_policy=offload)
+    fully_shard(root, mesh=mesh, mp_policy=mp, offload_policy=offload)
     for module in root.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)

@@ -328,7 +328,7 @@ def save_sharded_checkpoint(
             warnings.filterwarnings("ignore", message=r"torch\.distributed is disabled")
             save({"model": model_state, "optim": optimizer_state},
                  storage_writer=FileSystemWriter(temp_dir / SHARDED_DIR, sync_files=True),
-                 no_dist=not world.distributed)
+                 no_dist=not world.distributed, process_group=world.group)
         current = _rank_rng_name(world.rank)
         rng_state = _capture_rng_state()
         write_new_file(temp_dir / current, lambda f: torch.save(rng_state, f))
@@ -846,6 +846,17 @@ def _process_rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
+def _shard_group(model: torch.nn.Module) -> Any:
+    """The process group ``model``'s shards are spread over (the trainer ranks' own when other ranks of the job serve
+    the rollout); None for a replica (DCP then uses the job's default group)."""
+    from torch.distributed.tensor import DTensor
+
+    for param in model.parameters():
+        if isinstance(param, DTensor):
+            return param.device_mesh.get_group()
+    return None
+
+
 def _load_sharded_state(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
     """Load a DCP folder into ``model`` (and ``optimizer``), on any world size and either strategy.
 
@@ -867,7 +878,7 @@ def _load_sharded_state(folder: Path, model: torch.nn.Module, optimizer: torch.o
             state = {"model": model_state, "optim": optimizer_state}
         with warnings.catch_warnings():  # DCP warns that no_dist means one process, which is why it is asked for
             warnings.filterwarnings("ignore", message=r"torch\.distributed is disabled")
-            load(state, storage_reader=FileSystemReader(folder), no_dist=no_dist)
+            load(state, storage_reader=FileSystemReader(folder), no_dist=no_dist, process_group=_shard_group(model))
         if optimizer is None:
             set_model_state_dict(model, state["model"])
         else:

@@ -35,7 +35,8 @@ from dapo.training.actor_step import update_actor
 from dapo.training.batch_source import BatchSource, InlineSource
 from dapo.training.overlap import busy_overlap
 from dapo.training.producers import FullyAsyncSource, OneStepOffSource
-from dapo.training.rank_split import is_rollout_rank, serve_rollout_rank
+from dapo.training.rank_split import serve_rollout_rank, split_job
+from dapo.training.shared_source import SharedSource
 from dapo.training.run import Run, TrainResult, build_run, pick_device, run_dir_of, total_steps_of
 from dapo.training.staleness import staleness_metrics
 
@@ -51,12 +52,16 @@ def train(cfg: DapoConfig, world: World = World()) -> TrainResult:
     """Build the run, then train it on batches from the source ``async_training.mode`` names; a rollout rank of a
     disaggregated torchrun job (``rollout.n_gpus_per_node``) serves the trainer rank's generations instead, and
     trains nothing."""
-    if is_rollout_rank(cfg, world):
+    split = split_job(cfg, world)  # every rank: the trainer ranks' group is made over the whole job
+    if split.trainers is None:
         serve_rollout_rank(cfg, world)
         return TrainResult(run_dir_of(cfg), steps_done=0, wall_s=0.0, peak_rss_mb=0.0)
-    run = build_run(cfg, world)
+    run = build_run(cfg, world, split)
     try:
-        return train_loop(run, SOURCES[cfg.async_training.mode](run))
+        kind = SOURCES[cfg.async_training.mode]
+        source = kind(run) if not split.shares_batches else SharedSource(
+            kind(run) if split.leads_rollout else None, run.world, kind)
+        return train_loop(run, source)
     finally:
         run.close()
 

@@ -53,12 +53,12 @@ from dapo.training.generation import derive_seed, engine_tensor_parallel, valida
 from dapo.training.perf_metrics import StepPerf
 from dapo.training.worker_restarts import WorkerRestartGuard
 from dapo.training.skipped_steps import SkippedStepGuard
-from dapo.training.rank_split import engines_on_rollout_ranks, rollout_ranks, trainer_world
+from dapo.training.rank_split import JobSplit, engines_on_rollout_ranks, rollout_ranks, split_job, take_no_contact
 from dapo.training.rollout_dump import dump_batch
 from dapo.training.tool_use import with_tool_rollout
 from dapo.training.run_state import (RunState, check_resume_config, checkpoint_format, find_resume_checkpoint,
                                     record_run_config, resume_run, save_run)
-from dapo.training.weight_sync import WeightSync
+from dapo.training.weight_sync import PushPartner, WeightSync
 
 if TYPE_CHECKING:
     from dapo.rollout.worker import RolloutWorkerDied
@@ -154,8 +154,8 @@ class Run:
     scheduler: Any
     task: Task
     state: RunState
-    engine: RolloutEngine
-    sync: WeightSync
+    engine: RolloutEngine | None  # None: a trainer rank that receives its batches from the leading one
+    sync: WeightSync | PushPartner
     scorer: RewardScorer | None
     total_steps: int
     resume_from: Path | None
@@ -164,6 +164,9 @@ class Run:
     wall0: float
     perf: StepPerf
     steps_before: int = 0
+    # Several trainer ranks beside rollout ranks: the leading rank generates, validates and hands batches over
+    # (dapo.training.shared_source); the others only train.
+    shares_batches: bool = False
     skipped_steps: SkippedStepGuard | None = None
     worker_restarts: WorkerRestartGuard | None = None
 
@@ -200,9 +203,12 @@ class Run:
                        with_versions=with_versions)
 
     def validate(self, step: int) -> dict[str, float]:
+        if self.engine is None:  # the leading trainer rank validates on the rollout ranks' engines and records it
+            return {}
         t0 = time.perf_counter()
         metrics = validate_across_ranks(self.engine, self.task.val, self.policy.tokenizer, self.cfg,
-                                        seed=derive_seed(self.cfg.trainer.seed, "val"), world=self.world)
+                                        seed=derive_seed(self.cfg.trainer.seed, "val"),
+                                        world=World() if self.shares_batches else self.world)
         metrics["timing_s/val"] = time.perf_counter() - t0
         self.state.val_history.append((step, metrics))
         return metrics
@@ -279,14 +285,17 @@ class Run:
 
     def close(self) -> None:
         close_quietly([("the reward scorer", self.scorer.close if self.scorer else lambda: None),
-                       ("the rollout engine", self.engine.close)])
+                       ("the rollout engine", self.engine.close if self.engine else lambda: None)])
 
 
-def build_run(cfg: DapoConfig, world: World = World()) -> Run:
+def build_run(cfg: DapoConfig, world: World = World(), split: JobSplit | None = None) -> Run:
     """Set the run up: seeds, data, model (sharded under fsdp2), optimizer, resume, engine, scorer, weight sync,
     and the run's record on disk (module docstring). ``world``: the torchrun job; with rollout ranks of its own
-    (``dapo.training.rank_split``) this trainer rank trains as one process."""
-    job, world = world, trainer_world(cfg, world)
+    (``split``, ``dapo.training.rank_split``) this trainer rank trains in the world of the trainer ranks."""
+    split = split or split_job(cfg, world)
+    if split.trainers is None:
+        raise TrainingError(f"rank {world.rank} is a rollout rank: it serves the trainer and builds no run")
+    job, world = split.job, split.trainers
     wall0 = time.perf_counter()
     memory = PeakMemory()  # per-phase peaks reset the kernel's high-water mark, so the run's peak is kept here
     if cfg.trainer.num_threads is not None:
@@ -295,10 +304,10 @@ def build_run(cfg: DapoConfig, world: World = World()) -> Run:
     torch.manual_seed(cfg.trainer.seed)
     run_dir = run_dir_of(cfg)
     check_engine_name(cfg.rollout.name)
-    if cfg.async_training.mode != "sync" and world.distributed:
-        raise TrainingError(f"async_training.mode={cfg.async_training.mode} runs in one trainer process with one "
-                            "rollout worker; under torchrun use async_training.mode=sync, or give the rollout a rank "
-                            "of its own (torchrun --nproc-per-node 2 and rollout.n_gpus_per_node=1)")
+    if cfg.async_training.mode != "sync" and world.distributed and not split.rollout_ranks:
+        raise TrainingError(f"async_training.mode={cfg.async_training.mode} under torchrun gives the rollout ranks of "
+                            "its own: set rollout.n_gpus_per_node=R (the last R ranks generate, the others train), "
+                            "or use async_training.mode=sync")
     check_custom_reward(cfg)
     try:
         data_cfg = resolve_data_config(cfg.data)
@@ -335,8 +344,12 @@ def build_run(cfg: DapoConfig, world: World = World()) -> Run:
         resume_run(resume_from, state, policy, optimizer, scheduler)
     policy.model.train()
 
-    engine = build_engine(cfg, spec, policy, engine_module, job)
-    engine = with_tool_rollout(engine, cfg, policy.tokenizer)  # rollout.multi_turn: the same engine, with a tool
+    if split.leads_rollout or not split.shares_batches:
+        engine = build_engine(cfg, spec, policy, engine_module, job)
+        engine = with_tool_rollout(engine, cfg, policy.tokenizer)  # rollout.multi_turn: the same engine, with a tool
+    else:
+        take_no_contact(job)
+        engine = None
     scorer = reward_scorer_of(cfg)
     writing = run_dir / "metrics.jsonl"
     try:
@@ -345,14 +358,22 @@ def build_run(cfg: DapoConfig, world: World = World()) -> Run:
         if world.is_main:
             truncate_metrics_after(run_dir, state.step if state.step > 0 else -1)
     except OSError as exc:
-        close_quietly([("the reward scorer", scorer.close), ("the rollout engine", engine.close)])
+        close_quietly([("the reward scorer", scorer.close),
+                       ("the rollout engine", engine.close if engine else lambda: None)])
         raise TrainingError(describe_os_error(exc, f"writing the run record {writing}")) from exc
     actor_dtype = next(policy.model.parameters()).dtype
     probe_dtype = engine_compute_dtype(spec, policy.model)
-    sync = WeightSync(engine, policy.model, task.train[0].input_ids, threshold=cfg.rollout.probe_logprob_threshold,
-                      enabled=cfg.rollout.weight_sync_probe,
-                      engine_dtype=probe_dtype if probe_dtype.itemsize < actor_dtype.itemsize else None)
+    engine_dtype = probe_dtype if probe_dtype.itemsize < actor_dtype.itemsize else None
+    if engine is None:
+        sync = PushPartner(policy.model, task.train[0].input_ids, enabled=cfg.rollout.weight_sync_probe,
+                           engine_dtype=engine_dtype)
+    else:
+        sync = WeightSync(engine, policy.model, task.train[0].input_ids,
+                          threshold=cfg.rollout.probe_logprob_threshold, enabled=cfg.rollout.weight_sync_probe,
+                          engine_dtype=engine_dtype)
     return Run(cfg, world, run_dir, policy, optimizer, scheduler, task, state, engine, sync, scorer,
-               total_steps_of(cfg, len(task.train)), resume_from, samples_from_module(engine, policy.model),
+               total_steps_of(cfg, len(task.train)), resume_from,
+               engine is not None and samples_from_module(engine, policy.model),
                memory, wall0, StepPerf.for_run(policy.model, cfg, engine_dtype=probe_dtype,
-                                               num_devices=world.world_size), steps_before=state.step)
+                                               num_devices=world.world_size), steps_before=state.step,
+               shares_batches=split.shares_batches)

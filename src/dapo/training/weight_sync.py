@@ -178,3 +178,28 @@ class WeightSync:
                 "the engine is generating from stale weights (the update did not reach it)"
             )
 
+
+
+class PushPartner:
+    """A trainer rank's part in a push it does not send (several trainer ranks beside rollout ranks: the leading
+    rank sends, ``dapo.training.rank_split``). A sharded actor's push and probe are collectives of every trainer rank:
+    this rank gathers each parameter in the same order and runs the probe's actor forward on the same sequence as
+    the leader (:meth:`WeightSync.push`); a replicated actor's push involves no other rank, so here it is nothing."""
+
+    engine = None
+
+    def __init__(self, model: torch.nn.Module, probe_ids: Sequence[int], *, enabled: bool = True,
+                 engine_dtype: torch.dtype | None = None) -> None:
+        ids = list(probe_ids)[: 2 * PROBE_LENGTH]
+        half = len(ids) // 2
+        self.model, self.prompt, self.response = model, ids[:half], ids[half:]
+        self.enabled, self.engine_dtype = enabled, engine_dtype
+
+    def push(self, step: int) -> dict[str, float]:
+        if not is_sharded(self.model):
+            return {}
+        for _ in stream_full_parameters(self.model):
+            pass
+        if self.enabled:
+            actor_log_probs_of(self.model, self.prompt, self.response, compute_dtype=self.engine_dtype)
+        return {}

@@ -25,6 +25,22 @@ SPLIT = [*[a for a in SMALL if not a.startswith("trainer.save_freq")], f"trainer
          "async_training.rollout_num_threads=1", "rollout.n_gpus_per_node=1"]
 
 
+def trained_records(run_dir: Path) -> list[dict]:
+    """The metrics records of the trained steps, which must be exactly steps 1..STEPS."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = [r for r in records if r["step"] > 0]
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    return records
+
+
+def assert_trained_batches_within_bound(run_dir: Path) -> None:
+    """Sample by sample, as trained (trainer.rollout_data_dir): no sample lags more than 1 version, and none was drawn
+    by weights newer than the step before."""
+    for step in range(1, STEPS + 1):
+        lines = [json.loads(line) for line in (run_dir / "batches" / f"{step}.jsonl").read_text().splitlines()]
+        assert lines and all(line["lag"] <= 1 and max(line["weight_versions"]) <= step - 1 for line in lines)
+
+
 @pytest.mark.slow
 def test_one_trainer_rank_and_one_rollout_rank_train_within_the_staleness_bound(tmp_path: Path) -> None:
     run_dir = tmp_path / "split"
@@ -38,9 +54,7 @@ def test_one_trainer_rank_and_one_rollout_rank_train_within_the_staleness_bound(
         assert r["async/weight_transfer_bytes"] > 1e6  # every push crossed to rank 1 ...
         assert r["rollout/probe_logprob_diff"] < 1e-3  # ... and rank 1's engine holds the trainer's weights
         assert r["async/staleness/max"] <= 1 and r["train/num_groups"] > 0
-    for step in range(1, STEPS + 1):  # sample by sample, as trained
-        lines = [json.loads(line) for line in (run_dir / "batches" / f"{step}.jsonl").read_text().splitlines()]
-        assert lines and all(line["lag"] <= 1 and max(line["weight_versions"]) <= step - 1 for line in lines)
+    assert_trained_batches_within_bound(run_dir)
 
 
 @pytest.mark.slow
@@ -57,18 +71,14 @@ def test_one_trainer_rank_and_two_rollout_ranks_share_every_batch_and_every_push
                       tmp_path, nproc=3, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "engine hf on each of 2 rollout ranks" in result.stdout
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    records = [r for r in records if r["step"] > 0]
-    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    records = trained_records(run_dir)
     for r in records:
         # both engines, every batch: each round's prompts are dealt half and half (an even round), n samples each
         assert r["async/engine_samples/0"] == r["async/engine_samples/1"] == per_engine * r["train/num_gen_batches"]
         assert "async/engine_samples/2" not in r
         assert r["rollout/probe_logprob_diff"] < 1e-3 and r["async/weight_transfer_bytes"] > 1e6
         assert r["async/staleness/max"] <= 1 and r["train/num_groups"] > 0
-    for step in range(1, STEPS + 1):
-        lines = [json.loads(line) for line in (run_dir / "batches" / f"{step}.jsonl").read_text().splitlines()]
-        assert lines and all(line["lag"] <= 1 and max(line["weight_versions"]) <= step - 1 for line in lines)
+    assert_trained_batches_within_bound(run_dir)
 
 
 @pytest.mark.slow
@@ -85,16 +95,12 @@ def test_two_fsdp2_trainer_ranks_and_two_rollout_ranks_train_within_the_stalenes
                       tmp_path, nproc=4, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "engine hf on each of 2 rollout ranks" in result.stdout
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    records = [r for r in records if r["step"] > 0]
-    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    records = trained_records(run_dir)
     for r in records:
         assert r["async/engine_samples/0"] > 0 and r["async/engine_samples/0"] == r["async/engine_samples/1"]
         assert r["rollout/probe_logprob_diff"] < 1e-3 and r["async/weight_transfer_bytes"] > 1e6
         assert r["async/staleness/max"] <= 1 and r["train/num_groups"] > 0
-    for step in range(1, STEPS + 1):
-        lines = [json.loads(line) for line in (run_dir / "batches" / f"{step}.jsonl").read_text().splitlines()]
-        assert lines and all(line["lag"] <= 1 and max(line["weight_versions"]) <= step - 1 for line in lines)
+    assert_trained_batches_within_bound(run_dir)
     checkpoint = run_dir / "checkpoints" / f"global_step_{STEPS}"
     manifest = json.loads((checkpoint / "manifest.json").read_text())
     assert manifest["layout"] == "sharded" and manifest["world_size"] == 2
@@ -113,9 +119,8 @@ def test_two_replicated_trainer_ranks_and_one_rollout_rank_resume_one_step_off(t
     second = torchrun([*args, "trainer.total_training_steps=3"], tmp_path, nproc=3, timeout=600)
     assert second.returncode == 0, second.stderr[-4000:]
     assert "resumed from" in second.stdout
-    records = [json.loads(line) for line in (tmp_path / "two_plus_one" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records if r["step"] > 0] == [1, 2, 3]
-    assert all(r["async/staleness/max"] <= 1 and r["async/engine_samples/0"] > 0 for r in records if r["step"] > 0)
+    records = trained_records(tmp_path / "two_plus_one")  # steps 1..3, each recorded once
+    assert all(r["async/staleness/max"] <= 1 and r["async/engine_samples/0"] > 0 for r in records)
 
 
 def test_the_rank_split_is_any_trainer_ranks_and_any_rollout_ranks() -> None:

@@ -12,8 +12,8 @@ rank within it.
 
 from __future__ import annotations
 
-import os
 import datetime
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any

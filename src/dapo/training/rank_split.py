@@ -87,13 +87,14 @@ def engines_on_rollout_ranks(spec: EngineSpec, cfg: DapoConfig, options: WorkerO
     return EngineFleet(engines, transport, ranks=range(job.world_size - count, job.world_size))
 
 
-def take_no_contact(job: World) -> None:
-    """A trainer rank other than the leader: its part in the hand-over of the rollout ranks' contacts."""
-    job.broadcast_object(None)
+def receive_contacts(job: World) -> list[RankContact]:
+    """The receiving side of the leader's hand-over of the rollout ranks' contacts (``engines_on_rollout_ranks``): a
+    collective of the whole job, so every rank but the leader calls it, the other trainer ranks included."""
+    return job.broadcast_object(None)
 
 
 def serve_rollout_rank(cfg: DapoConfig, world: World) -> None:
     """A rollout rank's whole run: take its contact from the ones the leading trainer rank hands over, then serve
     until it closes."""
-    contacts: list[RankContact] = world.broadcast_object(None)
+    contacts = receive_contacts(world)
     serve_on_rank(contacts[world.rank - (world.world_size - rollout_ranks(cfg, world))])

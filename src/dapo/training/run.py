@@ -53,7 +53,7 @@ from dapo.training.generation import derive_seed, engine_tensor_parallel, valida
 from dapo.training.perf_metrics import StepPerf
 from dapo.training.worker_restarts import WorkerRestartGuard
 from dapo.training.skipped_steps import SkippedStepGuard
-from dapo.training.rank_split import JobSplit, engines_on_rollout_ranks, rollout_ranks, split_job, take_no_contact
+from dapo.training.rank_split import JobSplit, engines_on_rollout_ranks, rollout_ranks, receive_contacts, split_job
 from dapo.training.rollout_dump import dump_batch
 from dapo.training.tool_use import with_tool_rollout
 from dapo.training.run_state import (RunState, check_resume_config, checkpoint_format, find_resume_checkpoint,
@@ -348,7 +348,7 @@ def build_run(cfg: DapoConfig, world: World = World(), split: JobSplit | None = 
         engine = build_engine(cfg, spec, policy, engine_module, job)
         engine = with_tool_rollout(engine, cfg, policy.tokenizer)  # rollout.multi_turn: the same engine, with a tool
     else:
-        take_no_contact(job)
+        receive_contacts(job)  # its part in the hand-over; the leader alone drives the engines
         engine = None
     scorer = reward_scorer_of(cfg)
     writing = run_dir / "metrics.jsonl"

@@ -39,6 +39,15 @@ LOW_PRECISION_FIRST_GAP = 0.5
 MOVEMENT_FLOOR = 0.01
 
 
+def probe_halves(probe_ids: Sequence[int]) -> tuple[list[int], list[int]]:
+    """The probe's prompt and response: the first ``2 * PROBE_LENGTH`` tokens of ``probe_ids``, halved."""
+    ids = list(probe_ids)[: 2 * PROBE_LENGTH]
+    if len(ids) < 2:
+        raise ValueError("WeightSync: the probe sequence needs at least 2 tokens")
+    half = len(ids) // 2
+    return ids[:half], ids[half:]
+
+
 def actor_log_probs_of(model: torch.nn.Module, prompt: Sequence[int], response: Sequence[int], *,
                        compute_dtype: torch.dtype | None = None) -> torch.Tensor:
     """Teacher-forced log-probs of ``response`` after ``prompt`` under ``model`` at temperature 1, returned in fp32;
@@ -74,12 +83,8 @@ class WeightSync:
 
     def __init__(self, engine: RolloutEngine, model: torch.nn.Module, probe_ids: Sequence[int], *,
                  threshold: float | None, enabled: bool = True, engine_dtype: torch.dtype | None = None) -> None:
-        ids = list(probe_ids)[: 2 * PROBE_LENGTH]
-        if len(ids) < 2:
-            raise ValueError("WeightSync: the probe sequence needs at least 2 tokens")
-        half = len(ids) // 2
         self.engine, self.model = engine, model
-        self.prompt, self.response = ids[:half], ids[half:]
+        self.prompt, self.response = probe_halves(probe_ids)
         self.threshold, self.enabled, self.engine_dtype = threshold, enabled, engine_dtype
         # The gap of the first push, when engine and actor hold the same weights: numerics alone (~1e-7 for an fp32
         # engine, ~0.02-0.04 for a bf16 one against an fp32 actor). Later pushes are judged by their excess over it.
@@ -190,9 +195,8 @@ class PushPartner:
 
     def __init__(self, model: torch.nn.Module, probe_ids: Sequence[int], *, enabled: bool = True,
                  engine_dtype: torch.dtype | None = None) -> None:
-        ids = list(probe_ids)[: 2 * PROBE_LENGTH]
-        half = len(ids) // 2
-        self.model, self.prompt, self.response = model, ids[:half], ids[half:]
+        self.model = model
+        self.prompt, self.response = probe_halves(probe_ids)
         self.enabled, self.engine_dtype = enabled, engine_dtype
 
     def push(self, step: int) -> dict[str, float]:

@@ -6,10 +6,11 @@ import sys
 from pathlib import Path
 
 from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
 
 from dapo.config import DapoConfig
 from dapo.config import verl_keys
-from dapo.config.loading import _KEY_ALIASES, _PREFIX_ALIASES, _section_type
+from dapo.config.loading import _KEY_ALIASES, _PREFIX_ALIASES, _section_type, named_section_type
 
 VERL_NAMES = {
     "actor.": "actor_rollout_ref.actor.",
@@ -49,6 +50,11 @@ def rows(model: type[BaseModel], prefix: str = ""):
         sub = _section_type(field.annotation)
         if sub is not None:
             yield from rows(sub, dotted + ".")
+            continue
+        named = named_section_type(field.annotation)
+        if named is not None:  # sections the user names (the distillation teachers): one row per key of each
+            for key, default, desc, verl in rows(named, dotted + ".<name>."):
+                yield key, "(required)" if default is PydanticUndefined else default, desc, verl
             continue
         default = field.get_default(call_default_factory=True)
         verl = next((v + dotted[len(k):] for k, v in VERL_NAMES.items() if dotted.startswith(k)), dotted)

@@ -5,7 +5,7 @@ The floors, lowest first (a layer imports only layers on lower floors; layers on
     core, config  <-  distributed (world, FSDP2, weight transport)  <-  infra (atomic files, checkpoints: a sharded
     checkpoint is written by every rank)  <-  model, data  <-  rollout (the engines run the model), actor (the update
     sums gradients over the world)  <-  reward (scores a rollout's groups of data prompts), serve (an engine behind
-    an HTTP API)  <-  evaluation  <-  training  <-  cli
+    an HTTP API), distillation (a teacher scores the actor's samples)  <-  evaluation  <-  training  <-  cli
 
 Concrete rollout engines are named only inside rollout/ (everything above builds one through the factory).
 """
@@ -24,7 +24,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("infra",),
     ("model", "data"),
     ("rollout", "actor"),
-    ("reward", "serve"),
+    ("reward", "serve", "distillation"),
     ("evaluation",),
     ("training",),
     ("cli",),

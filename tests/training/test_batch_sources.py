@@ -37,7 +37,7 @@ class FakeRun:
         self.sync = SimpleNamespace(push=self._push)
         self.perf = SimpleNamespace(count_generated=lambda groups: None, metrics=lambda *a, **k: {})
         self.policy = SimpleNamespace(tokenizer=None)
-        self.optimizer = self.scheduler = self.scorer = None
+        self.optimizer = self.scheduler = self.scorer = self.teachers = None
         self.engine_samples_from_actor = False
         self.records: list[dict] = []
         self.generated: dict[int, tuple[int, float, float]] = {}  # batch -> (engine version at its start, start, end)

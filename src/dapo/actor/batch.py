@@ -57,6 +57,13 @@ class TrainBatch:
             each token's policy-gradient loss, or None (weight 1).
         token_mask: per-response bool tensors, False on tokens rejected from the loss (token-level rejection
             sampling, ``dapo.core.rollout_correction.rejection_mask``), or None (every token kept).
+        token_advantages: per-response, per-token advantages that replace the broadcast ``advantages`` in the policy
+            loss (on-policy distillation's PG OPD: the teacher's signal per token, plus the reward's advantage), or
+            None (every token of a response takes its sample's advantage).
+        teacher_log_probs: per-response log-probs of the sampled tokens under the distillation teacher, for a
+            distillation loss backpropagated directly (``DirectDistillation``), or None.
+        teacher_topk_log_probs, teacher_topk_ids: per-response ``[len, k]`` teacher log-probs of its k most likely
+            tokens at each position and their ids (``forward_kl_topk``), or None.
         action_mask: per-response bool tensors, True on the tokens the policy sampled and False on context inside the
             response (a tool's output in a multi-turn trajectory), or None (every response token is an action). Only
             actions enter the loss, the entropy and the token counts (:meth:`loss_mask`).
@@ -73,6 +80,10 @@ class TrainBatch:
     is_weights: list[Tensor] | None = None
     token_mask: list[Tensor] | None = None
     action_mask: list[Tensor] | None = None
+    token_advantages: list[Tensor] | None = None
+    teacher_log_probs: list[Tensor] | None = None
+    teacher_topk_log_probs: list[Tensor] | None = None
+    teacher_topk_ids: list[Tensor] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.prompt_ids)
@@ -103,7 +114,8 @@ class TrainBatch:
             if distinct_runs != int(torch.unique(self.group_index).numel()):
                 raise ValueError("TrainBatch.group_index: the samples of each group must be contiguous")
 
-        for name in ("old_log_probs", "rollout_log_probs", "ref_log_probs", "is_weights"):
+        for name in ("old_log_probs", "rollout_log_probs", "ref_log_probs", "is_weights", "token_advantages",
+                     "teacher_log_probs"):
             values = getattr(self, name)
             if values is None:
                 continue
@@ -116,6 +128,21 @@ class TrainBatch:
                         f"TrainBatch.{name}[{i}] must be a float tensor of shape {tuple(resp.shape)} "
                         f"(its response length), got {got}"
                     )
+        for name in ("teacher_topk_log_probs", "teacher_topk_ids"):  # [len, k] per response
+            values = getattr(self, name)
+            if values is None:
+                continue
+            if len(values) != n:
+                raise ValueError(f"TrainBatch.{name} has {len(values)} entries for {n} samples")
+            for i, (v, resp) in enumerate(zip(values, responses, strict=True)):
+                if not isinstance(v, Tensor) or v.dim() != 2 or v.shape[0] != resp.numel():
+                    got = tuple(v.shape) if isinstance(v, Tensor) else type(v).__name__
+                    raise ValueError(f"TrainBatch.{name}[{i}] must be [{resp.numel()}, k] (its response length), "
+                                     f"got {got}")
+        if self.token_advantages is not None:
+            bad = [i for i, a in enumerate(self.token_advantages) if not bool(torch.isfinite(a).all())]
+            if bad:
+                raise ValueError(f"TrainBatch.token_advantages has non-finite values in samples {bad[:10]}")
         for name in ("token_mask", "action_mask"):  # per-token bool masks over the response
             masks = getattr(self, name)
             if masks is None:
@@ -181,6 +208,10 @@ class TrainBatch:
             is_weights=pick(self.is_weights),
             token_mask=pick(self.token_mask),
             action_mask=pick(self.action_mask),
+            token_advantages=pick(self.token_advantages),
+            teacher_log_probs=pick(self.teacher_log_probs),
+            teacher_topk_log_probs=pick(self.teacher_topk_log_probs),
+            teacher_topk_ids=pick(self.teacher_topk_ids),
         )
 
     def split_into_mini_batches(

@@ -50,6 +50,7 @@ __all__ = [
     "LAYOUTS",
     "SequenceRows",
     "compute_log_probs_batch",
+    "compute_top_log_probs_batch",
     "compute_response_log_probs",
     "decoder_and_lm_head",
     "pack_sequences",
@@ -412,12 +413,17 @@ def _chunk_log_probs(
 ) -> tuple[Tensor, Tensor]:
     """log softmax(lm_head(hidden) / T)[target] and, if asked, the entropy of that distribution, in fp32.
 
+    ``targets`` ``[N]``: one token per row; ``[N, 1 + k]``: the log-probs of each of those ids (the sampled token
+    and k more, e.g. a distillation teacher's top-k), ``[N, 1 + k]`` out.
     Without ``entropy_grad`` the entropy is a detached metric: computed under no_grad it saves nothing for backward,
     and a checkpointed chunk's recomputation stops before it (three logits-sized tensors per chunk fewer)."""
     logits = lm_head(hidden).float()
     if temperature != 1.0:
         logits = logits / temperature
-    log_probs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    if targets.dim() == 2:
+        log_probs = logits.gather(-1, targets) - torch.logsumexp(logits, dim=-1, keepdim=True)
+    else:
+        log_probs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     if not with_entropy:
         return log_probs, logits.new_zeros(0)
     with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
@@ -427,7 +433,7 @@ def _chunk_log_probs(
 def compute_response_log_probs(
     model: nn.Module, micro_batch: TrainBatch, *, temperature: float, chunk_size: int, with_entropy: bool,
     layout: str = "packed", checkpoint_passes: bool = False, max_chunk_tokens: int | None = None,
-    entropy_grad: bool = True,
+    entropy_grad: bool = True, gather_ids: Sequence[Tensor] | None = None,
 ) -> tuple[list[Tensor], list[Tensor] | None]:
     """Log-probs of every response token under ``model`` at ``temperature``, per response (and entropies if asked).
 
@@ -435,6 +441,8 @@ def compute_response_log_probs(
     ``checkpoint_passes``: the shared-prompt layout recomputes its passes in backward (activation checkpointing);
     ``max_chunk_tokens`` caps its response passes, so that backward holds at most that many tokens' activations.
     ``entropy_grad`` False: the entropies are detached (a metric only, no loss term uses them).
+    ``gather_ids``: per sample ``[len, k]`` more token ids per position; each sample's result is then ``[len, 1 + k]``,
+    column 0 the sampled token's log-prob and the others those ids' (on-policy distillation's teacher top-k).
     Differentiable when autograd is enabled. Returns one fp32 1-D tensor per sample, as long as its response, on the
     model's device; entropies likewise or None.
     """
@@ -466,8 +474,14 @@ def compute_response_log_probs(
     recompute = torch.is_grad_enabled() and hidden.requires_grad
     log_prob_chunks: list[Tensor] = []
     entropy_chunks: list[Tensor] = []
+    targets = rows.targets
+    if gather_ids is not None:  # rows are response tokens sample after sample, as the ids are listed
+        extra = torch.cat([ids.to(device=targets.device, dtype=torch.long) for ids in gather_ids])
+        if extra.shape[0] != targets.shape[0]:
+            raise ValueError(f"gather_ids cover {extra.shape[0]} positions, the responses {targets.shape[0]}")
+        targets = torch.cat([targets.unsqueeze(1), extra], dim=1)
     for start in range(0, hidden.shape[0], chunk_size):
-        h, t = hidden[start : start + chunk_size], rows.targets[start : start + chunk_size]
+        h, t = hidden[start : start + chunk_size], targets[start : start + chunk_size]
         log_probs, entropy = checkpoint(run, h, t, use_reentrant=False) if recompute else run(h, t)
         log_prob_chunks.append(log_probs)
         entropy_chunks.append(entropy)
@@ -477,6 +491,27 @@ def compute_response_log_probs(
     if not with_entropy:
         return per_sample, None
     return per_sample, list(torch.split(torch.cat(entropy_chunks), rows.response_lengths))
+
+
+@torch.no_grad()
+def compute_top_log_probs_batch(model: nn.Module, batch: TrainBatch, cfg: ActorConfig, k: int
+                                ) -> tuple[list[Tensor], list[Tensor]]:
+    """The ``k`` most likely next tokens at every response position of ``batch`` and their log-probs (temperature 1),
+    without gradients, micro-batched as :func:`compute_log_probs_batch`: per sample ``[len, k]`` log-probs and
+    ``[len, k]`` ids, most likely first (an on-policy distillation teacher's top-k, ``forward_kl_topk``).
+
+    The ids come from the same forward as the sampled tokens' log-probs: one pass gathers the full row of
+    log-probs, which :func:`compute_response_log_probs` reduces to the top-k by asking for every vocabulary id."""
+    if len(batch) == 0:
+        return [], []
+    decoder, lm_head = decoder_and_lm_head(model)
+    vocab = lm_head.weight.shape[0]
+    if not 1 <= k <= vocab:
+        raise ValueError(f"top-k must be in [1, {vocab}], got {k}")
+    everything = [torch.arange(vocab).expand(n, vocab) for n in batch.response_lengths]
+    full = _batch_log_probs(model, batch, cfg, 1.0, with_entropy=False, gather_ids=everything)[0]
+    values, ids = zip(*(lp[:, 1:].topk(k, dim=-1) for lp in full))
+    return list(values), list(ids)
 
 
 @torch.no_grad()
@@ -499,7 +534,8 @@ def compute_log_probs_batch(model: nn.Module, batch: TrainBatch, cfg: ActorConfi
 
 
 def _batch_log_probs(
-    model: nn.Module, batch: TrainBatch, cfg: ActorConfig, temperature: float, *, with_entropy: bool
+    model: nn.Module, batch: TrainBatch, cfg: ActorConfig, temperature: float, *, with_entropy: bool,
+    gather_ids: Sequence[Tensor] | None = None,
 ) -> tuple[list[Tensor], list[Tensor] | None]:
     if len(batch) == 0:
         return [], ([] if with_entropy else None)
@@ -522,6 +558,7 @@ def _batch_log_probs(
             log_probs, entropies = compute_response_log_probs(
                 model, batch.select(indices), temperature=temperature, chunk_size=cfg.logprob_chunk_size,
                 with_entropy=with_entropy, layout=layout, max_chunk_tokens=cfg.shared_prompt_chunk_tokens,
+                **({} if gather_ids is None else {"gather_ids": [gather_ids[i] for i in indices]}),
             )
             for j, i in enumerate(indices):
                 log_probs_out[i] = log_probs[j].to(batch.advantages.device)

@@ -45,6 +45,7 @@ from dapo.actor.batch import TrainBatch, pad_per_token
 from dapo.actor.log_probs import compute_log_probs_batch, compute_response_log_probs, resolve_layout
 from dapo.actor.micro_batching import padding_micro_batches, plan_micro_batches, warn_oversized
 from dapo.actor.precision import autocast_context
+from dapo.core.distillation_losses import get_distillation_loss
 from dapo.core.kl import kl_penalty
 from dapo.core.loss_aggregation import aggregate_loss, count_loss_normalizers
 from dapo.core.policy_loss import PolicyLossParams, get_policy_loss
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
     from dapo.config import ActorConfig
 
 __all__ = [
+    "DirectDistillation",
     "FirstPassRecord",
     "MiniBatchPlan",
     "MiniBatchResult",
@@ -72,6 +74,19 @@ class NonFiniteLossError(RuntimeError):
     """The actor loss became NaN or infinite; training cannot continue from this state."""
 
 
+@dataclass(frozen=True)
+class DirectDistillation:
+    """A distillation loss backpropagated directly (GKD OPD; ``distillation.distillation_loss.use_policy_gradient``
+    false): ``coef * D`` joins the loss, D the per-token divergence ``mode`` names
+    (``dapo.core.distillation_losses``) between the student's log-probs, with gradient, and the batch's
+    ``teacher_log_probs`` (or ``teacher_topk_*``), aggregated with ``actor.loss_agg_mode`` like the policy loss."""
+
+    mode: str
+    coef: float = 1.0
+    log_prob_min_clamp: float | None = None
+    loss_max_clamp: float | None = None
+
+
 @dataclass
 class MiniBatchResult:
     """What one mini-batch's forward/backward produced (gradients are left in the parameters' ``.grad``).
@@ -85,6 +100,7 @@ class MiniBatchResult:
     num_seqs: int = 0
     pg_loss: float = 0.0
     kl_loss: float = 0.0
+    distill_loss: float = 0.0
     num_micro_batches: int = 0
     num_oversized: int = 0
     num_zero_advantage: int = 0
@@ -152,9 +168,10 @@ class MicroBatchCut:
     num_zero_advantage: int = 0
 
 
-def cut_micro_batches(mini_batch: TrainBatch, cfg: ActorConfig, layout: str) -> MicroBatchCut:
+def cut_micro_batches(mini_batch: TrainBatch, cfg: ActorConfig, layout: str,
+                      distillation: DirectDistillation | None = None) -> MicroBatchCut:
     """The trained samples of ``mini_batch`` (:func:`trained_samples`) planned into micro-batches by ``cfg``."""
-    active = trained_samples(mini_batch, cfg)
+    active = trained_samples(mini_batch, cfg, distillation)
     lengths, prompt_lengths = mini_batch.sequence_lengths, mini_batch.prompt_lengths
     groups = mini_batch.group_index.tolist()
     plan = plan_micro_batches(
@@ -181,7 +198,8 @@ class ShardedShare:
     filler: TrainBatch
 
 
-def sharded_share(mini_batch: TrainBatch, cfg: ActorConfig, world: World, layout: str) -> ShardedShare:
+def sharded_share(mini_batch: TrainBatch, cfg: ActorConfig, world: World, layout: str,
+                  distillation: DirectDistillation | None = None) -> ShardedShare:
     """This rank's share of ``mini_batch`` with its padding (see the module docstring).
 
     Every rank cuts every rank's share of the same mini-batch, so the counts agree without a collective. The filler
@@ -189,7 +207,7 @@ def sharded_share(mini_batch: TrainBatch, cfg: ActorConfig, world: World, layout
     same modules as any micro-batch; multiplied by exactly 0.0, its loss adds exactly zero to every gradient.
     """
     shares = rank_shares(mini_batch, world.world_size)
-    cuts = [cut_micro_batches(share, cfg, layout) for share in shares]
+    cuts = [cut_micro_batches(share, cfg, layout, distillation) for share in shares]
     mine = shares[world.rank]
     filler = mine.select([0]) if len(mine) else mini_batch.select([0])
     return ShardedShare(mine, cuts[world.rank],
@@ -223,19 +241,20 @@ class MiniBatchPlan:
 
 
 def plan_mini_batch(mini_batch: TrainBatch, cfg: ActorConfig, *, layout: str, norm_length: int,
-                    world: World | None = None, sharded: bool = False) -> MiniBatchPlan:
+                    world: World | None = None, sharded: bool = False,
+                    distillation: DirectDistillation | None = None) -> MiniBatchPlan:
     """The plan of ``mini_batch`` on this rank of ``world``: the whole of it on one process, a token-balanced share of
     whole groups under data parallelism, with zero-weight padding passes under a sharded actor (``sharded``)."""
     num_tokens, num_seqs = count_loss_normalizers(mini_batch.loss_mask())
     if world is None or not world.distributed:
         share, padding = mini_batch, None
-        cut = cut_micro_batches(share, cfg, layout) if num_tokens else MicroBatchCut([])
+        cut = cut_micro_batches(share, cfg, layout, distillation) if num_tokens else MicroBatchCut([])
     elif sharded:  # every rank runs the same number of micro-batch passes
-        planned = sharded_share(mini_batch, cfg, world, layout)
+        planned = sharded_share(mini_batch, cfg, world, layout, distillation)
         share, cut, padding = planned.share, planned.cut, (planned.filler, planned.num_padding)
     else:
         share, padding = rank_share(mini_batch, world), None
-        cut = cut_micro_batches(share, cfg, layout) if num_tokens else MicroBatchCut([])
+        cut = cut_micro_batches(share, cfg, layout, distillation) if num_tokens else MicroBatchCut([])
     return MiniBatchPlan(share, num_tokens, num_seqs, norm_length, cut.micro_batches, cut.num_oversized,
                          cut.num_zero_advantage, padding)
 
@@ -253,23 +272,29 @@ def policy_loss_params(cfg: ActorConfig, generator: torch.Generator | None = Non
 def reduce_metrics(result: MiniBatchResult, world: World) -> None:
     """Sum a share's loss and token-weighted metric sums over ranks (the counts are global already)."""
     names = (*TOKEN_METRICS, TRAINED_TOKENS)  # the same list on every rank, whatever its share held
-    values = torch.tensor([result.pg_loss, result.kl_loss, float(result.num_micro_batches)]
+    values = torch.tensor([result.pg_loss, result.kl_loss, float(result.num_micro_batches), result.distill_loss]
                           + [result.token_sums.get(n, 0.0) for n in names], dtype=torch.float64)
     world.all_reduce_sum(values)
     result.pg_loss, result.kl_loss, result.num_micro_batches = float(values[0]), float(values[1]), int(values[2])
-    result.token_sums = {n: float(v) for n, v in zip(names, values[3:].tolist())}
+    result.distill_loss = float(values[3])
+    result.token_sums = {n: float(v) for n, v in zip(names, values[4:].tolist())}
 
 
-def trained_samples(mini_batch: TrainBatch, cfg: ActorConfig) -> list[int]:
-    """Indices of the samples whose gradient can be non-zero: kept by ``sample_mask``, and, unless an entropy or KL
-    term is on or the policy loss needs them (``PolicyLoss.zero_advantage_no_gradient``), with a non-zero advantage
-    (see the module docstring for why the others contribute exactly 0)."""
+def trained_samples(mini_batch: TrainBatch, cfg: ActorConfig, distillation: DirectDistillation | None = None
+                    ) -> list[int]:
+    """Indices of the samples whose gradient can be non-zero: kept by ``sample_mask``, and, unless an entropy, KL or
+    direct distillation term is on or the policy loss needs them (``PolicyLoss.zero_advantage_no_gradient``), with a
+    non-zero advantage (see the module docstring for why the others contribute exactly 0); with per-token advantages
+    (``token_advantages``) a sample is trained when any of its tokens has one."""
     keep = mini_batch.sample_mask.clone()
     if mini_batch.token_mask is not None:  # every token rejected (rollout correction): nothing left to train
         keep &= mini_batch.loss_mask().any(dim=1)
     skippable = get_policy_loss(cfg.policy_loss.loss_mode).zero_advantage_no_gradient
-    if cfg.entropy_coeff == 0.0 and not cfg.use_kl_loss and skippable:
-        keep &= mini_batch.advantages != 0
+    if cfg.entropy_coeff == 0.0 and not cfg.use_kl_loss and skippable and distillation is None:
+        if mini_batch.token_advantages is not None:
+            keep &= torch.tensor([bool((a != 0).any()) for a in mini_batch.token_advantages], dtype=torch.bool)
+        else:
+            keep &= mini_batch.advantages != 0
     return keep.nonzero().flatten().tolist()
 
 
@@ -309,6 +334,7 @@ def accumulate_mini_batch_gradients(
     padding: tuple[TrainBatch, int] | None = None,
     plan: MiniBatchPlan | None = None,
     generator: torch.Generator | None = None,
+    distillation: DirectDistillation | None = None,
 ) -> MiniBatchResult:
     """Forward and backward every micro-batch of ``mini_batch``; the parameters' ``.grad`` gain the mini-batch gradient.
 
@@ -326,6 +352,8 @@ def accumulate_mini_batch_gradients(
     the metrics or ``record``.
     ``plan`` (from :func:`plan_mini_batch`) replaces ``micro_batches``, ``normalizers``, ``norm_length`` and
     ``padding``: ``mini_batch`` must then be ``plan.share``. ``generator``: random source of the policy loss (Clip-Cov).
+    ``distillation``: a distillation loss backpropagated directly (needs ``mini_batch.teacher_log_probs``, or the
+    ``teacher_topk_*`` for a top-k mode); per-token PG OPD advantages come in ``mini_batch.token_advantages`` instead.
     """
     if mini_batch.old_log_probs is None and not on_policy:
         raise ValueError("accumulate_mini_batch_gradients: the batch has no old_log_probs (compute them first)")
@@ -338,7 +366,7 @@ def accumulate_mini_batch_gradients(
         if num_tokens == 0:
             cut = MicroBatchCut([])
         elif micro_batches is None:
-            cut = cut_micro_batches(mini_batch, cfg, layout)
+            cut = cut_micro_batches(mini_batch, cfg, layout, distillation)
         else:
             cut = MicroBatchCut(micro_batches)
         plan = MiniBatchPlan(mini_batch, num_tokens, num_seqs, norm_length, cut.micro_batches, cut.num_oversized,
@@ -360,15 +388,27 @@ def accumulate_mini_batch_gradients(
     # Metrics stay on the device until the mini-batch is done: one host sync per micro-batch (the finiteness check).
     zero = torch.zeros((), device=device)
     sums = dict.fromkeys((*TOKEN_METRICS, TRAINED_TOKENS), zero)
-    pg_loss_total, kl_loss_total = zero, zero
+    pg_loss_total, kl_loss_total, distill_loss_total = zero, zero, zero
+    distill_loss = None if distillation is None else get_distillation_loss(distillation.mode)
+    if distill_loss is not None:
+        have = (mini_batch.teacher_log_probs if distill_loss.kind == "sampled" else mini_batch.teacher_topk_ids)
+        if have is None:
+            raise ValueError(f"distillation loss_mode {distillation.mode}: the batch carries no teacher "
+                             f"{'log-probs' if distill_loss.kind == 'sampled' else 'top-k log-probs'}")
     for source, indices, weight in passes:
         micro = source.select(indices)
+        topk = distill_loss is not None and distill_loss.kind == "topk" and weight != 0.0
         with autocast_context(cfg.dtype, device):
             log_probs, entropies = forward_through(
                 model, compute_response_log_probs, micro, temperature=temperature, chunk_size=cfg.logprob_chunk_size,
                 with_entropy=True, layout=layout, checkpoint_passes=cfg.gradient_checkpointing,
                 max_chunk_tokens=cfg.shared_prompt_chunk_tokens, entropy_grad=cfg.entropy_coeff != 0.0,
+                **({"gather_ids": micro.teacher_topk_ids} if topk else {}),
             )
+        student_topk = None
+        if topk:  # the student's log-probs at the teacher's top-k ids ride after the sampled token's
+            student_topk = [lp[:, 1:] for lp in log_probs]
+            log_probs = [lp[:, 0] for lp in log_probs]
         assert entropies is not None
         if weight == 0.0:  # padding: the modules every loss term reaches, times exactly 0.0; no metrics
             (torch.cat(log_probs).sum() * weight).backward()
@@ -385,7 +425,11 @@ def accumulate_mini_batch_gradients(
         else:
             old_log_prob = pad_per_token([lp.to(device=device, dtype=torch.float32) for lp in micro.old_log_probs])
         mask = micro.loss_mask().to(device)
-        advantages = micro.advantages.to(device=device, dtype=torch.float32).unsqueeze(1).expand_as(log_prob)
+        if micro.token_advantages is not None:  # PG OPD: the teacher's per-token signal (dapo.distillation)
+            advantages = pad_per_token([a.to(device=device, dtype=torch.float32) for a in micro.token_advantages],
+                                       log_prob.shape[1])
+        else:
+            advantages = micro.advantages.to(device=device, dtype=torch.float32).unsqueeze(1).expand_as(log_prob)
         out = policy_loss(log_prob, old_log_prob, advantages, mask, loss_params)
 
         loss_mat = out.loss_mat
@@ -410,6 +454,24 @@ def accumulate_mini_batch_gradients(
             terms["KL loss"] = aggregate(kl_penalty(log_prob, ref_log_prob, cfg.kl_loss_type))
             loss = loss + cfg.kl_loss_coef * terms["KL loss"]
             kl_loss_total = kl_loss_total + terms["KL loss"].detach()
+        if distill_loss is not None and distillation is not None:
+            clamps = {"log_prob_min_clamp": distillation.log_prob_min_clamp,
+                      "loss_max_clamp": distillation.loss_max_clamp}
+            if student_topk is not None:
+                assert micro.teacher_topk_log_probs is not None
+                width = log_prob.shape[1]
+                student_k = _pad_rows(student_topk, width)
+                teacher_k = _pad_rows([t.to(device=device, dtype=torch.float32) for t in micro.teacher_topk_log_probs],
+                                      width)
+                per_token = distill_loss.fn(student_k, teacher_k, **clamps)
+            else:
+                assert micro.teacher_log_probs is not None
+                teacher_lp = pad_per_token([t.to(device=device, dtype=torch.float32) for t in micro.teacher_log_probs],
+                                           log_prob.shape[1])
+                per_token = distill_loss.fn(log_prob, teacher_lp, **clamps)
+            terms["distillation loss"] = aggregate(per_token)
+            loss = loss + distillation.coef * terms["distillation loss"]
+            distill_loss_total = distill_loss_total + terms["distillation loss"].detach()
         if not bool(torch.isfinite(loss)):
             shown = f"{indices[:8]}{'...' if len(indices) > 8 else ''}"
             bad = next(name for name, value in terms.items() if not bool(torch.isfinite(value)))
@@ -429,6 +491,7 @@ def accumulate_mini_batch_gradients(
         result.num_micro_batches += 1
     result.pg_loss = float(pg_loss_total)
     result.kl_loss = float(kl_loss_total)
+    result.distill_loss = float(distill_loss_total)
     result.token_sums = {name: float(value) for name, value in sums.items()}
     return result
 
@@ -446,6 +509,7 @@ def update_policy(
     world: World | None = None,
     on_policy: bool = False,
     record: FirstPassRecord | None = None,
+    distillation: DirectDistillation | None = None,
 ) -> dict[str, float]:
     """Run ``cfg.ppo_epochs`` PPO passes over ``batch`` and return verl-named metrics.
 
@@ -466,6 +530,8 @@ def update_policy(
         on_policy: the update takes a single optimizer step (one epoch, one mini-batch), so pi_old is the actor as it
             is: its own detached log-probs serve, and no old-log-prob pass runs (``batch.old_log_probs`` unused).
         record: filled with the trained samples' first-pass entropies and log-probs (see ``FirstPassRecord``).
+        distillation: a distillation loss term backpropagated directly (:class:`DirectDistillation`); its mean
+            mini-batch value is ``actor/distill_loss``.
 
     A step whose gradient norm is not finite is skipped (gradients dropped, counted in ``actor/num_skipped_steps``,
     with a warning); a non-finite loss raises ``NonFiniteLossError``.
@@ -496,6 +562,7 @@ def update_policy(
     token_sums = dict.fromkeys((*TOKEN_METRICS, TRAINED_TOKENS), 0.0)
     pg_losses: list[float] = []
     kl_losses: list[float] = []
+    distill_losses: list[float] = []
     grad_norms: list[float] = []
     steps = skipped = micro_batches = oversized = zero_advantage = 0
     lr = float(optimizer.param_groups[0]["lr"])
@@ -508,12 +575,13 @@ def update_policy(
         for index, mini_batch in enumerate(mini_batches):
             where = f"epoch {epoch}, mini-batch {index}"
             plan = plan_mini_batch(mini_batch, cfg, layout=layout, norm_length=norm_length, world=world,
-                                   sharded=sharded)
+                                   sharded=sharded, distillation=distillation)
             try:
                 result = accumulate_mini_batch_gradients(
                     model, plan.share, cfg, temperature=temperature, norm_length=norm_length, where=where,
                     on_policy=on_policy, record=record if epoch == 0 else None,
                     record_under_old=epoch == 0 and index == 0, plan=plan, generator=generator,
+                    distillation=distillation,
                 )
             except NonFiniteLossError:
                 optimizer.zero_grad(set_to_none=True)
@@ -533,6 +601,7 @@ def update_policy(
                 token_sums[name] += value
             pg_losses.append(result.pg_loss)
             kl_losses.append(result.kl_loss)
+            distill_losses.append(result.distill_loss)
 
             grad_norm = clip_grad_norm(params, cfg.grad_clip, world or World())
             if not math.isfinite(grad_norm):
@@ -579,4 +648,14 @@ def update_policy(
     }
     if cfg.use_kl_loss:
         metrics["actor/kl_loss"] = mean(kl_losses)
+    if distillation is not None:
+        metrics["actor/distill_loss"] = mean(distill_losses)
     return metrics
+
+
+def _pad_rows(values: list[Tensor], width: int) -> Tensor:
+    """``B`` tensors ``[len_i, k]`` -> ``[B, width, k]``, zero-padded (the loss mask drops the padding)."""
+    out = values[0].new_zeros((len(values), width, values[0].shape[-1]))
+    for row, v in enumerate(values):
+        out[row, : v.shape[0]] = v
+    return out

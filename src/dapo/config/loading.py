@@ -19,7 +19,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from dapo.config import verl_keys
-from dapo.config.objective import objective_warnings, paper_defaults_notice
+from dapo.config.objective import distillation_notice, objective_warnings, paper_defaults_notice
 from dapo.config.schema import ConfigError, DapoConfig
 
 log = logging.getLogger("dapo.config")
@@ -113,10 +113,24 @@ def _section_type(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
+def named_section_type(annotation: Any) -> type[BaseModel] | None:
+    """The section type of a ``dict[str, Section]`` field (sections the user names, e.g. the distillation
+    teachers), else None."""
+    if typing.get_origin(annotation) is dict:
+        key_type, value_type = typing.get_args(annotation)
+        if key_type is str and isinstance(value_type, type) and issubclass(value_type, BaseModel):
+            return value_type
+    return None
+
+
 def _all_keys(model: type[BaseModel] = DapoConfig, prefix: str = "") -> list[str]:
     keys: list[str] = []
     for name, field in model.model_fields.items():
         sub = _section_type(field.annotation)
+        named = named_section_type(field.annotation)
+        if named is not None:
+            keys += _all_keys(named, f"{prefix}{name}.<name>.")
+            continue
         keys += _all_keys(sub, f"{prefix}{name}.") if sub is not None else [f"{prefix}{name}"]
     return keys
 
@@ -125,7 +139,13 @@ def _unknown_key_problem(dotted: str) -> str | None:
     """None for a key of this tree; else one line naming the key, its section's allowed keys and a close match."""
     parts = dotted.split(".")
     model: type[BaseModel] = DapoConfig
+    named_next: type[BaseModel] | None = None
     for depth, part in enumerate(parts):
+        if named_next is not None:  # a name the user chose (a teacher's): any name opens a section of that type
+            if depth == len(parts) - 1:
+                return f"config key '{dotted}' is a section, not a value"
+            model, named_next = named_next, None
+            continue
         allowed = list(model.model_fields)
         section = ".".join(parts[:depth])
         allowed += [a.rsplit(".", 1)[1] + f" (alias of {t})" for a, t in _KEY_ALIASES.items() if a.rsplit(".", 1)[0] == section]
@@ -143,6 +163,11 @@ def _unknown_key_problem(dotted: str) -> str | None:
                 hint = " Use actor.optim.lr_warmup_steps (an absolute number of optimizer steps)."
             return (f"unknown config key '{dotted}': section '{where}' has no '{part}'.{hint} "
                     f"Allowed keys there: {', '.join(allowed)}")
+        named_next = named_section_type(model.model_fields[part].annotation)
+        if named_next is not None:
+            if depth == len(parts) - 1:
+                return f"config key '{dotted}' is a section of named entries ('{dotted}.<name>.*'), not a value"
+            continue
         sub = _section_type(model.model_fields[part].annotation)
         if sub is None:
             if depth != len(parts) - 1:
@@ -329,9 +354,9 @@ def build_config_with_report(
         report.warnings.append(f"{', '.join(keys)}: accepted without effect: {why}")
     assert cfg is not None
     report.warnings.extend(objective_warnings(cfg))
-    notice = paper_defaults_notice(cfg)
-    if notice is not None:
-        report.notices.append(notice)
+    for notice in (paper_defaults_notice(cfg), distillation_notice(cfg)):
+        if notice is not None:
+            report.notices.append(notice)
     return cfg, report
 
 

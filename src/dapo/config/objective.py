@@ -69,6 +69,17 @@ def paper_defaults_notice(cfg: DapoConfig) -> str | None:
             f"{_PAPERS[mode]}, for what the config does not set (set a key to choose another value)")
 
 
+def distillation_notice(cfg: DapoConfig) -> str | None:
+    """What Dynamic Sampling does when distillation trains without the task reward (docs/distillation.md)."""
+    ds = cfg.distillation
+    if ds.enabled and not ds.distillation_loss.use_task_rewards and cfg.algorithm.filter_groups.enable:
+        return ("algorithm.filter_groups.enable=true with distillation.distillation_loss.use_task_rewards=false: Eq. "
+                "11 drops groups whose accuracy is all equal because their reward advantage is 0; with the reward "
+                "off every group carries the teacher's per-token signal, so no group is dropped "
+                "(docs/distillation.md)")
+    return None
+
+
 def objective_warnings(cfg: DapoConfig) -> list[str]:
     """Settings that run, but not as the paper or verl would: an aggregation set against the loss mode's paper, and
     an asymmetric k1 rejection band, which verl's code applies to the inverse ratio (docs/objectives.md)."""

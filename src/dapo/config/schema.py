@@ -21,6 +21,9 @@ __all__ = [
     "CustomRewardFunctionConfig",
     "DapoConfig",
     "DataConfig",
+    "DistillationConfig",
+    "DistillationLossConfig",
+    "TeacherModelConfig",
     "FilterGroupsConfig",
     "FsdpConfig",
     "ModelConfig",
@@ -601,6 +604,101 @@ class AsyncTrainingConfig(_Section):
     )
 
 
+# ------------------------------------------------------------------------------------------ distillation
+# The single-sample estimators of the reverse KL (dapo.core.kl.KL_ESTIMATORS' names) and the teacher-top-k forward KL;
+# the registry of what each computes is dapo.core.distillation_losses.DISTILLATION_LOSSES.
+SINGLE_SAMPLE_LOSS_MODES = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
+TOPK_LOSS_MODES = ("forward_kl_topk",)
+
+
+def is_served_teacher(model_path: str) -> bool:
+    """A teacher given as an http(s) URL is an OpenAI-compatible server; anything else is a local model folder."""
+    return model_path.startswith(("http://", "https://"))
+
+
+class TeacherModelConfig(_Section):
+    """One teacher of on-policy distillation (verl: ``distillation.teacher_models.<name>.*``)."""
+
+    model_path: str = Field(
+        ..., min_length=1, description="the teacher: a Hugging Face model folder (loaded once in the trainer, forward "
+        "only), or the base URL of an OpenAI-compatible server that returns prompt log-probs for given token ids "
+        "(`dapo serve`, `vllm serve`), e.g. http://127.0.0.1:8000/v1. It must share the student's tokenizer")
+    key: str | None = Field(
+        None, min_length=1, description="routing value: samples whose distillation.teacher_key field equals it go to "
+        "this teacher (required with several teachers; ignored with one)")
+    served_model_name: str | None = Field(
+        None, min_length=1, description="(dapo only) a served teacher: the 'model' of its requests; None = the first "
+        "model the server lists at /v1/models")
+    timeout_s: float = Field(120.0, gt=0.0, description="(dapo only) a served teacher: seconds one request may take")
+
+
+class DistillationLossConfig(_Section):
+    """How the teacher's log-probs become a training signal (verl: ``distillation.distillation_loss.*``)."""
+
+    loss_mode: Literal["k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl", "forward_kl_topk"] = Field(
+        "k3", description="the per-token divergence D: a single-sample estimator of the reverse KL "
+        "KL(student || teacher) at the sampled token (k1/kl: log pi_s - log pi_t; abs; k2/mse; k3/low_var_kl), or "
+        "forward_kl_topk: the forward KL on the teacher's top-k tokens (needs use_policy_gradient=false)")
+    topk: int = Field(32, ge=1, le=1024, description="k of forward_kl_topk")
+    use_task_rewards: bool = Field(
+        True, description="true: the task reward's advantage (Eq. 9) is kept and the distillation signal added, times "
+        "distillation_loss_coef; false: the distillation signal alone trains the student")
+    distillation_loss_coef: float = Field(
+        1.0, ge=0.0, description="weight of the distillation signal when use_task_rewards=true (verl: only then)")
+    use_policy_gradient: bool = Field(
+        False, description="true: PG OPD, the per-token advantage is -D (stop-gradient) fed to the policy loss "
+        "(actor.policy_loss.loss_mode); false: D is a loss term backpropagated directly (GKD OPD)")
+    loss_max_clamp: float | None = Field(
+        None, gt=0.0, description="clamp of the per-token distillation signal to [-c, c] (None: none)")
+    log_prob_min_clamp: float | None = Field(
+        None, lt=0.0, description="lower clamp of the student's and teacher's log-probs before D is computed "
+        "(None: none)")
+
+
+class DistillationConfig(_Section):
+    """On-policy distillation (docs/distillation.md; verl's ``distillation.*`` keys): the student samples, the teacher
+    scores exactly the student's tokens, and the reverse KL between them trains the student."""
+
+    enabled: bool = Field(False, description="turn on-policy distillation on")
+    teacher_key: str = Field(
+        "data_source", min_length=1, description="the sample field that routes it to a teacher with several "
+        "teachers: data_source or a key of the prompt's extra_info")
+    teacher_models: dict[str, TeacherModelConfig] = Field(
+        default_factory=dict, description="the teachers by name (one: 'teacher_model' by verl's convention)")
+    distillation_loss: DistillationLossConfig = Field(default_factory=DistillationLossConfig)
+
+    @model_validator(mode="after")
+    def _teachers_make_sense(self) -> "DistillationConfig":
+        loss = self.distillation_loss
+        if not self.enabled:
+            return self
+        if not self.teacher_models:
+            raise ValueError("distillation.enabled=true needs a teacher: set "
+                             "distillation.teacher_models.teacher_model.model_path (a model folder or a server URL)")
+        if len(self.teacher_models) > 1:
+            keys = [t.key for t in self.teacher_models.values()]
+            missing = sorted(n for n, t in self.teacher_models.items() if t.key is None)
+            if missing:
+                raise ValueError(f"distillation.teacher_models: with several teachers each needs a routing key; "
+                                 f"set distillation.teacher_models.{missing[0]}.key")
+            if len(set(keys)) != len(keys):
+                raise ValueError(f"distillation.teacher_models: two teachers share a routing key ({keys})")
+        if loss.loss_mode in TOPK_LOSS_MODES and loss.use_policy_gradient:
+            raise ValueError(f"distillation.distillation_loss.loss_mode={loss.loss_mode} needs "
+                             "use_policy_gradient=false: a policy-gradient update acts through the sampled token "
+                             "only, so the teacher's top-k distribution would be unused")
+        if loss.loss_mode in ("k1", "kl") and not loss.use_policy_gradient:
+            raise ValueError(f"distillation.distillation_loss.loss_mode={loss.loss_mode} needs use_policy_gradient="
+                             "true: backpropagated directly, k1's gradient is the score function alone (its "
+                             "expectation is 0), so the teacher would not move the student")
+        served = sorted(n for n, t in self.teacher_models.items() if is_served_teacher(t.model_path))
+        if loss.loss_mode in TOPK_LOSS_MODES and served:
+            raise ValueError(f"distillation.distillation_loss.loss_mode={loss.loss_mode}: the served teacher "
+                             f"'{served[0]}' returns the sampled token's log-prob only here; use a local teacher "
+                             "folder for the top-k forward KL")
+        return self
+
+
 # ------------------------------------------------------------------------------------------ trainer
 class TrainerConfig(_Section):
     total_training_steps: int | None = Field(30, gt=0, description="steps to train (None = total_epochs passes)")
@@ -658,6 +756,15 @@ class DapoConfig(_Section):
     custom_reward_function: CustomRewardFunctionConfig = Field(default_factory=CustomRewardFunctionConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     async_training: AsyncTrainingConfig = Field(default_factory=AsyncTrainingConfig)
+    distillation: DistillationConfig = Field(default_factory=DistillationConfig)
+
+    @property
+    def filters_groups(self) -> bool:
+        """Whether Dynamic Sampling's Eq. 11 drops groups. With distillation and the task reward off, no group is
+        uninformative (each carries the teacher's per-token signal), so none is dropped (docs/distillation.md)."""
+        ds = self.distillation
+        reward_off = ds.enabled and not ds.distillation_loss.use_task_rewards
+        return self.algorithm.filter_groups.enable and not reward_off
 
     @model_validator(mode="after")
     def _cross_section(self) -> "DapoConfig":
@@ -731,6 +838,10 @@ class DapoConfig(_Section):
                 "model.lora_rank >= 1 (LoRA) runs with actor.strategy=replicated (adapters replicated on every rank, "
                 "their gradients all-reduced); LoRA under actor.strategy=fsdp2 is not supported yet"
             )
+        ds = self.distillation
+        if ds.enabled and ds.distillation_loss.loss_mode in TOPK_LOSS_MODES and self.rollout.multi_turn.enable:
+            problems.append("distillation.distillation_loss.loss_mode=forward_kl_topk with rollout.multi_turn is not "
+                            "built; use a single-sample mode (k1 with use_policy_gradient=true, or k3)")
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -92,6 +92,10 @@ _FSDP_KEYS = ("dapo's FSDP2 settings are actor.strategy=fsdp2 and actor.fsdp.{pa
               "(docs/distributed.md); verl's fsdp_config keys are not read")
 _NO_REF = ("no reference model is loaded here: DAPO drops the KL term (actor.use_kl_loss=false, "
            "algorithm.use_kl_in_reward=false)")
+_TEACHER_POOL = ("no teacher resource pool: a local teacher runs in the trainer process, on its device; a served "
+                 "teacher is sized by its own server")
+_DISTILL_CLIP = ("PG OPD uses the actor's clip range (actor.clip_ratio_low / clip_ratio_high, Clip-Higher) for the "
+                 "distillation advantage as for the reward's")
 _ACTOR_RECOMPUTES = ("the old-policy log-probs are recomputed by the actor, micro-batched by actor.use_dynamic_bsz "
                      "and actor.ppo_max_token_len_per_gpu")
 
@@ -165,6 +169,9 @@ FIXED: tuple[Fixed, ...] = (
           "the reward is always DAPO's: rule reward per data_source plus reward_model.overlong_buffer"),
     Fixed("model.use_remove_padding", (True,),
           "the actor always packs sequences without padding (use_remove_padding=false is not available)"),
+    Fixed("distillation.distillation_loss.policy_loss_mode", ("vanilla",),
+          "PG OPD feeds the distillation advantage to actor.policy_loss.loss_mode (vanilla: DAPO Eq. 10), as verl "
+          "supports vanilla only"),
 )
 
 WARNED: tuple[Warned, ...] = (
@@ -186,6 +193,18 @@ WARNED: tuple[Warned, ...] = (
     Warned("trainer.nnodes", _WORLD_FROM_TORCHRUN),
     Warned("trainer.log_val_generations", "validation samples are not sent to the trackers; `dapo eval` writes "
            "every sample to JSONL"),
+    Warned("distillation.n_gpus_per_node", _TEACHER_POOL),
+    Warned("distillation.nnodes", _TEACHER_POOL),
+    Warned("distillation.teacher_models.*.num_replicas", _TEACHER_POOL),
+    Warned("distillation.teacher_models.*.inference.", "a local teacher runs forward passes in the trainer "
+           "(actor.* micro-batching and dtype); a served one is whatever its server runs"),
+    Warned("distillation.distillation_loss.clip_ratio", _DISTILL_CLIP),
+    Warned("distillation.distillation_loss.clip_ratio_low", _DISTILL_CLIP),
+    Warned("distillation.distillation_loss.clip_ratio_high", _DISTILL_CLIP),
+    Warned("distillation.distillation_loss.loss_agg_mode", "the distillation term is aggregated with "
+           "actor.loss_agg_mode, as the policy loss"),
+    Warned("distillation.distillation_loss.global_batch_info.", "verl's internal field, filled at run time"),
+    Warned("distillation.distillation_loss.loss_settings.", "verl's internal field, filled at run time"),
 )
 
 
@@ -231,10 +250,21 @@ def value_translation(key: str) -> Value | None:
     return next((v for v in VALUES if v.key == key), None)
 
 
+def _matches(pattern: str, key: str) -> bool:
+    """``pattern`` names ``key``: equal, or a section prefix (ending in '.') of it; a ``*`` part stands for any one
+    part (a name the user chose, e.g. a teacher's in ``distillation.teacher_models.*.num_replicas``)."""
+    want, have = pattern.rstrip(".").split("."), key.split(".")
+    if len(have) < len(want) or (len(have) > len(want) and not pattern.endswith(".")):
+        return False
+    return all(w in ("*", h) for w, h in zip(want, have))
+
+
 def lookup(key: str) -> Renamed | Expanded | Fixed | Matches | Warned | None:
     """The entry for a (prefix-mapped) dotted key, exact keys before section prefixes; None if not listed."""
     for table in (RENAMED, EXPANDED, FIXED, MATCHES, WARNED):
         for entry in table:
+            if "*" in entry.key and _matches(entry.key, key):
+                return entry
             if entry.key == key or (entry.key.endswith(".") and key.startswith(entry.key)):
                 return entry
     return None

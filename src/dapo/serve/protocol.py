@@ -57,6 +57,7 @@ class GenerationRequest:
     logprobs: bool = False
     top_logprobs: int = 0
     echo: bool = False
+    prompt_logprobs: int | None = None  # vLLM's extension: per prompt position its token's (and k more) log-probs
 
 
 def parse_json(body: bytes) -> dict[str, Any]:
@@ -231,7 +232,11 @@ def parse_request(kind: str, data: dict[str, Any], *, max_n: int,
         req.top_logprobs = value or 0
         req.echo = _bool(data, "echo", False)
         if req.echo:
-            raise bad("'echo' is not supported", "echo")
+            raise bad("'echo' is not supported; for the prompt's log-probs use 'prompt_logprobs' (vLLM's form)",
+                      "echo")
+        req.prompt_logprobs = _int(data, "prompt_logprobs", None, 0, MAX_TOP_LOGPROBS)
+        if req.prompt_logprobs is not None and req.stream:
+            raise bad("'prompt_logprobs' is not supported with 'stream'", "prompt_logprobs")
     for key in ("presence_penalty", "frequency_penalty"):
         _float(data, key, 0.0, -2.0, 2.0)
     return req
@@ -248,6 +253,9 @@ class Choice:
     token_texts: list[str]
     logprobs: list[float]
     top: list[list[tuple[str, float]]] | None = None  # per token, the most likely tokens and their log-probs
+    # ``prompt_logprobs``: None for the first prompt token, then per position {token id: {logprob, rank,
+    # decoded_token}} holding the position's own token and the k most likely ones (vLLM's layout)
+    prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None
 
 
 def new_id(kind: str) -> str:
@@ -296,7 +304,8 @@ def response_body(req: GenerationRequest, model: str, request_id: str, choices: 
         else:
             out_choices.append({"index": i, "text": c.text,
                                 "logprobs": _completion_logprobs(c, req.top_logprobs) if req.logprobs else None,
-                                "finish_reason": c.finish_reason})
+                                "finish_reason": c.finish_reason,
+                                **({} if req.prompt_logprobs is None else {"prompt_logprobs": c.prompt_logprobs})})
     return {"id": request_id, "object": "chat.completion" if req.kind == "chat" else "text_completion",
             "created": created, "model": model, "choices": out_choices, "system_fingerprint": None,
             "usage": usage(prompt_tokens, completion_tokens)}

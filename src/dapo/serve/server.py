@@ -130,6 +130,11 @@ class OpenAIServer:
             if req.logprobs and req.top_logprobs > 0:
                 rows = [prompts[p] for p, per_prompt in enumerate(outputs) for _ in per_prompt]
                 await self.batcher.run_on_engine(lambda: self._add_top_logprobs(req, rows, choices))
+            if req.prompt_logprobs is not None:
+                owners = [p for p, per_prompt in enumerate(outputs) for _ in per_prompt]
+                scored = await self.batcher.run_on_engine(lambda: self._prompt_logprobs(req, prompts))
+                for choice, p in zip(choices, owners):
+                    choice.prompt_logprobs = scored[p]
             return JSONResponse(response_body(req, self.cfg.model_name, rid, choices, prompt_tokens))
         except APIError as e:
             return JSONResponse(e.body(), status_code=e.status)
@@ -224,6 +229,59 @@ class OpenAIServer:
                                   for ts, vs in zip(indices.tolist(), values.tolist())]
         finally:
             model.train(was_training)
+
+    def _prompt_logprobs(self, req: GenerationRequest, prompts: list[list[int]]) -> list[list]:
+        """vLLM's ``prompt_logprobs`` of each prompt: per position after the first, its token's log-prob and rank and
+        the ``req.prompt_logprobs`` most likely tokens, from one teacher-forced forward at temperature 1 through the
+        actor's log-prob helper (what a distillation teacher serves, dapo.distillation.served_teacher). HF backend
+        only."""
+        import torch
+
+        from dapo.actor.batch import TrainBatch
+        from dapo.actor.log_probs import compute_response_log_probs
+
+        model = getattr(self.engine, "model", None)
+        if not isinstance(model, torch.nn.Module):
+            raise bad(f"'prompt_logprobs' needs the Transformers backend (this server runs {self.backend}); for vLLM "
+                      "use `vllm serve`, which answers it itself", "prompt_logprobs")
+        k = req.prompt_logprobs or 0
+        decode = self.tokenizer.decode
+        out = []
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.inference_mode():
+                for prompt in prompts:
+                    if len(prompt) < 2:
+                        out.append([None] * len(prompt))
+                        continue
+                    batch = TrainBatch(prompt_ids=[prompt[:1]], response_ids=[prompt[1:]],
+                                       advantages=torch.zeros(1), sample_mask=torch.ones(1, dtype=torch.bool),
+                                       group_index=torch.zeros(1, dtype=torch.long))
+                    vocab = int(model.get_input_embeddings().num_embeddings)
+                    everything = [torch.arange(vocab).expand(len(prompt) - 1, vocab)] if k else None
+                    (row,), _ = compute_response_log_probs(model, batch, temperature=1.0, chunk_size=1024,
+                                                          with_entropy=False, layout="padded",
+                                                          **({"gather_ids": everything} if k else {}))
+                    row = row.float().cpu()
+                    own = row if not k else row[:, 0]
+                    positions: list = [None]
+                    for j, token in enumerate(prompt[1:]):
+                        entry = {}
+                        if k:
+                            full = row[j, 1:]
+                            rank = int((full > own[j]).sum()) + 1
+                            values, ids = full.topk(k)
+                            for r, (v, t) in enumerate(zip(values.tolist(), ids.tolist()), start=1):
+                                entry[str(t)] = {"logprob": v, "rank": r, "decoded_token": decode([t])}
+                        else:
+                            rank = None
+                        entry[str(token)] = {"logprob": float(own[j]), "rank": rank, "decoded_token": decode([token])}
+                        positions.append(entry)
+                    out.append(positions)
+        finally:
+            model.train(was_training)
+        return out
 
     def _stop_check(self, req: GenerationRequest):
         if not req.stop:

@@ -21,6 +21,9 @@ from dapo.actor.update import FirstPassRecord, NonFiniteLossError, actions_of, u
 from dapo.config import DapoConfig
 from dapo.core.rollout_correction import rejection_mask, truncated_importance_weights
 from dapo.distributed.data_parallel import forward_through, local_part
+from dapo.distillation.signal import direct_distillation_of, with_distillation
+from dapo.distillation.teacher import TeacherError
+from dapo.distillation.teachers import TeacherSet
 from dapo.distributed.world import World
 from dapo.infra.timing import PhaseTimer
 from dapo.model.loading import Policy
@@ -103,6 +106,8 @@ def old_log_prob_source(cfg: DapoConfig, *, num_groups: int, engine_samples_from
     mode = cfg.actor.recompute_old_log_prob
     if mode == "always":
         return "recompute"
+    if cfg.distillation.enabled and mode != "never" and not cfg.algorithm.rollout_correction.bypass_mode:
+        return "recompute"  # the teacher's signal needs the student's log-probs before the update
     rc = cfg.algorithm.rollout_correction
     if mode == "never" or rc.bypass_mode:  # bypass: the engine's log-probs are pi_old, the PPO ratio is pi / mu
         return "rollout"
@@ -128,12 +133,26 @@ def gathered_record(record: FirstPassRecord, world: World) -> FirstPassRecord:
                               for f in dataclasses.fields(FirstPassRecord)})
 
 
+def teacher_routes(groups: Sequence[ScoredGroup], teacher_key: str) -> list[str | None]:
+    """Per response, the value that routes it to a distillation teacher: its prompt's ``data_source`` or the
+    ``extra_info`` entry ``teacher_key`` names."""
+    def route(group: ScoredGroup) -> str | None:
+        if teacher_key == "data_source":
+            return group.prompt.data_source
+        value = group.prompt.extra_info.get(teacher_key)
+        return None if value is None else str(value)
+
+    return [route(g) for g in groups for _ in g.response_ids]
+
+
 def update_actor(groups: Sequence[ScoredGroup], policy: Policy, optimizer, scheduler, cfg: DapoConfig, step: int,
                  timer: PhaseTimer, *, engine_samples_from_actor: bool = False,
-                 world: World = World(), off_policy: bool = False) -> dict[str, float]:
+                 world: World = World(), off_policy: bool = False,
+                 teachers: TeacherSet | None = None) -> dict[str, float]:
     """Lines 10-12 on the whole batch; with several ranks (``world``) each trains its share and all return the same
     metrics (``dapo.actor.update.update_policy``). ``off_policy``: samples from older weights (see
-    :func:`old_log_prob_source`)."""
+    :func:`old_log_prob_source`). ``teachers``: on-policy distillation (``dapo.distillation``): after pi_old, the
+    teachers score the batch and their signal joins the advantages or the loss."""
     batch = build_train_batch(groups, cfg)  # line 10: group-relative advantages (Eq. 9)
     source = old_log_prob_source(cfg, num_groups=batch.num_groups, engine_samples_from_actor=engine_samples_from_actor,
                                  off_policy=off_policy)
@@ -149,13 +168,24 @@ def update_actor(groups: Sequence[ScoredGroup], policy: Policy, optimizer, sched
     elif source == "rollout":
         assert batch.rollout_log_probs is not None
         batch = batch.with_old_log_probs(batch.rollout_log_probs)
+    if teachers is not None:
+        if batch.old_log_probs is None:
+            raise TrainingError(f"step {step}: distillation needs the student's log-probs before the update, but "
+                                f"pi_old comes from the update itself here ({source})")
+        try:
+            batch, distill_metrics = with_distillation(batch, teacher_routes(groups, cfg.distillation.teacher_key),
+                                                       teachers, cfg)
+        except TeacherError as exc:
+            raise TrainingError(f"step {step}, phase distillation: {exc}") from None
+        metrics.update(distill_metrics)
 
     with timer("update_actor"):  # lines 11-12: mu passes of mini-batch updates
         try:
             metrics.update(update_policy(policy.model, optimizer, scheduler, batch, cfg.actor,
                                          temperature=cfg.rollout.temperature,
                                          norm_length=cfg.data.max_response_length,
-                                         on_policy=source == "current", record=record, world=world))
+                                         on_policy=source == "current", record=record, world=world,
+                                         distillation=direct_distillation_of(cfg) if teachers else None))
         except NonFiniteLossError as exc:
             raise TrainingError(f"step {step}, phase update_actor: {str(exc).rstrip('.')}. The last complete "
                                 f"checkpoint is untouched; lower actor.optim.lr or use actor.dtype=fp32") from exc

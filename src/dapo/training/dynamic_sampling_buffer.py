@@ -107,10 +107,11 @@ class DynamicSamplingBuffer(Generic[GroupT]):
     def from_config(cls, cfg: "DapoConfig") -> "DynamicSamplingBuffer[Any]":
         """The buffer ``algorithm.filter_groups`` describes; with filtering off, one round per step and every group."""
         fg = cfg.algorithm.filter_groups
+        on = cfg.filters_groups
         return cls(
             target_num_groups=cfg.data.train_batch_size,
-            max_num_gen_batches=fg.max_num_gen_batches if fg.enable else 1,
-            on_exhausted=fg.on_exhausted if fg.enable else "train_on_partial",
+            max_num_gen_batches=fg.max_num_gen_batches if on else 1,
+            on_exhausted=fg.on_exhausted if on else "train_on_partial",
             carry_over_surplus=fg.carry_over_surplus,
         )
 

@@ -158,7 +158,7 @@ def generate_and_filter(engine: RolloutEngine, state: RunState, tokenizer, cfg: 
         acc = torch.tensor([float(a) for g in groups for a in g.acc])
         decision = filter_informative_groups(acc, group_index_of(groups))  # Eq. 11, on raw accuracy
         state.sampler.record_pass_rates(draws, decision.pass_rate.tolist())  # groups come in prompt order
-        keep = decision.keep.tolist() if cfg.algorithm.filter_groups.enable else [True] * len(groups)
+        keep = decision.keep.tolist() if cfg.filters_groups else [True] * len(groups)
         buffer.add_round(
             [g for g, k in zip(groups, keep) if k],
             num_groups_generated=len(groups),

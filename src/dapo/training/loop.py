@@ -89,7 +89,7 @@ def train_loop(run: Run, source: BatchSource) -> TrainResult:
                             metrics.update(update_actor(
                                 batch.groups, run.policy, run.optimizer, run.scheduler, cfg, step, timer,
                                 engine_samples_from_actor=run.engine_samples_from_actor and not source.off_policy,
-                                world=run.world, off_policy=source.off_policy))
+                                world=run.world, off_policy=source.off_policy, teachers=run.teachers))
                         else:  # train_on_partial after rounds that kept nothing: there is no gradient to take
                             skipped_update(step, metrics)
                     trained = (train_start, time.perf_counter())

@@ -26,6 +26,8 @@ from dapo.config import DapoConfig, config_to_dict
 from dapo.config.loading import tracker_backends
 from dapo.data.prompt_sampler import PromptSampler
 from dapo.data.task import Task, encode_task, read_task
+from dapo.distillation.teacher import TeacherError
+from dapo.distillation.teachers import TeacherSet, build_teachers
 from dapo.distributed.data_parallel import check_tensor_parallel
 from dapo.distributed.fsdp import check_strategy, shard_actor
 from dapo.distributed.world import World
@@ -56,8 +58,8 @@ from dapo.training.skipped_steps import SkippedStepGuard
 from dapo.training.rank_split import JobSplit, engines_on_rollout_ranks, rollout_ranks, receive_contacts, split_job
 from dapo.training.rollout_dump import dump_batch
 from dapo.training.tool_use import with_tool_rollout
-from dapo.training.run_state import (RunState, check_resume_config, checkpoint_format, find_resume_checkpoint,
-                                    record_run_config, resume_run, save_run)
+from dapo.training.run_state import (RunState, check_resume_config, check_resume_teachers, checkpoint_format,
+                                    find_resume_checkpoint, record_run_config, resume_run, save_run)
 from dapo.training.weight_sync import PushPartner, WeightSync
 
 if TYPE_CHECKING:
@@ -169,6 +171,7 @@ class Run:
     shares_batches: bool = False
     skipped_steps: SkippedStepGuard | None = None
     worker_restarts: WorkerRestartGuard | None = None
+    teachers: TeacherSet | None = None  # on-policy distillation (dapo.distillation); None: off
 
     def __post_init__(self) -> None:
         if self.skipped_steps is None:
@@ -213,6 +216,23 @@ class Run:
         self.state.val_history.append((step, metrics))
         return metrics
 
+    def validate_teachers(self) -> dict[str, float]:
+        """Each local distillation teacher's validation metrics, once, beside the student's at step 0:
+        ``distill/teacher/<name>/<the student's key>`` (a served teacher is not validated here)."""
+        if self.teachers is None:
+            return {}
+        metrics: dict[str, float] = {}
+        spec = dataclasses.replace(engine_spec_of(self.cfg, self.world), name="hf", join_process_group=False)
+        for name, teacher in self.teachers.local().items():
+            engine = build_rollout_engine(spec, teacher.policy)
+            try:
+                found = validate_across_ranks(engine, self.task.val, self.policy.tokenizer, self.cfg,
+                                              seed=derive_seed(self.cfg.trainer.seed, "val"), world=self.world)
+            finally:
+                engine.close()
+            metrics.update({f"distill/teacher/{name}/{key}": value for key, value in found.items()})
+        return metrics
+
     @contextlib.contextmanager
     def record(self) -> Iterator[tuple[Tracker, TrainingProgress]]:
         """The tracker and the progress display, open for the loop."""
@@ -241,7 +261,7 @@ class Run:
         pending = self.sync.push(self.state.step)
         if self.cfg.trainer.val_before_train and self.state.step == 0 and self.task.val:
             progress.phase(f"step 0: validating on {len(self.task.val)} prompts before training")
-            tracker.log({**pending, **self.validate(0)}, step=0)
+            tracker.log({**pending, **self.validate(0), **self.validate_teachers()}, step=0)
             pending = {}
         progress.start_steps()
         return pending
@@ -285,7 +305,8 @@ class Run:
 
     def close(self) -> None:
         close_quietly([("the reward scorer", self.scorer.close if self.scorer else lambda: None),
-                       ("the rollout engine", self.engine.close if self.engine else lambda: None)])
+                       ("the rollout engine", self.engine.close if self.engine else lambda: None),
+                       ("the distillation teachers", self.teachers.close if self.teachers else lambda: None)])
 
 
 def build_run(cfg: DapoConfig, world: World = World(), split: JobSplit | None = None) -> Run:
@@ -339,9 +360,16 @@ def build_run(cfg: DapoConfig, world: World = World(), split: JobSplit | None = 
                      DynamicSamplingBuffer.from_config(cfg))
     # Rank 0 picks the checkpoint and every rank loads that one (a rank that cannot read it fails, never diverges).
     resume_from = world.broadcast_object(find_resume_checkpoint(run_dir, cfg) if world.is_main else None)
+    try:
+        teachers = build_teachers(cfg, device=pick_device(cfg.trainer.device), student_tokenizer=policy.tokenizer)
+    except TeacherError as exc:
+        raise TrainingError(str(exc)) from None
+    identity = teachers.identity() if teachers is not None else {}
     if resume_from is not None:
         check_resume_config(run_dir, resume_from, cfg)  # never continue a run silently with other hyper-parameters
         resume_run(resume_from, state, policy, optimizer, scheduler)
+        check_resume_teachers(state.teachers, identity, cfg)
+    state.teachers = identity
     policy.model.train()
 
     if split.leads_rollout or not split.shares_batches:
@@ -376,4 +404,4 @@ def build_run(cfg: DapoConfig, world: World = World(), split: JobSplit | None = 
                engine is not None and samples_from_module(engine, policy.model),
                memory, wall0, StepPerf.for_run(policy.model, cfg, engine_dtype=probe_dtype,
                                                num_devices=world.world_size), steps_before=state.step,
-               shares_batches=split.shares_batches)
+               shares_batches=split.shares_batches, teachers=teachers)

@@ -42,6 +42,9 @@ class RunState:
     val_history: list[tuple[int, dict[str, float]]] = field(default_factory=list)
     # Asynchronous training: the next steps' batches, generated while this step trained (complete ones only).
     prefetched: list[ProducedBatch] = field(default_factory=list)
+    # On-policy distillation: each teacher's identity (name -> what it is), part of the resume check: a run resumed
+    # with another teacher would mix two signals (dapo.distillation.teachers.TeacherSet.identity).
+    teachers: dict[str, str] = field(default_factory=dict)
 
     def state_dict(self) -> dict[str, Any]:
         state = {
@@ -53,6 +56,8 @@ class RunState:
         }
         if self.prefetched:
             state["prefetched"] = [batch.state_dict() for batch in self.prefetched]
+        if self.teachers:
+            state["teachers"] = dict(self.teachers)
         return state
 
     def generation_state(self) -> dict[str, Any]:
@@ -76,6 +81,7 @@ class RunState:
         self.generated_tokens_total = int(totals.get("generated", 0))
         self.wasted_tokens_total = int(totals.get("wasted", 0))
         self.prefetched = [ProducedBatch.from_state(batch) for batch in state.get("prefetched", [])]
+        self.teachers = dict(state.get("teachers", {}))
 
 
 def save_run(run_dir: Path, state: RunState, policy: Policy, optimizer, scheduler, cfg: DapoConfig,
@@ -171,6 +177,19 @@ def check_resume_config(run_dir: Path, checkpoint: Path, cfg: DapoConfig) -> Non
         check_resume(run_dir, cfg, checkpoint_config(checkpoint))
     except ConfigError as exc:
         raise TrainingError(str(exc)) from None
+
+
+def check_resume_teachers(saved: dict[str, str], current: dict[str, str], cfg: DapoConfig) -> None:
+    """Refuse (``TrainingError``) to resume a run whose checkpoint was trained with other distillation teachers than
+    ``current`` (name -> identity: a folder's fingerprint, a server's URL and model), unless
+    ``trainer.resume_with_changes``: the same path may hold another model now."""
+    if saved == current or cfg.trainer.resume_with_changes:
+        return
+    changed = [f"{name}: {saved.get(name, '<none>')} -> {current.get(name, '<none>')}"
+               for name in sorted(set(saved) | set(current)) if saved.get(name) != current.get(name)]
+    raise TrainingError("the checkpoint to resume was trained with other distillation teachers; resuming would mix "
+                        "two teachers' signals. Changed:\n  " + "\n  ".join(changed) + "\nUse another "
+                        "trainer.experiment_name, or pass trainer.resume_with_changes=true to continue anyway.")
 
 
 def record_run_config(run_dir: Path, cfg: DapoConfig) -> None:

@@ -106,7 +106,8 @@ def uses_activation_checkpointing(model: nn.Module) -> bool:
 def resolve_layout(requested: str, model: nn.Module) -> str:
     """``actor.layout`` made concrete for ``model``.
 
-    ``auto``: packed where flash-attention's varlen kernels run; otherwise shared_prompt, unless the model is sharded
+    ``auto``: packed where flash-attention's varlen kernels run or the model computes batch-invariantly
+    (``rollout.true_on_policy``); otherwise shared_prompt, unless the model is sharded
     (FSDP2 runs each layer's all-gather/reduce-scatter once per forward, and shared_prompt forwards twice), runs
     Hugging Face's activation checkpointing (its checkpointed layers drop the KV cache that carries the prompt to the
     responses; :func:`dapo.actor.update.configure_model_for_training` leaves it off for this layout, which checkpoints
@@ -138,6 +139,8 @@ def resolve_layout(requested: str, model: nn.Module) -> str:
                          "shared_prompt")
     if requested != "auto":
         return requested
+    if invariance_of(model) is not None:  # its attention reads each sample's own keys: packing costs no mask
+        return "packed"
     if implementation.startswith("flash_attention") and not linear:
         return "packed"
     return "padded" if obstacle is not None else "shared_prompt"

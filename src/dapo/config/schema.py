@@ -253,6 +253,10 @@ class RolloutConfig(_Section):
         True, description="engines return the sampled tokens' log-probs (needed for rollout/log_prob_diff and "
         "algorithm.rollout_correction); always on here, accepted for verl recipes"
     )
+    true_on_policy: bool = Field(
+        False, description="hf: the engine and the actor compute batch-invariantly, so the engine's sampling log-probs "
+        "equal the actor's bitwise (rollout/log_prob_diff/max == 0.0; docs/true-on-policy.md)"
+    )
 
 
 # -------------------------------------------------------------------------------------------- actor
@@ -766,6 +770,28 @@ class DapoConfig(_Section):
         reward_off = ds.enabled and not ds.distillation_loss.use_task_rewards
         return self.algorithm.filter_groups.enable and not reward_off
 
+    def _true_on_policy_problems(self) -> list[str]:
+        """What ``rollout.true_on_policy`` cannot run with: each one would make the engine and the actor compute
+        different numbers (or the mode is not built there)."""
+        r, key = self.rollout, "rollout.true_on_policy=true"
+        found = []
+        if self.async_training.mode != "sync":
+            found.append(f"{key} runs with async_training.mode=sync (a rollout worker computing batch-invariantly in "
+                         "its own process is not built)")
+        if r.multi_turn.enable:
+            found.append(f"{key} does not run rollout.multi_turn (tool turns are not batch-invariant yet)")
+        if r.top_p < 1.0 or r.top_k > 0:
+            found.append(f"{key} needs rollout.top_p=1.0 and rollout.top_k=-1: the actor's log-probs are of the full "
+                         "softmax, so the engine must sample from it")
+        if r.dtype != "auto":
+            found.append(f"{key} needs rollout.dtype=auto: the engine computes in the actor's precision "
+                         f"(actor.dtype), not in rollout.dtype={r.dtype}")
+        if self.actor.layout == "shared_prompt":
+            found.append(f"{key} runs the actor with actor.layout=packed, padded or auto, not shared_prompt")
+        if self.model.lora and self.model.lora_dropout > 0:
+            found.append(f"{key} needs model.lora_dropout=0: dropout makes the actor's forward random")
+        return found
+
     @model_validator(mode="after")
     def _cross_section(self) -> "DapoConfig":
         problems: list[str] = []
@@ -838,6 +864,8 @@ class DapoConfig(_Section):
                 "model.lora_rank >= 1 (LoRA) runs with actor.strategy=replicated (adapters replicated on every rank, "
                 "their gradients all-reduced); LoRA under actor.strategy=fsdp2 is not supported yet"
             )
+        if self.rollout.true_on_policy:
+            problems.extend(self._true_on_policy_problems())
         ds = self.distillation
         if ds.enabled and ds.distillation_loss.loss_mode in TOPK_LOSS_MODES and self.rollout.multi_turn.enable:
             problems.append("distillation.distillation_loss.loss_mode=forward_kl_topk with rollout.multi_turn is not "

@@ -180,8 +180,10 @@ def batch_invariant_attention(
     :class:`PositionKV` passed as ``POSITION_KV`` holds the sequences). Returns ``[batch, tokens, heads, dim]``.
     """
     kv = kwargs.get(POSITION_KV)
+    if kv is None:  # a plain forward (the weight-sync probe): each row one sequence from position 0, right-padded
+        kv = _plain_rows(query.shape[0], query.shape[2], query.device)
     if not isinstance(kv, PositionKV):
-        raise ValueError("batch_invariant_attention needs the PositionKV of the call (keyword POSITION_KV)")
+        raise ValueError(f"batch_invariant_attention: {POSITION_KV} must be a PositionKV, got {type(kv).__name__}")
     if dropout and module.training:
         raise ValueError("batch-invariant attention does not take attention dropout (set it to 0)")
     keys, values = kv.write(module.layer_idx, key, value)  # type: ignore[arg-type]
@@ -237,6 +239,14 @@ def batch_invariant_attention(
     result = picked.new_zeros(batch, tokens, heads, dim)
     result[valid] = picked.permute(0, 2, 1, 3).reshape(-1, heads, dim)
     return result, None
+
+
+def _plain_rows(batch: int, tokens: int, device: torch.device) -> PositionKV:
+    """The PositionKV of a forward over whole sequences, one per row, at positions 0 .. tokens - 1 (right padding is
+    never attended to by an earlier token, so it changes nothing; left padding would)."""
+    positions = torch.arange(tokens, device=device).expand(batch, tokens)
+    rows = torch.arange(batch, device=device)[:, None].expand(batch, tokens)
+    return PositionKV(batch, tokens, rows, positions, torch.ones_like(positions, dtype=torch.bool))
 
 
 def _scatter_queries(q_tiles: Tensor, tile: Tensor, slot_rows: Tensor, grouped: Tensor) -> Tensor:
@@ -323,7 +333,9 @@ def _restore_linear() -> None:
 
 
 def _config_holder(model: nn.Module) -> nn.Module:
-    """The module whose ``config`` the forward reads its attention implementation from (a PEFT model's base)."""
+    """The module whose ``config`` the forward reads its attention implementation from (the Hugging Face model inside
+    the FSDP2 wrapper, a PEFT model's base)."""
+    model = getattr(model, "hf_model", model)
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 

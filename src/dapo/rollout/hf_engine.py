@@ -53,6 +53,9 @@ _DROP_WHEN_FINISHED = 8
 class HFRolloutEngine:
     """Rollout engine over a (shared) Hugging Face causal LM. Implements :class:`dapo.rollout.base.RolloutEngine`.
 
+    Inside :func:`dapo.model.batch_invariant.batch_invariant` on its model it decodes batch-invariantly
+    (``rollout.true_on_policy``): its log-probs are then bitwise the actor's.
+
     Args:
         model: the causal LM (the actor's module; not copied, not moved).
         eos_token_ids: id(s) that end a response; ``SamplingParams.stop_token_ids`` are added per request.
@@ -64,6 +67,8 @@ class HFRolloutEngine:
             keeps them until the whole batch is done, like ``model.generate``; it exists to measure what shrinking
             buys (benchmarks/bench_rollout.py).
     """
+
+    batch_invariant = True  # decodes through dapo.model.batch_invariant when its model is in that mode
 
     def __init__(
         self,

@@ -118,7 +118,10 @@ def old_log_prob_source(cfg: DapoConfig, *, num_groups: int, engine_samples_from
         return "current"
     r = cfg.rollout
     untruncated = r.top_p >= 1.0 and r.top_k <= 0  # the engine's log-probs are of the full softmax, as the actor's
-    if engine_samples_from_actor and cfg.actor.dtype == "fp32" and untruncated:
+    # rollout.true_on_policy: the engine's log-probs are the actor's bitwise (dapo.model.batch_invariant), so pi_old
+    # is read from them by proof, in any precision; fp32 otherwise: within the engine/actor gap of ~4e-7.
+    exact = cfg.rollout.true_on_policy or cfg.actor.dtype == "fp32"
+    if engine_samples_from_actor and exact and untruncated:
         return "rollout"
     return "recompute"
 

@@ -61,7 +61,8 @@ def train(cfg: DapoConfig, world: World = World()) -> TrainResult:
         kind = SOURCES[cfg.async_training.mode]
         source = kind(run) if not split.shares_batches else SharedSource(
             kind(run) if split.leads_rollout else None, run.world, kind)
-        return train_loop(run, source)
+        with run.batch_invariance():
+            return train_loop(run, source)
     finally:
         run.close()
 

@@ -38,6 +38,7 @@ from dapo.infra.cleanup import close_quietly
 from dapo.infra.memory import PeakMemory
 from dapo.infra.profiling import StepProfiler
 from dapo.infra.progress import TrainingProgress
+from dapo.model.batch_invariant import Invariance, batch_invariant, unsupported_reason
 from dapo.infra.timing import PhaseTimer
 from dapo.infra.tracking import Tracker, truncate_metrics_after
 from dapo.model.hub import HubResolveError, resolve_data_config
@@ -303,10 +304,37 @@ class Run:
                            self.memory.run_peak_bytes / 1024**2, self.state.val_history,
                            steps_run=self.state.step - self.steps_before)
 
+    def batch_invariance(self) -> contextlib.AbstractContextManager[object]:
+        """The mode the run computes in: batch-invariant for the actor and the engine's module under
+        ``rollout.true_on_policy`` (dapo.model.batch_invariant), the default otherwise."""
+        cfg = self.cfg
+        if not cfg.rollout.true_on_policy:
+            return contextlib.nullcontext()
+        invariance = Invariance(cfg.data.max_prompt_length + cfg.data.max_response_length,
+                                torch.bfloat16 if cfg.actor.dtype == "bf16" else None)
+        stack = contextlib.ExitStack()
+        modules = [self.policy.model]
+        engine_module = getattr(self.engine, "model", None)
+        if isinstance(engine_module, torch.nn.Module) and engine_module is not self.policy.model:
+            modules.append(engine_module)  # the engine's own copy (an FSDP2 actor)
+        for module in modules:
+            stack.enter_context(batch_invariant(module, invariance))
+        return stack
+
     def close(self) -> None:
         close_quietly([("the reward scorer", self.scorer.close if self.scorer else lambda: None),
                        ("the rollout engine", self.engine.close if self.engine else lambda: None),
                        ("the distillation teachers", self.teachers.close if self.teachers else lambda: None)])
+
+
+def check_true_on_policy(engine: RolloutEngine, model: torch.nn.Module, cfg: DapoConfig) -> None:
+    """``rollout.true_on_policy`` needs an engine that decodes batch-invariantly and a model family that can."""
+    if not getattr(engine, "batch_invariant", False):
+        raise TrainingError(f"rollout.true_on_policy=true: the {cfg.rollout.name} engine does not decode "
+                            "batch-invariantly; use rollout.name=hf")
+    reason = unsupported_reason(model)
+    if reason is not None:
+        raise TrainingError(f"rollout.true_on_policy=true: {cfg.model.path or 'the model'} cannot: {reason}")
 
 
 def build_run(cfg: DapoConfig, world: World = World(), split: JobSplit | None = None) -> Run:
@@ -375,6 +403,8 @@ def build_run(cfg: DapoConfig, world: World = World(), split: JobSplit | None = 
     if split.leads_rollout or not split.shares_batches:
         engine = build_engine(cfg, spec, policy, engine_module, job)
         engine = with_tool_rollout(engine, cfg, policy.tokenizer)  # rollout.multi_turn: the same engine, with a tool
+        if cfg.rollout.true_on_policy:
+            check_true_on_policy(engine, policy.model, cfg)
     else:
         receive_contacts(job)  # its part in the hand-over; the leader alone drives the engines
         engine = None

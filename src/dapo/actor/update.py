@@ -44,6 +44,7 @@ from dapo.actor.log_probs import compute_log_probs_batch, compute_response_log_p
 from dapo.actor.micro_batching import warn_oversized
 from dapo.actor.mini_batch_plan import MiniBatchPlan, plan_mini_batch
 from dapo.actor.precision import autocast_context
+from dapo.config.policy_losses import knob_parameter, knob_value
 from dapo.core.distillation_losses import get_distillation_loss
 from dapo.core.kl import kl_penalty
 from dapo.core.loss_aggregation import aggregate_loss
@@ -129,13 +130,10 @@ count in the loss normalisers but not here)."""
 
 
 def policy_loss_params(cfg: ActorConfig, generator: torch.Generator | None = None) -> PolicyLossParams:
-    """The knobs of ``cfg.policy_loss.loss_mode`` (every loss reads its own from the one object)."""
-    pl = cfg.policy_loss
-    return PolicyLossParams(
-        clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
-        tau_pos=cfg.tau_pos, tau_neg=cfg.tau_neg, clip_cov_ratio=pl.clip_cov_ratio, clip_cov_lb=pl.clip_cov_lb,
-        clip_cov_ub=pl.clip_cov_ub, kl_cov_ratio=pl.kl_cov_ratio, ppo_kl_coef=pl.ppo_kl_coef, generator=generator,
-    )
+    """The knobs ``cfg.policy_loss.loss_mode``'s registry entry names (``PolicyLoss.knobs``), each in the field of
+    its key's last part; the fields no knob names keep their defaults, unread by this loss."""
+    knobs = get_policy_loss(cfg.policy_loss.loss_mode).knobs
+    return PolicyLossParams(**{knob_parameter(k): knob_value(cfg, k) for k in knobs}, generator=generator)
 
 
 def reduce_metrics(result: MiniBatchResult, world: World) -> None:

@@ -123,6 +123,9 @@ def register_policy_loss(
     """Decorator registering a policy loss under ``name`` with its knobs and paper (see :class:`PolicyLoss`); a
     second, different function for it is an error."""
 
+    if paper_defaults and paper is None:
+        raise ValueError(f"policy loss {name!r}: paper_defaults need the paper they come from (paper=...)")
+
     def decorator(fn: PolicyLossFn) -> PolicyLossFn:
         existing = POLICY_LOSSES.get(name)
         if existing is not None and existing.fn is not fn:

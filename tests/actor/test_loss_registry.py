@@ -88,10 +88,18 @@ def test_an_unknown_loss_is_refused_naming_the_key_and_the_registered_losses() -
     ({"knobs": ("clip_ratio_hihg",)}, rf"loss_mode={TOY} reads actor.clip_ratio_hihg, which is not a config key"),
     ({"knobs": ("policy_loss.clip_cov_band",)}, "reads actor.policy_loss.clip_cov_band, which is not a config key"),
     ({"knobs": ("grad_clip",)}, "reads actor.grad_clip, which PolicyLossParams has no field for"),
-    ({"knobs": (), "paper_defaults": {"clip_ratio_low": 1.5}},
+    ({"knobs": (), "paper": "Toy (a test)", "paper_defaults": {"clip_ratio_low": 1.5}},
      r"paper default actor.clip_ratio_low=1.5 is refused: Input should be less than 1"),
-    ({"knobs": (), "paper_defaults": {"policy_loss.clip_cov_lb": 2.0}}, "not a top-level actor key"),
+    ({"knobs": (), "paper": "Toy (a test)", "paper_defaults": {"policy_loss.clip_cov_lb": 2.0}},
+     "not a top-level actor key"),
 ])
 def test_an_entry_naming_what_the_config_cannot_give_is_refused(entry: dict[str, object], match: str) -> None:
     with registered(TOY, **entry), pytest.raises(ConfigError, match=match):
         build_config(None, [f"actor.policy_loss.loss_mode={TOY}"])
+
+
+def test_paper_defaults_need_their_paper() -> None:
+    # the notice of a taken default names the paper it comes from
+    with pytest.raises(ValueError, match="paper_defaults need the paper"):
+        register_policy_loss(TOY, knobs=(), paper_defaults={"clip_ratio_high": 0.5})
+    assert TOY not in POLICY_LOSSES

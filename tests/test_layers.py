@@ -2,10 +2,11 @@
 
 The floors, lowest first (a layer imports only layers on lower floors; layers on one floor never import each other):
 
-    core, config  <-  distributed (world, FSDP2, weight transport)  <-  infra (atomic files, checkpoints: a sharded
-    checkpoint is written by every rank)  <-  model, data  <-  rollout (the engines run the model), actor (the update
-    sums gradients over the world)  <-  reward (scores a rollout's groups of data prompts), serve (an engine behind
-    an HTTP API), distillation (a teacher scores the actor's samples)  <-  evaluation  <-  training  <-  cli
+    core, tools  <-  config (a config names core's registered losses and is validated against their entries)  <-
+    distributed (world, FSDP2, weight transport)  <-  infra (atomic files, checkpoints: a sharded checkpoint is
+    written by every rank)  <-  model, data  <-  rollout (the engines run the model), actor (the update sums gradients
+    over the world)  <-  reward (scores a rollout's groups of data prompts), serve (an engine behind an HTTP API),
+    distillation (a teacher scores the actor's samples)  <-  evaluation  <-  training  <-  cli
 
 Concrete rollout engines are named only inside rollout/ (everything above builds one through the factory).
 """
@@ -19,7 +20,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "dapo"
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("core", "config", "tools"),
+    ("core", "tools"),
+    ("config",),
     ("distributed",),
     ("infra",),
     ("model", "data"),

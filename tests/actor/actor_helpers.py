@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
+from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from dapo.actor.batch import TrainBatch
+from dapo.actor.log_probs import resolve_layout
+from dapo.actor.mini_batch_plan import MiniBatchPlan, plan_mini_batch
 from dapo.config import ActorConfig
 
 VOCAB = 40
@@ -68,3 +73,17 @@ def actor_config(**overrides: object) -> ActorConfig:
     )
     base.update(overrides)
     return ActorConfig(**base)
+
+
+def plan_of(model: nn.Module, batch: TrainBatch, cfg: ActorConfig, *, norm_length: int,
+            micro_batches: list[list[int]] | None = None,
+            padding: tuple[TrainBatch, int] | None = None) -> MiniBatchPlan:
+    """The single-process plan the update makes of ``batch`` as one mini-batch, with its cut replaced by
+    ``micro_batches`` (lists of indices into ``batch``) and its zero-weight passes by ``padding`` when given: how the
+    tests try any cut or padding on ``accumulate_mini_batch_gradients``."""
+    plan = plan_mini_batch(batch, cfg, layout=resolve_layout(cfg.layout, model), norm_length=norm_length)
+    if micro_batches is not None:
+        plan = dataclasses.replace(plan, micro_batches=micro_batches)
+    if padding is not None:
+        plan = dataclasses.replace(plan, padding=padding)
+    return plan

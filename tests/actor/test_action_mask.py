@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from actor_helpers import actor_config, random_batch, tiny_qwen2
+from actor_helpers import actor_config, plan_of, random_batch, tiny_qwen2
 from dapo.actor.batch import TrainBatch
 from dapo.actor.log_probs import compute_log_probs_batch
 from dapo.actor.update import FirstPassRecord, accumulate_mini_batch_gradients
@@ -60,8 +60,8 @@ def test_token_level_loss_counts_only_the_models_tokens() -> None:
     n = torch.tensor([int(m.sum()) for m in batch.action_mask], dtype=torch.float32)
     expected = float(-(batch.advantages * n).sum() / n.sum())
     cfg = actor_config(loss_agg_mode="token-mean", entropy_coeff=0.0)
-    result = accumulate_mini_batch_gradients(model, batch, cfg, temperature=TEMPERATURE, norm_length=16,
-                                             on_policy=True)
+    result = accumulate_mini_batch_gradients(model, plan_of(model, batch, cfg, norm_length=16), cfg,
+                                             temperature=TEMPERATURE, on_policy=True)
     assert result.num_tokens == int(n.sum()) < sum(batch.response_lengths)
     assert result.pg_loss == pytest.approx(expected, rel=1e-5, abs=1e-6)
 
@@ -78,7 +78,7 @@ def test_tool_tokens_carry_no_gradient_whatever_their_log_probs() -> None:
 
     def gradient(b: TrainBatch) -> torch.Tensor:
         model.zero_grad(set_to_none=True)
-        accumulate_mini_batch_gradients(model, b, cfg, temperature=TEMPERATURE, norm_length=16)
+        accumulate_mini_batch_gradients(model, plan_of(model, b, cfg, norm_length=16), cfg, temperature=TEMPERATURE)
         return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
 
     masked = gradient(batch.with_old_log_probs([lp - 0.1 for lp in old]))
@@ -92,6 +92,7 @@ def test_the_entropy_metric_record_holds_only_the_models_tokens() -> None:
     model = tiny_qwen2(2)
     batch = with_tool_tokens(random_batch(2, 2, seed=5, max_response=9), seed=6)
     record = FirstPassRecord()
-    accumulate_mini_batch_gradients(model, batch, actor_config(), temperature=TEMPERATURE, norm_length=16,
+    cfg = actor_config()
+    accumulate_mini_batch_gradients(model, plan_of(model, batch, cfg, norm_length=16), cfg, temperature=TEMPERATURE,
                                     on_policy=True, record=record)
     assert sorted(e.numel() for e in record.entropies) == sorted(int(m.sum()) for m in batch.action_mask)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from actor_helpers import actor_config, tiny_qwen2
+from actor_helpers import actor_config, plan_of, tiny_qwen2
 from dapo.actor.log_probs import LAYOUTS
 from dapo.actor.update import accumulate_mini_batch_gradients, configure_model_for_training
 from dapo.config import ModelConfig
@@ -34,8 +34,9 @@ def _adapter_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def test_lora_gradients_are_the_same_in_every_layout_and_under_checkpointing(layout: str) -> None:
     reference = _lora_model()
     batch = off_policy_batch(reference, seed=3)
-    accumulate_mini_batch_gradients(reference, batch, actor_config(ppo_max_token_len_per_gpu=20, layout="padded"),
-                                    temperature=TEMPERATURE, norm_length=8)
+    padded = actor_config(ppo_max_token_len_per_gpu=20, layout="padded")
+    accumulate_mini_batch_gradients(reference, plan_of(reference, batch, padded, norm_length=8), padded,
+                                    temperature=TEMPERATURE)
     want = _adapter_grads(reference)
     assert all(p.grad is None for p in reference.parameters() if not p.requires_grad)  # the base stays frozen
 
@@ -43,5 +44,5 @@ def test_lora_gradients_are_the_same_in_every_layout_and_under_checkpointing(lay
     cfg = actor_config(ppo_max_token_len_per_gpu=20, layout=layout, gradient_checkpointing=True,
                        shared_prompt_chunk_tokens=6)
     configure_model_for_training(model, cfg)
-    accumulate_mini_batch_gradients(model, batch, cfg, temperature=TEMPERATURE, norm_length=8)
+    accumulate_mini_batch_gradients(model, plan_of(model, batch, cfg, norm_length=8), cfg, temperature=TEMPERATURE)
     assert_same_gradients(_adapter_grads(model), want)

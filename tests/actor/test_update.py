@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from actor_helpers import actor_config, random_batch, tiny_qwen2
+from actor_helpers import actor_config, plan_of, random_batch, tiny_qwen2
 from dapo.actor.batch import TrainBatch, pad_per_token
 from dapo.actor.log_probs import LAYOUTS, compute_log_probs_batch
 from dapo.actor.log_probs import uses_activation_checkpointing
@@ -118,7 +118,7 @@ def test_accumulated_micro_batch_gradient_equals_uncut_mini_batch_gradient(loss_
     for cfg, cut in plans:
         model.zero_grad(set_to_none=True)
         result = accumulate_mini_batch_gradients(
-            model, batch, cfg, temperature=TEMPERATURE, norm_length=norm_length, micro_batches=cut
+            model, plan_of(model, batch, cfg, norm_length=norm_length, micro_batches=cut), cfg, temperature=TEMPERATURE
         )
         assert result.num_micro_batches >= 1
         got = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
@@ -135,7 +135,8 @@ def test_importance_weights_scale_each_token_loss_under_any_micro_batch_cut() ->
     plain = uncut_gradient(model, batch, cfg, norm_length)
     ones = batch.with_is_weights([torch.ones_like(lp) for lp in batch.old_log_probs])
     model.zero_grad(set_to_none=True)
-    accumulate_mini_batch_gradients(model, ones, cfg, temperature=TEMPERATURE, norm_length=norm_length)
+    accumulate_mini_batch_gradients(model, plan_of(model, ones, cfg, norm_length=norm_length), cfg,
+                                    temperature=TEMPERATURE)
     assert_same_gradients({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, plain)
 
     g = torch.Generator().manual_seed(5)
@@ -144,8 +145,8 @@ def test_importance_weights_scale_each_token_loss_under_any_micro_batch_cut() ->
     assert not torch.allclose(next(iter(want.values())), next(iter(plain.values())))
     for seed in range(2):
         model.zero_grad(set_to_none=True)
-        accumulate_mini_batch_gradients(model, weighted, cfg, temperature=TEMPERATURE, norm_length=norm_length,
-                                        micro_batches=random_cut(len(weighted), seed))
+        plan = plan_of(model, weighted, cfg, norm_length=norm_length, micro_batches=random_cut(len(weighted), seed))
+        accumulate_mini_batch_gradients(model, plan, cfg, temperature=TEMPERATURE)
         assert_same_gradients({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, want)
 
 
@@ -153,7 +154,9 @@ def test_clipping_is_exercised_by_the_gradient_test() -> None:
     """Guards the key test above: its off-policy batch really has clipped tokens, so it tests the clipped loss."""
     model = tiny_qwen2(seed=8)
     batch = off_policy_batch(model, seed=21)
-    result = accumulate_mini_batch_gradients(model, batch, actor_config(), temperature=TEMPERATURE, norm_length=8)
+    cfg = actor_config()
+    result = accumulate_mini_batch_gradients(model, plan_of(model, batch, cfg, norm_length=8), cfg,
+                                             temperature=TEMPERATURE)
     assert result.token_sums["pg_clipfrac"] / result.num_tokens > 0.05
 
 
@@ -163,7 +166,7 @@ def test_gradient_checkpointing_gives_the_same_gradient(layout: str) -> None:
     model.train()
     batch = off_policy_batch(model, seed=3)
     cfg = actor_config(ppo_max_token_len_per_gpu=20, layout=layout)
-    accumulate_mini_batch_gradients(model, batch, cfg, temperature=TEMPERATURE, norm_length=8)
+    accumulate_mini_batch_gradients(model, plan_of(model, batch, cfg, norm_length=8), cfg, temperature=TEMPERATURE)
     want = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
     # shared_prompt: response passes capped at 6 tokens, so checkpointing recomputes several passes per micro-batch
@@ -173,7 +176,8 @@ def test_gradient_checkpointing_gives_the_same_gradient(layout: str) -> None:
     # The shared-prompt layout checkpoints its own passes: Hugging Face's per-layer checkpointing would drop the
     # KV cache that carries each prompt to its responses, so it stays off.
     assert uses_activation_checkpointing(model) == (layout != "shared_prompt")
-    accumulate_mini_batch_gradients(model, batch, checkpointed, temperature=TEMPERATURE, norm_length=8)
+    accumulate_mini_batch_gradients(model, plan_of(model, batch, checkpointed, norm_length=8), checkpointed,
+                                    temperature=TEMPERATURE)
     assert_same_gradients({n: p.grad.clone() for n, p in model.named_parameters()}, want)
 
 
@@ -188,7 +192,7 @@ def test_checkpointed_shared_prompt_passes_train_the_other_weights_when_embeddin
     for checkpointing in (False, True):
         cfg = actor_config(ppo_max_token_len_per_gpu=20, layout="shared_prompt", gradient_checkpointing=checkpointing,
                            shared_prompt_chunk_tokens=6)
-        accumulate_mini_batch_gradients(model, batch, cfg, temperature=TEMPERATURE, norm_length=8)
+        accumulate_mini_batch_gradients(model, plan_of(model, batch, cfg, norm_length=8), cfg, temperature=TEMPERATURE)
         grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad})
         model.zero_grad(set_to_none=True)
     assert grads[1] and all(bool(g.abs().sum() > 0) for g in grads[1].values() if g.dim() == 2)
@@ -351,7 +355,8 @@ def test_zero_advantage_samples_cost_no_compute_and_leave_the_update_identical(l
     gradients = []
     for cut in (None, [list(range(len(batch)))]):  # the token-budget plan; every sample in one pass
         model.zero_grad(set_to_none=True)
-        accumulate_mini_batch_gradients(model, batch, cfg, temperature=1.0, norm_length=8, micro_batches=cut)
+        accumulate_mini_batch_gradients(model, plan_of(model, batch, cfg, norm_length=8, micro_batches=cut), cfg,
+                                        temperature=1.0)
         gradients.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
     assert_same_gradients(*gradients)
 

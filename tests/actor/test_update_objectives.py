@@ -7,10 +7,11 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from actor_helpers import actor_config, random_batch, tiny_qwen2
+from actor_helpers import actor_config, plan_of, random_batch, tiny_qwen2
 from dapo.actor.batch import TrainBatch, pad_per_token
 from dapo.actor.log_probs import compute_log_probs_batch
-from dapo.actor.update import accumulate_mini_batch_gradients, plan_mini_batch, policy_loss_params, trained_samples
+from dapo.actor.mini_batch_plan import plan_mini_batch, trained_samples
+from dapo.actor.update import accumulate_mini_batch_gradients, policy_loss_params
 from dapo.config import ActorConfig
 from dapo.core import POLICY_LOSSES, aggregate_loss, get_policy_loss
 
@@ -58,8 +59,9 @@ def test_every_objective_accumulates_the_uncut_gradient(loss_mode: str, loss_agg
     assert scale > 0
     for cut in ([[0, 1, 2, 3, 4, 5, 6, 7, 8]], [[0], [1, 5], [3, 4, 6, 7, 8]], [[8, 0], [1, 3], [4], [6, 7, 5]]):
         model.zero_grad(set_to_none=True)
-        accumulate_mini_batch_gradients(model, batch, actor_config(**overrides), temperature=TEMPERATURE,
-                                        norm_length=8, micro_batches=cut)
+        cfg = actor_config(**overrides)
+        accumulate_mini_batch_gradients(model, plan_of(model, batch, cfg, norm_length=8, micro_batches=cut), cfg,
+                                        temperature=TEMPERATURE)
         for name, g in want.items():
             got = dict(model.named_parameters())[name].grad
             torch.testing.assert_close(got, g, atol=1e-6 * scale + 1e-7, rtol=1e-4, msg=f"{loss_mode} {name}")

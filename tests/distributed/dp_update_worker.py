@@ -18,8 +18,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for tests.actor.actor_helpers
 
 from dapo.actor.log_probs import compute_log_probs_batch, resolve_layout  # noqa: E402
+from dapo.actor.mini_batch_plan import sharded_share  # noqa: E402
 from dapo.actor.optim import build_lr_scheduler, build_optimizer  # noqa: E402
-from dapo.actor.update import sharded_share, update_policy  # noqa: E402
+from dapo.actor.update import update_policy  # noqa: E402
 from dapo.config import ModelConfig, OptimConfig  # noqa: E402
 from dapo.config.schema import FsdpConfig  # noqa: E402
 from dapo.distributed.fsdp import (full_model_state, full_optimizer_state, load_full_model_state,  # noqa: E402

@@ -23,11 +23,8 @@ sampling off, every all-correct or all-wrong group is such a group.
 
 The ``actor/*`` token statistics (clip fractions, ratio, entropy of the update) cover the tokens that were trained.
 
-A sharded actor (``actor.strategy=fsdp2``) runs collectives inside every forward and backward, so every rank must run
-the same number of micro-batch passes per mini-batch, which token-balanced shares and skipped zero-advantage samples
-do not give. Every rank plans every rank's micro-batches (the same plan everywhere, from the same batch, with no
-collective) and the ranks with fewer add zero-weight passes (``padding_micro_batches``): a real one-sample
-micro-batch whose loss is multiplied by 0.0, so its gradient is exactly zero and the update is unchanged.
+Which samples a rank trains in a mini-batch, in which micro-batches, divided by which counts, and the zero-weight
+passes that keep a sharded actor's ranks in step: ``dapo.actor.mini_batch_plan``, planned once per mini-batch.
 """
 
 from __future__ import annotations
@@ -42,29 +39,28 @@ import torch
 from torch import Tensor, nn
 
 from dapo.actor.batch import TrainBatch, pad_per_token
+from dapo.actor.direct_distillation import DirectDistillation
 from dapo.actor.log_probs import compute_log_probs_batch, compute_response_log_probs, resolve_layout
-from dapo.actor.micro_batching import padding_micro_batches, plan_micro_batches, warn_oversized
+from dapo.actor.micro_batching import warn_oversized
+from dapo.actor.mini_batch_plan import MiniBatchPlan, plan_mini_batch
 from dapo.actor.precision import autocast_context
+from dapo.config.policy_losses import knob_parameter, knob_value
 from dapo.core.distillation_losses import get_distillation_loss
 from dapo.core.kl import kl_penalty
-from dapo.core.loss_aggregation import aggregate_loss, count_loss_normalizers
+from dapo.core.loss_aggregation import aggregate_loss
 from dapo.core.policy_loss import PolicyLossParams, get_policy_loss
-from dapo.distributed.data_parallel import (balanced_group_shares, clip_grad_norm, first_non_finite, forward_through,
-                                            is_sharded, sum_gradients)
+from dapo.distributed.data_parallel import clip_grad_norm, first_non_finite, forward_through, is_sharded, sum_gradients
 from dapo.distributed.world import World
 
 if TYPE_CHECKING:
     from dapo.config import ActorConfig
 
 __all__ = [
-    "DirectDistillation",
     "FirstPassRecord",
-    "MiniBatchPlan",
     "MiniBatchResult",
     "NonFiniteLossError",
     "accumulate_mini_batch_gradients",
     "configure_model_for_training",
-    "plan_mini_batch",
     "policy_loss_params",
     "update_policy",
 ]
@@ -72,19 +68,6 @@ __all__ = [
 
 class NonFiniteLossError(RuntimeError):
     """The actor loss became NaN or infinite; training cannot continue from this state."""
-
-
-@dataclass(frozen=True)
-class DirectDistillation:
-    """A distillation loss backpropagated directly (GKD OPD; ``distillation.distillation_loss.use_policy_gradient``
-    false): ``coef * D`` joins the loss, D the per-token divergence ``mode`` names
-    (``dapo.core.distillation_losses``) between the student's log-probs, with gradient, and the batch's
-    ``teacher_log_probs`` (or ``teacher_topk_*``), aggregated with ``actor.loss_agg_mode`` like the policy loss."""
-
-    mode: str
-    coef: float = 1.0
-    log_prob_min_clamp: float | None = None
-    loss_max_clamp: float | None = None
 
 
 @dataclass
@@ -146,127 +129,11 @@ TRAINED_TOKENS = "num_trained_tokens"
 count in the loss normalisers but not here)."""
 
 
-def rank_shares(mini_batch: TrainBatch, world_size: int) -> list[TrainBatch]:
-    """Every rank's whole groups of ``mini_batch``, balanced by tokens across ranks (the same plan on every rank)."""
-    bounds = mini_batch.group_boundaries()
-    lengths = mini_batch.sequence_lengths
-    shares = balanced_group_shares([sum(lengths[start:end]) for start, end in bounds], world_size)
-    return [mini_batch.select([i for g in share for i in range(*bounds[g])]) for share in shares]
-
-
-def rank_share(mini_batch: TrainBatch, world: World) -> TrainBatch:
-    """This rank's whole groups of ``mini_batch`` (see :func:`rank_shares`)."""
-    return rank_shares(mini_batch, world.world_size)[world.rank]
-
-
-@dataclass(frozen=True)
-class MicroBatchCut:
-    """The samples of a mini-batch (or of a rank's share) that can have a gradient, cut into micro-batches."""
-
-    micro_batches: list[list[int]]  # indices into the mini-batch
-    num_oversized: int = 0
-    num_zero_advantage: int = 0
-
-
-def cut_micro_batches(mini_batch: TrainBatch, cfg: ActorConfig, layout: str,
-                      distillation: DirectDistillation | None = None) -> MicroBatchCut:
-    """The trained samples of ``mini_batch`` (:func:`trained_samples`) planned into micro-batches by ``cfg``."""
-    active = trained_samples(mini_batch, cfg, distillation)
-    lengths, prompt_lengths = mini_batch.sequence_lengths, mini_batch.prompt_lengths
-    groups = mini_batch.group_index.tolist()
-    plan = plan_micro_batches(
-        [lengths[i] for i in active],
-        use_dynamic_bsz=cfg.use_dynamic_bsz,
-        max_token_len=cfg.ppo_max_token_len_per_gpu,
-        micro_batch_size=cfg.ppo_micro_batch_size_per_gpu,
-        layout=layout,
-        prompt_lengths=[prompt_lengths[i] for i in active],
-        prompt_keys=[groups[i] for i in active],
-    )
-    return MicroBatchCut([[active[j] for j in mb] for mb in plan.micro_batches], plan.num_oversized,
-                         int(mini_batch.sample_mask.sum()) - len(active))
-
-
-@dataclass(frozen=True)
-class ShardedShare:
-    """What one rank of a sharded actor trains on in a mini-batch: its share, its cut, and how many zero-weight
-    passes over ``filler`` (a one-sample batch) bring its micro-batch count up to the largest of any rank."""
-
-    share: TrainBatch
-    cut: MicroBatchCut
-    num_padding: int
-    filler: TrainBatch
-
-
-def sharded_share(mini_batch: TrainBatch, cfg: ActorConfig, world: World, layout: str,
-                  distillation: DirectDistillation | None = None) -> ShardedShare:
-    """This rank's share of ``mini_batch`` with its padding (see the module docstring).
-
-    Every rank cuts every rank's share of the same mini-batch, so the counts agree without a collective. The filler
-    is a real sample (the share's first, or the mini-batch's first when the share is empty), so its pass runs the
-    same modules as any micro-batch; multiplied by exactly 0.0, its loss adds exactly zero to every gradient.
-    """
-    shares = rank_shares(mini_batch, world.world_size)
-    cuts = [cut_micro_batches(share, cfg, layout, distillation) for share in shares]
-    mine = shares[world.rank]
-    filler = mine.select([0]) if len(mine) else mini_batch.select([0])
-    return ShardedShare(mine, cuts[world.rank],
-                        padding_micro_batches([len(c.micro_batches) for c in cuts], world.rank), filler)
-
-
-@dataclass(frozen=True)
-class MiniBatchPlan:
-    """One mini-batch as this rank trains it: the one place its counts come from, read by every objective and every
-    aggregation mode (``dapo.core.loss_aggregation``), whatever the world size or strategy.
-
-    Attributes:
-        share: the samples this rank trains (the whole mini-batch on one process; a share of whole groups otherwise).
-        num_tokens, num_seqs: the WHOLE mini-batch's valid tokens and sequences with >= 1 valid token (Eq. 12's
-            normalisers), so that summing the micro-batch (and rank) losses gives the uncut mini-batch loss.
-        norm_length: the constant length of ``seq-mean-token-sum-norm``.
-        micro_batches: indices into ``share``, each one forward/backward; every response is whole in one of them,
-            so per-sequence quantities (GSPO's and GMPO's sequence ratios) see the complete sequence.
-        num_oversized, num_zero_advantage: counts of the cut, for the metrics.
-        padding: (filler batch, count) of zero-weight passes a sharded rank adds (see the module docstring).
-    """
-
-    share: TrainBatch
-    num_tokens: int
-    num_seqs: int
-    norm_length: int
-    micro_batches: list[list[int]]
-    num_oversized: int = 0
-    num_zero_advantage: int = 0
-    padding: tuple[TrainBatch, int] | None = None
-
-
-def plan_mini_batch(mini_batch: TrainBatch, cfg: ActorConfig, *, layout: str, norm_length: int,
-                    world: World | None = None, sharded: bool = False,
-                    distillation: DirectDistillation | None = None) -> MiniBatchPlan:
-    """The plan of ``mini_batch`` on this rank of ``world``: the whole of it on one process, a token-balanced share of
-    whole groups under data parallelism, with zero-weight padding passes under a sharded actor (``sharded``)."""
-    num_tokens, num_seqs = count_loss_normalizers(mini_batch.loss_mask())
-    if world is None or not world.distributed:
-        share, padding = mini_batch, None
-        cut = cut_micro_batches(share, cfg, layout, distillation) if num_tokens else MicroBatchCut([])
-    elif sharded:  # every rank runs the same number of micro-batch passes
-        planned = sharded_share(mini_batch, cfg, world, layout, distillation)
-        share, cut, padding = planned.share, planned.cut, (planned.filler, planned.num_padding)
-    else:
-        share, padding = rank_share(mini_batch, world), None
-        cut = cut_micro_batches(share, cfg, layout, distillation) if num_tokens else MicroBatchCut([])
-    return MiniBatchPlan(share, num_tokens, num_seqs, norm_length, cut.micro_batches, cut.num_oversized,
-                         cut.num_zero_advantage, padding)
-
-
 def policy_loss_params(cfg: ActorConfig, generator: torch.Generator | None = None) -> PolicyLossParams:
-    """The knobs of ``cfg.policy_loss.loss_mode`` (every loss reads its own from the one object)."""
-    pl = cfg.policy_loss
-    return PolicyLossParams(
-        clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
-        tau_pos=cfg.tau_pos, tau_neg=cfg.tau_neg, clip_cov_ratio=pl.clip_cov_ratio, clip_cov_lb=pl.clip_cov_lb,
-        clip_cov_ub=pl.clip_cov_ub, kl_cov_ratio=pl.kl_cov_ratio, ppo_kl_coef=pl.ppo_kl_coef, generator=generator,
-    )
+    """The knobs ``cfg.policy_loss.loss_mode``'s registry entry names (``PolicyLoss.knobs``), each in the field of
+    its key's last part; the fields no knob names keep their defaults, unread by this loss."""
+    knobs = get_policy_loss(cfg.policy_loss.loss_mode).knobs
+    return PolicyLossParams(**{knob_parameter(k): knob_value(cfg, k) for k in knobs}, generator=generator)
 
 
 def reduce_metrics(result: MiniBatchResult, world: World) -> None:
@@ -279,23 +146,6 @@ def reduce_metrics(result: MiniBatchResult, world: World) -> None:
     result.distill_loss = float(values[3])
     result.token_sums = {n: float(v) for n, v in zip(names, values[4:].tolist())}
 
-
-def trained_samples(mini_batch: TrainBatch, cfg: ActorConfig, distillation: DirectDistillation | None = None
-                    ) -> list[int]:
-    """Indices of the samples whose gradient can be non-zero: kept by ``sample_mask``, and, unless an entropy, KL or
-    direct distillation term is on or the policy loss needs them (``PolicyLoss.zero_advantage_no_gradient``), with a
-    non-zero advantage (see the module docstring for why the others contribute exactly 0); with per-token advantages
-    (``token_advantages``) a sample is trained when any of its tokens has one."""
-    keep = mini_batch.sample_mask.clone()
-    if mini_batch.token_mask is not None:  # every token rejected (rollout correction): nothing left to train
-        keep &= mini_batch.loss_mask().any(dim=1)
-    skippable = get_policy_loss(cfg.policy_loss.loss_mode).zero_advantage_no_gradient
-    if cfg.entropy_coeff == 0.0 and not cfg.use_kl_loss and skippable and distillation is None:
-        if mini_batch.token_advantages is not None:
-            keep &= torch.tensor([bool((a != 0).any()) for a in mini_batch.token_advantages], dtype=torch.bool)
-        else:
-            keep &= mini_batch.advantages != 0
-    return keep.nonzero().flatten().tolist()
 
 
 def configure_model_for_training(model: nn.Module, cfg: ActorConfig) -> None:
@@ -320,59 +170,41 @@ def configure_model_for_training(model: nn.Module, cfg: ActorConfig) -> None:
 
 def accumulate_mini_batch_gradients(
     model: nn.Module,
-    mini_batch: TrainBatch,
+    plan: MiniBatchPlan,
     cfg: ActorConfig,
     *,
     temperature: float,
-    norm_length: int,
-    micro_batches: list[list[int]] | None = None,
     where: str = "mini-batch",
-    normalizers: tuple[int, int] | None = None,
     on_policy: bool = False,
     record: FirstPassRecord | None = None,
     record_under_old: bool = False,
-    padding: tuple[TrainBatch, int] | None = None,
-    plan: MiniBatchPlan | None = None,
     generator: torch.Generator | None = None,
     distillation: DirectDistillation | None = None,
 ) -> MiniBatchResult:
-    """Forward and backward every micro-batch of ``mini_batch``; the parameters' ``.grad`` gain the mini-batch gradient.
+    """Forward and backward every micro-batch of ``plan`` (from :func:`dapo.actor.mini_batch_plan.plan_mini_batch`);
+    the parameters' ``.grad`` gain the mini-batch gradient.
 
-    ``micro_batches`` (lists of indices into ``mini_batch``) overrides the plan from ``cfg``; whatever the cut, the
-    accumulated gradient is that of the uncut mini-batch loss. Needs ``mini_batch.old_log_probs`` (and
-    ``ref_log_probs`` when ``cfg.use_kl_loss``). Raises ``NonFiniteLossError`` when a loss term is NaN/inf.
-    ``normalizers`` (valid tokens, valid sequences) of the whole mini-batch, when ``mini_batch`` is only this rank's
-    share of it (data parallel): the loss is then divided by the global counts, as Eq. 12 wants.
+    Whatever the plan's cut, the accumulated gradient is that of the uncut mini-batch loss: every micro-batch's loss is
+    divided by the plan's whole-mini-batch counts (``plan.num_tokens``, ``plan.num_seqs``, ``plan.norm_length``), as
+    Eq. 12 wants, also when ``plan.share`` is only this rank's share of the mini-batch (data parallel). Needs
+    ``plan.share.old_log_probs`` (and ``ref_log_probs`` when ``cfg.use_kl_loss``). Raises ``NonFiniteLossError`` when a
+    loss term is NaN/inf. ``plan.padding`` (filler batch, count): after the real micro-batches, ``count``
+    forward/backward passes over the filler with a loss multiplied by 0.0 (equal collective counts for a sharded
+    actor); they add nothing to the gradients, the metrics or ``record``.
     ``on_policy``: the parameters are still pi_old's (the only optimizer step of the update comes after this
     mini-batch), so pi_old is the forward's own detached log-probs and no ``old_log_probs`` are needed (ratio 1).
     ``record`` collects each trained sample's detached entropies, and with ``record_under_old`` (the weights are still
-    pi_old's) its log-probs and rollout log-probs.
-    ``padding`` (filler batch, count): after the real micro-batches, ``count`` forward/backward passes over the filler
-    with a loss multiplied by 0.0 (equal collective counts for a sharded actor); they add nothing to the gradients,
-    the metrics or ``record``.
-    ``plan`` (from :func:`plan_mini_batch`) replaces ``micro_batches``, ``normalizers``, ``norm_length`` and
-    ``padding``: ``mini_batch`` must then be ``plan.share``. ``generator``: random source of the policy loss (Clip-Cov).
-    ``distillation``: a distillation loss backpropagated directly (needs ``mini_batch.teacher_log_probs``, or the
-    ``teacher_topk_*`` for a top-k mode); per-token PG OPD advantages come in ``mini_batch.token_advantages`` instead.
+    pi_old's) its log-probs and rollout log-probs. ``generator``: random source of the policy loss (Clip-Cov).
+    ``distillation``: a distillation loss backpropagated directly (needs ``teacher_log_probs`` in the share, or the
+    ``teacher_topk_*`` for a top-k mode); per-token PG OPD advantages come in ``token_advantages`` instead.
     """
+    mini_batch = plan.share
     if mini_batch.old_log_probs is None and not on_policy:
         raise ValueError("accumulate_mini_batch_gradients: the batch has no old_log_probs (compute them first)")
     if cfg.use_kl_loss and mini_batch.ref_log_probs is None:
         raise ValueError("actor.use_kl_loss is set but the batch has no ref_log_probs")
     result = MiniBatchResult()
-    layout = resolve_layout(cfg.layout, model)
-    if plan is None:
-        num_tokens, num_seqs = normalizers or count_loss_normalizers(mini_batch.loss_mask())
-        if num_tokens == 0:
-            cut = MicroBatchCut([])
-        elif micro_batches is None:
-            cut = cut_micro_batches(mini_batch, cfg, layout, distillation)
-        else:
-            cut = MicroBatchCut(micro_batches)
-        plan = MiniBatchPlan(mini_batch, num_tokens, num_seqs, norm_length, cut.micro_batches, cut.num_oversized,
-                             cut.num_zero_advantage, padding)
-    elif plan.share is not mini_batch:
-        raise ValueError("accumulate_mini_batch_gradients: mini_batch must be the plan's share")
+    layout = plan.layout
     result.num_tokens, result.num_seqs = plan.num_tokens, plan.num_seqs
     if result.num_tokens == 0:
         return result
@@ -578,10 +410,9 @@ def update_policy(
                                    sharded=sharded, distillation=distillation)
             try:
                 result = accumulate_mini_batch_gradients(
-                    model, plan.share, cfg, temperature=temperature, norm_length=norm_length, where=where,
-                    on_policy=on_policy, record=record if epoch == 0 else None,
-                    record_under_old=epoch == 0 and index == 0, plan=plan, generator=generator,
-                    distillation=distillation,
+                    model, plan, cfg, temperature=temperature, where=where, on_policy=on_policy,
+                    record=record if epoch == 0 else None, record_under_old=epoch == 0 and index == 0,
+                    generator=generator, distillation=distillation,
                 )
             except NonFiniteLossError:
                 optimizer.zero_grad(set_to_none=True)

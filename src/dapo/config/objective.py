@@ -7,38 +7,15 @@ from __future__ import annotations
 
 import math
 
-from dapo.config.schema import LOSS_MODE_DEFAULTS, DapoConfig
-
-_PAPERS: dict[str, str] = {"gspo": "GSPO (arXiv 2507.18071)", "gspo_token": "GSPO (arXiv 2507.18071)",
-                           "geo_mean": "GMPO (arXiv 2507.20673)", "sapo": "SAPO (arXiv 2511.20347)",
-                           "cispo": "CISPO (arXiv 2506.13585)"}
-
-# The knobs each policy loss reads besides the aggregation (docs/objectives.md).
-_LOSS_KNOBS: dict[str, tuple[str, ...]] = {
-    "vanilla": ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c"),
-    "gspo": ("clip_ratio_low", "clip_ratio_high"),
-    "gspo_token": ("clip_ratio_low", "clip_ratio_high"),
-    "cispo": ("clip_ratio_low", "clip_ratio_high"),
-    "geo_mean": ("clip_ratio_low", "clip_ratio_high"),
-    "sapo": ("tau_pos", "tau_neg"),
-    "clip_cov": ("clip_ratio_low", "clip_ratio_high", "policy_loss.clip_cov_ratio", "policy_loss.clip_cov_lb",
-                 "policy_loss.clip_cov_ub"),
-    "kl_cov": ("policy_loss.kl_cov_ratio", "policy_loss.ppo_kl_coef"),
-}
-
-
-def _actor_value(cfg: DapoConfig, dotted: str) -> object:
-    node: object = cfg.actor
-    for part in dotted.split("."):
-        node = getattr(node, part)
-    return node
+from dapo.config.policy_losses import knob_parameter, knob_value, registered_policy_loss
+from dapo.config.schema import DapoConfig
 
 
 def describe_objective(cfg: DapoConfig) -> str:
     """E.g. ``policy loss gspo (clip_ratio_low=0.0003, clip_ratio_high=0.0004), aggregation seq-mean-token-mean,
     advantages grpo (std-normalised), rollout correction off``."""
     mode = cfg.actor.policy_loss.loss_mode
-    knobs = ", ".join(f"{k.rsplit('.', 1)[-1]}={_actor_value(cfg, k)}" for k in _LOSS_KNOBS.get(mode, ()))
+    knobs = ", ".join(f"{knob_parameter(k)}={knob_value(cfg.actor, k)}" for k in registered_policy_loss(mode).knobs)
     alg = cfg.algorithm
     adv = alg.adv_estimator
     if adv in ("grpo", "grpo_passk"):
@@ -66,7 +43,7 @@ def paper_defaults_notice(cfg: DapoConfig) -> str | None:
     mode = cfg.actor.policy_loss.loss_mode
     keys = ", ".join(f"actor.{k}={v}" for k, v in taken.items())
     return (f"{keys}: actor.policy_loss.loss_mode={mode}'s paper default{'s' if len(taken) > 1 else ''}, "
-            f"{_PAPERS[mode]}, for what the config does not set (set a key to choose another value)")
+            f"{registered_policy_loss(mode).paper}, for what the config does not set (set a key to choose another value)")
 
 
 def distillation_notice(cfg: DapoConfig) -> str | None:
@@ -85,10 +62,11 @@ def objective_warnings(cfg: DapoConfig) -> list[str]:
     an asymmetric k1 rejection band, which verl's code applies to the inverse ratio (docs/objectives.md)."""
     warnings = []
     actor, mode = cfg.actor, cfg.actor.policy_loss.loss_mode
-    paper_agg = LOSS_MODE_DEFAULTS.get(mode, {}).get("loss_agg_mode")
+    loss = registered_policy_loss(mode)
+    paper_agg = loss.paper_defaults.get("loss_agg_mode")
     if paper_agg is not None and actor.loss_agg_mode != paper_agg:
         warnings.append(
-            f"actor.loss_agg_mode={actor.loss_agg_mode} with actor.policy_loss.loss_mode={mode}: {_PAPERS[mode]} "
+            f"actor.loss_agg_mode={actor.loss_agg_mode} with actor.policy_loss.loss_mode={mode}: {loss.paper} "
             f"averages per response ({paper_agg}, which verl hard-codes for this mode), so this optimises another "
             "objective than the paper's (remove the key to take the paper's)")
     rc = cfg.algorithm.rollout_correction

@@ -9,9 +9,14 @@ mapping).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, PositiveInt, TypeAdapter, ValidationError, field_validator,
+                      model_validator)
+from pydantic.fields import FieldInfo
+
+from dapo.config.policy_losses import (knob_parameter, knob_parameters, registered_policy_loss,
+                                      registered_policy_losses)
 
 __all__ = [
     "ActorConfig",
@@ -290,7 +295,7 @@ class PolicyLossConfig(_Section):
     """verl's ``actor.policy_loss``: which objective the actor minimises (docs/objectives.md) and the knobs only some
     objectives read (Clip-Cov / KL-Cov, arXiv 2505.22617)."""
 
-    loss_mode: Literal["vanilla", "gspo", "gspo_token", "cispo", "geo_mean", "sapo", "clip_cov", "kl_cov"] = Field(
+    loss_mode: str = Field(
         "vanilla", description="vanilla = DAPO Eq. 10 (Clip-Higher, dual clip); gspo / gspo_token (sequence ratio), "
         "cispo (clipped detached IS weight), geo_mean (GMPO), sapo (soft gate), clip_cov / kl_cov; see "
         "docs/objectives.md for each one's formula and recommended clip values")
@@ -302,6 +307,12 @@ class PolicyLossConfig(_Section):
                                 description="kl_cov: share of tokens (largest covariance) given the KL penalty")
     ppo_kl_coef: float = Field(1.0, ge=0.0, description="kl_cov: coefficient of the |log(pi/pi_old)| penalty")
 
+    @field_validator("loss_mode")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        registered_policy_loss(name)  # the registry is the list of names (dapo.core.policy_loss)
+        return name
+
     @model_validator(mode="after")
     def _band_ordered(self) -> "PolicyLossConfig":
         if not self.clip_cov_lb < self.clip_cov_ub:
@@ -310,19 +321,21 @@ class PolicyLossConfig(_Section):
         return self
 
 
-# What each loss mode's paper publishes where it differs from DAPO's defaults (docs/objectives.md): a config that
-# switches loss_mode takes these for every key it does not set itself. GSPO (arXiv 2507.18071) clips its
-# sequence-level ratio at 3e-4 / 4e-4 and, like GMPO (arXiv 2507.20673, log-space clip +-0.4) and SAPO (arXiv
-# 2511.20347), averages per response, 1/G sum_i (verl hard-codes that aggregation for these modes); CISPO (arXiv
-# 2506.13585) puts no lower bound on its IS weight (0.999: the nearest eps_low < 1).
-LOSS_MODE_DEFAULTS: dict[str, dict[str, float | str]] = {
-    "gspo": {"clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4, "loss_agg_mode": "seq-mean-token-mean"},
-    "gspo_token": {"clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4, "loss_agg_mode": "seq-mean-token-mean"},
-    "geo_mean": {"clip_ratio_low": 0.4, "clip_ratio_high": 0.4, "loss_agg_mode": "seq-mean-token-mean"},
-    "sapo": {"loss_agg_mode": "seq-mean-token-mean"},
-    "cispo": {"clip_ratio_low": 0.999},
-}
-_MODE_DEFAULTED_KEYS = sorted({k for defaults in LOSS_MODE_DEFAULTS.values() for k in defaults})
+def _mode_defaulted_keys() -> list[str]:
+    """The ``actor`` keys some registered loss has a paper default for (``PolicyLoss.paper_defaults``)."""
+    return sorted({k for loss in registered_policy_losses().values() for k in loss.paper_defaults})
+
+
+def _actor_field(dotted: str) -> FieldInfo | None:
+    """The schema field of an ``actor`` key (``clip_ratio_low``, ``policy_loss.clip_cov_ratio``), or None."""
+    section: type[BaseModel] = ActorConfig
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        info = section.model_fields.get(part)
+        if info is None or not (isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel)):
+            return None
+        section = info.annotation
+    return section.model_fields.get(leaf)
 
 
 class ActorConfig(_Section):
@@ -386,20 +399,42 @@ class ActorConfig(_Section):
     optim: OptimConfig = Field(default_factory=OptimConfig)
 
     @model_validator(mode="after")
+    def _loss_knobs_are_keys(self) -> "ActorConfig":
+        # A registered loss names the keys it reads (PolicyLoss.knobs) and the paper values it takes; each must be a
+        # key of this schema (its field holds the default and the checks), and each paper value must pass that field.
+        loss = registered_policy_loss(self.policy_loss.loss_mode)
+        where = f"actor.policy_loss.loss_mode={loss.name}"
+        for knob in loss.knobs:
+            if _actor_field(knob) is None:
+                raise ValueError(f"{where} reads actor.{knob}, which is not a config key")
+            if knob_parameter(knob) not in knob_parameters():
+                raise ValueError(f"{where} reads actor.{knob}, which PolicyLossParams has no field for")
+        for key, value in loss.paper_defaults.items():
+            info = type(self).model_fields.get(key)
+            if info is None:
+                raise ValueError(f"{where} has a paper default for actor.{key}, which is not a top-level actor key")
+            try:
+                TypeAdapter(Annotated[info.annotation, info]).validate_python(value)
+            except ValidationError as error:
+                problem = error.errors()[0]["msg"]
+                raise ValueError(f"{where}: its paper default actor.{key}={value!r} is refused: {problem}") from None
+        return self
+
+    @model_validator(mode="after")
     def _loss_mode_defaults(self) -> "ActorConfig":
         # A key the input did not give (pydantic's model_fields_set: given by a file, an override, an alias or a verl
         # / TRL spelling) takes the loss mode's paper value, else the field's own default. Written into __dict__:
-        # the values are this module's constants (valid), and the key stays out of model_fields_set, which is how
+        # the values were validated by _loss_knobs_are_keys, and the key stays out of model_fields_set, which is how
         # paper_defaults_taken tells a taken default from a value the user chose.
-        for key in _MODE_DEFAULTED_KEYS:
+        paper = registered_policy_loss(self.policy_loss.loss_mode).paper_defaults
+        for key in _mode_defaulted_keys():
             if key not in self.model_fields_set:
-                self.__dict__[key] = LOSS_MODE_DEFAULTS.get(self.policy_loss.loss_mode, {}).get(
-                    key, type(self).model_fields[key].default)
+                self.__dict__[key] = paper.get(key, type(self).model_fields[key].default)
         return self
 
     def paper_defaults_taken(self) -> dict[str, float | str]:
         """The keys whose value is ``policy_loss.loss_mode``'s paper default because the config did not set them."""
-        return {k: v for k, v in LOSS_MODE_DEFAULTS.get(self.policy_loss.loss_mode, {}).items()
+        return {k: v for k, v in registered_policy_loss(self.policy_loss.loss_mode).paper_defaults.items()
                 if k not in self.model_fields_set}
 
     @model_validator(mode="after")

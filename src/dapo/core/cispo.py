@@ -16,11 +16,13 @@ reflection), CISPO only bounds how much that token's gradient is weighted. The p
 from torch import Tensor
 
 from dapo.core.masked import check_same_shape
-from dapo.core.policy_loss import (LOG_RATIO_CLAMP, PolicyLossOutput, PolicyLossParams, check_clip_ratios,
-                                   masked_loss, register_policy_loss, token_diagnostics)
+from dapo.core.policy_loss import (CLIP_KNOBS, LOG_RATIO_CLAMP, PolicyLossOutput, PolicyLossParams,
+                                   check_clip_ratios, masked_loss, register_policy_loss, token_diagnostics)
 
 
-@register_policy_loss("cispo")
+# The paper puts no lower bound on the IS weight: 0.999 is the nearest eps_low < 1.
+@register_policy_loss("cispo", knobs=CLIP_KNOBS, paper="CISPO (arXiv 2506.13585)",
+                      paper_defaults={"clip_ratio_low": 0.999})
 def cispo_policy_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
                       params: PolicyLossParams) -> PolicyLossOutput:
     """CISPO: ``loss_t = -sg(clip(r_t, 1 - eps_low, 1 + eps_high)) * A_t * log pi_t``.

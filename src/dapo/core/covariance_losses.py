@@ -21,8 +21,8 @@ import torch
 from torch import Tensor
 
 from dapo.core.masked import check_same_shape, masked_mean
-from dapo.core.policy_loss import (LOG_RATIO_CLAMP, PolicyLossOutput, PolicyLossParams, check_clip_ratios,
-                                   masked_loss, register_policy_loss, token_diagnostics)
+from dapo.core.policy_loss import (CLIP_KNOBS, LOG_RATIO_CLAMP, PolicyLossOutput, PolicyLossParams,
+                                   check_clip_ratios, masked_loss, register_policy_loss, token_diagnostics)
 
 
 def token_covariance(log_prob: Tensor, advantages: Tensor, response_mask: Tensor) -> Tensor:
@@ -37,7 +37,8 @@ def _selected_count(ratio: float, response_mask: Tensor) -> int:
     return max(int(ratio * int(response_mask.bool().sum())), 1)
 
 
-@register_policy_loss("clip_cov", zero_advantage_no_gradient=False)
+@register_policy_loss("clip_cov", knobs=(*CLIP_KNOBS, "policy_loss.clip_cov_ratio", "policy_loss.clip_cov_lb",
+                                  "policy_loss.clip_cov_ub"), zero_advantage_no_gradient=False)
 def clip_cov_policy_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
                          params: PolicyLossParams) -> PolicyLossOutput:
     """Clip-Cov: PPO's clipped loss (``eps_low`` / ``eps_high``) with the gradient of a random ``clip_cov_ratio``
@@ -68,7 +69,8 @@ def clip_cov_policy_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Ten
                              clipped=clip_active | detach)
 
 
-@register_policy_loss("kl_cov", zero_advantage_no_gradient=False)
+@register_policy_loss("kl_cov", knobs=("policy_loss.kl_cov_ratio", "policy_loss.ppo_kl_coef"),
+                      zero_advantage_no_gradient=False)
 def kl_cov_policy_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
                        params: PolicyLossParams) -> PolicyLossOutput:
     """KL-Cov: ``-A_t r_t`` on every token, plus ``ppo_kl_coef * |log r_t|`` on the top ``kl_cov_ratio`` share by

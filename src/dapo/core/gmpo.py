@@ -17,11 +17,14 @@ import torch
 from torch import Tensor
 
 from dapo.core.masked import check_same_shape, masked_mean
-from dapo.core.policy_loss import (LOG_RATIO_CLAMP, PolicyLossOutput, PolicyLossParams, check_clip_ratios,
-                                   masked_loss, register_policy_loss, token_diagnostics)
+from dapo.core.policy_loss import (CLIP_KNOBS, LOG_RATIO_CLAMP, PolicyLossOutput, PolicyLossParams,
+                                   check_clip_ratios, masked_loss, register_policy_loss, token_diagnostics)
 
 
-@register_policy_loss("geo_mean")
+# The paper's log-space clip is +-0.4, and it averages per response (verl hard-codes that aggregation for this mode).
+@register_policy_loss("geo_mean", knobs=CLIP_KNOBS, paper="GMPO (arXiv 2507.20673)",
+                      paper_defaults={"clip_ratio_low": 0.4, "clip_ratio_high": 0.4,
+                                      "loss_agg_mode": "seq-mean-token-mean"})
 def gmpo_policy_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
                      params: PolicyLossParams) -> PolicyLossOutput:
     """GMPO: ``loss_i,t = -A_i,t * exp(1/|o_i| sum_t l_i,t)`` with ``l`` the sign-pessimistic log-space clip above.

@@ -23,8 +23,13 @@ import torch
 from torch import Tensor
 
 from dapo.core.masked import check_same_shape, masked_mean
-from dapo.core.policy_loss import (LOG_RATIO_CLAMP, PolicyLossOutput, PolicyLossParams, check_clip_ratios,
-                                   masked_loss, register_policy_loss, token_diagnostics)
+from dapo.core.policy_loss import (CLIP_KNOBS, LOG_RATIO_CLAMP, PolicyLossOutput, PolicyLossParams,
+                                   check_clip_ratios, masked_loss, register_policy_loss, token_diagnostics)
+
+# GSPO clips its sequence-level ratio at 3e-4 / 4e-4 and averages per response, 1/G sum_i (verl hard-codes that
+# aggregation for both modes).
+GSPO_PAPER_DEFAULTS: dict[str, float | str] = {"clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4,
+                                               "loss_agg_mode": "seq-mean-token-mean"}
 
 
 def sequence_log_ratio(log_prob: Tensor, old_log_prob: Tensor, response_mask: Tensor) -> Tensor:
@@ -41,7 +46,7 @@ def _clipped_sequence_loss(ratio: Tensor, advantages: Tensor, response_mask: Ten
                              clipped=clipped > unclipped)
 
 
-@register_policy_loss("gspo")
+@register_policy_loss("gspo", knobs=CLIP_KNOBS, paper="GSPO (arXiv 2507.18071)", paper_defaults=GSPO_PAPER_DEFAULTS)
 def gspo_policy_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
                      params: PolicyLossParams) -> PolicyLossOutput:
     """GSPO: ``loss_i,t = max(-A_i,t s_i, -A_i,t clip(s_i, 1 - eps_low, 1 + eps_high))`` on every valid token
@@ -57,7 +62,8 @@ def gspo_policy_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor,
     return _clipped_sequence_loss(ratio, advantages, response_mask, log_prob - old_log_prob, params)
 
 
-@register_policy_loss("gspo_token")
+@register_policy_loss("gspo_token", knobs=CLIP_KNOBS, paper="GSPO (arXiv 2507.18071)",
+                      paper_defaults=GSPO_PAPER_DEFAULTS)
 def gspo_token_policy_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
                            params: PolicyLossParams) -> PolicyLossOutput:
     """GSPO-token: ``s_i,t = sg[s_i] * pi(y_i,t) / sg[pi(y_i,t)]`` in the clipped objective; its value is

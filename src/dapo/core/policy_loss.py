@@ -6,19 +6,25 @@ Only the per-token loss matrix and its diagnostics are computed by a policy loss
 
 Registry: ``actor.policy_loss.loss_mode`` (verl's ``actor_rollout_ref.actor.policy_loss.loss_mode``) picks a loss with
 ``get_policy_loss(name)``. Every registered loss has one signature, ``(log_prob, old_log_prob, advantages,
-response_mask, params) -> PolicyLossOutput``, so ``dapo.actor.update`` calls any of them the same way. The other
-objectives (GSPO, CISPO, GMPO, SAPO, Clip-Cov, KL-Cov) live one per file next to this one and register themselves
-when ``dapo.core`` is imported; docs/objectives.md is their table.
+response_mask, params) -> PolicyLossOutput``, so ``dapo.actor.update`` calls any of them the same way. An entry is
+the one place its name is spelled, with what the rest of dapo reads of it: the config keys it reads (``knobs``:
+what the update passes it, what ``dapo train --print-config`` shows), the paper it follows and that paper's values
+for the keys a config does not set (``paper_defaults``); config validation and the explanations derive from it. The
+other objectives (GSPO, CISPO, GMPO, SAPO, Clip-Cov, KL-Cov) live one per file next to this one and register
+themselves when ``dapo.core`` imports them; docs/objectives.md is their table, docs/extending.md says how to add one.
 """
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 from torch import Tensor
 
 from dapo.core.masked import check_same_shape, masked_mean
+
+CLIP_KNOBS: tuple[str, ...] = ("clip_ratio_low", "clip_ratio_high")
+"""The knobs of a loss that clips its ratio (token, sequence or log-space) at ``1 - eps_low`` / ``1 + eps_high``."""
 
 LOG_RATIO_CLAMP = 20.0
 """``|log pi - log pi_old|`` is clamped to this before ``exp`` so a stale or broken sample cannot overflow the ratio."""
@@ -80,10 +86,19 @@ class PolicyLossFn(Protocol):
 
 @dataclass(frozen=True)
 class PolicyLoss:
-    """A registered loss and what the update needs to know about it.
+    """A registered loss and what the rest of dapo needs to know about it.
 
     Attributes:
+        name: its ``actor.policy_loss.loss_mode``.
         fn: the loss.
+        knobs: the config keys it reads, relative to ``actor`` (``clip_ratio_low``, ``policy_loss.clip_cov_ratio``);
+            the last part of each is the ``PolicyLossParams`` field it arrives in, and the update passes it these and
+            no other (the rest keep ``PolicyLossParams``' defaults). Config validation refuses a knob that is not a
+            config key, so every key named here has a schema field with its default and its checks.
+        paper: the paper the loss follows, named in the notices about its defaults and aggregation; None for DAPO.
+        paper_defaults: values of ``actor`` keys (top-level ones) that the paper publishes where it differs from
+            DAPO's defaults; a config selecting this loss takes them for every such key it does not set itself
+            (validated as if the config had set them).
         zero_advantage_no_gradient: a sample whose advantage is exactly 0 changes nothing in the update: its gradient
             is exactly 0 and it does not enter any other sample's loss (so the update may skip its forward). False
             for Clip-Cov and KL-Cov, whose token selection centres over every token of the call (and KL-Cov's
@@ -92,6 +107,9 @@ class PolicyLoss:
 
     name: str
     fn: PolicyLossFn
+    knobs: tuple[str, ...] = ()
+    paper: str | None = None
+    paper_defaults: Mapping[str, float | str] = field(default_factory=dict)
     zero_advantage_no_gradient: bool = True
 
 
@@ -99,15 +117,21 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {}
 
 
 def register_policy_loss(
-    name: str, *, zero_advantage_no_gradient: bool = True
+    name: str, *, knobs: tuple[str, ...], paper: str | None = None,
+    paper_defaults: Mapping[str, float | str] | None = None, zero_advantage_no_gradient: bool = True,
 ) -> Callable[[PolicyLossFn], PolicyLossFn]:
-    """Decorator registering a policy loss under ``name``; a second, different function for it is an error."""
+    """Decorator registering a policy loss under ``name`` with its knobs and paper (see :class:`PolicyLoss`); a
+    second, different function for it is an error."""
+
+    if paper_defaults and paper is None:
+        raise ValueError(f"policy loss {name!r}: paper_defaults need the paper they come from (paper=...)")
 
     def decorator(fn: PolicyLossFn) -> PolicyLossFn:
         existing = POLICY_LOSSES.get(name)
         if existing is not None and existing.fn is not fn:
             raise ValueError(f"policy loss {name!r} is already registered to {existing.fn!r}")
-        POLICY_LOSSES[name] = PolicyLoss(name, fn, zero_advantage_no_gradient)
+        POLICY_LOSSES[name] = PolicyLoss(name, fn, tuple(knobs), paper, dict(paper_defaults or {}),
+                                         zero_advantage_no_gradient)
         return fn
 
     return decorator
@@ -118,8 +142,12 @@ def get_policy_loss(name: str) -> PolicyLoss:
     try:
         return POLICY_LOSSES[name]
     except KeyError:
-        allowed = ", ".join(sorted(POLICY_LOSSES))
-        raise KeyError(f"unknown policy loss {name!r}; registered losses: {allowed}") from None
+        raise KeyError(unknown_policy_loss(name)) from None
+
+
+def unknown_policy_loss(name: str) -> str:
+    """The refusal of an unregistered loss name, listing the registered ones."""
+    return f"unknown policy loss {name!r}; registered losses: {', '.join(sorted(POLICY_LOSSES))}"
 
 
 def check_clip_ratios(where: str, clip_ratio_low: float, clip_ratio_high: float) -> None:
@@ -151,7 +179,7 @@ def masked_loss(loss: Tensor, response_mask: Tensor) -> Tensor:
     return torch.where(response_mask.bool(), loss, torch.zeros((), dtype=loss.dtype, device=loss.device))
 
 
-@register_policy_loss("vanilla")
+@register_policy_loss("vanilla", knobs=(*CLIP_KNOBS, "clip_ratio_c"))
 def vanilla_policy_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
                         params: PolicyLossParams) -> PolicyLossOutput:
     """DAPO Eq. 10 (Clip-Higher) with dual clip: :func:`compute_policy_loss` under the registry's signature."""

@@ -25,7 +25,9 @@ def sapo_gate(ratio: Tensor, tau: Tensor | float) -> Tensor:
     return torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
 
 
-@register_policy_loss("sapo")
+# The paper averages per response (verl hard-codes that aggregation for this mode).
+@register_policy_loss("sapo", knobs=("tau_pos", "tau_neg"), paper="SAPO (arXiv 2511.20347)",
+                      paper_defaults={"loss_agg_mode": "seq-mean-token-mean"})
 def sapo_policy_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
                      params: PolicyLossParams) -> PolicyLossOutput:
     """SAPO: ``loss_t = -f_tau(r_t) * A_t`` with ``tau = tau_pos`` where ``A_t > 0``, else ``tau_neg``.

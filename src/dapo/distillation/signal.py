@@ -4,7 +4,7 @@ PG OPD (``use_policy_gradient``): per token, ``sg(-D_t)`` (with k1: ``log nu - l
 token's advantage in the policy-gradient loss (``TrainBatch.token_advantages``); with ``use_task_rewards`` it is
 added, times ``distillation_loss_coef``, to the reward's group-relative advantage (Eq. 9), else it is the whole
 advantage. GKD OPD (direct): the teacher's log-probs ride in the batch and the update adds ``coef * D`` to its loss
-(``dapo.actor.update.DirectDistillation``); without the task reward the reward's advantages are zeroed.
+(``dapo.actor.direct_distillation.DirectDistillation``); without the task reward the reward's advantages are zeroed.
 
 ``log pi_s`` is pi_old, the student that sampled (recomputed by the actor at the rollout temperature, or the
 engine's own log-probs in bypass mode); only action tokens count (``TrainBatch.loss_mask``: a multi-turn
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 
 from dapo.actor.batch import TrainBatch, pad_per_token
-from dapo.actor.update import DirectDistillation
+from dapo.actor.direct_distillation import DirectDistillation
 from dapo.config import DapoConfig
 from dapo.core.distillation_losses import get_distillation_loss, pg_distillation_advantages
 from dapo.distillation.teachers import TeacherSet

@@ -2,9 +2,9 @@
 
 The FLOP model is ``dapo.infra.perf`` (formula and citations there); this module applies it to the real token counts
 of a step: every group generated in every round (also the ones dynamic sampling drops, which cost generation all the
-same), and for the actor the samples its update really trains (``dapo.actor.update.trained_samples``: zero-advantage
-and overlong-filtered samples cost nothing there) in each of ``actor.ppo_epochs`` passes, forward and backward, plus a
-forward over the whole batch when pi_old is recomputed.
+same), and for the actor the samples its update really trains (``dapo.actor.mini_batch_plan.trained_samples``:
+zero-advantage and overlong-filtered samples cost nothing there) in each of ``actor.ppo_epochs`` passes, forward and
+backward, plus a forward over the whole batch when pi_old is recomputed.
 
 Metrics (verl's names where verl has one), per device: with several ranks the step's FLOPs and tokens are divided by
 the world size, and the time is this rank's wall time of the phase (waits included).
@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from dapo.actor.update import trained_samples
+from dapo.actor.mini_batch_plan import trained_samples
 from dapo.config import DapoConfig
 from dapo.infra.perf import PeakFlops, TransformerShape, group_forward_flops, mfu, peak_flops
 from dapo.reward.scored_groups import ScoredGroup

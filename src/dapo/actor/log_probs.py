@@ -39,6 +39,7 @@ from dapo.actor.micro_batching import plan_micro_batches, response_chunks, warn_
 from dapo.actor.precision import autocast_context
 from dapo.core.kl import entropy_from_logits
 from dapo.distributed.data_parallel import is_sharded
+from dapo.model.batch_invariant import PositionKV, forward_at, invariance_of
 from dapo.model.cache_layers import is_linear_layer, layer_states, load_linear_states
 from dapo.model.left_padding import left_pad
 from dapo.model.loading import unsupported_logits
@@ -392,6 +393,22 @@ def _shared_prompt_hidden(decoder: nn.Module, rows: SharedPromptRows, *, recompu
     return torch.cat(parts).index_select(0, rows.predictor_index)
 
 
+def _position_kv(rows: SequenceRows, max_length: int) -> PositionKV:
+    """Where each token of a packed or padded micro-batch goes in the batch-invariant buffers: sample ``i`` is
+    sequence ``i`` (packed: a new sample starts where the position restarts at 0)."""
+    positions = rows.position_ids
+    if rows.attention_mask is None:  # packed: one row
+        sequence = torch.cumsum((positions == 0).long(), dim=-1) - 1
+        valid = torch.ones_like(positions, dtype=torch.bool)
+    else:
+        sequence = torch.arange(positions.shape[0], device=positions.device)[:, None].expand_as(positions)
+        valid = rows.attention_mask.bool()
+    if int(positions[valid].max()) >= max_length:
+        raise ValueError(f"a sample of {int(positions[valid].max()) + 1} tokens is longer than the batch-invariant "
+                         f"buffer of {max_length} positions (data.max_prompt_length + data.max_response_length)")
+    return PositionKV(len(rows.response_lengths), max_length, sequence, positions, valid)
+
+
 def decoder_and_lm_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
     """The base decoder (returns hidden states) and the LM head of a Hugging Face causal LM (Qwen2, Llama, ...)."""
     name = type(model).__name__
@@ -409,18 +426,25 @@ def decoder_and_lm_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
 
 
 def _chunk_log_probs(
-    lm_head: nn.Module, temperature: float, with_entropy: bool, entropy_grad: bool, hidden: Tensor, targets: Tensor
+    lm_head: nn.Module, temperature: float, with_entropy: bool, entropy_grad: bool, invariant: bool, hidden: Tensor,
+    targets: Tensor,
 ) -> tuple[Tensor, Tensor]:
     """log softmax(lm_head(hidden) / T)[target] and, if asked, the entropy of that distribution, in fp32.
 
     ``targets`` ``[N]``: one token per row; ``[N, 1 + k]``: the log-probs of each of those ids (the sampled token
-    and k more, e.g. a distillation teacher's top-k), ``[N, 1 + k]`` out.
+    and k more, e.g. a distillation teacher's top-k), ``[N, 1 + k]`` out. ``invariant`` (batch-invariant mode): the
+    log-probs are read from ``log_softmax``, a per-row kernel, as the engine reads them
+    (:func:`dapo.model.batch_invariant.token_log_probs`); ``logsumexp`` takes ``exp`` of the whole chunk at once.
     Without ``entropy_grad`` the entropy is a detached metric: computed under no_grad it saves nothing for backward,
     and a checkpointed chunk's recomputation stops before it (three logits-sized tensors per chunk fewer)."""
     logits = lm_head(hidden).float()
     if temperature != 1.0:
         logits = logits / temperature
-    if targets.dim() == 2:
+    if invariant:
+        picked = targets if targets.dim() == 2 else targets.unsqueeze(-1)
+        log_probs = torch.log_softmax(logits, dim=-1).gather(-1, picked)
+        log_probs = log_probs if targets.dim() == 2 else log_probs.squeeze(-1)
+    elif targets.dim() == 2:
         log_probs = logits.gather(-1, targets) - torch.logsumexp(logits, dim=-1, keepdim=True)
     else:
         log_probs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
@@ -460,7 +484,17 @@ def compute_response_log_probs(
         if largest >= vocab:
             raise ValueError(f"token id {largest} in the micro-batch is outside the model's vocabulary of {vocab}")
     rows: SequenceRows | SharedPromptRows
-    if layout == "shared_prompt":
+    invariance = invariance_of(model)
+    if invariance is not None:  # rollout.true_on_policy: the engine's arithmetic, token for token
+        if layout == "shared_prompt":
+            raise ValueError("actor.layout=shared_prompt does not run batch-invariant (rollout.true_on_policy); use "
+                             "packed or padded")
+        rows = (pack_sequences if layout == "packed" else pad_sequences)(
+            micro_batch.prompt_ids, micro_batch.response_ids, device)
+        hidden = _last_hidden(forward_at(decoder, _position_kv(rows, invariance.max_length), rows.input_ids,
+                                         rows.position_ids))
+        hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, rows.predictor_index)
+    elif layout == "shared_prompt":
         rows = share_prompt_sequences(micro_batch.prompt_ids, micro_batch.response_ids, device, max_chunk_tokens)
         hidden = _shared_prompt_hidden(decoder, rows, recompute=checkpoint_passes and torch.is_grad_enabled())
     else:
@@ -470,7 +504,7 @@ def compute_response_log_probs(
                                       attention_mask=rows.attention_mask, use_cache=False))
         hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, rows.predictor_index)
 
-    run = functools.partial(_chunk_log_probs, lm_head, temperature, with_entropy, entropy_grad)
+    run = functools.partial(_chunk_log_probs, lm_head, temperature, with_entropy, entropy_grad, invariance is not None)
     recompute = torch.is_grad_enabled() and hidden.requires_grad
     log_prob_chunks: list[Tensor] = []
     entropy_chunks: list[Tensor] = []

@@ -39,6 +39,7 @@ from transformers import DynamicCache, PreTrainedModel
 from dapo.model.attention import (
     GQA_SDPA, SHARED_PREFIX, SHARED_PREFIX_CACHE, attention_implementation, grouped_query_sdpa,
 )
+from dapo.model.batch_invariant import PositionKV, forward_at, invariance_of, token_log_probs
 from dapo.model.cache_layers import select_cache_rows
 from dapo.model.left_padding import left_pad
 from dapo.rollout.base import RolloutOutput, SamplingParams, StepCallback
@@ -150,8 +151,11 @@ class HFRolloutEngine:
         finish_reason: list[str] = []
         was_training = self.model.training
         self.model.eval()
+        invariance = invariance_of(self.model)
+        generate_rows = self._generate_rows if invariance is None else self._generate_rows_invariant
+        precision = grouped_query_sdpa(self.model) if invariance is None else invariance.autocast(self.device)
         try:
-            with torch.inference_mode(), grouped_query_sdpa(self.model):
+            with torch.inference_mode(), precision:
                 cut = False
                 for start in range(0, len(rows), chunk_size):
                     count = len(rows[start : start + chunk_size])
@@ -160,7 +164,7 @@ class HFRolloutEngine:
                         logprobs += [[] for _ in range(count)]
                         finish_reason += ["length"] * count
                         continue
-                    ids, lps, reasons, cut = self._generate_rows(
+                    ids, lps, reasons, cut = generate_rows(
                         prompts, rows[start : start + chunk_size], params, stop_ids, generator,
                         None if keys is None else keys[start : start + chunk_size],
                         on_step=on_step, first_entry=start,
@@ -347,20 +351,91 @@ class HFRolloutEngine:
                 )
                 next_position = next_position + 1
 
-        # A response ends at its first stop token (kept) or after max_tokens tokens (after the steps made, for a call
-        # ended early by on_step).
-        out_tokens, out_logprobs = out_tokens[:, :steps_done], out_logprobs[:, :steps_done]
-        is_stop = torch.isin(out_tokens, stop_ids)
-        stopped = is_stop.any(dim=-1)
-        lengths = torch.where(stopped, is_stop.int().argmax(dim=-1) + 1, steps_done)
-        token_lists = out_tokens.tolist()
-        logprob_lists = out_logprobs.tolist()
-        response_ids, logprobs, finish_reason = [], [], []
-        for k, (length, was_stopped) in enumerate(zip(lengths.tolist(), stopped.tolist())):
-            response_ids.append(token_lists[k][:length])
-            logprobs.append(logprob_lists[k][:length])
-            finish_reason.append("stop" if was_stopped else "length")
-        return response_ids, logprobs, finish_reason, cut
+        return (*_responses(out_tokens[:, :steps_done], out_logprobs[:, :steps_done], stop_ids, steps_done), cut)
+
+    def _generate_rows_invariant(
+        self,
+        prompts: list[torch.Tensor],
+        rows: list[int],
+        params: SamplingParams,
+        stop_ids: torch.Tensor,
+        generator: torch.Generator | None,
+        keys: torch.Tensor | None = None,
+        *,
+        on_step: StepCallback | None = None,
+        first_entry: int = 0,
+    ) -> tuple[list[list[int]], list[list[float]], list[str], bool]:
+        """:meth:`_generate_rows` in batch-invariant mode (``rollout.true_on_policy``,
+        :mod:`dapo.model.batch_invariant`): every sequence's keys sit at their positions in a
+        :class:`PositionKV`, each distinct prompt is prefilled once and its buffers copied to its samples (a copy is
+        exact), and every step's log-probs are :func:`token_log_probs` of the logits, the actor's function. A row
+        leaves the batch the step it stops: its buffers stay where they are, so leaving copies nothing."""
+        device = self.device
+        invariance = invariance_of(self.model)
+        assert invariance is not None
+        position_of = {p: i for i, p in enumerate(dict.fromkeys(rows))}
+        distinct = list(position_of)
+        input_ids, attention_mask, position_ids = left_pad([prompts[p] for p in distinct], self.pad_token_id, device)
+        longest = int(position_ids[:, -1].max()) + params.max_tokens
+        if longest > invariance.max_length:
+            raise ValueError(f"HFRolloutEngine: a prompt of {longest - params.max_tokens} tokens and max_tokens "
+                             f"{params.max_tokens} reach position {longest - 1}, past the batch-invariant buffer of "
+                             f"{invariance.max_length} positions (data.max_prompt_length + data.max_response_length)")
+        sequence = torch.arange(len(distinct), device=device)[:, None].expand_as(input_ids)
+        kv = PositionKV(len(distinct), invariance.max_length, sequence, position_ids, attention_mask.bool(),
+                        in_place=True)
+        logits = self._invariant_logits(kv, input_ids, position_ids)
+        to_distinct = torch.tensor([position_of[p] for p in rows], device=device)
+        kv.select(to_distinct)
+        logits, next_position = logits[to_distinct], position_ids[:, -1][to_distinct] + 1
+
+        num_rows, max_tokens = len(rows), params.max_tokens
+        steps_done, cut = 0, False
+        out_tokens = torch.full((num_rows, max_tokens), self.pad_token_id, dtype=torch.long, device=device)
+        out_logprobs = torch.zeros((num_rows, max_tokens), dtype=torch.float32, device=device)
+        alive = torch.arange(num_rows, device=device)  # batch position -> row (= its buffer row)
+        for step in range(max_tokens):
+            uniforms = None if keys is None or params.greedy else stream_uniforms(keys[alive], step)
+            tokens, _ = sample_next_tokens(logits, temperature=params.temperature, top_k=params.top_k,
+                                           top_p=params.top_p, generator=generator, uniforms=uniforms)
+            token_logprobs = token_log_probs(logits, tokens, params.temperature)
+            out_tokens[alive, step] = tokens
+            out_logprobs[alive, step] = token_logprobs
+            steps_done = step + 1
+            if on_step is not None:
+                cut = bool(on_step((alive + first_entry).tolist(), tokens.tolist(), token_logprobs.tolist()))
+                if cut:
+                    break
+            keep = (~torch.isin(tokens, stop_ids)).nonzero().squeeze(-1)
+            if step == max_tokens - 1 or keep.numel() == 0:
+                break
+            alive, tokens, next_position = alive[keep], tokens[keep], next_position[keep]
+            kv.at(alive[:, None], next_position[:, None])
+            logits = self._invariant_logits(kv, tokens[:, None], next_position[:, None])
+            next_position = next_position + 1
+        return (*_responses(out_tokens[:, :steps_done], out_logprobs[:, :steps_done], stop_ids, steps_done), cut)
+
+    def _invariant_logits(self, kv: PositionKV, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        """The logits at the last position of each row of one batch-invariant forward, ``[batch, vocab]``."""
+        extra = {"logits_to_keep": 1} if self._has_logits_to_keep else {}
+        return forward_at(self.model, kv, input_ids, position_ids, **extra).logits[:, -1, :]
+
+
+def _responses(out_tokens: torch.Tensor, out_logprobs: torch.Tensor, stop_ids: torch.Tensor, steps_done: int
+           ) -> tuple[list[list[int]], list[list[float]], list[str]]:
+    """Each row's response: up to its first stop token (kept) or all ``steps_done`` tokens (finish reason
+    ``length``), and the log-probs of those tokens."""
+    is_stop = torch.isin(out_tokens, stop_ids)
+    stopped = is_stop.any(dim=-1)
+    lengths = torch.where(stopped, is_stop.int().argmax(dim=-1) + 1, steps_done)
+    token_lists = out_tokens.tolist()
+    logprob_lists = out_logprobs.tolist()
+    response_ids, logprobs, finish_reason = [], [], []
+    for k, (length, was_stopped) in enumerate(zip(lengths.tolist(), stopped.tolist())):
+        response_ids.append(token_lists[k][:length])
+        logprobs.append(logprob_lists[k][:length])
+        finish_reason.append("stop" if was_stopped else "length")
+    return response_ids, logprobs, finish_reason
 
 
 def build_hf_engine(spec: EngineSpec, policy: Policy, module: torch.nn.Module | None) -> HFRolloutEngine:

@@ -30,13 +30,14 @@ if "--vllm-engines" in sys.argv:
     from dapo.config import ModelConfig
     from dapo.model.loading import load_policy
     from dapo.rollout.base import SamplingParams
-    from dapo.rollout.factory import EngineSpec, build_rollout_engine
+    from dapo.rollout.factory import build_rollout_engine
+    from dapo.rollout.spec import EngineSpec, VLLMOptions
     from dapo.training.weight_sync import WeightSync
 
     torch.manual_seed(0)
     policy = load_policy(ModelConfig())
-    engine = build_rollout_engine(EngineSpec(name="vllm", seed=1234, max_model_len=64, cpu_kvcache_space_gb=0.25,
-                                             join_process_group=True), policy)
+    engine = build_rollout_engine(EngineSpec(name="vllm", seed=1234, max_model_len=64, join_process_group=True,
+                                             vllm=VLLMOptions(cpu_kvcache_space_gb=0.25)), policy)
     sync = WeightSync(engine, policy.model, [1, 72, 98, 17, 10, 18, 30, 45, 198, 44, 91, 198, 20], threshold=1e-4)
     gaps = [sync.push(0)["rollout/probe_logprob_diff"]]
     # One replicated update (the same on both ranks, as after an all-reduced optimizer step), of the size a step of

@@ -43,12 +43,14 @@ def test_vllm_sleeps_between_generations_and_wakes_with_the_pushed_weights() -> 
     from transformers import AutoModelForCausalLM
 
     from dapo.rollout.base import SamplingParams
+    from dapo.rollout.spec import EngineSpec, VLLMOptions
     from dapo.rollout.vllm_engine import VLLMRolloutEngine
     from dapo.training.weight_sync import actor_log_probs_of
 
     actor = AutoModelForCausalLM.from_pretrained(ASSET, dtype=torch.float32).cuda().eval()
-    engine = VLLMRolloutEngine(ASSET, eos_token_ids=2, dtype="bfloat16", free_cache_engine=True,
-                               gpu_memory_utilization=0.3, max_model_len=128)
+    spec = EngineSpec(name="vllm", dtype="bfloat16", max_model_len=128,
+                      vllm=VLLMOptions(free_cache_engine=True, gpu_memory_utilization=0.3))
+    engine = VLLMRolloutEngine(ASSET, spec, eos_token_ids=2)
     try:
         assert engine.free_cache_engine, "CUDA has vLLM's sleep mode"
         awake = free_bytes()

@@ -25,6 +25,7 @@ import dapo
 from dapo.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
 from dapo.rollout.hf_engine import HFRolloutEngine
 from dapo.rollout.sampler import truncate_logits
+from dapo.rollout.spec import EngineSpec
 from dapo.rollout.vllm_engine import VLLMRolloutEngine, vllm_available
 from tests.rollout.rollout_helpers import assert_well_formed
 
@@ -88,7 +89,8 @@ def engine(
         ok, reason = vllm_available()
         if not ok:
             pytest.skip(reason)
-        built = VLLMRolloutEngine(ASSET, eos_token_ids=eos, dtype="float32", seed=0, max_model_len=256)
+        built = VLLMRolloutEngine(ASSET, EngineSpec(name="vllm", dtype="float32", seed=0, max_model_len=256),
+                                  eos_token_ids=eos)
     yield built
     built.close()
 

@@ -23,6 +23,7 @@ from dapo.data.synth import generate_synth_problems, synth_records
 from dapo.rollout.base import RolloutEngine, SamplingParams
 from dapo.rollout.hf_engine import HFRolloutEngine
 from dapo.rollout.multi_turn import MultiTurnOutput, MultiTurnParams, MultiTurnRollout, ToolCallFormat
+from dapo.rollout.spec import EngineSpec
 from dapo.rollout.vllm_engine import VLLMRolloutEngine, vllm_available
 from dapo.tools.sandbox import PythonSandbox, SandboxLimits, ToolResult, bwrap_problem
 
@@ -60,8 +61,8 @@ def engine(request: pytest.FixtureRequest, hf_model: PreTrainedModel,
         ok, reason = vllm_available()
         if not ok:
             pytest.skip(reason)
-        built = VLLMRolloutEngine(ASSET, eos_token_ids=int(tokenizer.eos_token_id), dtype="float32", seed=0,
-                                  max_model_len=256)
+        built = VLLMRolloutEngine(ASSET, EngineSpec(name="vllm", dtype="float32", seed=0, max_model_len=256),
+                                  eos_token_ids=int(tokenizer.eos_token_id))
     yield built
     built.close()
 

@@ -21,6 +21,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 import dapo
 from dapo.rollout.base import SamplingParams, WeightStream
+from dapo.rollout.spec import EngineSpec, VLLMOptions
 from dapo.rollout.vllm_engine import (
     CPU_INSTALL_COMMAND,
     VLLMRolloutEngine,
@@ -35,6 +36,9 @@ EOS = 2
 PROMPT = [1, 369, 201, 371, 267, 378, 300, 250, 12, 40]
 RESPONSE = [19, 22, 383, 223, 27, 310]
 MAX_MODEL_LEN = 64
+# The engine's settings in these tests: fp32 like the tiny actor, a small CPU KV cache.
+SPEC = EngineSpec(name="vllm", dtype="float32", max_model_len=MAX_MODEL_LEN,
+                  vllm=VLLMOptions(cpu_kvcache_space_gb=0.25))
 
 
 class Started(NamedTuple):
@@ -81,22 +85,22 @@ def test_the_torchvision_breakage_is_explained() -> None:
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "match"),
+    ("eos", "spec", "match"),
     [
-        ({"eos_token_ids": []}, "eos_token_ids"),
-        ({"eos_token_ids": [-1]}, "eos_token_ids"),
-        ({"dtype": "fp8"}, "dtype"),
-        ({"seed": -1}, "seed"),
-        ({"gpu_memory_utilization": 0.0}, "gpu_memory_utilization"),
-        ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
-        ({"max_model_len": 0}, "max_model_len"),
-        ({"cpu_kvcache_space_gb": 0.0}, "cpu_kvcache_space_gb"),
+        ([], SPEC, "eos_token_ids"),
+        ([-1], SPEC, "eos_token_ids"),
+        (EOS, SPEC.replace(dtype="fp8"), "dtype"),
+        (EOS, SPEC.replace(dtype="auto"), "dtype"),  # the factory resolves auto; the engine takes a dtype
+        (EOS, SPEC.replace(seed=-1), "seed"),
+        (EOS, SPEC.replace(vllm=VLLMOptions(gpu_memory_utilization=0.0)), "gpu_memory_utilization"),
+        (EOS, SPEC.replace(tensor_parallel_size=0), "tensor_parallel_size"),
+        (EOS, SPEC.replace(max_model_len=0), "max_model_len"),
+        (EOS, SPEC.replace(vllm=VLLMOptions(cpu_kvcache_space_gb=0.0)), "cpu_kvcache_space_gb"),
     ],
 )
-def test_bad_arguments_fail_before_vllm_starts(kwargs: dict[str, object], match: str) -> None:
-    arguments = {"eos_token_ids": EOS, **kwargs}
+def test_bad_arguments_fail_before_vllm_starts(eos: object, spec: EngineSpec, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        VLLMRolloutEngine(ASSET, **arguments)
+        VLLMRolloutEngine(ASSET, spec, eos_token_ids=eos)
 
 
 # ------------------------------------------------------------------------------------------------ with vLLM
@@ -107,7 +111,7 @@ def started() -> Iterator[Started]:
         pytest.skip(reason)
     environment = {key: os.environ.get(key) for key in ("LD_PRELOAD",)}
     rng = (random.getstate(), torch.get_rng_state())
-    engine = VLLMRolloutEngine(ASSET, eos_token_ids=EOS, max_model_len=MAX_MODEL_LEN, cpu_kvcache_space_gb=0.25)
+    engine = VLLMRolloutEngine(ASSET, SPEC, eos_token_ids=EOS)
     rng_unchanged = random.getstate() == rng[0] and torch.equal(torch.get_rng_state(), rng[1])
     yield Started(engine, environment, rng_unchanged)
     engine.close()
@@ -266,8 +270,8 @@ def test_close_is_idempotent_and_another_engine_can_start(
     started: Started, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="dapo.rollout.vllm_engine")
-    second = VLLMRolloutEngine(ASSET, eos_token_ids=EOS, max_model_len=MAX_MODEL_LEN, cpu_kvcache_space_gb=0.25,
-                               free_cache_engine=True)
+    second = VLLMRolloutEngine(ASSET, SPEC.replace(vllm=VLLMOptions(cpu_kvcache_space_gb=0.25, free_cache_engine=True)),
+                               eos_token_ids=EOS)
     try:
         if second.on_cpu:  # vLLM has no sleep mode on CPU: the option is dropped, with a log line
             assert not second.free_cache_engine

@@ -13,6 +13,7 @@ import dapo
 from dapo.config import load_config
 from dapo.model.loading import load_policy
 from dapo.model.lora import adapter_config, adapter_named_parameters, merged_named_parameters, with_lora
+from dapo.rollout.spec import EngineSpec, VLLMOptions
 from dapo.rollout.vllm_engine import VLLMRolloutEngine, vllm_available
 from dapo.rollout.vllm_lora import vllm_lora_rank
 from dapo.training.weight_sync import actor_log_probs_of
@@ -21,6 +22,7 @@ ASSET = Path(dapo.__file__).parent / "assets" / "tiny-qwen2"
 EOS = 2
 PROMPT = [1, 369, 201, 371, 267, 378, 300, 250, 12, 40]
 RESPONSE = [19, 22, 383, 223, 27, 310]
+SPEC = EngineSpec(name="vllm", dtype="float32", max_model_len=64, vllm=VLLMOptions(cpu_kvcache_space_gb=0.25))
 
 
 def test_vllm_lora_ranks_round_up_to_vllms_slots() -> None:
@@ -43,8 +45,7 @@ def test_an_adapter_only_push_moves_the_engine_to_the_actor_and_equals_a_merged_
                 p.copy_(torch.randn(p.shape, generator=generator) * 0.05)
     actor = actor_log_probs_of(policy.model, PROMPT, RESPONSE)
 
-    engine = VLLMRolloutEngine(ASSET, eos_token_ids=EOS, max_model_len=64, cpu_kvcache_space_gb=0.25,
-                               lora_config=adapter_config(policy.model))
+    engine = VLLMRolloutEngine(ASSET, SPEC, eos_token_ids=EOS, lora_config=adapter_config(policy.model))
     try:
         base = torch.tensor(engine.log_probs_of(PROMPT, RESPONSE))
         with pytest.raises(ValueError, match="is not a LoRA adapter tensor"):
@@ -59,7 +60,7 @@ def test_an_adapter_only_push_moves_the_engine_to_the_actor_and_equals_a_merged_
     torch.testing.assert_close(adapted, actor, rtol=0, atol=1e-4)
     assert torch.equal(again, adapted)
 
-    plain = VLLMRolloutEngine(ASSET, eos_token_ids=EOS, max_model_len=64, cpu_kvcache_space_gb=0.25)
+    plain = VLLMRolloutEngine(ASSET, SPEC, eos_token_ids=EOS)
     try:
         plain.update_weights(list(merged_named_parameters(policy.model)))
         merged = torch.tensor(plain.log_probs_of(PROMPT, RESPONSE))

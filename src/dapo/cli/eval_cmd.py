@@ -20,7 +20,8 @@ from rich.table import Table
 
 from dapo.evaluation.backends import EvalError
 from dapo.evaluation.problems import SYNTH_NAME, TEMPLATES
-from dapo.rollout.factory import ENGINE_NAMES
+from dapo.infra.device import DEVICE_CHOICES
+from dapo.rollout.factory import AUTO_ENGINE, ENGINE_NAMES
 
 
 def _slug(text: str) -> str:
@@ -41,7 +42,7 @@ def default_output(model: str | None, test_files: tuple[str, ...]) -> Path:
     name = model_display_name(model)
     if model:
         folder = Path(model.rstrip("/"))
-        if folder.name == "hf" and folder.parent.name.startswith("global_step_"):
+        if folder.match("global_step_*/hf"):
             run = folder.parent.parent.parent.name if folder.parent.parent.name == "checkpoints" else ""
             name = f"{run}-{folder.parent.name}" if run else folder.parent.name
     return Path("runs") / "eval" / f"{_slug(name)}__{_slug(stem)}.jsonl"
@@ -77,25 +78,19 @@ def print_table(summary: dict[str, Any], console: Console) -> None:
 def build_local_backend(model: str | None, backend: str, device: str, max_tokens: int, max_batch_size: int | None,
                         max_prompt_length: int | None, seed: int, tensor_parallel_size: int = 1,
                         trust_remote_code: bool = False):
-    """Load the policy and build the engine through the rollout factory (HF or vLLM); returns a LocalBackend."""
-    import torch
-
+    """Load the policy and build its engine (``dapo.rollout.loaded_engine``); returns a LocalBackend and the engine's
+    name (``auto`` resolved)."""
     from dapo.config import ModelConfig
     from dapo.evaluation.backends import LocalBackend
-    from dapo.model.loading import load_policy
-    from dapo.rollout.factory import EngineSpec, build_rollout_engine, default_engine_name
+    from dapo.rollout.loaded_engine import load_model_engine
+    from dapo.rollout.spec import EngineSpec
 
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if backend == "auto":
-        backend = default_engine_name(device)
-    model_cfg = ModelConfig(path=model, trust_remote_code=trust_remote_code)
-    policy = load_policy(model_cfg, device=device, remote_code_switch="pass --trust-remote-code")
     prompt_len = max_prompt_length or 4096
     spec = EngineSpec(name=backend, seed=seed, max_batch_size=max_batch_size, max_model_len=prompt_len + max_tokens,
                       tensor_parallel_size=tensor_parallel_size)
-    engine = build_rollout_engine(spec, policy)
-    return LocalBackend(engine, policy.tokenizer, max_prompt_length=max_prompt_length), backend
+    loaded = load_model_engine(ModelConfig(path=model, trust_remote_code=trust_remote_code), spec, device=device,
+                               remote_code_switch="pass --trust-remote-code")
+    return LocalBackend(loaded.engine, loaded.tokenizer, max_prompt_length=max_prompt_length), loaded.spec.name
 
 
 def _test_file_id(name: str, synth_config: Path | None) -> str:
@@ -134,9 +129,9 @@ def _test_file_id(name: str, synth_config: Path | None) -> str:
               help="--base-url: retries of a 408/429/5xx/connection failure, with exponential back-off")
 @click.option("--request-timeout", type=click.FloatRange(min=0.1), default=600.0, show_default=True,
               help="--base-url: seconds per request")
-@click.option("--backend", type=click.Choice(["auto", *ENGINE_NAMES]), default="auto", show_default=True,
+@click.option("--backend", type=click.Choice([AUTO_ENGINE, *ENGINE_NAMES]), default=AUTO_ENGINE, show_default=True,
               help="local engine: auto = vLLM on a GPU when installed, else HF")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--device", type=click.Choice(DEVICE_CHOICES), default="auto", show_default=True)
 @click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True,
               help="local engine: problems per engine call (part of the sampling order: keep it to resume)")
 @click.option("--max-prompt-length", type=click.IntRange(min=1), default=None, help="refuse longer prompts")
@@ -166,7 +161,7 @@ def eval_command(model, test_files, synth_config, n, temperature, top_p, top_k, 
     from dapo.infra.cleanup import close_quietly
     from dapo.evaluation.runner import EvalSettings, ProgressLine, run_eval, summary_path
     from dapo.model.loading import ModelLoadError
-    from dapo.rollout.factory import EngineUnavailableError
+    from dapo.rollout.errors import EngineUnavailableError
 
     from dapo.config.schema import MultiTurnConfig
 

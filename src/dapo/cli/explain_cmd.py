@@ -15,6 +15,7 @@ import click
 
 from dapo.cli.explain_compute import GPU_NAMES, compute_lines
 from dapo.config import ConfigError, load_config
+from dapo.rollout.factory import engine_capabilities
 
 
 class _Refused(click.ClickException):
@@ -63,7 +64,8 @@ def explain_command(config_path: tuple[str, ...], nnodes: int, nproc_per_node: i
     assumptions = Assumptions(informative_fraction=informative_fraction, mean_prompt_tokens=prompt_tokens,
                               mean_response_tokens=response_tokens, gpu_memory_gib=gpu_memory_gib)
     try:
-        layout = compute_layout(cfg, model, nnodes=nnodes, nproc_per_node=nproc_per_node, assumptions=assumptions)
+        layout = compute_layout(cfg, model, nnodes=nnodes, nproc_per_node=nproc_per_node, assumptions=assumptions,
+                                engine_reserves_gpu_memory=engine_capabilities(cfg.rollout.name).reserves_gpu_memory)
     except LayoutError as exc:
         lines = "\n".join(f"  - {p}" for p in exc.problems)
         raise _Refused(f"this config cannot be laid out on {nnodes} x {nproc_per_node} ranks:\n{lines}") from None
@@ -237,7 +239,7 @@ def render(layout, cfg, origin: str, overrides, model_note: str) -> str:
         row(f"logits chunk (actor.logprob_chunk_size {a.logprob_chunk_size} x vocab)",
             f"{_gib(mem.logits_chunk_bytes)}")
         row("actor training phase (states + layer + activations + logits)", f"{_gib(mem.actor_peak_bytes)}")
-        if r.name == "vllm":
+        if engine_capabilities(r.name).reserves_gpu_memory:
             full = lo.max_sample_tokens
             row(f"vLLM weights (bf16 / tensor parallel {lo.rollout_tp})", f"{_gib(mem.vllm_weight_bytes)}")
             row("vLLM KV cache per token", f"{mem.kv_bytes_per_token / 1024:.1f} KiB = 2 x {m.num_hidden_layers} "
@@ -253,5 +255,5 @@ def render(layout, cfg, origin: str, overrides, model_note: str) -> str:
                 "false: vLLM keeps its reservation while the actor trains")
             row("rollout.free_cache_engine", sleeps)
         else:
-            add("  (rollout.name=hf: generation uses the actor's own weights, no separate KV reservation)")
+            add(f"  (rollout.name={r.name}: generation uses the actor's own weights, no separate KV reservation)")
     return "\n".join(out)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dapo.infra.perf import GPU_PEAK_TFLOPS, datasheet_peak, group_forward_flops
+from dapo.rollout.factory import engine_capabilities
 
 GPU_NAMES = tuple(name for name, _ in GPU_PEAK_TFLOPS)
 
@@ -13,6 +14,18 @@ def _flops(x: float) -> str:
         if x >= div:
             return f"{x / div:.2f} {unit}"
     return f"{x / 1e6:.2f} MFLOP"
+
+
+def _rollout_precision(cfg, actor_precision: str) -> str:
+    """The precision the engine generates in on a GPU: ``rollout.dtype``, with ``auto`` as the engine's capabilities
+    resolve it on ``cuda`` (vLLM: bfloat16; the Transformers engine: the actor's)."""
+    dtype = cfg.rollout.dtype
+    if dtype == "auto":
+        auto = engine_capabilities(cfg.rollout.name).auto_dtype
+        if auto is None:
+            return actor_precision
+        dtype = auto["cuda"]
+    return "fp32" if dtype == "float32" else "bf16"
 
 
 def compute_lines(layout, cfg, gpu: str, mfu: float) -> list[str]:
@@ -25,8 +38,7 @@ def compute_lines(layout, cfg, gpu: str, mfu: float) -> list[str]:
     gen = layout.expected_rounds * layout.gen_batch_size * group
     train = cfg.actor.ppo_epochs * layout.prompts_per_step * 3 * group
     actor_precision = cfg.actor.dtype
-    rollout_precision = "bf16" if cfg.rollout.name == "vllm" else (
-        actor_precision if cfg.rollout.dtype in ("auto",) else ("fp32" if cfg.rollout.dtype == "float32" else "bf16"))
+    rollout_precision = _rollout_precision(cfg, actor_precision)
     out = ["", "compute per step (model FLOPs: 2 N per token + causal attention, training = 3 x forward; "
                "docs/performance.md)"]
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import click
 
 from dapo.data.template import apply_dapo_template
-from dapo.rollout.factory import ENGINE_NAMES
+from dapo.infra.device import DEVICE_CHOICES
+from dapo.rollout.factory import AUTO_ENGINE, ENGINE_NAMES
 
 
 @click.command("generate")
@@ -28,8 +29,8 @@ from dapo.rollout.factory import ENGINE_NAMES
 @click.option("--top-k", type=click.IntRange(min=-1), default=-1, show_default=True)
 @click.option("--max-tokens", type=click.IntRange(min=1), default=256, show_default=True)
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
-@click.option("--backend", type=click.Choice(["auto", *ENGINE_NAMES]), default="auto", show_default=True)
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--backend", type=click.Choice([AUTO_ENGINE, *ENGINE_NAMES]), default=AUTO_ENGINE, show_default=True)
+@click.option("--device", type=click.Choice(DEVICE_CHOICES), default="auto", show_default=True)
 @click.option("--trust-remote-code", is_flag=True,
               help="allow custom model code shipped in the model folder (only for a model you trust)")
 def generate_command(model, prompt_text, file, template, limit, n, temperature, top_p, top_k, max_tokens, seed,
@@ -40,7 +41,7 @@ def generate_command(model, prompt_text, file, template, limit, n, temperature, 
     from dapo.evaluation.problems import load_test_records
     from dapo.model.loading import ModelLoadError
     from dapo.rollout.base import SamplingParams
-    from dapo.rollout.factory import EngineUnavailableError
+    from dapo.rollout.errors import EngineUnavailableError
 
     if (prompt_text is None) == (file is None):
         raise click.UsageError("give exactly one of --prompt and --file")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import click
 
+from dapo.infra.device import DEVICE_CHOICES
 from dapo.serve.config import BACKENDS
 
 
@@ -25,7 +26,7 @@ from dapo.serve.config import BACKENDS
 @click.option("--num-replicas", type=click.IntRange(min=1), default=None,
               help="default: GPUs // tensor-parallel size, or 1 without GPUs")
 @click.option("--served-model-name", default=None, help="the name clients use (default: the model folder's name)")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--device", type=click.Choice(DEVICE_CHOICES), default="auto", show_default=True)
 @click.option("--max-model-len", type=click.IntRange(min=2), default=None, help="prompt + response tokens at most")
 @click.option("--max-tokens-limit", type=click.IntRange(min=1), default=32768, show_default=True)
 @click.option("--max-n", type=click.IntRange(min=1), default=64, show_default=True)

@@ -53,7 +53,7 @@ def train_command(config_path: tuple[str, ...], print_config: bool, overrides: t
     from dapo.model.loading import ModelLoadError
     from dapo.reward.pool import RewardScoringError
     from dapo.reward.registry import UnknownDataSourceError
-    from dapo.rollout.factory import EngineUnavailableError
+    from dapo.rollout.errors import EngineUnavailableError
     from dapo.rollout.sampler import NonFiniteLogitsError
     from dapo.rollout.worker import RolloutWorkerError
     from dapo.training.dynamic_sampling_buffer import DynamicSamplingExhausted

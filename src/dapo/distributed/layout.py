@@ -347,8 +347,14 @@ def check_layout(cfg: DapoConfig, world_size: int, nproc_per_node: int | None = 
 
 
 def compute_layout(cfg: DapoConfig, model: ModelShape | None, *, nnodes: int = 1, nproc_per_node: int = 1,
-                   assumptions: Assumptions = Assumptions()) -> Layout:
-    """The layout of one step of ``cfg`` on ``nnodes x nproc_per_node`` ranks; raises :class:`LayoutError`."""
+                   assumptions: Assumptions = Assumptions(), engine_reserves_gpu_memory: bool = False) -> Layout:
+    """The layout of one step of ``cfg`` on ``nnodes x nproc_per_node`` ranks; raises :class:`LayoutError`.
+
+    ``engine_reserves_gpu_memory``: the rollout engine holds its own weights and reserves
+    ``rollout.gpu_memory_utilization`` of each GPU (vLLM), so its KV room and its reservation beside the actor's
+    training phase are checked too. The caller reads it off the engine registry's capabilities
+    (``dapo.rollout.factory.engine_capabilities``): this layer sits below the rollout layer and never reads engine
+    names."""
     world = nnodes * nproc_per_node
     errors, warnings = check_layout(cfg, world, nproc_per_node, assumptions)
     if nnodes < 1 or nproc_per_node < 1:
@@ -400,7 +406,7 @@ def compute_layout(cfg: DapoConfig, model: ModelShape | None, *, nnodes: int = 1
         if memory.actor_peak_bytes > memory.gpu_bytes:
             warnings.append(f"the actor's training phase needs ~{memory.actor_peak_bytes / GIB:.1f} GiB per GPU, more "
                             f"than the assumed {assumptions.gpu_memory_gib:g} GiB (--gpu-memory-gib)")
-        if r.name == "vllm":
+        if engine_reserves_gpu_memory:
             if memory.kv_room_bytes <= 0:
                 warnings.append(f"rollout.gpu_memory_utilization ({r.gpu_memory_utilization}) of "
                                 f"{assumptions.gpu_memory_gib:g} GiB leaves no room for vLLM's KV cache after its "

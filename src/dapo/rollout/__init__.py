@@ -14,7 +14,8 @@ from dapo.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
 
 _LAZY = {
     "ENGINE_NAMES": "dapo.rollout.factory",
-    "EngineUnavailableError": "dapo.rollout.factory",
+    "EngineUnavailableError": "dapo.rollout.errors",
+    "EngineSpec": "dapo.rollout.spec",
     "build_rollout_engine": "dapo.rollout.factory",
     "engine_available": "dapo.rollout.factory",
     "HFRolloutEngine": "dapo.rollout.hf_engine",

@@ -31,6 +31,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Iterable, Sequence
 from contextlib import nullcontext
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -44,6 +45,10 @@ from dapo.model.left_padding import left_pad
 from dapo.rollout.base import RolloutOutput, SamplingParams, StepCallback
 from dapo.rollout.kv_cache import preallocated_cache, shared_prompt_cache
 from dapo.rollout.sampler import sample_next_tokens, sample_stream_keys, stream_uniforms
+from dapo.rollout.spec import EngineSpec
+
+if TYPE_CHECKING:
+    from dapo.model.loading import Policy
 
 
 # Finished rows leave the batch once they are at least 1 / this of it.
@@ -436,3 +441,10 @@ def _responses(out_tokens: torch.Tensor, out_logprobs: torch.Tensor, stop_ids: t
         logprobs.append(logprob_lists[k][:length])
         finish_reason.append("stop" if was_stopped else "length")
     return response_ids, logprobs, finish_reason
+
+
+def build_hf_engine(spec: EngineSpec, policy: Policy, module: torch.nn.Module | None) -> HFRolloutEngine:
+    """The registry's builder (``dapo.rollout.factory.ENGINES["hf"]``): an engine over the actor's own module, or over
+    ``module``, the unsharded (or recast) copy of it that every push refreshes (``hf_engine_copy``)."""
+    return HFRolloutEngine(policy.model if module is None else module, eos_token_ids=policy.eos_token_ids,
+                           pad_token_id=policy.pad_token_id, max_batch_size=spec.max_batch_size)

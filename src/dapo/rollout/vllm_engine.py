@@ -105,13 +105,17 @@ import random
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from dapo.rollout.base import RolloutOutput, SamplingParams, WeightStream
-from dapo.rollout.factory import EngineUnavailableError
+from dapo.rollout.errors import EngineUnavailableError
+from dapo.rollout.spec import EngineSpec
 from dapo.rollout.vllm_lora import VLLMAdapterSlot
+
+if TYPE_CHECKING:
+    from dapo.model.loading import Policy
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +124,7 @@ GPU_INSTALL_COMMAND = "pip install vllm"
 _MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 # vLLM raises any temperature in (0, 0.01) to 0.01 (vllm.sampling_params._MAX_TEMP).
 _VLLM_MIN_TEMPERATURE = 1e-2
-_DTYPES = ("auto", "float32", "bfloat16", "float16")
+_DTYPES = ("float32", "bfloat16", "float16")  # EngineSpec's "auto" is resolved by the factory
 
 
 class VLLMUnavailableError(ImportError):
@@ -324,31 +328,29 @@ def _is_int(value: object) -> bool:
 class VLLMRolloutEngine:
     """Rollout engine over an in-process vLLM ``LLM``. Implements :class:`dapo.rollout.base.RolloutEngine`.
 
-    Argument names follow verl's rollout config keys.
+    Built by the factory (:func:`build_vllm_engine`); its settings are an :class:`~dapo.rollout.spec.EngineSpec`
+    whose vLLM-only settings are ``spec.vllm`` (:class:`~dapo.rollout.spec.VLLMOptions`, verl's rollout config
+    keys).
 
     Args:
         model_path: Hugging Face model folder (config.json, weights, tokenizer).
+        spec: what the engine reads of it:
+
+            * ``dtype``: "float32" (matches an fp32 actor, the CPU case), "bfloat16" or "float16"; ``auto`` is the
+              factory's to resolve (``engine_compute_dtype``), so it is refused here.
+            * ``seed``: vLLM's engine seed. In process, ``SamplingParams(seed=None)`` draws from the caller's torch
+              RNG.
+            * ``tensor_parallel_size``: devices per engine. In one process, above 1 the workers are separate
+              processes and ``update_weights`` sends tensors through vLLM's RPC (serialised): correct, not fast.
+              Under torchrun (``join_process_group``) each rank is one tensor-parallel shard of the engine, in
+              process.
+            * ``max_model_len``: longest prompt + response the engine accepts (None: the model's
+              ``max_position_embeddings``). ``log_probs_of`` needs one token more than the longest prompt + response.
+            * ``vllm``: vLLM's own settings. ``free_cache_engine`` puts the engine to sleep after each ``generate``
+              and wakes it before the next use (ignored, logged, on CPU); ``enable_prefix_caching``'s cache is reset
+              on every weight update and before every seeded ``generate``; ``cpu_kvcache_space_gb`` is not used on
+              GPU.
         eos_token_ids: id(s) that end a response; ``SamplingParams.stop_token_ids`` are added per request.
-        dtype: "float32" (default: matches an fp32 actor, the CPU case), "bfloat16", "float16" or "auto" (the
-            config's dtype; note vLLM's "auto" turns a float32 config into a 16-bit dtype).
-        seed: vLLM's engine seed. In process, ``SamplingParams(seed=None)`` draws from the caller's torch RNG.
-        gpu_memory_utilization: share of GPU memory vLLM may take (weights + KV cache). On CPU it is the share of host
-            memory it reserves, and is only used when ``cpu_kvcache_space_gb`` is None.
-        tensor_parallel_size: devices per engine. In one process, above 1 the workers are separate processes and
-            ``update_weights`` sends tensors through vLLM's RPC (serialised): correct, not fast. Under torchrun
-            (``join_process_group``) each rank is one tensor-parallel shard of the engine, in process.
-        enforce_eager: no CUDA graphs / torch.compile. True by default (CPU start-up would otherwise compile for
-            minutes).
-        max_num_batched_tokens: tokens per engine step (None: vLLM's default).
-        max_model_len: longest prompt + response the engine accepts (None: the model's ``max_position_embeddings``).
-            ``log_probs_of`` needs one token more than the longest prompt + response.
-        free_cache_engine: on GPU, put the engine to sleep (weights offloaded to host memory, KV cache freed) after each
-            ``generate`` and wake it before the next use, to leave the GPU to training. Ignored (logged) on CPU.
-        cpu_kvcache_space_gb: KV cache size on CPU, GiB (None: let vLLM size it from ``gpu_memory_utilization``).
-            Not used on GPU.
-        max_num_seqs: most sequences per engine step (None: vLLM's default).
-        enable_prefix_caching: reuse the KV cache of shared prompt prefixes (the ``n`` samples of a prompt); reset on
-            every weight update and before every seeded ``generate``.
         lora_config: a LoRA actor's adapter config (``adapter_config.json``'s content): vLLM then runs the adapter
             natively, ``update_weights`` takes the adapter's tensors only (``dapo.rollout.vllm_lora``), and until the
             first push the engine generates from the base model.
@@ -357,22 +359,17 @@ class VLLMRolloutEngine:
     def __init__(
         self,
         model_path: str | os.PathLike[str],
+        spec: EngineSpec,
         *,
         eos_token_ids: int | Sequence[int],
-        dtype: str = "float32",
-        seed: int = 0,
-        gpu_memory_utilization: float = 0.5,
-        tensor_parallel_size: int = 1,
-        enforce_eager: bool = True,
-        max_num_batched_tokens: int | None = None,
-        max_model_len: int | None = None,
-        free_cache_engine: bool = False,
-        cpu_kvcache_space_gb: float | None = 1.0,
-        max_num_seqs: int | None = None,
-        enable_prefix_caching: bool = True,
-        join_process_group: bool = False,
         lora_config: Mapping[str, Any] | None = None,
     ) -> None:
+        options = spec.vllm
+        dtype, seed, tensor_parallel_size = spec.dtype, spec.seed, spec.tensor_parallel_size
+        max_model_len, join_process_group = spec.max_model_len, spec.join_process_group
+        gpu_memory_utilization, cpu_kvcache_space_gb = options.gpu_memory_utilization, options.cpu_kvcache_space_gb
+        max_num_batched_tokens, max_num_seqs = options.max_num_batched_tokens, options.max_num_seqs
+        free_cache_engine = options.free_cache_engine
         self._llm: Any = None  # set last, so that close() after a failed start is a no-op
         self._adapter: VLLMAdapterSlot | None = None
         eos = (eos_token_ids,) if _is_int(eos_token_ids) else tuple(eos_token_ids)  # type: ignore[arg-type]
@@ -380,7 +377,8 @@ class VLLMRolloutEngine:
             raise ValueError(f"VLLMRolloutEngine: eos_token_ids must be non-negative ints, got {eos_token_ids!r}")
         self.eos_token_ids: tuple[int, ...] = eos
         if dtype not in _DTYPES:
-            raise ValueError(f"VLLMRolloutEngine: dtype must be one of {_DTYPES}, got {dtype!r}")
+            raise ValueError(f"VLLMRolloutEngine: dtype must be one of {_DTYPES}, got {dtype!r} (build the engine "
+                             "through dapo.rollout.factory to have 'auto' resolved)")
         if not _is_int(seed) or seed < 0:
             raise ValueError(f"VLLMRolloutEngine: seed must be an int >= 0, got {seed!r}")
         if not isinstance(gpu_memory_utilization, (int, float)) or not 0 < gpu_memory_utilization <= 1:
@@ -436,8 +434,8 @@ class VLLMRolloutEngine:
             "seed": seed,
             "gpu_memory_utilization": float(gpu_memory_utilization),
             "tensor_parallel_size": tensor_parallel_size,
-            "enforce_eager": bool(enforce_eager),
-            "enable_prefix_caching": bool(enable_prefix_caching),
+            "enforce_eager": bool(options.enforce_eager),
+            "enable_prefix_caching": bool(options.enable_prefix_caching),
             "enable_sleep_mode": sleep_mode,
             # Sampled-token log-probs after temperature and top-k/top-p: dapo's contract (module docstring).
             "logprobs_mode": "processed_logprobs",
@@ -770,3 +768,22 @@ class VLLMRolloutEngine:
         if any(t in stop_ids for t in ids[:-1]):
             raise RuntimeError(f"vLLM kept generating past a stop token in a sample of prompt {prompt}")
         return ids, lps, reason
+
+
+def engine_lora_config(model: torch.nn.Module) -> dict | None:
+    """A LoRA actor's adapter config, for vLLM to run the adapter natively; None for full fine-tuning."""
+    from dapo.model.lora import adapter_config, is_lora
+
+    return adapter_config(model) if is_lora(model) else None
+
+
+def build_vllm_engine(spec: EngineSpec, policy: Policy, module: torch.nn.Module | None) -> VLLMRolloutEngine:
+    """The registry's builder (``dapo.rollout.factory.ENGINES["vllm"]``): vLLM over the policy's Hugging Face folder,
+    ``spec.dtype`` already resolved by the factory. ``module`` is not used: vLLM holds its own copy of the weights."""
+    if policy.hf_dir is None:
+        raise EngineUnavailableError(
+            "rollout.name=vllm needs the policy as a Hugging Face folder; a GGUF model is converted to one when "
+            "model.save_pretrained_cache=true"
+        )
+    return VLLMRolloutEngine(str(policy.hf_dir), spec, eos_token_ids=policy.eos_token_ids,
+                             lora_config=engine_lora_config(policy.model))

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from dapo.rollout.base import FinishedRequest, RolloutOutput, SamplingParams
-from dapo.rollout.factory import EngineSpec
+from dapo.rollout.spec import EngineSpec
 
 log = logging.getLogger(__name__)
 
@@ -233,8 +233,7 @@ def serve_on_rank(contact: RankContact) -> None:
 def _serve(spec: EngineSpec, model_cfg: Any, options: WorkerOptions, conn: Any, address: tuple[str, int],
            weight_rank: int = 1, weight_size: int = 2) -> None:
     from dapo.distributed.weight_transport import WeightTransport
-    from dapo.model.loading import load_policy
-    from dapo.rollout.factory import build_rollout_engine
+    from dapo.rollout.loaded_engine import load_model_engine
 
     conn = _LockedConnection(conn)
     stop_heartbeat = threading.Event()
@@ -246,8 +245,7 @@ def _serve(spec: EngineSpec, model_cfg: Any, options: WorkerOptions, conn: Any, 
         transport = WeightTransport.connect(address, timeout_s=options.stall_timeout_s, rank=weight_rank,
                                             size=weight_size)
         transport.group  # noqa: B018 - the rendezvous, before the slow part
-        policy = load_policy(model_cfg)
-        engine = build_rollout_engine(spec, policy)
+        engine = load_model_engine(model_cfg, spec).engine
         conn.send(("ready", os.getpid()))
     except BaseException:  # noqa: BLE001 - the parent reports it
         conn.send(("error", traceback.format_exc()))

@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dapo.rollout.factory import ENGINE_NAMES
+from dapo.infra.device import DEVICE_CHOICES
+from dapo.rollout.factory import AUTO_ENGINE, ENGINE_NAMES
 
-BACKENDS: tuple[str, ...] = ("auto", *ENGINE_NAMES)  # the registry's engines, or the default for the device
+BACKENDS: tuple[str, ...] = (AUTO_ENGINE, *ENGINE_NAMES)  # the registry's engines, or the default for the device
 
 
 class ServeConfigError(ValueError):
@@ -99,7 +100,7 @@ class ServeConfig:
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ServeConfigError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
-        if self.device not in ("auto", "cpu", "cuda"):
+        if self.device not in DEVICE_CHOICES:
             raise ServeConfigError(f"device must be auto, cpu or cuda, got {self.device!r}")
         for name in ("tensor_parallel_size", "max_tokens_limit", "default_max_tokens", "max_n", "max_body_bytes",
                      "max_batch_rows", "max_ongoing_requests", "max_unfinished_uploads", "decode_chunk_tokens",

@@ -17,7 +17,7 @@ import os
 import time
 
 from dapo.rollout.base import SamplingParams
-from dapo.rollout.factory import default_engine_name
+from dapo.rollout.spec import EngineSpec
 from dapo.serve.batching import BatchingEngine
 from dapo.serve.config import ServeConfig
 from dapo.serve.protocol import (
@@ -38,30 +38,19 @@ from dapo.serve.uploads import UploadSlots, read_body
 log = logging.getLogger(__name__)
 
 
-def resolve_backend(cfg: ServeConfig, device: str) -> str:
-    if cfg.backend != "auto":
-        return cfg.backend
-    return default_engine_name(device)
-
-
 def load_engine(cfg: ServeConfig):
-    """(engine, tokenizer, max_model_len, backend name) for a config."""
+    """(engine, tokenizer, max_model_len, backend name) for a config (``dapo.rollout.loaded_engine``)."""
     import torch
 
     from dapo.config import ModelConfig
-    from dapo.model.loading import load_policy
-    from dapo.rollout.factory import EngineSpec, build_rollout_engine
+    from dapo.rollout.loaded_engine import load_model_engine
 
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
-    device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    backend = resolve_backend(cfg, device)
-    policy = load_policy(ModelConfig(path=cfg.model), device=device)
-    max_len = cfg.max_model_len or int(getattr(policy.model.config, "max_position_embeddings", 0) or 4096)
-    spec = EngineSpec(name=backend, seed=cfg.seed, max_model_len=max_len, max_batch_size=cfg.max_batch_rows,
-                      tensor_parallel_size=cfg.tensor_parallel_size)
-    engine = build_rollout_engine(spec, policy)
-    return engine, policy.tokenizer, max_len, backend
+    spec = EngineSpec(name=cfg.backend, seed=cfg.seed, max_model_len=cfg.max_model_len,
+                      max_batch_size=cfg.max_batch_rows, tensor_parallel_size=cfg.tensor_parallel_size)
+    loaded = load_model_engine(ModelConfig(path=cfg.model), spec, device=cfg.device)
+    return loaded.engine, loaded.tokenizer, loaded.spec.max_model_len, loaded.spec.name
 
 
 class OpenAIServer:

@@ -32,6 +32,7 @@ from dapo.infra.timing import PhaseTimer
 from dapo.reward.batch import RewardScorer
 from dapo.reward.scored_groups import ScoredGroup, group_index_of, score_rollout
 from dapo.rollout.base import RolloutEngine, SamplingParams
+from dapo.rollout.factory import engine_capabilities
 from dapo.training.run_state import RunState
 from dapo.training.tool_use import tool_metrics
 
@@ -50,8 +51,10 @@ def derive_seed(*parts: object, bits: int = 31) -> int:
 
 
 def engine_tensor_parallel(cfg: DapoConfig) -> int:
-    """Ranks per rollout engine: vLLM's tensor-parallel size; the Transformers engine is one rank each."""
-    return cfg.rollout.tensor_model_parallel_size if cfg.rollout.name == "vllm" else 1
+    """Ranks per rollout engine: the tensor-parallel size of an engine that has tensor parallelism (vLLM); one rank
+    each for the others (the Transformers engine)."""
+    tensor_parallel = engine_capabilities(cfg.rollout.name).tensor_parallel
+    return cfg.rollout.tensor_model_parallel_size if tensor_parallel else 1
 
 
 def rank_seed(seed: int, world: World, tensor_parallel: int = 1) -> int:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from dapo.config import DapoConfig
 from dapo.distributed.world import World
-from dapo.rollout.factory import EngineSpec
+from dapo.rollout.spec import EngineSpec
 from dapo.rollout.fleet import EngineFleet
 from dapo.rollout.worker import RemoteEngine, RankContact, WorkerOptions, serve_on_rank
 from dapo.training.errors import TrainingError

@@ -35,6 +35,7 @@ from dapo.evaluation.validation import repeated_prompt_warning, val_acc_key
 from dapo.infra.atomic import describe_os_error
 from dapo.infra.checkpoint import CheckpointError
 from dapo.infra.cleanup import close_quietly
+from dapo.infra.device import resolve_device
 from dapo.infra.memory import PeakMemory
 from dapo.infra.profiling import StepProfiler
 from dapo.infra.progress import TrainingProgress
@@ -48,8 +49,9 @@ from dapo.reward.batch import RewardScorer
 from dapo.reward.custom_fn import load_custom_reward_fn
 from dapo.reward.scored_groups import reward_scorer_of
 from dapo.rollout.base import RolloutEngine
-from dapo.rollout.factory import (EngineSpec, build_rollout_engine, check_engine_name, engine_compute_dtype,
-                                  hf_engine_copy, samples_from_module)
+from dapo.rollout.factory import (build_rollout_engine, check_engine_name, engine_compute_dtype, hf_engine_copy,
+                                  module_engine_spec, samples_from_module)
+from dapo.rollout.spec import EngineSpec, VLLMOptions
 from dapo.training.dynamic_sampling_buffer import DynamicSamplingBuffer
 from dapo.training.errors import TrainingError
 from dapo.training.generation import derive_seed, engine_tensor_parallel, validate_across_ranks
@@ -87,11 +89,10 @@ class TrainResult:
 
 
 def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
+    device = resolve_device(name)
+    if device == "cuda" and not torch.cuda.is_available():
         raise TrainingError("trainer.device=cuda but no CUDA device is available")
-    return torch.device(name)
+    return torch.device(device)
 
 
 def run_dir_of(cfg: DapoConfig) -> Path:
@@ -119,12 +120,14 @@ def engine_spec_of(cfg: DapoConfig, world: World) -> EngineSpec:
     r = cfg.rollout
     return EngineSpec(
         name=r.name, dtype=r.dtype, seed=cfg.trainer.seed, max_batch_size=r.max_batch_size,
-        tensor_parallel_size=r.tensor_model_parallel_size, gpu_memory_utilization=r.gpu_memory_utilization,
-        enforce_eager=r.enforce_eager, max_num_batched_tokens=r.max_num_batched_tokens, max_num_seqs=r.max_num_seqs,
+        tensor_parallel_size=r.tensor_model_parallel_size,
         # +1: vLLM must be able to generate one token after a teacher-forced probe of full length
         max_model_len=r.max_model_len or cfg.data.max_prompt_length + cfg.data.max_response_length + 1,
-        free_cache_engine=r.free_cache_engine, cpu_kvcache_space_gb=r.cpu_kvcache_space_gb,
-        enable_prefix_caching=r.enable_prefix_caching, join_process_group=world.distributed,
+        join_process_group=world.distributed,
+        vllm=VLLMOptions(gpu_memory_utilization=r.gpu_memory_utilization, enforce_eager=r.enforce_eager,
+                         max_num_batched_tokens=r.max_num_batched_tokens, max_num_seqs=r.max_num_seqs,
+                         free_cache_engine=r.free_cache_engine, cpu_kvcache_space_gb=r.cpu_kvcache_space_gb,
+                         enable_prefix_caching=r.enable_prefix_caching),
     )
 
 
@@ -223,7 +226,7 @@ class Run:
         if self.teachers is None:
             return {}
         metrics: dict[str, float] = {}
-        spec = dataclasses.replace(engine_spec_of(self.cfg, self.world), name="hf", join_process_group=False)
+        spec = module_engine_spec(engine_spec_of(self.cfg, self.world))
         for name, teacher in self.teachers.local().items():
             engine = build_rollout_engine(spec, teacher.policy)
             try:

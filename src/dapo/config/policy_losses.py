@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from dapo.config.schema import ActorConfig
     from dapo.core.policy_loss import PolicyLoss
 
 
@@ -50,8 +49,8 @@ def knob_parameters() -> frozenset[str]:
     return frozenset(f.name for f in dataclasses.fields(PolicyLossParams)) - {"generator"}
 
 
-def knob_value(actor: ActorConfig, knob: str) -> object:
-    """The value of a knob, an ``actor`` key (``clip_ratio_low``, ``policy_loss.clip_cov_ratio``)."""
+def knob_value(actor: object, knob: str) -> object:
+    """The value of a knob, a key of ``actor`` (the ``ActorConfig``; not imported here: the schema imports this) (``clip_ratio_low``, ``policy_loss.clip_cov_ratio``)."""
     node: object = actor
     for part in knob.split("."):
         node = getattr(node, part)

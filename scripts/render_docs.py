@@ -22,6 +22,9 @@ Every figure between ``<!-- generated:NAME -->`` and ``<!-- /generated -->`` in 
       on each actor layout (or the actor's refusal), and what LoRA's all-linear adapts
   docs/runs/harness-vs-benchmark/*.metrics.jsonl.gz, runs.json
       issue 24's harness command and vs_trl's dapo job, run one after the other: their metrics, commands, date, host
+  docs/runs/true-on-policy/metrics.jsonl.gz, run.json, paired.json
+      scripts/bench_true_on_policy.py: a 30-step `dapo train` with rollout.true_on_policy=true, and a paired timing
+      of the default and that mode (per-step phase times, medians, their ratio)
   docs/runs/bench-ttft-tiny.json
       what benchmarks/bench_serve.py wrote for `dapo serve` and `vllm serve` in one run (meta: date, argv, commit,
       host CPU and load, versions, note; per server and client count: TTFT, ITL, chunks per token, throughput)
@@ -45,7 +48,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ("README.md", "docs/guide.md", "docs/models.md", "docs/performance.md", "docs/results.md",
-        "docs/serving.md", "docs/tiny-model.md", "docs/tools.md")
+        "docs/serving.md", "docs/tiny-model.md", "docs/tools.md", "docs/true-on-policy.md")
 BLOCK = re.compile(r"<!-- generated:([\w-]+) -->(.*?)<!-- /generated -->", re.S)
 VS_TRL = {"tiny": "docs/img/vs_trl_tiny.json", "smollm2": "docs/img/vs_trl_smollm2.json",
           "smollm2-bf16": "docs/img/vs_trl_smollm2_bf16_rollout.json"}
@@ -56,6 +59,7 @@ HARNESS_RUNS = "docs/runs/harness-vs-benchmark"
 OMP_POLICY = "docs/runs/omp-policy.json"
 BENCH_TTFT = "docs/runs/bench-ttft-tiny.json"
 MODEL_MATRIX = "docs/runs/model-matrix.json"
+TRUE_ON_POLICY = "docs/runs/true-on-policy"
 
 
 @cache
@@ -483,7 +487,40 @@ def model_matrix() -> str:
             f"peft {meta['peft']}, {meta['host']} (`{MODEL_MATRIX}`, written by `scripts/model_matrix.py`).\n")
 
 
+def true_on_policy_run() -> str:
+    """The learning run in true-on-policy mode: validation accuracy first -> last, and the largest engine/actor
+    log-prob gap over its steps."""
+    folder = ROOT / TRUE_ON_POLICY
+    meta = json.loads((folder / "run.json").read_text(encoding="utf-8"))
+    with gzip.open(folder / "metrics.jsonl.gz", "rt", encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f]
+    key = next(k for k in rows[0] if k.startswith("val/acc/mean@"))
+    acc = [r[key] for r in rows if key in r]
+    gaps = [r["rollout/log_prob_diff/max"] for r in rows if "rollout/log_prob_diff/max" in r]
+    return (f"\n| steps | {key} first -> last | `rollout/log_prob_diff/max`, largest over the steps |\n"
+            f"| --- | --- | --- |\n| {len(gaps)} | {acc[0]:.3f} -> {acc[-1]:.3f} ({100 * (acc[-1] - acc[0]):+.1f} points) "
+            f"| {max(gaps)} |\n\n`{meta['command']}` at commit {meta['commit']} (`{TRUE_ON_POLICY}/metrics.jsonl.gz`).\n")
+
+
+def true_on_policy_cost() -> str:
+    """Median phase times per step of the default and of the true-on-policy mode, run one after the other."""
+    record = json.loads((ROOT / TRUE_ON_POLICY / "paired.json").read_text(encoding="utf-8"))
+    runs = record["runs"]
+    phases = [k for k in runs["default"]["medians"] if k in runs["true_on_policy"]["medians"]]
+    rows = ["| mode | " + " | ".join(p.removeprefix("timing_s/") + " (s)" for p in phases) + " |",
+            "| --- |" + " --- |" * len(phases)]
+    for label, run in runs.items():
+        rows.append(f"| {label} | " + " | ".join(f"{run['medians'][p]:.2f}" for p in phases) + " |")
+    steps = len(runs["default"]["steps"])
+    rows += ["", f"Step time in true-on-policy mode: **{record['step_time_ratio']:.2f}x** the default's (medians of "
+             f"steps 2-{steps} of {steps}-step runs made one after the other, validation off, {record['cpu']}, "
+             f"commit {record['commit']}; `{TRUE_ON_POLICY}/paired.json`)."]
+    return "\n" + "\n".join(rows) + "\n"
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
+    "true-on-policy-run": true_on_policy_run,
+    "true-on-policy-cost": true_on_policy_cost,
     "model-matrix": model_matrix,
     "readme-vs-trl": readme_vs_trl,
     "readme-default-run": readme_default_run,

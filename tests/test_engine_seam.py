@@ -122,8 +122,9 @@ def test_the_package_imports_form_no_circle() -> None:
 # ------------------------------------------------------------------------------------------------ capabilities
 def test_each_registered_engine_declares_what_it_can_do() -> None:
     hf, vllm = engine_capabilities("hf"), engine_capabilities("vllm")
-    assert hf == EngineCapabilities(generates_from_module=True)
+    assert hf == EngineCapabilities(generates_from_module=True, batch_invariant=True)
     assert vllm.tensor_parallel and vllm.reserves_gpu_memory and not vllm.generates_from_module
+    assert not vllm.batch_invariant  # rollout.true_on_policy refuses it (tests/training/test_true_on_policy_checks.py)
     assert vllm.auto_dtype == {"cpu": "float32", "cuda": "bfloat16"} and vllm.preferred_on == ("cuda",)
     with pytest.raises(factory.EngineUnavailableError, match="unknown engine 'sglang'"):
         engine_capabilities("sglang")

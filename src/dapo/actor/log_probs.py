@@ -39,7 +39,7 @@ from dapo.actor.micro_batching import plan_micro_batches, response_chunks, warn_
 from dapo.actor.precision import autocast_context
 from dapo.core.kl import entropy_from_logits
 from dapo.distributed.data_parallel import is_sharded
-from dapo.model.batch_invariant import PositionKV, forward_at, invariance_of
+from dapo.model.batch_invariant import PositionKV, forward_at, gathered_log_probs, invariance_of
 from dapo.model.cache_layers import is_linear_layer, layer_states, load_linear_states
 from dapo.model.left_padding import left_pad
 from dapo.model.loading import unsupported_logits
@@ -436,17 +436,14 @@ def _chunk_log_probs(
 
     ``targets`` ``[N]``: one token per row; ``[N, 1 + k]``: the log-probs of each of those ids (the sampled token
     and k more, e.g. a distillation teacher's top-k), ``[N, 1 + k]`` out. ``invariant`` (batch-invariant mode): the
-    log-probs are read from ``log_softmax``, a per-row kernel, as the engine reads them
-    (:func:`dapo.model.batch_invariant.token_log_probs`); ``logsumexp`` takes ``exp`` of the whole chunk at once.
+    log-probs are :func:`dapo.model.batch_invariant.gathered_log_probs`, the engine's function.
     Without ``entropy_grad`` the entropy is a detached metric: computed under no_grad it saves nothing for backward,
     and a checkpointed chunk's recomputation stops before it (three logits-sized tensors per chunk fewer)."""
     logits = lm_head(hidden).float()
     if temperature != 1.0:
         logits = logits / temperature
     if invariant:
-        picked = targets if targets.dim() == 2 else targets.unsqueeze(-1)
-        log_probs = torch.log_softmax(logits, dim=-1).gather(-1, picked)
-        log_probs = log_probs if targets.dim() == 2 else log_probs.squeeze(-1)
+        log_probs = gathered_log_probs(logits, targets)
     elif targets.dim() == 2:
         log_probs = logits.gather(-1, targets) - torch.logsumexp(logits, dim=-1, keepdim=True)
     else:

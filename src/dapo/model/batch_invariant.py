@@ -55,7 +55,8 @@ from dapo.model.attention import attention_implementation
 
 __all__ = [
     "BATCH_INVARIANT", "POSITION_KV", "TILE_QUERIES", "TILE_ROWS", "Invariance", "PositionKV", "batch_invariant",
-    "batch_invariant_attention", "forward_at", "invariance_of", "tiled_linear", "token_log_probs", "unsupported_reason",
+    "batch_invariant_attention", "forward_at", "gathered_log_probs", "invariance_of", "tiled_linear",
+    "token_log_probs", "unsupported_reason",
 ]
 
 BATCH_INVARIANT = "dapo_batch_invariant"
@@ -95,7 +96,8 @@ def unsupported_reason(model: nn.Module) -> str | None:
 def tiled_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear`` computed on tiles of exactly :data:`TILE_ROWS` rows (the last zero-padded): every row's result is
     the one a single tile gives it, whatever the number of rows of the call. The gradient is the ordinary one, in one
-    product per operand (it is not part of the equality, and per-tile weight gradients cost 5x the whole update)."""
+    product per operand (it is not part of the equality, and per-tile weight gradients made an actor pass with
+    backward 2.5x slower: 12.3 s against 5.0 s on 64 samples of the tiny model)."""
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
         return _TiledLinear.apply(x, weight, bias)
     return _tiles(_LINEAR, x, weight, bias)
@@ -142,7 +144,16 @@ def token_log_probs(logits: Tensor, tokens: Tensor, temperature: float) -> Tenso
     scaled = logits.float()
     if temperature not in (0.0, 1.0):
         scaled = scaled / temperature
-    return torch.log_softmax(scaled, dim=-1).gather(-1, tokens.reshape(-1, 1)).reshape(tokens.shape)
+    return gathered_log_probs(scaled, tokens)
+
+
+def gathered_log_probs(scaled_logits: Tensor, targets: Tensor) -> Tensor:
+    """log_softmax(scaled_logits)[target]: ``targets`` ``[N]`` (one id per row) or ``[N, k]`` (k ids per row), out
+    in the same shape. ``log_softmax`` is a per-row kernel; ``logsumexp`` would take ``exp`` of the whole
+    ``[rows, vocab]`` tensor at once, whose scalar tail falls on other elements for another number of rows."""
+    picked = targets if targets.dim() == 2 else targets.unsqueeze(-1)
+    log_probs = torch.log_softmax(scaled_logits, dim=-1).gather(-1, picked)
+    return log_probs if targets.dim() == 2 else log_probs.squeeze(-1)
 
 
 @dataclass
@@ -227,7 +238,7 @@ def batch_invariant_attention(
     grouped = query.view(batch, kv_heads, group, tokens, dim).permute(0, 3, 1, 2, 4)[valid]  # [N, kv_heads, group, d]
     # Tiles: consecutive valid tokens of one sequence; a new tile starts at a new sequence or every TILE_QUERIES
     # query rows. A tile slot holds (token, group member); empty slots read position 0 (finite) and are dropped.
-    per_tile = max(TILE_QUERIES // group, 1) if group <= TILE_QUERIES else 1
+    per_tile = max(TILE_QUERIES // group, 1)  # tokens per tile (1 when a group alone fills one or more)
     tiles_of_group = math.ceil(group / TILE_QUERIES)
     starts = torch.ones_like(rows, dtype=torch.bool)
     starts[1:] = rows[1:] != rows[:-1]

@@ -49,6 +49,8 @@ class EngineCapabilities:
             for them and its KV cache, beside the actor's memory (``dapo explain``'s memory rows and warnings).
         auto_dtype: what ``rollout.dtype=auto`` means, per device type (``cpu``, ``cuda``); None: the actor's dtype.
         preferred_on: the device types on which ``auto`` picks this engine, where it is available.
+        batch_invariant: it decodes batch-invariantly inside ``dapo.model.batch_invariant.batch_invariant``, so its
+            log-probs are the actor's bitwise (``rollout.true_on_policy``).
     """
 
     tensor_parallel: bool = False
@@ -56,6 +58,7 @@ class EngineCapabilities:
     reserves_gpu_memory: bool = False
     auto_dtype: Mapping[str, str] | None = None
     preferred_on: tuple[str, ...] = ()
+    batch_invariant: bool = False
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,7 @@ def _always_available() -> tuple[bool, str]:
 
 ENGINES: dict[str, EngineEntry] = {
     "hf": EngineEntry(_lazy("dapo.rollout.hf_engine", "build_hf_engine"), _always_available,
-                      EngineCapabilities(generates_from_module=True), "the Transformers engine",
+                      EngineCapabilities(generates_from_module=True, batch_invariant=True), "the Transformers engine",
                       "the hand-written KV-cached Transformers engine"),
     "vllm": EngineEntry(_lazy("dapo.rollout.vllm_engine", "build_vllm_engine"),
                         _lazy("dapo.rollout.vllm_engine", "vllm_available"),

@@ -73,8 +73,6 @@ class HFRolloutEngine:
             buys (benchmarks/bench_rollout.py).
     """
 
-    batch_invariant = True  # decodes through dapo.model.batch_invariant when its model is in that mode
-
     def __init__(
         self,
         model: PreTrainedModel,
@@ -278,11 +276,8 @@ class HFRolloutEngine:
         step's tokens (rows numbered from ``first_entry``); the last value returned: whether it ended the call."""
         device = self.device
         # Prefill each distinct prompt once, left-padded; then give every row a copy of its prompt's cache.
-        position_of = {p: i for i, p in enumerate(dict.fromkeys(rows))}
-        distinct = list(position_of)
-        row_to_distinct = None
-        if len(distinct) < len(rows):
-            row_to_distinct = torch.tensor([position_of[p] for p in rows], device=device)
+        distinct, to_distinct = _distinct_prompts(rows, device)
+        row_to_distinct = to_distinct if len(distinct) < len(rows) else None
         input_ids, attention_mask, position_ids = left_pad([prompts[p] for p in distinct], self.pad_token_id, device)
         width = input_ids.shape[1]
         padded = not bool(attention_mask.all())
@@ -378,8 +373,7 @@ class HFRolloutEngine:
         device = self.device
         invariance = invariance_of(self.model)
         assert invariance is not None
-        position_of = {p: i for i, p in enumerate(dict.fromkeys(rows))}
-        distinct = list(position_of)
+        distinct, to_distinct = _distinct_prompts(rows, device)
         input_ids, attention_mask, position_ids = left_pad([prompts[p] for p in distinct], self.pad_token_id, device)
         longest = int(position_ids[:, -1].max()) + params.max_tokens
         if longest > invariance.max_length:
@@ -390,7 +384,6 @@ class HFRolloutEngine:
         kv = PositionKV(len(distinct), invariance.max_length, sequence, position_ids, attention_mask.bool(),
                         in_place=True)
         logits = self._invariant_logits(kv, input_ids, position_ids)
-        to_distinct = torch.tensor([position_of[p] for p in rows], device=device)
         kv.select(to_distinct)
         logits, next_position = logits[to_distinct], position_ids[:, -1][to_distinct] + 1
 
@@ -424,6 +417,12 @@ class HFRolloutEngine:
         """The logits at the last position of each row of one batch-invariant forward, ``[batch, vocab]``."""
         extra = {"logits_to_keep": 1} if self._has_logits_to_keep else {}
         return forward_at(self.model, kv, input_ids, position_ids, **extra).logits[:, -1, :]
+
+
+def _distinct_prompts(rows: list[int], device: torch.device) -> tuple[list[int], torch.Tensor]:
+    """The distinct prompts of ``rows`` (prompt indices, in first-seen order) and each row's place among them."""
+    position_of = {p: i for i, p in enumerate(dict.fromkeys(rows))}
+    return list(position_of), torch.tensor([position_of[p] for p in rows], device=device)
 
 
 def _responses(out_tokens: torch.Tensor, out_logprobs: torch.Tensor, stop_ids: torch.Tensor, steps_done: int

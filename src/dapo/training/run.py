@@ -49,8 +49,8 @@ from dapo.reward.batch import RewardScorer
 from dapo.reward.custom_fn import load_custom_reward_fn
 from dapo.reward.scored_groups import reward_scorer_of
 from dapo.rollout.base import RolloutEngine
-from dapo.rollout.factory import (build_rollout_engine, check_engine_name, engine_compute_dtype, hf_engine_copy,
-                                  module_engine_spec, samples_from_module)
+from dapo.rollout.factory import (build_rollout_engine, check_engine_name, engine_capabilities, engine_compute_dtype,
+                                  hf_engine_copy, module_engine_spec, samples_from_module)
 from dapo.rollout.spec import EngineSpec, VLLMOptions
 from dapo.training.dynamic_sampling_buffer import DynamicSamplingBuffer
 from dapo.training.errors import TrainingError
@@ -330,10 +330,10 @@ class Run:
                        ("the distillation teachers", self.teachers.close if self.teachers else lambda: None)])
 
 
-def check_true_on_policy(engine: RolloutEngine, model: torch.nn.Module, cfg: DapoConfig) -> None:
+def check_true_on_policy(engine_name: str, model: torch.nn.Module, cfg: DapoConfig) -> None:
     """``rollout.true_on_policy`` needs an engine that decodes batch-invariantly and a model family that can."""
-    if not getattr(engine, "batch_invariant", False):
-        raise TrainingError(f"rollout.true_on_policy=true: the {cfg.rollout.name} engine does not decode "
+    if not engine_capabilities(engine_name).batch_invariant:
+        raise TrainingError(f"rollout.true_on_policy=true: the {engine_name} engine does not decode "
                             "batch-invariantly; use rollout.name=hf")
     reason = unsupported_reason(model)
     if reason is not None:
@@ -374,6 +374,8 @@ def build_run(cfg: DapoConfig, world: World = World(), split: JobSplit | None = 
         raise TrainingError(str(exc)) from None
     policy = with_lora(load_policy(cfg.model, device=pick_device(cfg.trainer.device)), cfg.model)
     spec = engine_spec_of(cfg, world)
+    if cfg.rollout.true_on_policy:  # before the engine loads: refused in seconds, not after its start-up
+        check_true_on_policy(spec.name, policy.model, cfg)
     # The Transformers engine's own copy (before sharding: the same architecture and weights), when the actor is
     # sharded or rollout.dtype differs from the actor's; None: it shares the actor's module.
     engine_module = (hf_engine_copy(spec, policy.model, sharded=cfg.actor.strategy == "fsdp2")
@@ -406,8 +408,6 @@ def build_run(cfg: DapoConfig, world: World = World(), split: JobSplit | None = 
     if split.leads_rollout or not split.shares_batches:
         engine = build_engine(cfg, spec, policy, engine_module, job)
         engine = with_tool_rollout(engine, cfg, policy.tokenizer)  # rollout.multi_turn: the same engine, with a tool
-        if cfg.rollout.true_on_policy:
-            check_true_on_policy(engine, policy.model, cfg)
     else:
         receive_contacts(job)  # its part in the hand-over; the leader alone drives the engines
         engine = None

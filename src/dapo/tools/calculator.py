@@ -31,22 +31,22 @@ _BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
 _UNARY: dict[type[ast.unaryop], Callable[[Any], Any]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 
 
-class ArithmeticError_(ValueError):
+class CalculatorError(ValueError):
     """An expression the calculator refuses or cannot compute; the message is what the model reads."""
 
 
 def evaluate_arithmetic(expression: str) -> int | float:
     """The value of ``expression`` (ints stay exact; ``/`` gives a float as in Python). Raises
-    :class:`ArithmeticError_` with a short reason for anything that is not bounded arithmetic on numbers."""
+    :class:`CalculatorError` with a short reason for anything that is not bounded arithmetic on numbers."""
     text = expression.strip()
     if not text:
-        raise ArithmeticError_("empty expression")
+        raise CalculatorError("empty expression")
     if len(text) > MAX_EXPRESSION_CHARS:
-        raise ArithmeticError_(f"expression longer than {MAX_EXPRESSION_CHARS} characters")
+        raise CalculatorError(f"expression longer than {MAX_EXPRESSION_CHARS} characters")
     try:
         tree = ast.parse(text, mode="eval")
     except SyntaxError:
-        raise ArithmeticError_(f"not an arithmetic expression: {text[:80]!r}") from None
+        raise CalculatorError(f"not an arithmetic expression: {text[:80]!r}") from None
     return _value(tree.body)
 
 
@@ -57,20 +57,36 @@ def _value(node: ast.AST) -> int | float:
         return _UNARY[type(node.op)](_value(node.operand))
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
         left, right = _value(node.left), _value(node.right)
-        if isinstance(node.op, ast.Pow) and abs(right) > MAX_EXPONENT:
-            raise ArithmeticError_(f"exponent {right:g} is larger than {MAX_EXPONENT}")
+        if isinstance(node.op, ast.Pow):
+            _check_power(left, right)
         try:
             result = _BINARY[type(node.op)](left, right)
         except ZeroDivisionError:
-            raise ArithmeticError_("division by zero") from None
+            raise CalculatorError("division by zero") from None
         except OverflowError:
-            raise ArithmeticError_("result too large") from None
+            raise CalculatorError("result too large") from None
         if isinstance(result, complex):  # (-8) ** 0.5
-            raise ArithmeticError_("the result is not a real number")
-        if isinstance(result, int) and result and math.log10(abs(result)) >= MAX_INTEGER_DIGITS:
-            raise ArithmeticError_(f"result has more than {MAX_INTEGER_DIGITS} digits")
+            raise CalculatorError("the result is not a real number")
+        if isinstance(result, float) and not math.isfinite(result):  # 1e308 * 10
+            raise CalculatorError("result too large")
+        if isinstance(result, int) and _digits(result) > MAX_INTEGER_DIGITS:
+            raise CalculatorError(f"result has more than {MAX_INTEGER_DIGITS} digits")
         return result
-    raise ArithmeticError_(f"only numbers and + - * / // % ** are allowed, not {type(node).__name__}")
+    raise CalculatorError(f"only numbers and + - * / // % ** are allowed, not {type(node).__name__}")
+
+
+def _digits(value: int) -> int:
+    return len(str(abs(value))) if abs(value) < 10**18 else int(abs(value).bit_length() * math.log10(2)) + 1
+
+
+def _check_power(base: int | float, exponent: int | float) -> None:
+    """Refuse a power before computing it when its exponent or (for an exact integer power) its digits pass the
+    bounds: ``(10 ** 4000) ** 9999`` would take minutes to build and be refused only afterwards."""
+    if abs(exponent) > MAX_EXPONENT:
+        raise CalculatorError(f"exponent {exponent:g} is larger than {MAX_EXPONENT}")
+    if isinstance(base, int) and isinstance(exponent, int) and exponent > 0 and abs(base) > 1:
+        if exponent * (abs(base).bit_length() - 1) * math.log10(2) > MAX_INTEGER_DIGITS:
+            raise CalculatorError(f"result has more than {MAX_INTEGER_DIGITS} digits")
 
 
 class CalculatorTool:
@@ -94,6 +110,6 @@ class CalculatorTool:
         start = time.perf_counter()
         try:
             output, category = str(evaluate_arithmetic(code)), "ok"
-        except ArithmeticError_ as exc:
+        except CalculatorError as exc:
             output, category = f"error: {exc}", "error"
         return ToolResult(output, category, None, time.perf_counter() - start)

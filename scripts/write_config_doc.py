@@ -22,7 +22,7 @@ OURS_ONLY = {
     "algorithm.filter_groups.skip_solved_prompts",
     "data.synth", "data.val_max_samples", "model.gguf_file", "model.save_pretrained_cache", "trainer.num_threads",
     "actor.logprob_chunk_size", "actor.dtype", "reward_model.num_workers", "reward_model.timeout_s",
-    "reward_model.compat", "trainer.resume_with_changes",
+    "reward_model.compat", "trainer.resume_with_changes", "rollout.multi_turn.tools", "rollout.multi_turn.calculator",
 }
 
 

@@ -18,7 +18,7 @@ import pytest
 from dapo.config import load_config
 from dapo.rollout.factory import engine_available
 from dapo.tools.sandbox import PythonSandbox, ToolResult
-from dapo.training import tool_use
+from dapo.tools import python_tool
 from dapo.training.loop import train
 from tests.cli.cli_helpers import FAST
 from tests.cli.warm_dapo import run_dapo_warm
@@ -109,7 +109,7 @@ class HostileSandbox(PythonSandbox):
 @pytest.mark.slow
 def test_a_run_whose_every_tool_call_is_hostile_still_finishes(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tool_use, "PythonSandbox", HostileSandbox)
+    monkeypatch.setattr(python_tool, "PythonSandbox", HostileSandbox)
     cfg = load_config(PRESET, [*SMALL, "trainer.val_before_train=false",
                                "rollout.multi_turn.sandbox.wall_time_s=1.5", "rollout.multi_turn.sandbox.cpu_time_s=1",
                                "rollout.multi_turn.sandbox.max_output_bytes=2048",

@@ -320,3 +320,27 @@ def test_special_token_strings_printed_by_a_tool_stay_plain_text(tokenizer: PreT
     segment = ids[len(before):len(ids) - len(after)]
     assert segment and not set(segment) & set(tokenizer.all_special_ids), segment
     assert tokenizer.decode(segment) == printed
+
+
+def test_two_tools_in_one_trajectory_each_call_runs_on_the_tool_its_format_names() -> None:
+    from dapo.tools.calculator import CalculatorTool
+    from dapo.tools.python_tool import PythonTool
+    from dapo.tools.toolbox import Toolbox
+
+    calculator_format = ToolCallFormat(start="<calculator>", end="</calculator>",
+                                       response_template="<result>{output}</result>")
+    tok = WordTokenizer([*PIECES, "<calculator>", "2 ** 10", "</calculator>", "<result>", "1024", "</result>"])
+    turns = ["Let me.\n```python\nprint(6 * 7)\n```", "<calculator>2 ** 10</calculator>", "Answer: 42"]
+    engine = ScriptedEngine(tok, {1: "".join(turns)})
+    tools = Toolbox([PythonTool(PrintingRunner(), ToolCallFormat()), CalculatorTool(calculator_format)])
+    mt = MultiTurnRollout(engine, tok, tools, MultiTurnParams(max_response_length=200))
+    ids = {piece: tok.pieces.index(piece) for piece in ("```", "python", "<calculator>", "</calculator>")}
+    assert mt.end_token_ids == (ids["```"], ids["</calculator>"])  # either tool's end stops an open turn
+    assert mt.start_token_ids == (ids["python"], ids["<calculator>"])
+    out = mt.generate([[1]], SamplingParams(n=1, max_tokens=200))
+    python_output, calculator_output = "\n```output\n42\n```\n", "<result>1024</result>"
+    assert tok.decode(out.response_ids[0]) == (turns[0] + python_output + turns[1] + calculator_output + turns[2]
+                                               + "<eos>")
+    assert out.tool_categories == [["ok", "ok"]] and out.turns == [3] and out.finish_reason == ["stop"]
+    tool = "".join(tok.decode([t]) for t, m in zip(out.response_ids[0], out.action_mask[0]) if m == 0)
+    assert tool == python_output + calculator_output

@@ -198,15 +198,13 @@ def eval_command(model, test_files, synth_config, n, temperature, top_p, top_k, 
                                                             trust_remote_code=trust_remote_code)
             model_name = model or "tiny-qwen2 (embedded)"
             if multi_turn:
-                from dapo.tools.sandbox import SandboxUnavailableError
-                from dapo.training.tool_use import tool_rollout
+                from dapo.rollout.tool_rollout import ToolUnavailableError, tool_rollout
                 try:
                     eval_backend.engine = tool_rollout(eval_backend.engine, eval_backend.tokenizer, tool_loop,
                                                        max_tokens)
-                except SandboxUnavailableError as exc:
+                except ToolUnavailableError as exc:  # its message names the key
                     close_quietly([("the evaluation engine", eval_backend.close)])
-                    raise click.ClickException(f"rollout.multi_turn.sandbox.mode={tool_loop.sandbox.mode}: "
-                                               f"{exc}") from None
+                    raise click.ClickException(str(exc)) from None
         settings = EvalSettings(model=model_name, test_files=tuple(_test_file_id(f, synth_config) for f in test_files), n=n,
                                 temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens, seed=seed,
                                 template=template, max_problems=max_problems, backend=engine_name,

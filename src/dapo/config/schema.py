@@ -22,6 +22,7 @@ __all__ = [
     "ActorConfig",
     "AlgorithmConfig",
     "BigArithDataConfig",
+    "CalculatorToolConfig",
     "ConfigError",
     "CustomRewardFunctionConfig",
     "DapoConfig",
@@ -172,25 +173,60 @@ class SandboxConfig(_Section):
         return value
 
 
-class MultiTurnConfig(_Section):
-    """Multi-turn rollouts with a sandboxed Python interpreter (verl: actor_rollout_ref.rollout.multi_turn.*)."""
+class CalculatorToolConfig(_Section):
+    """The calculator tool's call format (dapo.tools.calculator: arithmetic evaluated from its syntax tree, no
+    sandbox needed)."""
 
-    enable: bool = Field(False, description="generate, run each closed code block, append its output, continue")
+    tool_call_start: str = Field("<calculator>", description="text that opens a calculator call ('' = the turn's "
+                                 "start)")
+    tool_call_end: str = Field("</calculator>", min_length=1, description="text that closes a calculator call")
+    tool_response_template: str = Field("<result>{output}</result>", description="how the calculator's answer is "
+                                        "shown ({output}: the value, or 'error: <reason>')")
+
+    @model_validator(mode="after")
+    def _template_has_output(self) -> "CalculatorToolConfig":
+        if "{output}" not in self.tool_response_template:
+            raise ValueError("rollout.multi_turn.calculator.tool_response_template must contain {output}")
+        return self
+
+
+# The names dapo.tools.registry.TOOLS registers (config sits below the registry's layer; tests/tools/
+# test_tool_registry.py keeps the two lists one), so an unknown name is refused here, naming the key.
+ToolName = Literal["python", "calculator"]
+
+
+class MultiTurnConfig(_Section):
+    """Multi-turn rollouts with tools: a sandboxed Python interpreter, a calculator (verl:
+    actor_rollout_ref.rollout.multi_turn.*)."""
+
+    enable: bool = Field(False, description="generate, run each closed tool call, append its output, continue")
+    tools: list[ToolName] = Field(
+        default_factory=lambda: ["python"], min_length=1,
+        description="the tools the model may call (dapo.tools.registry): python (tool_call_* and sandbox.* below), "
+        "calculator (calculator.*); a turn's call goes to the tool whose call closes first")
     max_assistant_turns: int = Field(3, ge=1, description="model turns per sample (a call in the last is not run)")
     max_tool_response_length: int = Field(64, ge=1, description="tokens of one tool output (cut with '...')")
     tool_response_truncate_side: Literal["left", "right", "middle"] = Field("middle")
     max_parallel_calls: int = Field(4, ge=1, description="tool processes at once")
-    tool_call_start: str = Field("```python", description="text that opens a call ('' = the turn's start)")
-    tool_call_end: str = Field("```", min_length=1, description="text that closes a call")
+    tool_call_start: str = Field("```python", description="python: text that opens a call ('' = the turn's start)")
+    tool_call_end: str = Field("```", min_length=1, description="python: text that closes a call")
     tool_response_template: str = Field(
-        "\n```output\n{output}\n```\n", description="how a tool's output is shown ({output}: what the code printed)")
+        "\n```output\n{output}\n```\n", description="python: how a tool's output is shown ({output}: what the code "
+        "printed)")
 
     @model_validator(mode="after")
     def _template_has_output(self) -> "MultiTurnConfig":
         if "{output}" not in self.tool_response_template:
             raise ValueError("rollout.multi_turn.tool_response_template must contain {output}")
         return self
+
+    @model_validator(mode="after")
+    def _tools_distinct(self) -> "MultiTurnConfig":
+        if len(set(self.tools)) != len(self.tools):
+            raise ValueError(f"rollout.multi_turn.tools names a tool twice: {self.tools}")
+        return self
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    calculator: CalculatorToolConfig = Field(default_factory=CalculatorToolConfig)
 
 
 class ValSamplingConfig(_Section):

@@ -36,7 +36,7 @@ from dapo.infra.atomic import atomic_write
 from dapo.reward.batch import score_batch
 from dapo.reward.records import RewardInput
 from dapo.rollout.base import SamplingParams
-from dapo.tools.sandbox import TOOL_CATEGORIES
+from dapo.tools.result import TOOL_CATEGORIES
 
 Progress = Callable[[int, int, float], None]  # (samples done, samples total, accuracy so far)
 

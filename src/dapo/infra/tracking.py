@@ -1,4 +1,5 @@
-"""Metric tracking: one ``Tracker.log(metrics, step)`` call fans out to JSONL, TensorBoard, W&B, console.
+"""Metric tracking: one ``Tracker.log(metrics, step)`` call fans out to the chosen backends (JSONL, TensorBoard, W&B,
+console: one class each in dapo.infra.loggers, by name in its registry).
 
 JSONL (``run_dir/metrics.jsonl``) is the source of truth that ``dapo plot`` and the tests read: one
 JSON object per line, ``{"step": N, "<metric>": value, ...}``. Each record is written unbuffered in one go,
@@ -14,21 +15,19 @@ records the crashed run wrote after its last checkpoint are dropped and no step 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
-import os
 import re
-import secrets
-import string
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO
 
-from dapo.infra.atomic import FileOperationError, atomic_write
+from dapo.infra.atomic import atomic_write
+from dapo.infra.loggers.base import MetricLogger, RunContext
+from dapo.infra.loggers.jsonl_logger import METRICS_FILE_NAME
+from dapo.infra.loggers.registry import LOGGER_NAMES, LOGGERS
 
 __all__ = [
     "BACKENDS",
@@ -50,9 +49,8 @@ def val_acc_keys(records: Sequence[Mapping[str, Any]]) -> list[str]:
     ks = {int(m[1]) for record in records for key in record if (m := _VAL_ACC_KEY.match(key))}
     return [f"val/acc/mean@{k}" for k in sorted(ks)]
 
-METRICS_FILE_NAME = "metrics.jsonl"
-BACKENDS = ("jsonl", "tensorboard", "wandb", "console")
-_WANDB_ID_FILE = "wandb_run_id.txt"
+
+BACKENDS = LOGGER_NAMES  # the registry's names, in the order the backends open
 
 
 def _clean_value(key: str, value: Any) -> int | float | None:
@@ -68,21 +66,15 @@ def _clean_value(key: str, value: Any) -> int | float | None:
     return number if math.isfinite(number) else None
 
 
-def _format_console(step: int, values: Mapping[str, int | float | None]) -> str:
-    parts = [f"step {step}"]
-    for key, value in values.items():
-        parts.append(f"{key}={'nan' if value is None else (value if isinstance(value, int) else f'{value:.4g}')}")
-    return " | ".join(parts)
-
-
 class Tracker:
-    """Log scalar metrics per step to the chosen backends.
+    """Log scalar metrics per step to the chosen backends (dapo.infra.loggers.registry.LOGGERS, one class each).
 
     Backends: ``"jsonl"`` (``run_dir/metrics.jsonl``, appended), ``"tensorboard"``
     (``run_dir/tensorboard``), ``"wandb"`` (lazy import; ``wandb_mode="offline"`` or the
     ``WANDB_MODE`` environment variable works without a network; the run id is kept in
     ``run_dir/wandb_run_id.txt`` so a resumed run continues the same W&B run) and ``"console"`` (one
-    line per step on stdout). ``config`` is recorded by TensorBoard (as text) and W&B.
+    line per step on stdout). ``config`` is recorded by TensorBoard (as text) and W&B. The Tracker checks and cleans
+    the values once; the backends open, record and close in the registry's order.
     """
 
     def __init__(
@@ -98,67 +90,24 @@ class Tracker:
     ) -> None:
         if isinstance(backends, str):
             raise TypeError(f"Tracker: backends must be a sequence of names, got the string {backends!r}")
-        unknown = [b for b in backends if b not in BACKENDS]
+        unknown = [b for b in backends if b not in LOGGERS]
         if unknown:
-            raise ValueError(f"Tracker: unknown backend(s) {unknown}; choose from {list(BACKENDS)}")
+            raise ValueError(f"Tracker: unknown backend(s) {unknown}; choose from {list(LOGGER_NAMES)}")
         self.run_dir = Path(run_dir)
         self.backends: tuple[str, ...] = tuple(dict.fromkeys(backends))
         self.project = project
         self.experiment = experiment
         self._closed = False
-        self._jsonl: TextIO | None = None
-        self._tb: Any = None
-        self._wandb_run: Any = None
-        self._console = console_file
+        self._loggers: list[MetricLogger] = []
         self.run_dir.mkdir(parents=True, exist_ok=True)
-
+        context = RunContext(self.run_dir, project, experiment, config, wandb_mode, console_file)
         try:
-            if "jsonl" in self.backends:
-                path = self.run_dir / METRICS_FILE_NAME
-                _trim_partial_last_line(path)
-                # Unbuffered: a record that fails to write is cut off at once, and no buffer is left for close() to
-                # fail on again (that second error would replace the first).
-                self._jsonl = open(path, "ab", buffering=0)  # noqa: SIM115 - closed in close()
-            if "tensorboard" in self.backends:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
-                config_text = json.dumps(dict(config), indent=2, default=str)
-                self._tb.add_text("config", f"```\n{config_text}\n```", global_step=0)
-                self._tb.flush()
-            if "wandb" in self.backends:
-                self._wandb_run = self._init_wandb(dict(config), wandb_mode)
+            for name, logger_class in LOGGERS.items():
+                if name in self.backends:
+                    self._loggers.append(logger_class(context))
         except BaseException:
             self.close()
             raise
-
-    def _init_wandb(self, config: dict[str, Any], mode: str | None) -> Any:
-        try:
-            import wandb
-        except ImportError as exc:
-            raise ImportError(
-                "Tracker backend 'wandb' needs the wandb package, which is not installed: "
-                "pip install 'dapo[wandb]' (or drop 'wandb' from the tracking backends)"
-            ) from exc
-        id_file = self.run_dir / _WANDB_ID_FILE
-        if id_file.is_file():
-            run_id = id_file.read_text(encoding="utf-8").strip()
-        else:  # W&B run ids: short, lowercase alphanumeric
-            run_id = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
-        kwargs: dict[str, Any] = {
-            "project": self.project,
-            "name": self.experiment,
-            "config": config,
-            "dir": str(self.run_dir),
-            "id": run_id,
-            "resume": "allow",
-        }
-        if mode is not None:
-            kwargs["mode"] = mode
-        run = wandb.init(**kwargs)
-        if not id_file.is_file():
-            id_file.write_text(run_id + "\n", encoding="utf-8")
-        return run
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         """Record ``metrics`` (name -> number) at training step ``step`` on every backend."""
@@ -173,45 +122,16 @@ class Tracker:
             if key == "step":
                 raise ValueError("Tracker.log: 'step' is reserved for the step number; rename that metric")
             values[key] = _clean_value(key, value)
-
-        if self._jsonl is not None:
-            self._append_record((json.dumps({"step": step, **values}, allow_nan=False) + "\n").encode("utf-8"),
-                                step)
-        if self._tb is not None:
-            for key, value in values.items():
-                self._tb.add_scalar(key, math.nan if value is None else value, global_step=step)
-            self._tb.flush()
-        if self._wandb_run is not None:
-            self._wandb_run.log({k: (math.nan if v is None else v) for k, v in values.items()}, step=step)
-        if "console" in self.backends:
-            print(_format_console(step, values), file=self._console or sys.stdout, flush=True)
-
-    def _append_record(self, record: bytes, step: int) -> None:
-        """Append one record, all of it or nothing: a failed write (full disk, file size limit, a folder gone
-        read-only) is cut back to the last complete record and raised as a ``FileOperationError`` naming the file."""
-        assert self._jsonl is not None
-        path = self.run_dir / METRICS_FILE_NAME
-        start = self._jsonl.seek(0, os.SEEK_END)
-        try:
-            view = memoryview(record)
-            while view:  # a raw write may be short (the last bytes before a size limit)
-                view = view[self._jsonl.write(view):]
-        except OSError as exc:
-            with contextlib.suppress(OSError):  # the file keeps its complete records; a resume trims the rest anyway
-                self._jsonl.truncate(start)
-            raise FileOperationError(exc, f"appending the metrics of step {step} to {path}") from exc
+        for sink in self._loggers:
+            sink.log(values, step)
 
     def close(self) -> None:
         """Flush and close every backend; safe to call twice."""
         if self._closed:
             return
         self._closed = True
-        if self._jsonl is not None:
-            self._jsonl.close()
-        if self._tb is not None:
-            self._tb.close()
-        if self._wandb_run is not None:
-            self._wandb_run.finish()
+        for sink in self._loggers:
+            sink.close()
 
     def __enter__(self) -> Tracker:
         return self
@@ -220,24 +140,6 @@ class Tracker:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
-
-
-def _trim_partial_last_line(path: Path) -> None:
-    """Cut a last line without its newline (a crash mid-write) so appended records start on their own line."""
-    if not path.is_file():
-        return
-    with open(path, "rb+") as f:
-        size = f.seek(0, os.SEEK_END)
-        if size == 0:
-            return
-        f.seek(size - 1)
-        if f.read(1) == b"\n":
-            return
-        f.seek(0)
-        data = f.read()
-        keep = data.rfind(b"\n") + 1
-        logger.warning("%s: dropping truncated last line %r left by a crash", path, data[keep:][:80])
-        f.truncate(keep)
 
 
 def _read_lines(path: Path, bad: list[bytes] | None = None) -> list[tuple[bytes, dict[str, Any]]]:

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from dapo.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
+from dapo.tools.call_format import ToolCallFormat
+from dapo.tools.toolbox import ToolCall, Toolbox
 
 TruncateSide = Literal["left", "right", "middle"]
 
@@ -45,41 +47,23 @@ class ToolResultLike(Protocol):
 
 
 class CodeRunner(Protocol):
-    """What the rollout needs of a tool: run codes (in parallel), results in input order (``dapo.tools``' sandbox)."""
+    """A bare tool: runs codes (in parallel), results in input order (``dapo.tools``' sandbox); its call format is
+    ``MultiTurnParams.call_format``. A :class:`~dapo.tools.toolbox.Toolbox` holds tools that carry their own."""
 
     def run_many(self, codes: Sequence[str], max_workers: int = ...) -> list[ToolResultLike]:
         ...
 
 
-@dataclass(frozen=True)
-class ToolCallFormat:
-    """How a tool call looks in the model's text and how its result is shown.
+class _BareRunner:
+    """A :class:`CodeRunner` with the params' call format: the one tool of a toolbox."""
 
-    start/end: a call is the text after the last ``start`` of the turn up to the first ``end`` after it (``start``
-        may be empty: the whole turn so far is the code).
-    response_template: the tool output's text, ``{output}`` replaced by what the code printed.
-    """
+    name = "runner"
 
-    start: str = "```python"
-    end: str = "```"
-    response_template: str = "\n```output\n{output}\n```\n"
+    def __init__(self, runner: CodeRunner, call_format: ToolCallFormat) -> None:
+        self.runner, self.call_format = runner, call_format
 
-    def __post_init__(self) -> None:
-        if not self.end:
-            raise ValueError("ToolCallFormat.end must be a non-empty string (it ends a call)")
-        if "{output}" not in self.response_template:
-            raise ValueError("ToolCallFormat.response_template must contain {output}")
-
-    def closed_call(self, text: str) -> tuple[str, int] | None:
-        """The code of the first closed call in ``text`` and the text's length up to its end marker, or None."""
-        begin = text.find(self.start) if self.start else 0
-        if begin < 0:
-            return None
-        body = begin + len(self.start)
-        close = text.find(self.end, body)
-        if close < 0:
-            return None
-        return text[body:close].strip("\n"), close + len(self.end)
+    def run_many(self, codes: Sequence[str], max_workers: int = 4) -> list[ToolResultLike]:
+        return self.runner.run_many(codes, max_workers=max_workers)
 
 
 @dataclass(frozen=True)
@@ -92,6 +76,8 @@ class MultiTurnParams:
         finish reason "length".
     max_tool_response_length: most tokens of one tool output (cut on ``tool_response_truncate_side``, with a marker).
     max_parallel_calls: tool processes run at once.
+    call_format: the call format of a bare :class:`CodeRunner` (tools of a toolbox carry their own), and what
+        :meth:`MultiTurnRollout.tool_tokens` renders with when given no format.
     """
 
     max_assistant_turns: int = 3
@@ -146,32 +132,28 @@ class _Sample:
     turns: int = 1
     categories: list[str] = field(default_factory=list)
     finish: str | None = None
-    pending_code: str | None = None
+    pending_call: ToolCall | None = None
 
 
 class MultiTurnRollout:
-    """Runs multi-turn rollouts with ``engine`` and ``runner``; ``tokenizer`` decodes (to detect calls) and encodes
+    """Runs multi-turn rollouts with ``engine`` and ``tools``; ``tokenizer`` decodes (to detect calls) and encodes
     tool outputs. One object per (engine, tokenizer): the stop-token scan of the vocabulary runs once. It is itself a
     :class:`RolloutEngine` (weights, probes and close go to ``engine``), so a trainer or an evaluation uses it in the
-    engine's place."""
+    engine's place.
 
-    def __init__(self, engine: RolloutEngine, tokenizer, runner: CodeRunner, params: MultiTurnParams) -> None:
+    ``tools``: a :class:`~dapo.tools.toolbox.Toolbox` (each tool with its call format; a turn's call goes to the
+    tool whose call closed first: dapo.rollout.tool_rollout builds it from the config), or one bare
+    :class:`CodeRunner` whose format is ``params.call_format``. The stops are the union over the tools' formats."""
+
+    def __init__(self, engine: RolloutEngine, tokenizer, tools: Toolbox | CodeRunner, params: MultiTurnParams) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
-        self.runner = runner
+        self.toolbox = tools if isinstance(tools, Toolbox) else Toolbox([_BareRunner(tools, params.call_format)])
         self.params = params
-        fmt = params.call_format
         texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=False)
-        self.end_token_ids = tuple(i for i, text in enumerate(texts) if fmt.end in text)
-        # The start marker's last piece as the tokenizer writes it alone ("python" of "```python"): a token holding
-        # it may complete the marker. Empty start (the turn is the call): always open, the end ids from the start.
-        # A piece so common that more than 1% of the vocabulary holds it (a character-level tokenizer's "n") would
-        # stop nearly every token: then no stop before a call opens, and the call is found when the turn ends.
-        pieces = tokenizer.encode(fmt.start, add_special_tokens=False) if fmt.start else []
-        last = tokenizer.decode(pieces[-1:], skip_special_tokens=False).strip() if pieces else ""
-        holding = tuple(i for i, text in enumerate(texts) if last in text) if last else ()
-        self.start_token_ids = (self.end_token_ids if not fmt.start
-                                else holding if len(holding) <= max(1, len(texts) // 100) else ())
+        ends, starts = zip(*(_stop_ids(tokenizer, texts, fmt) for fmt in self.toolbox.formats))
+        self.end_token_ids = tuple(sorted(set().union(*ends)))
+        self.start_token_ids = tuple(sorted(set().union(*starts)))
 
     # The rest of the RolloutEngine interface is the engine's: the trainer pushes weights into it and probes it.
     @property
@@ -195,11 +177,11 @@ class MultiTurnRollout:
         stops = {open_: tuple(sorted(set(sampling.stop_token_ids) | set(ids)))
                  for open_, ids in ((False, self.start_token_ids), (True, self.end_token_ids))}
         first = _replace(sampling, max_tokens=self.params.max_response_length,
-                         stop_token_ids=stops[not self.params.call_format.start])
+                         stop_token_ids=stops[self.toolbox.any_open("")])
         self._absorb(samples, self.engine.generate([list(p) for p in prompt_token_ids], first))
         round_ = 1
         while True:
-            self._run_tools([s for s in samples if s.pending_code is not None])
+            self._run_tools([s for s in samples if s.pending_call is not None])
             if all(s.finish is not None for s in samples):
                 break
             # One call per round and phase (turns without and with an open call stop on different ids), each
@@ -241,9 +223,8 @@ class MultiTurnRollout:
             s.mask += [1] * len(ids)
             full = len(s.ids) >= p.max_response_length
             if cut is not None:
-                code, _ = p.call_format.closed_call(self._turn_text(s))
                 if s.turns < p.max_assistant_turns and not full:
-                    s.pending_code = code
+                    s.pending_call = self.toolbox.first_closed_call(self._turn_text(s))
                 else:  # no turn left to read the result: the call is not run
                     s.finish = "length" if full else "stop"
             elif full:
@@ -260,17 +241,16 @@ class MultiTurnRollout:
 
     def _call_open(self, s: _Sample) -> bool:
         """Whether the sample's current turn has opened a call (a closed one ends the turn at once, see _absorb)."""
-        start = self.params.call_format.start
-        return not start or start in self._turn_text(s)
+        return self.toolbox.any_open(self._turn_text(s))
 
     def _closing_cut(self, s: _Sample, new_ids: list[int]) -> int | None:
         """How many of ``new_ids`` to keep: up to the token that closes a call (binary search: once closed, a longer
         prefix stays closed), or None when they close none."""
-        fmt = self.params.call_format
         head = s.ids[s.turn_start:]
 
         def closed(k: int) -> bool:
-            return fmt.closed_call(self.tokenizer.decode(head + new_ids[:k], skip_special_tokens=False)) is not None
+            text = self.tokenizer.decode(head + new_ids[:k], skip_special_tokens=False)
+            return self.toolbox.first_closed_call(text) is not None
 
         if not new_ids or not closed(len(new_ids)):
             return None
@@ -289,11 +269,13 @@ class MultiTurnRollout:
         if not calling:
             return
         p = self.params
-        results = self.runner.run_many([s.pending_code or "" for s in calling], max_workers=p.max_parallel_calls)
-        for s, result in zip(calling, results, strict=True):
-            s.pending_code = None
+        calls = [s.pending_call for s in calling if s.pending_call is not None]
+        results = self.toolbox.run(calls, max_workers=p.max_parallel_calls)
+        for s, call, result in zip(calling, calls, results, strict=True):
+            s.pending_call = None
             s.categories.append(result.category)
-            tokens = self.tool_tokens(result.output)[: p.max_response_length - len(s.ids)]
+            fmt = self.toolbox.formats[call.tool]
+            tokens = self.tool_tokens(result.output, fmt)[: p.max_response_length - len(s.ids)]
             s.ids += tokens
             s.logprobs += [0.0] * len(tokens)
             s.mask += [0] * len(tokens)
@@ -302,9 +284,10 @@ class MultiTurnRollout:
             if len(s.ids) >= p.max_response_length:
                 s.finish = "length"
 
-    def tool_tokens(self, output: str) -> list[int]:
+    def tool_tokens(self, output: str, call_format: ToolCallFormat | None = None) -> list[int]:
         """The tool output as tokens: the output encoded alone and cut to ``max_tool_response_length``, inside the
-        response template (its two halves encoded alone too)."""
+        response template of ``call_format`` (the tool's; default ``params.call_format``), its two halves encoded
+        alone too."""
         p = self.params
         # split_special_tokens: the code's output is plain text; a printed "<|im_end|><|im_start|>user" must not become
         # real special-token ids (a forged turn boundary) inside the tool segment.
@@ -319,7 +302,7 @@ class MultiTurnRollout:
                 ids = ids[:keep] + marker
             else:
                 ids = ids[: keep // 2] + marker + ids[len(ids) - (keep - keep // 2):]
-        before, after = p.call_format.response_template.split("{output}", 1)
+        before, after = (call_format or p.call_format).response_halves()
         return (self.tokenizer.encode(before, add_special_tokens=False) + ids
                 + self.tokenizer.encode(after, add_special_tokens=False))
 
@@ -340,6 +323,20 @@ def model_text(tokenizer, ids: Sequence[int], action_mask: Sequence[int]) -> str
     if run:
         runs.append(run)
     return "\n".join(tokenizer.decode(r, skip_special_tokens=True) for r in runs)
+
+
+def _stop_ids(tokenizer, texts: Sequence[str], fmt: ToolCallFormat) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The stop ids of one call format: (ids whose text holds the end marker, ids that may complete its start)."""
+    end_ids = tuple(i for i, text in enumerate(texts) if fmt.end in text)
+    # The start marker's last piece as the tokenizer writes it alone ("python" of "```python"): a token holding
+    # it may complete the marker. Empty start (the turn is the call): always open, the end ids from the start.
+    # A piece so common that more than 1% of the vocabulary holds it (a character-level tokenizer's "n") would
+    # stop nearly every token: then no stop before a call opens, and the call is found when the turn ends.
+    pieces = tokenizer.encode(fmt.start, add_special_tokens=False) if fmt.start else []
+    last = tokenizer.decode(pieces[-1:], skip_special_tokens=False).strip() if pieces else ""
+    holding = tuple(i for i, text in enumerate(texts) if last in text) if last else ()
+    start_ids = end_ids if not fmt.start else holding if len(holding) <= max(1, len(texts) // 100) else ()
+    return end_ids, start_ids
 
 
 def _replace(sampling: SamplingParams, **changes) -> SamplingParams:

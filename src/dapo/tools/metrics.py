@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from dapo.tools.sandbox import TOOL_CATEGORIES
+from dapo.tools.result import TOOL_CATEGORIES
 
 
 def tool_use_metrics(samples: Sequence[tuple[Sequence[str], float]], prefix: str = "tool/") -> dict[str, float]:

@@ -44,6 +44,7 @@ from typing import Literal
 
 from dapo.tools import launcher
 from dapo.tools.cgroups import CallCgroup, CgroupHost, CgroupLimits, pid_alive
+from dapo.tools.result import ToolResult
 from dapo.tools.seccomp import seccomp_filter, seccomp_problem
 
 UNSAFE_MODE = "unsafe-no-isolation"
@@ -56,8 +57,6 @@ RENAMED_MODE_MESSAGE = (
     f"bubblewrap), or name the mode for what it is, {UNSAFE_MODE}, to run the code without isolation")
 _log = logging.getLogger(__name__)
 
-# How a call ended; "ok" is the only success. A `tool/errors/<category>` metric counts each of the others.
-TOOL_CATEGORIES: tuple[str, ...] = ("ok", "error", "timeout", "memory", "output_limit", "killed", "sandbox")
 
 LAUNCHER_SOURCE = Path(launcher.__file__).read_text(encoding="utf-8")
 _SANDBOX_WORKDIR = "/work"  # the code's working directory inside the bwrap file system
@@ -111,27 +110,6 @@ class SandboxLimits:
         cores = self.cpu_cores
         if isinstance(cores, bool) or not isinstance(cores, (int, float)) or not 0.01 <= cores <= 1024:
             raise ValueError(f"SandboxLimits.cpu_cores must be a number in [0.01, 1024], got {cores!r}")
-
-
-@dataclass(frozen=True)
-class ToolResult:
-    """How one call ended.
-
-    output: stdout and stderr as the code wrote them (interleaved), decoded as UTF-8 (bad bytes replaced), at most
-        ``max_output_bytes``; for a failure it ends with the reason (a traceback, or what the sandbox stopped).
-    category: one of :data:`TOOL_CATEGORIES`.
-    exit_code: the process's status (negative: the signal that ended it), None when it never started.
-    wall_s: seconds from start to end (including the sandbox's start-up).
-    """
-
-    output: str
-    category: str
-    exit_code: int | None
-    wall_s: float
-
-    @property
-    def ok(self) -> bool:
-        return self.category == "ok"
 
 
 class PythonSandbox:

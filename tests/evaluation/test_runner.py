@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 
 import httpx
 import pytest
@@ -12,6 +11,7 @@ from dapo.evaluation.backends import EvalError, LocalBackend, OpenAIBackend
 from dapo.evaluation.problems import load_problems
 from dapo.evaluation.runner import EvalSettings, read_samples, run_eval, summary_path
 from tests.evaluation.eval_helpers import CharTokenizer, FakeEngine, dapo_row, write_jsonl
+from tests.harness.ports import free_port
 
 
 def _problems(tmp_path, repeats=1, count=5):
@@ -121,9 +121,7 @@ def test_openai_backend_stops_on_a_4xx_with_the_servers_message(tmp_path):
 
 
 def test_unreachable_server_names_the_url(tmp_path):
-    with socket.socket() as s:  # a loopback port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # a loopback port nobody listens on
     backend = OpenAIBackend(f"http://127.0.0.1:{port}/v1", "m", max_retries=1, backoff_s=0.001)
     with pytest.raises(EvalError, match=f"cannot reach the server at http://127.0.0.1:{port}/v1"):
         run_eval(_problems(tmp_path, count=1), backend, _settings(n=1, backend="openai"), tmp_path / "o.jsonl")

@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from dapo.serve.ray_runtime import free_loopback_port as free_port  # noqa: F401 (the serving tests import it here)
+from tests.harness.ports import free_port
 
 
 def sends_nothing(sock: socket.socket, wait_s: float = 0.2) -> bool:

@@ -1,17 +1,40 @@
 """Every way the tests run `dapo`, in one place: which to use when, and why.
 
-| runner | what runs | start-up it pays | use it when |
-|---|---|---|---|
-| :func:`run_dapo` | ``python -m dapo.cli.main ARGS``, a fresh interpreter (``subprocess.run``) | ~8-10 s of imports | the test is about the user's own entry point or what only a fresh interpreter shows: environment read at interpreter start (OpenMP), ``preexec_fn``, a bit-identical reference run |
-| :func:`run_dapo_in_process` | dapo's click group inside this pytest process (``CliRunner``) | none | the command ends at start-up (a refusal, ``--print-config``) or trains a step or two; nothing about the process (kill, rlimits, capabilities, process-wide state) is tested |
-| :func:`run_dapo_warm`, :class:`WarmDapo` | a real child process forked from a server that imported dapo once (a multiprocessing forkserver) | the server's one start (:func:`prestart`), then ~0 | a separate process is needed -- SIGKILL mid-write, an rlimit, a dropped capability, its own pid or process group, pipes read while it runs -- but not a fresh interpreter |
-| :func:`kill_after_checkpoint` | a :class:`WarmDapo` in a session of its own, SIGKILLed with its workers once a checkpoint is complete | as warm | kill-and-resume tests |
-| :func:`torchrun`, :func:`torchrun_command` | ``python -m torch.distributed.run ... -m dapo.cli.main train ARGS`` (``TORCHRUN_ENV``) | ~3 x 8 s | torchrun's own process boundary is tested: its CLI, its exec of one interpreter per rank, a job ``Popen``-ed and killed |
-| :func:`torchrun_warm`, :func:`start_torchrun_warm` | torch's elastic agent, forked warm, forking its ranks (a real gloo group over a real TCPStore) | as warm | multi-rank behaviour of `dapo train` (rendezvous, data parallelism, a failing rank ending the job) |
+=====================  ==========================================  ==============  ===================================
+runner                 what runs                                   start-up        use it when
+=====================  ==========================================  ==============  ===================================
+run_dapo               ``python -m dapo.cli.main ARGS``: a fresh   ~8-10 s of      the user's own entry point, or what
+                       interpreter (``subprocess.run``)            imports         only a fresh interpreter shows
+                                                                                   (environment read at start, as
+                                                                                   OpenMP's; ``preexec_fn``; a
+                                                                                   bit-identical reference run)
+run_dapo_in_process    dapo's click group in this pytest process   none            the command ends at start-up (a
+                       (``CliRunner``)                                             refusal, ``--print-config``) or
+                                                                                   trains a step or two, and nothing
+                                                                                   about the process is tested
+run_dapo_warm,         a real child forked from a server that      the server's    a separate process is needed
+WarmDapo               imported dapo once (a forkserver)           one start       (SIGKILL mid-write, an rlimit, a
+                                                                   (prestart),     dropped capability, its own pid or
+                                                                   then ~0         process group, pipes read while it
+                                                                                   runs), not a fresh interpreter
+kill_after_checkpoint  a WarmDapo in a session of its own,         as warm         kill-and-resume tests
+                       SIGKILLed with its workers once a
+                       checkpoint is complete
+torchrun,              ``python -m torch.distributed.run ... -m    ~3 x 8 s        torchrun's own process boundary
+torchrun_command       dapo.cli.main train ARGS``                                  (its CLI, one interpreter per rank,
+                       (``TORCHRUN_ENV``)                                          a job ``Popen``-ed and killed)
+torchrun_warm,         torch's elastic agent forked warm, forking  as warm         multi-rank behaviour of `dapo
+start_torchrun_warm    its ranks (a real gloo group over a real                    train` (rendezvous, data
+                       TCPStore)                                                   parallelism, a failing rank ending
+                                                                                   the job)
+=====================  ==========================================  ==============  ===================================
 
 Every runner answers like ``subprocess.run(capture_output=True, text=True)``: a ``CompletedProcess`` with the
 command's exit code (-9 after SIGKILL), stdout and stderr; a ``train`` command gets
 ``trainer.default_local_dir=RUN_ROOT`` appended. Prefer the cheapest row that still tests what the test is about.
+A few tests hold a fresh interpreter's handle while it runs (``subprocess.Popen`` of ``torchrun_command`` with
+``TORCHRUN_ENV``, or of ``python -m dapo.cli.main`` in tests/faults/test_async_faults.py and
+tests/serve/test_serve_process.py), to signal it or read its output live: that is :func:`run_dapo` unrolled.
 
 Warm children: a multiprocessing *forkserver* imports dapo's CLI and the training stack once (torch, transformers: the
 import cost every `python -m dapo.cli.main` pays), computes nothing, and forks a fresh child for each command. The

@@ -8,7 +8,7 @@ line), so generation, update and validation are hit in proportion to their time;
 wait for a checkpoint write to begin and land within 50 ms of it. A run that
 finishes before its kill ends a series; every series (killed and resumed until done) is compared with the
 uninterrupted run. With ``--warm`` the killed and resumed runs are real processes forked from a warm server that
-imported dapo once (tests/cli/warm_dapo.py: no ~8 s of imports per start); the uninterrupted reference stays a fresh
+imported dapo once (tests/harness/runners.py: no ~8 s of imports per start); the uninterrupted reference stays a fresh
 `python -m dapo.cli.main`. Prints one JSON line with the counts (kills, how many left a half-written checkpoint, series,
 whether all were bit-identical); exit code 1 when any was not. tests/faults/test_soak.py runs a short one in CI.
 """
@@ -48,7 +48,7 @@ def launch(cmd: list[str], *, stderr: bool, warm: bool = False):
     """A real `dapo` process for ``cmd`` with its stdout a pipe: a fresh interpreter, or with ``warm`` a fork of the
     warm server (the same command; Popen's poll / send_signal / wait / communicate)."""
     if warm:
-        from tests.cli.warm_dapo import WarmDapo
+        from tests.harness.runners import WarmDapo
 
         return WarmDapo(cmd[3:], extra_env=ENV, stderr_to_devnull=not stderr)
     return subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE,
@@ -127,12 +127,12 @@ def main() -> None:
                     help="of the kills, how many wait for a checkpoint write to begin (a random moment rarely hits "
                          "the ~0.1 s a small checkpoint takes)")
     ap.add_argument("--warm", action="store_true",
-                    help="fork the killed and resumed runs from a warm server (tests/cli/warm_dapo.py) instead of a "
+                    help="fork the killed and resumed runs from a warm server (tests/harness/runners.py) instead of a "
                          "fresh interpreter each; the uninterrupted reference stays a fresh one")
     args = ap.parse_args()
     if args.warm:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.cli.warm_dapo
-        from tests.cli.warm_dapo import prestart
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.harness.runners
+        from tests.harness.runners import prestart
 
         prestart()  # its imports overlap the uninterrupted run
     rng = random.Random(args.seed)

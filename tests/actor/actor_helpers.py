@@ -1,4 +1,5 @@
-"""Builders for the actor tests: tiny randomly-initialised causal LMs, random (seeded) train batches, configs."""
+"""Builders for the actor tests: a tiny random Llama, random (seeded) train batches, configs, plans. The tiny Qwen2 is
+:func:`tests.harness.models.tiny_qwen2` at the ``ACTOR`` shape."""
 
 from __future__ import annotations
 
@@ -6,23 +7,15 @@ import dataclasses
 
 import torch
 from torch import nn
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from dapo.actor.batch import TrainBatch
 from dapo.actor.log_probs import resolve_layout
 from dapo.actor.mini_batch_plan import MiniBatchPlan, plan_mini_batch
 from dapo.config import ActorConfig
+from tests.harness.models import ACTOR
 
-VOCAB = 40
-
-
-def tiny_qwen2(seed: int = 0, attn: str = "sdpa") -> Qwen2ForCausalLM:
-    torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False, attn_implementation=attn,
-    )
-    return Qwen2ForCausalLM(config).float()
+VOCAB = ACTOR["vocab_size"]  # the tiny Qwen2's and the tiny Llama's
 
 
 def tiny_llama(seed: int = 0) -> LlamaForCausalLM:

@@ -9,10 +9,11 @@ import dataclasses
 import pytest
 import torch
 
-from actor_helpers import actor_config, plan_of, random_batch, tiny_qwen2
+from actor_helpers import actor_config, plan_of, random_batch
 from dapo.actor.batch import TrainBatch
 from dapo.actor.log_probs import compute_log_probs_batch
 from dapo.actor.update import FirstPassRecord, accumulate_mini_batch_gradients
+from tests.harness.models import ACTOR, tiny_qwen2
 
 TEMPERATURE = 1.0
 
@@ -55,7 +56,7 @@ def test_a_mask_of_the_wrong_shape_or_dtype_is_refused() -> None:
 def test_token_level_loss_counts_only_the_models_tokens() -> None:
     """On-policy (ratio 1) the clipped loss of a token is -A, so Eq. 12 is -sum_i A_i n_i / sum_i n_i with n_i the
     model tokens of sample i: hand-computed here from the masks alone."""
-    model = tiny_qwen2(0)
+    model = tiny_qwen2(0, ACTOR)
     batch = with_tool_tokens(random_batch(2, 3, seed=1, max_response=10), seed=2)
     n = torch.tensor([int(m.sum()) for m in batch.action_mask], dtype=torch.float32)
     expected = float(-(batch.advantages * n).sum() / n.sum())
@@ -71,7 +72,7 @@ def test_tool_tokens_carry_no_gradient_whatever_their_log_probs() -> None:
     mask does change the gradient, so the test can fail."""
     cfg = actor_config(loss_agg_mode="token-mean", entropy_coeff=0.01)
     batch = with_tool_tokens(random_batch(2, 2, seed=3, max_response=10), seed=4)
-    model = tiny_qwen2(1)
+    model = tiny_qwen2(1, ACTOR)
     with torch.no_grad():
         old = compute_log_probs_batch(model, batch, cfg, TEMPERATURE)
     garbage = [torch.where(m, lp, torch.full_like(lp, 5.0)) for lp, m in zip(old, batch.action_mask)]
@@ -89,7 +90,7 @@ def test_tool_tokens_carry_no_gradient_whatever_their_log_probs() -> None:
 
 
 def test_the_entropy_metric_record_holds_only_the_models_tokens() -> None:
-    model = tiny_qwen2(2)
+    model = tiny_qwen2(2, ACTOR)
     batch = with_tool_tokens(random_batch(2, 2, seed=5, max_response=9), seed=6)
     record = FirstPassRecord()
     cfg = actor_config()

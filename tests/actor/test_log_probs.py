@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from actor_helpers import VOCAB, actor_config, random_batch, tiny_llama, tiny_qwen2
+from actor_helpers import VOCAB, actor_config, random_batch, tiny_llama
 from dapo.actor.batch import TrainBatch
 from dapo.actor.log_probs import (
     compute_log_probs_and_entropy_batch,
@@ -20,6 +20,7 @@ from dapo.actor.log_probs import (
     resolve_layout,
     share_prompt_sequences,
 )
+from tests.harness.models import ACTOR, tiny_qwen2
 
 
 def reference(model: nn.Module, batch: TrainBatch, temperature: float) -> tuple[list[Tensor], list[Tensor]]:
@@ -58,9 +59,9 @@ def test_pad_sequences_by_hand() -> None:
 
 
 def test_auto_layout_packs_under_flash_attention_and_shares_prompts_elsewhere() -> None:
-    assert resolve_layout("auto", tiny_qwen2(attn="sdpa")) == "shared_prompt"
-    assert resolve_layout("auto", tiny_qwen2(attn="eager")) == "shared_prompt"
-    model = tiny_qwen2()
+    assert resolve_layout("auto", tiny_qwen2(shape=ACTOR, attn_implementation="sdpa")) == "shared_prompt"
+    assert resolve_layout("auto", tiny_qwen2(shape=ACTOR, attn_implementation="eager")) == "shared_prompt"
+    model = tiny_qwen2(shape=ACTOR)
     model.config._attn_implementation = "flash_attention_2"  # what from_pretrained sets when flash-attn is chosen
     assert resolve_layout("auto", model) == "packed"
     assert resolve_layout("padded", model) == "padded"
@@ -69,7 +70,7 @@ def test_auto_layout_packs_under_flash_attention_and_shares_prompts_elsewhere() 
 
 
 def test_shared_prompt_is_refused_with_activation_checkpointing_and_auto_falls_back_to_padded() -> None:
-    model = tiny_qwen2(attn="sdpa")
+    model = tiny_qwen2(shape=ACTOR, attn_implementation="sdpa")
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     assert resolve_layout("auto", model) == "padded"
     with pytest.raises(ValueError, match="shared_prompt cannot run here: activation checkpointing is on"):
@@ -125,7 +126,7 @@ def test_chunked_recomputed_gradient_matches_per_sample_gradient(chunk_size: int
     weights = [torch.randn(n, generator=torch.Generator().manual_seed(i)) for i, n in enumerate(batch.response_lengths)]
 
     def grads(use_packed: bool) -> dict[str, Tensor]:
-        model = tiny_qwen2(seed=1)
+        model = tiny_qwen2(1, ACTOR)
         model.train()
         if use_packed:
             log_probs, entropy = compute_response_log_probs(
@@ -145,7 +146,7 @@ def test_chunked_recomputed_gradient_matches_per_sample_gradient(chunk_size: int
 
 
 def test_batch_log_probs_keep_batch_order_across_micro_batches() -> None:
-    model = tiny_qwen2(seed=2)
+    model = tiny_qwen2(2, ACTOR)
     batch = random_batch(4, 3, seed=11)
     want, _ = reference(model, batch, 1.0)
     configs = [actor_config(layout=layout, ppo_max_token_len_per_gpu=16) for layout in LAYOUTS]
@@ -158,7 +159,7 @@ def test_batch_log_probs_keep_batch_order_across_micro_batches() -> None:
 
 
 def test_batch_log_probs_and_entropy_match_the_reference_in_batch_order() -> None:
-    model = tiny_qwen2(seed=3)
+    model = tiny_qwen2(3, ACTOR)
     batch = random_batch(3, 3, seed=5)
     want_lp, want_ent = reference(model, batch, 0.7)
     got_lp, got_ent = compute_log_probs_and_entropy_batch(model, batch, actor_config(ppo_max_token_len_per_gpu=20), 0.7)
@@ -178,11 +179,11 @@ def test_batch_log_probs_warn_once_about_samples_over_the_token_budget(layout: s
     assert over > 0
     cfg = actor_config(ppo_max_token_len_per_gpu=budget, layout=layout)
     with pytest.warns(UserWarning, match=f"{over} sample"):
-        compute_log_probs_batch(tiny_qwen2(), batch, cfg, temperature=1.0)
+        compute_log_probs_batch(tiny_qwen2(shape=ACTOR), batch, cfg, temperature=1.0)
 
 
 def test_bf16_autocast_is_close_to_fp32() -> None:
-    model = tiny_qwen2(seed=4)
+    model = tiny_qwen2(4, ACTOR)
     batch = random_batch(2, 2, seed=4)
     fp32 = compute_log_probs_batch(model, batch, actor_config(dtype="fp32"), temperature=1.0)
     bf16 = compute_log_probs_batch(model, batch, actor_config(dtype="bf16"), temperature=1.0)
@@ -193,7 +194,7 @@ def test_bf16_autocast_is_close_to_fp32() -> None:
 
 
 def test_bad_arguments_and_unsupported_models_are_refused() -> None:
-    model = tiny_qwen2()
+    model = tiny_qwen2(shape=ACTOR)
     batch = random_batch(1, 2)
     with pytest.raises(ValueError, match="temperature must be > 0"):
         compute_response_log_probs(model, batch, temperature=0.0, chunk_size=4, with_entropy=False)

@@ -6,17 +6,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from actor_helpers import actor_config, plan_of, tiny_qwen2
+from actor_helpers import actor_config, plan_of
 from dapo.actor.log_probs import LAYOUTS
 from dapo.actor.update import accumulate_mini_batch_gradients, configure_model_for_training
 from dapo.config import ModelConfig
 from dapo.model.lora import adapter_named_parameters, apply_lora
+from tests.harness.models import ACTOR, tiny_qwen2
 from test_update import TEMPERATURE, assert_same_gradients, off_policy_batch
 
 
 def _lora_model() -> torch.nn.Module:
     torch.manual_seed(0)
-    model = apply_lora(tiny_qwen2(seed=8), ModelConfig(lora_rank=4, lora_alpha=8))
+    model = apply_lora(tiny_qwen2(8, ACTOR), ModelConfig(lora_rank=4, lora_alpha=8))
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():  # B away from zero, so that A gets a gradient too
         for name, p in adapter_named_parameters(model):

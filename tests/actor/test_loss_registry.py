@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from actor_helpers import actor_config, random_batch, tiny_qwen2
+from actor_helpers import actor_config, random_batch
 from dapo.actor.optim import build_lr_scheduler, build_optimizer
 from dapo.actor.update import update_policy
 from dapo.config import ConfigError
@@ -19,6 +19,7 @@ from dapo.config.loading import build_config
 from dapo.config.objective import describe_objective, paper_defaults_notice
 from dapo.core.policy_loss import (POLICY_LOSSES, PolicyLossOutput, PolicyLossParams, masked_loss,
                                    register_policy_loss, token_diagnostics)
+from tests.harness.models import ACTOR, tiny_qwen2
 
 TOY = "toy_scaled"
 
@@ -67,7 +68,7 @@ def test_a_loss_registered_in_a_test_is_validated_explained_and_trained(toy_loss
     expected = float(-0.5 * (batch.advantages * n).sum() / n.sum())
     actor = actor_config(policy_loss={"loss_mode": TOY})
     assert actor.clip_ratio_high == 0.5
-    model = tiny_qwen2(seed=5)
+    model = tiny_qwen2(5, ACTOR)
     optimizer = build_optimizer(model, actor.optim)
     metrics = update_policy(model, optimizer, build_lr_scheduler(optimizer, actor.optim), batch, actor,
                             temperature=1.0, on_policy=True)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from actor_helpers import tiny_qwen2
 from dapo.actor.optim import LinearWarmupThenConstant, build_lr_scheduler, build_optimizer
 from dapo.config import OptimConfig
+from tests.harness.models import ACTOR, tiny_qwen2
 
 
 def test_weight_decay_only_on_matrices() -> None:
-    model = tiny_qwen2()
+    model = tiny_qwen2(shape=ACTOR)
     optimizer = build_optimizer(model, OptimConfig(lr=3e-4, weight_decay=0.05, betas=(0.8, 0.95), eps=1e-6))
     decay, no_decay = optimizer.param_groups
     names = {id(p): n for n, p in model.named_parameters()}
@@ -27,7 +27,7 @@ def test_weight_decay_only_on_matrices() -> None:
 
 
 def test_frozen_parameters_are_left_out() -> None:
-    model = tiny_qwen2()
+    model = tiny_qwen2(shape=ACTOR)
     model.model.embed_tokens.weight.requires_grad_(False)
     optimizer = build_optimizer(model, OptimConfig(lr=1e-3))
     in_optimizer = {id(p) for g in optimizer.param_groups for p in g["params"]}

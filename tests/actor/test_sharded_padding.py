@@ -12,7 +12,8 @@ from dapo.actor.micro_batching import padding_micro_batches
 from dapo.actor.mini_batch_plan import cut_micro_batches, rank_shares, sharded_share
 from dapo.actor.update import accumulate_mini_batch_gradients
 from dapo.distributed.world import World
-from tests.actor.actor_helpers import actor_config, plan_of, random_batch, tiny_qwen2
+from tests.actor.actor_helpers import actor_config, plan_of, random_batch
+from tests.harness.models import ACTOR, tiny_qwen2
 
 
 def test_padding_brings_every_rank_to_the_largest_count() -> None:
@@ -44,7 +45,7 @@ def test_zero_weight_passes_leave_the_gradient_exactly_unchanged() -> None:
     cfg = actor_config()
     grads = []
     for padding in (None, (batch.select([1]), 2)):
-        model = tiny_qwen2(seed=1)
+        model = tiny_qwen2(1, ACTOR)
         plan = plan_of(model, batch, cfg, norm_length=8, padding=padding)
         result = accumulate_mini_batch_gradients(model, plan, cfg, temperature=1.0)
         grads.append([p.grad.clone() for p in model.parameters()])

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from actor_helpers import actor_config, plan_of, random_batch, tiny_qwen2
+from actor_helpers import actor_config, plan_of, random_batch
 from dapo.actor.batch import TrainBatch, pad_per_token
 from dapo.actor.log_probs import LAYOUTS, compute_log_probs_batch
 from dapo.actor.log_probs import uses_activation_checkpointing
@@ -25,6 +25,7 @@ from dapo.config import ActorConfig, OptimConfig
 from dapo.core.kl import kl_penalty
 from dapo.core.loss_aggregation import LOSS_AGG_MODES, aggregate_loss
 from dapo.core.policy_loss import compute_policy_loss
+from tests.harness.models import ACTOR, tiny_qwen2
 
 TEMPERATURE = 0.9
 
@@ -100,7 +101,7 @@ def assert_same_gradients(got: dict[str, Tensor], want: dict[str, Tensor]) -> No
 
 @pytest.mark.parametrize("loss_agg_mode", LOSS_AGG_MODES)
 def test_accumulated_micro_batch_gradient_equals_uncut_mini_batch_gradient(loss_agg_mode: str) -> None:
-    model = tiny_qwen2(seed=8)
+    model = tiny_qwen2(8, ACTOR)
     model.train()
     batch = off_policy_batch(model, seed=21)
     norm_length = max(batch.response_lengths) + 3
@@ -127,7 +128,7 @@ def test_accumulated_micro_batch_gradient_equals_uncut_mini_batch_gradient(loss_
 
 def test_importance_weights_scale_each_token_loss_under_any_micro_batch_cut() -> None:
     """Rollout correction: the per-token PPO loss times w_t (detached), exact under every cut; w = 1 changes nothing."""
-    model = tiny_qwen2(seed=8)
+    model = tiny_qwen2(8, ACTOR)
     model.train()
     batch = off_policy_batch(model, seed=22)
     cfg = actor_config(loss_agg_mode="token-mean")
@@ -152,7 +153,7 @@ def test_importance_weights_scale_each_token_loss_under_any_micro_batch_cut() ->
 
 def test_clipping_is_exercised_by_the_gradient_test() -> None:
     """Guards the key test above: its off-policy batch really has clipped tokens, so it tests the clipped loss."""
-    model = tiny_qwen2(seed=8)
+    model = tiny_qwen2(8, ACTOR)
     batch = off_policy_batch(model, seed=21)
     cfg = actor_config()
     result = accumulate_mini_batch_gradients(model, plan_of(model, batch, cfg, norm_length=8), cfg,
@@ -162,7 +163,7 @@ def test_clipping_is_exercised_by_the_gradient_test() -> None:
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_gradient_checkpointing_gives_the_same_gradient(layout: str) -> None:
-    model = tiny_qwen2(seed=8)
+    model = tiny_qwen2(8, ACTOR)
     model.train()
     batch = off_policy_batch(model, seed=3)
     cfg = actor_config(ppo_max_token_len_per_gpu=20, layout=layout)
@@ -184,7 +185,7 @@ def test_gradient_checkpointing_gives_the_same_gradient(layout: str) -> None:
 def test_checkpointed_shared_prompt_passes_train_the_other_weights_when_embeddings_are_frozen() -> None:
     # The shared-prompt passes use the reentrant checkpoint, which only runs a backward for a pass with an input that
     # requires grad; the pass's embedded tokens are that input, and frozen embeddings must not silence the rest.
-    model = tiny_qwen2(seed=8)
+    model = tiny_qwen2(8, ACTOR)
     model.train()
     model.get_input_embeddings().weight.requires_grad_(False)  # tied: the LM head is frozen with it
     batch = off_policy_batch(model, seed=3)
@@ -209,7 +210,7 @@ def _optimizer_and_scheduler(
 
 def test_one_optimizer_step_per_mini_batch_of_groups_per_epoch() -> None:
     # Miniature of 512 prompts x 16 responses with mini-batches of 32 prompts (16 steps): 8 prompts x 2, mini-batch 2.
-    model = tiny_qwen2(seed=0)
+    model = tiny_qwen2(0, ACTOR)
     optimizer, scheduler = _optimizer_and_scheduler(model, warmup=100)
     batch = random_batch(8, 2, seed=2, max_prompt=3, max_response=3)
     cfg = actor_config(ppo_mini_batch_size=2, ppo_epochs=2, shuffle=True)
@@ -229,7 +230,7 @@ def test_one_optimizer_step_per_mini_batch_of_groups_per_epoch() -> None:
 
 def test_first_step_is_on_policy() -> None:
     """With old log-probs recomputed by the actor, the first mini-batch sees ratio 1 and nothing clipped."""
-    model = tiny_qwen2(seed=0)
+    model = tiny_qwen2(0, ACTOR)
     optimizer, scheduler = _optimizer_and_scheduler(model)
     batch = random_batch(2, 2, seed=6)
     metrics = update_policy(model, optimizer, scheduler, batch, actor_config(ppo_mini_batch_size=2), temperature=1.0)
@@ -241,7 +242,7 @@ def test_first_step_is_on_policy() -> None:
 
 @pytest.mark.parametrize("loss_agg_mode", ["token-mean", "seq-mean-token-mean"])
 def test_update_raises_the_log_prob_of_a_positive_advantage_response(loss_agg_mode: str) -> None:
-    model = tiny_qwen2(seed=4)
+    model = tiny_qwen2(4, ACTOR)
     optimizer, scheduler = _optimizer_and_scheduler(model, lr=1e-2)
     base = random_batch(1, 2, seed=9)
     batch = TrainBatch(
@@ -258,7 +259,7 @@ def test_update_raises_the_log_prob_of_a_positive_advantage_response(loss_agg_mo
 
 def test_masked_samples_do_not_move_the_model() -> None:
     """Overlong-filtered samples contribute no gradient: a batch where every sample is masked takes no step."""
-    model = tiny_qwen2(seed=4)
+    model = tiny_qwen2(4, ACTOR)
     optimizer, scheduler = _optimizer_and_scheduler(model, lr=1e-2)
     batch = random_batch(2, 2, seed=1, masked=(0, 1, 2, 3))
     snapshot = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -270,7 +271,7 @@ def test_masked_samples_do_not_move_the_model() -> None:
 
 
 def test_non_finite_loss_raises_and_drops_gradients() -> None:
-    model = tiny_qwen2(seed=0)
+    model = tiny_qwen2(0, ACTOR)
     optimizer, scheduler = _optimizer_and_scheduler(model)
     with torch.no_grad():
         model.lm_head.weight[3, 0] = float("nan")
@@ -281,7 +282,7 @@ def test_non_finite_loss_raises_and_drops_gradients() -> None:
 
 
 def test_non_finite_gradient_skips_the_step_with_a_warning() -> None:
-    model = tiny_qwen2(seed=0)
+    model = tiny_qwen2(0, ACTOR)
     optimizer, scheduler = _optimizer_and_scheduler(model)
     model.model.norm.weight.register_hook(lambda grad: torch.full_like(grad, float("inf")))
     snapshot = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -295,14 +296,14 @@ def test_non_finite_gradient_skips_the_step_with_a_warning() -> None:
 
 
 def test_kl_loss_needs_reference_log_probs() -> None:
-    model = tiny_qwen2(seed=0)
+    model = tiny_qwen2(0, ACTOR)
     optimizer, scheduler = _optimizer_and_scheduler(model)
     with pytest.raises(ValueError, match="use_kl_loss is set but the batch has no ref_log_probs"):
         update_policy(model, optimizer, scheduler, random_batch(1, 2), actor_config(use_kl_loss=True), temperature=1.0)
 
 
 def test_bf16_update_keeps_fp32_master_weights_and_learns() -> None:
-    model = tiny_qwen2(seed=4)
+    model = tiny_qwen2(4, ACTOR)
     optimizer, scheduler = _optimizer_and_scheduler(model, lr=1e-2)
     batch = random_batch(1, 2, seed=9)
     # padded: the layout under which Hugging Face's own activation checkpointing runs
@@ -322,7 +323,7 @@ def _with_zero_advantage_groups(batch: TrainBatch, groups: tuple[int, ...]) -> T
 
 
 def _trained_weights(batch: TrainBatch, cfg: ActorConfig, *, ref: bool) -> tuple[dict[str, Tensor], dict[str, float]]:
-    model = tiny_qwen2(seed=12)
+    model = tiny_qwen2(12, ACTOR)
     optimizer = build_optimizer(model, OptimConfig(lr=1e-2, weight_decay=0.1))
     scheduler = build_lr_scheduler(optimizer, OptimConfig(lr=1e-2, weight_decay=0.1))
     if ref:  # a KL term of weight 0: the same loss, but the actor may not leave zero-advantage samples out
@@ -349,7 +350,7 @@ def test_zero_advantage_samples_cost_no_compute_and_leave_the_update_identical(l
     for name, value in kept.items():
         assert torch.equal(skipped[name], value), name
     # Under a token budget the micro-batches differ, so only the rounding of the gradient's sums does.
-    model = tiny_qwen2(seed=12)
+    model = tiny_qwen2(12, ACTOR)
     cfg = actor_config(layout=layout)
     batch = batch.with_old_log_probs(compute_log_probs_batch(model, batch, cfg, 1.0))
     gradients = []
@@ -375,7 +376,7 @@ def test_on_policy_update_without_the_old_log_prob_pass_equals_the_recomputed_on
     cfg = actor_config(ppo_mini_batch_size=2, layout=layout)
     results = []
     for on_policy in (False, True):
-        model = tiny_qwen2(seed=13)
+        model = tiny_qwen2(13, ACTOR)
         # Plain SGD, so the weights differ by lr x the gradients' difference. AdamW's first step is ~lr * sign(g):
         # where a group's advantages (which sum to 0) make a weight's gradient cancel to rounding level, the
         # recomputed pass's 1e-7 ratio noise flipped that step (6e-7 apart on an AVX-512 CPU, packed layout).
@@ -392,7 +393,7 @@ def test_on_policy_update_without_the_old_log_prob_pass_equals_the_recomputed_on
     assert m0["actor/pg_loss"] == pytest.approx(m1["actor/pg_loss"], abs=1e-6)
     assert len(record.log_probs) == len(record.entropies) == 5  # 6 samples, one masked
     with pytest.raises(ValueError, match="single optimizer step"):
-        model = tiny_qwen2(seed=13)
+        model = tiny_qwen2(13, ACTOR)
         optimizer, scheduler = _optimizer_and_scheduler(model)
         update_policy(model, optimizer, scheduler, batch, actor_config(ppo_mini_batch_size=1), temperature=1.0,
                       on_policy=True)

@@ -7,13 +7,14 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from actor_helpers import actor_config, plan_of, random_batch, tiny_qwen2
+from actor_helpers import actor_config, plan_of, random_batch
 from dapo.actor.batch import TrainBatch, pad_per_token
 from dapo.actor.log_probs import compute_log_probs_batch
 from dapo.actor.mini_batch_plan import plan_mini_batch, trained_samples
 from dapo.actor.update import accumulate_mini_batch_gradients, policy_loss_params
 from dapo.config import ActorConfig
 from dapo.core import POLICY_LOSSES, aggregate_loss, get_policy_loss
+from tests.harness.models import ACTOR, tiny_qwen2
 
 TEMPERATURE = 1.0
 # Clip-Cov and KL-Cov centre their covariance over the tokens of one call, as verl does, so they are per micro-batch
@@ -49,7 +50,7 @@ def uncut_gradient(model: nn.Module, batch: TrainBatch, cfg: ActorConfig) -> dic
 @pytest.mark.parametrize(("loss_mode", "loss_agg_mode"), [(m, "token-mean") for m in EXACT_UNDER_CUTS]
                          + [("gspo", "seq-mean-token-mean"), ("geo_mean", "seq-mean-token-mean")])
 def test_every_objective_accumulates_the_uncut_gradient(loss_mode: str, loss_agg_mode: str) -> None:
-    model = tiny_qwen2(seed=4)
+    model = tiny_qwen2(4, ACTOR)
     model.train()
     batch = off_policy_batch(model)
     overrides = dict(loss_agg_mode=loss_agg_mode, policy_loss={"loss_mode": loss_mode},
@@ -93,7 +94,7 @@ def test_token_metrics_average_over_the_trained_tokens_only() -> None:
     when the sums were divided by every token of the mini-batch)."""
     from dapo.actor.optim import build_lr_scheduler, build_optimizer
 
-    model = tiny_qwen2(seed=3)
+    model = tiny_qwen2(3, ACTOR)
     batch = random_batch(2, 4, seed=9)
     batch = TrainBatch(prompt_ids=batch.prompt_ids, response_ids=batch.response_ids,
                        advantages=torch.tensor([1.0, 0.0, 0.0, 0.0, -1.0, 0.0, 0.0, 0.0]),

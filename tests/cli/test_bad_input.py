@@ -14,8 +14,7 @@ import shutil
 
 from dapo.infra.checkpoint import find_latest_checkpoint
 from dapo.model.loading import EMBEDDED_MODEL_DIR
-from tests.cli.cli_helpers import run_dapo_in_process
-from tests.cli.warm_dapo import run_dapo_warm
+from tests.harness.runners import run_dapo_in_process, run_dapo_warm
 
 
 def _clean_failure(proc, *needles: str) -> None:

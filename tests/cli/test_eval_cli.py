@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from dapo.cli.main import cli
+from tests.harness.ports import free_port
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 FAST = ["--max-problems", "4", "--n", "2", "--max-tokens", "24", "--quiet"]
@@ -46,9 +46,7 @@ def test_eval_resumes_from_its_output_file(tmp_path):
 
 
 def test_eval_unreachable_base_url_names_it(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     r = _run(["--test-file", "synth", "--base-url", f"http://127.0.0.1:{port}", "--max-retries", "0",
               "--output", str(tmp_path / "o.jsonl"), *FAST])
     assert r.exit_code != 0 and f"cannot reach the server at http://127.0.0.1:{port}/v1" in r.output

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from dapo.cli.main import cli
-from tests.cli.cli_helpers import run_dapo
+from tests.harness.runners import run_dapo
 
 REPO = Path(__file__).resolve().parents[2]
 FULL = str(REPO / "configs" / "dapo_qwen2.5_32b.yaml")

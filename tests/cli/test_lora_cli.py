@@ -1,7 +1,7 @@
 """LoRA through the real CLI (verl's spelling): a run SIGKILLed after its step-2 checkpoint and resumed ends with
 exactly the adapters of an uninterrupted run, and the checkpoint's adapter folder loads with plain PEFT and decodes
 greedily what dapo's own LoRA policy decodes. All three runs are real processes forked from a warm server
-(tests/cli/warm_dapo.py: the same command, without ~8 s of imports each)."""
+(tests/harness/runners.py: the same command, without ~8 s of imports each)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from dapo.model.loading import EMBEDDED_MODEL_DIR, load_policy
 from dapo.model.lora import load_adapter_state, with_lora
 from dapo.rollout.base import SamplingParams
 from dapo.rollout.factory import EngineSpec, build_rollout_engine
-from tests.cli.warm_dapo import kill_after_checkpoint, run_dapo_warm
+from tests.harness.runners import kill_after_checkpoint, run_dapo_warm
 
 LORA = ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16", "actor.optim.lr=1e-3"]
 STEPS = ["trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.test_freq=0",

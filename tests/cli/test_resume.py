@@ -1,6 +1,6 @@
 """Checkpoint -> kill -> resume ends with exactly the parameters of an uninterrupted run (CPU, fixed threads).
 
-All three runs are real processes forked from a warm server (tests/cli/warm_dapo.py: the same command as `python -m
+All three runs are real processes forked from a warm server (tests/harness/runners.py: the same command as `python -m
 dapo.cli.main`, SIGKILLed for real, without ~8 s of imports each); tests/faults/test_soak.py compares warm resumed runs
 with a fresh interpreter's."""
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from safetensors.torch import load_file
 
-from tests.cli.warm_dapo import kill_after_checkpoint, run_dapo_warm
+from tests.harness.runners import kill_after_checkpoint, run_dapo_warm
 
 STEPS = ["trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.test_freq=0",
          "trainer.val_before_train=false"]

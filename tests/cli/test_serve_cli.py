@@ -5,6 +5,7 @@ from __future__ import annotations
 from click.testing import CliRunner
 
 from dapo.cli.main import cli
+from tests.harness.ports import held_port
 
 
 def test_serve_help_lists_the_published_options():
@@ -23,12 +24,7 @@ def test_serve_rejects_a_bad_backend():
 
 
 def test_a_port_in_use_is_one_message_before_ray_starts():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
-        port = s.getsockname()[1]
+    with held_port() as port:
         r = CliRunner().invoke(cli, ["serve", "--port", str(port)])
     assert r.exit_code == 1 and f"cannot listen on 127.0.0.1:{port}" in r.output and "--port" in r.output
     assert "Traceback" not in r.output
@@ -58,16 +54,11 @@ def test_ray_failures_are_explained_with_the_fix():
 def test_a_checkpoint_whose_weights_changed_is_one_message_before_ray_starts(tmp_path):
     # Before: the damaged weights passed the check and the server would have started serving them (here the port
     # held below stops it at the next check, "cannot listen", instead).
-    import socket
-
     from tests.cli.cli_helpers import flip_middle_byte, save_embedded_checkpoint
 
     ckpt = save_embedded_checkpoint(tmp_path / "checkpoints")
     flip_middle_byte(ckpt / "hf" / "model.safetensors")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
-        port = s.getsockname()[1]
+    with held_port() as port:
         r = CliRunner().invoke(cli, ["serve", str(ckpt / "hf"), "--port", str(port)])
     assert r.exit_code == 1 and "cannot serve the model" in r.output, r.output
     assert "hf/model.safetensors does not match its checksum" in r.output and "another checkpoint" in r.output

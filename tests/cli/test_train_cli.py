@@ -6,7 +6,7 @@ import json
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.cli.cli_helpers import run_dapo
+from tests.harness.runners import run_dapo
 from tests.training.test_perf_metrics import check_perf_metrics
 
 REQUIRED_STEP_KEYS = {

@@ -21,7 +21,7 @@ from dapo.tools.sandbox import PythonSandbox, ToolResult
 from dapo.tools import python_tool
 from dapo.training.loop import train
 from tests.cli.cli_helpers import FAST
-from tests.cli.warm_dapo import run_dapo_warm
+from tests.harness.runners import run_dapo_warm
 
 PRESET = str(Path(__file__).resolve().parents[2] / "configs" / "tools" / "tiny_calculator.yaml")
 SMALL = [*FAST, "data.max_response_length=64", "algorithm.filter_groups.max_num_gen_batches=1",
@@ -47,7 +47,7 @@ def _check_tool_run(run_dir: Path) -> None:
 @pytest.mark.skipif(not engine_available("vllm")[0], reason=engine_available("vllm")[1])
 def test_multi_turn_training_runs_and_the_mask_lines_up_log_probs_vllm_cli(tmp_path: Path) -> None:
     """`dapo train --config <tools preset>` as a user runs it: a real process (forked from the warm server,
-    tests/cli/warm_dapo.py), the vLLM engine."""
+    tests/harness/runners.py), the vLLM engine."""
     proc = run_dapo_warm(["train", "--config", PRESET, *SMALL, "rollout.name=vllm", "trainer.experiment_name=t"],
                          tmp_path, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -13,8 +13,8 @@ import pytest
 from safetensors.torch import load_file
 
 from dapo.rollout.factory import engine_available
-from tests.cli.cli_helpers import FAST, run_dapo_in_process
-from tests.cli.warm_dapo import run_dapo_warm
+from tests.cli.cli_helpers import FAST
+from tests.harness.runners import run_dapo_in_process, run_dapo_warm
 
 ok, reason = engine_available("vllm")
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not ok, reason=reason)]
@@ -29,7 +29,7 @@ def records_of(run_dir) -> list[dict]:
 @pytest.fixture(scope="module")
 def whole_run(tmp_path_factory):
     """One uninterrupted 3-step run, shared by the tests that read it (each vLLM start costs ~10-20 s here). It and the
-    resumed run are real processes forked from the warm server (tests/cli/warm_dapo.py: torch and transformers
+    resumed run are real processes forked from the warm server (tests/harness/runners.py: torch and transformers
     imported once; each imports vLLM itself); the fresh `python -m dapo.cli.main` start is test_train_cli.py's."""
     root = tmp_path_factory.mktemp("vllm-runs")
     proc = run_dapo_warm(["train", *VLLM, "trainer.experiment_name=whole"], root, timeout=600)

@@ -261,7 +261,7 @@ def test_several_config_files_merge_in_order_later_wins(tmp_path) -> None:
 
 
 def test_train_cli_merges_repeated_config_options(tmp_path) -> None:
-    from tests.cli.cli_helpers import run_dapo_in_process
+    from tests.harness.runners import run_dapo_in_process
 
     first = tmp_path / "first.yaml"
     first.write_text("trainer:\n  seed: 7\n  experiment_name: from-first\n")

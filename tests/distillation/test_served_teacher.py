@@ -56,7 +56,7 @@ def test_a_training_step_with_the_served_student_as_teacher_has_no_signal(served
 
 
 def test_an_unreachable_server_is_refused_naming_the_teacher() -> None:
-    from tests.serve.serve_helpers import free_port
+    from tests.harness.ports import free_port
 
     with pytest.raises(TeacherError, match="distillation teacher 'far' at http://127.0.0.1:.*cannot reach it"):
         ServedTeacher("far", f"http://127.0.0.1:{free_port()}", served_model_name="x", timeout_s=5,

@@ -27,7 +27,8 @@ from dapo.distributed.fsdp import (full_model_state, full_optimizer_state, load_
                                    load_full_optimizer_state, shard_actor, stream_full_parameters)
 from dapo.distributed.world import World  # noqa: E402
 from dapo.model.lora import adapter_named_parameters, apply_lora, merged_named_parameters  # noqa: E402
-from tests.actor.actor_helpers import actor_config, random_batch, tiny_llama, tiny_qwen2  # noqa: E402
+from tests.actor.actor_helpers import actor_config, random_batch, tiny_llama  # noqa: E402
+from tests.harness.models import ACTOR, tiny_qwen2  # noqa: E402
 
 
 def full_states_load_back(model, optimizer, world: World) -> bool:
@@ -61,7 +62,7 @@ def tied_weights_load_back(world: World) -> bool:
 def update(world: World, strategy: str = "replicated", layout: str = "auto", checkpointing: bool = False,
            zero_group: int | None = None, lora: bool = False) -> dict:
     """One PPO update on ``world`` (a single-process World() or torchrun's ranks); what rank 0 saves."""
-    model = tiny_qwen2(seed=3)
+    model = tiny_qwen2(3, ACTOR)
     if lora:  # rank-4 LoRA adapters (PEFT), replicated; B away from its zero start
         torch.manual_seed(4)
         model = apply_lora(model, ModelConfig(lora_rank=4, lora_alpha=8))

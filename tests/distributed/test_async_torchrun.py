@@ -1,7 +1,7 @@
 """Disaggregated asynchronous training under real torchrun processes: rank 0 trains, rank 1 owns the engine and only
 generates (``rollout.n_gpus_per_node=1``); the weights travel over the weight group, and the staleness bound holds on
 every sample the trainer rank trains on. It keeps the real ``torchrun`` command (not the warm agent of
-tests/distributed/warm_torchrun.py): the rank split is what a user launches with torchrun, interpreter per rank and all."""
+tests/harness/runners.py): the rank split is what a user launches with torchrun, interpreter per rank and all."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from dapo.config import build_config
 from dapo.distributed.world import World
 from dapo.training.errors import TrainingError
 from dapo.training.rank_split import is_rollout_rank, rollout_ranks
-from tests.distributed.test_train_torchrun import SMALL, metric_steps, torchrun
+from tests.distributed.test_train_torchrun import SMALL, metric_steps
+from tests.harness.runners import torchrun
 
 STEPS = 3
 SPLIT = [*[a for a in SMALL if not a.startswith("trainer.save_freq")], f"trainer.total_training_steps={STEPS}",
@@ -148,8 +149,8 @@ def test_a_killed_rollout_rank_ends_the_job_and_max_restarts_resumes_it(tmp_path
     once."""
     from dapo.infra.checkpoint import is_complete_checkpoint
     from tests.distributed.test_kill_resume_torchrun import kill_9, worker_pids
-    from tests.distributed.test_train_torchrun import TORCHRUN_ENV, torchrun_command
-    from tests.distributed.test_data_parallel import free_port
+    from tests.harness.runners import TORCHRUN_ENV, torchrun_command
+    from tests.harness.ports import free_port
 
     run_dir = tmp_path / "killed"
     args = [a if a != "rollout.n_gpus_per_node=1" else "rollout.n_gpus_per_node=2" for a in SPLIT]

@@ -7,7 +7,6 @@ its single-process reference here, in the test's own process, where torch is alr
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,15 +18,10 @@ from hypothesis import strategies as st
 
 from dapo.distributed.data_parallel import balanced_group_shares
 from dapo.distributed.world import World
-from tests.actor.actor_helpers import tiny_qwen2
+from tests.harness.models import ACTOR, tiny_qwen2
+from tests.harness.ports import free_port
 
 WORKER = Path(__file__).with_name("dp_update_worker.py")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # The cases of the 2-rank update, all run by one torchrun launch: NAME:STRATEGY:LAYOUT:CHECKPOINTING:ZERO_GROUP:LORA.
@@ -89,7 +83,7 @@ def test_two_fsdp2_ranks_update_equals_one_process(two_ranks: Path) -> None:
 
 def assert_same_update(one: dict, two_file: Path) -> dict:
     two = torch.load(two_file)
-    initial = {n: p.detach() for n, p in tiny_qwen2(seed=3).named_parameters()}
+    initial = {n: p.detach() for n, p in tiny_qwen2(3, ACTOR).named_parameters()}
     moved = 0.0
     for name, p in one["params"].items():
         # AdamW's first steps move a weight by about lr * g / (|g| + eps) whatever |g| is, so the fp32 rounding of a

@@ -21,9 +21,8 @@ import pytest
 
 from dapo.infra.checkpoint import find_latest_checkpoint, is_complete_checkpoint
 from scripts.soak_kill import end_state, same
-from tests.cli.warm_dapo import prestart
-from tests.distributed.test_train_torchrun import SMALL, TORCHRUN_ENV, torchrun_command
-from tests.distributed.warm_torchrun import torchrun_warm
+from tests.distributed.test_train_torchrun import SMALL
+from tests.harness.runners import TORCHRUN_ENV, prestart, torchrun_command, torchrun_warm
 
 STEPS = 3
 ARGS = [*SMALL, f"trainer.total_training_steps={STEPS}", "trainer.save_freq=1", "trainer.progress=false"]

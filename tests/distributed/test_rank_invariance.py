@@ -17,10 +17,8 @@ import torch
 from safetensors.torch import load_file
 
 from dapo.infra.timing import is_measured_metric
-from tests.cli.cli_helpers import run_dapo_in_process
-from tests.cli.warm_dapo import prestart
 from tests.distributed.test_train_torchrun import SMALL
-from tests.distributed.warm_torchrun import torchrun_warm
+from tests.harness.runners import prestart, run_dapo_in_process, torchrun_warm
 
 STEPS = 3
 # An odd generation batch (5 prompts) splits 3 / 2 between the ranks, so the shares differ in rows, prompt padding

@@ -38,9 +38,8 @@ import pytest
 import torch
 
 from dapo.infra.timing import is_measured_metric
-from tests.cli.cli_helpers import run_dapo_in_process
 from tests.distributed.test_train_torchrun import SMALL, metric_steps, step_lines
-from tests.distributed.warm_torchrun import torchrun_warm
+from tests.harness.runners import run_dapo_in_process, torchrun_warm
 
 FSDP2 = [*SMALL, "trainer.total_training_steps=3", "actor.strategy=fsdp2"]
 

@@ -1,14 +1,12 @@
 """`dapo train` as real data-parallel processes under torchrun (gloo on CPU): two "nodes" meet through a c10d
-rendezvous and train, and a failure on one rank ends the job instead of hanging it. Also the torchrun helpers of the
-other launches: a run whose rank 0 alone writes its record and whose checkpoints move between world sizes and
-strategies is in test_sharded_checkpoint.py; a rank that dies, named by the survivor, in test_kill_resume_torchrun.py."""
+rendezvous and train, and a failure on one rank ends the job instead of hanging it. Also the arguments and record
+readers of the other launches (their runners are in tests/harness/runners.py): a run whose rank 0 alone writes its
+record and whose checkpoints move between world sizes and strategies is in test_sharded_checkpoint.py; a rank that
+dies, named by the survivor, in test_kill_resume_torchrun.py."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,31 +16,13 @@ import pytest
 from dapo.distributed.data_parallel import gather_in_rank_order, generation_share
 from dapo.distributed.world import World
 from tests.cli.cli_helpers import FAST
-from tests.distributed.test_data_parallel import free_port
-from tests.distributed.warm_torchrun import start_torchrun_warm, torchrun_warm
+from tests.harness.ports import free_port
+from tests.harness.runners import start_torchrun_warm, torchrun_warm
 
 # Short responses (and an L_cache below them) and two validation prompts per rank keep each launch at a few seconds
 # past the imports.
 SMALL = [*FAST, "data.max_response_length=16", "reward_model.overlong_buffer.len=4", "data.synth.num_val=4",
          "trainer.val_before_train=false", "trainer.test_freq=0", "trainer.save_freq=1", "trainer.logger=[jsonl]"]
-
-
-TORCHRUN_ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-
-
-def torchrun_command(args: list[str], run_root: Path, *, nproc: int = 2, rdzv: list[str] | None = None) -> list[str]:
-    """``torchrun ... -m dapo.cli.main train ARGS`` (on loopback unless ``rdzv`` says how to meet), to run with
-    ``TORCHRUN_ENV``."""
-    meet = rdzv or ["--master-addr=127.0.0.1", f"--master-port={free_port()}"]
-    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", *meet,
-            "-m", "dapo.cli.main", "train", *args, f"trainer.default_local_dir={run_root}"]
-
-
-def torchrun(args: list[str], run_root: Path, *, nproc: int = 2, rdzv: list[str] | None = None,
-             timeout: float = 240) -> subprocess.CompletedProcess:
-    """Run :func:`torchrun_command` to its end."""
-    return subprocess.run(torchrun_command(args, run_root, nproc=nproc, rdzv=rdzv), capture_output=True, text=True,
-                          timeout=timeout, env=TORCHRUN_ENV)
 
 
 def metric_steps(run_dir: Path) -> list[int]:

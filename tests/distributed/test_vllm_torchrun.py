@@ -14,7 +14,7 @@ rest of that run (splitting the batch over tp=1 ranks and gathering it, the repl
 Transformers engine's torchrun runs' (test_train_torchrun.py), whose ranks are tp=1 engines too. One ``dapo train``
 torchrun launch with vLLM costs ~60 s here; the worker's launch serves the gather checks as well.
 
-Both stay on torchrun's own processes, not the warm elastic agent of tests/distributed/warm_torchrun.py: its forked
+Both stay on torchrun's own processes, not the warm elastic agent of tests/harness/runners.py: its forked
 ranks end without running atexit handlers, so vLLM never unlinks its tensor-parallel shared memory
 (/dev/shm/*-cpushm_*, the same names for every job) and the next tensor-parallel vLLM job on the machine fails
 (tried 2026-12-03: the warm launch passed in 65 CPU-s, the following real one failed on the leftover segments)."""
@@ -29,8 +29,9 @@ from pathlib import Path
 import pytest
 
 from dapo.rollout.vllm_engine import vllm_available
-from tests.distributed.test_data_parallel import free_port
-from tests.distributed.test_train_torchrun import SMALL, TORCHRUN_ENV, torchrun
+from tests.distributed.test_train_torchrun import SMALL
+from tests.harness.ports import free_port
+from tests.harness.runners import TORCHRUN_ENV, torchrun
 
 pytestmark = pytest.mark.skipif(not vllm_available()[0], reason=f"vLLM is not installed: {vllm_available()[1]}")
 

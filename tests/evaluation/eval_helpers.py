@@ -1,4 +1,4 @@
-"""A fake engine and tokenizer for fast, deterministic evaluation tests (characters are tokens)."""
+"""A scripted engine and data rows for fast, deterministic evaluation tests (characters are tokens)."""
 
 from __future__ import annotations
 
@@ -6,48 +6,21 @@ import json
 import random
 from pathlib import Path
 
-from dapo.rollout.base import RolloutOutput, SamplingParams
+from dapo.rollout.base import SamplingParams
+from tests.harness.engines import ScriptedEngine
+from tests.harness.tokenizers import CharTokenizer
 
 
-class CharTokenizer:
-    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True):
-        return [ord(c) % 5000 for c in messages[-1]["content"]]
+def answering_engine(max_answer: int = 3) -> ScriptedEngine:
+    """Answers "work\nAnswer: k" with k drawn from one RNG per call (seeded by params.seed; 0 when greedy), like a
+    batched sampler; its tokenizer is :class:`tests.harness.tokenizers.CharTokenizer`."""
 
-    def decode(self, ids, skip_special_tokens=True):
-        return "".join(chr(i) for i in ids)
-
-
-class FakeEngine:
-    """Answers "Answer: k" with k drawn from one RNG per call (seeded by params.seed), like a batched sampler."""
-
-    def __init__(self, max_answer: int = 3, long_every: int = 0) -> None:
-        self.calls = 0
-        self.rows = 0
-        self.max_answer = max_answer
-
-    def generate(self, prompt_token_ids, params: SamplingParams) -> RolloutOutput:
-        self.calls += 1
+    def respond(prompts, params: SamplingParams) -> list[list[int]]:
         rng = random.Random(params.seed)
-        index, ids, lps, reasons = [], [], [], []
-        for i, _ in enumerate(prompt_token_ids):
-            for _ in range(params.n):
-                k = 0 if params.temperature == 0 else rng.randint(0, self.max_answer)
-                text = f"work\nAnswer: {k}"[: params.max_tokens]
-                index.append(i)
-                ids.append([ord(c) for c in text])
-                lps.append([-0.1] * len(text))
-                reasons.append("length" if len(text) == params.max_tokens else "stop")
-                self.rows += 1
-        return RolloutOutput(index, ids, lps, reasons)
+        return [CharTokenizer().encode(f"work\nAnswer: {0 if params.temperature == 0 else rng.randint(0, max_answer)}")
+                for _ in prompts for _ in range(params.n)]
 
-    def update_weights(self, named_tensors):
-        pass
-
-    def log_probs_of(self, prompt_token_ids, response_ids):
-        return [0.0] * len(response_ids)
-
-    def close(self):
-        pass
+    return ScriptedEngine(respond)
 
 
 def dapo_row(problem: str, answer: str, source: str = "math_dapo", index: int | None = None) -> dict:

@@ -14,7 +14,8 @@ import pytest
 from dapo.evaluation.backends import EvalError, LocalBackend
 from dapo.evaluation.problems import load_problems
 from dapo.evaluation.runner import EvalSettings, read_samples, run_eval, write_summary
-from tests.evaluation.eval_helpers import CharTokenizer, FakeEngine, dapo_row, write_jsonl
+from tests.evaluation.eval_helpers import answering_engine, dapo_row, write_jsonl
+from tests.harness.tokenizers import CharTokenizer
 
 
 @pytest.fixture()
@@ -25,12 +26,12 @@ def finished(tmp_path):
     settings = EvalSettings(model="fake", test_files=("t.jsonl",), n=4, temperature=1.0, top_p=1.0, max_tokens=64,
                             seed=3, batch_size=2)
     out = tmp_path / "o.jsonl"
-    run_eval(problems, LocalBackend(FakeEngine(), CharTokenizer()), settings, out)
+    run_eval(problems, LocalBackend(answering_engine(), CharTokenizer()), settings, out)
     return problems, settings, out
 
 
 def _rerun(problems, settings, out):
-    return run_eval(problems, LocalBackend(FakeEngine(), CharTokenizer()), settings, out)
+    return run_eval(problems, LocalBackend(answering_engine(), CharTokenizer()), settings, out)
 
 
 def _edit_line(out, index, **fields):

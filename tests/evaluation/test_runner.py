@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 
 import httpx
 import pytest
@@ -11,7 +10,10 @@ import pytest
 from dapo.evaluation.backends import EvalError, LocalBackend, OpenAIBackend
 from dapo.evaluation.problems import load_problems
 from dapo.evaluation.runner import EvalSettings, read_samples, run_eval, summary_path
-from tests.evaluation.eval_helpers import CharTokenizer, FakeEngine, dapo_row, write_jsonl
+from tests.evaluation.eval_helpers import answering_engine, dapo_row, write_jsonl
+from tests.harness.engines import ScriptedEngine
+from tests.harness.ports import free_port
+from tests.harness.tokenizers import CharTokenizer
 
 
 def _problems(tmp_path, repeats=1, count=5):
@@ -27,7 +29,7 @@ def _settings(**kw):
 
 
 def _local(engine=None):
-    return LocalBackend(engine or FakeEngine(), CharTokenizer())
+    return LocalBackend(engine or answering_engine(), CharTokenizer())
 
 
 def _metrics(path):
@@ -55,15 +57,15 @@ def test_resume_equals_uninterrupted_and_skips_finished_work(tmp_path):
     run_eval(problems, _local(), _settings(), part)
     lines = part.read_bytes().split(b"\n")
     part.write_bytes(b"\n".join(lines[:9]) + b"\n" + lines[9][:7])  # killed mid-line in the 3rd chunk
-    engine = FakeEngine()
+    engine = answering_engine()
     run_eval(problems, _local(engine), _settings(), part)
-    assert engine.calls == 2  # chunks 2 (torn) and 3; chunk 1 was complete
+    assert len(engine.calls) == 2  # chunks 2 (torn) and 3; chunk 1 was complete
     assert _metrics(part) == _metrics(full)
     key = lambda r: (r["problem_key"], r["sample_index"])  # noqa: E731
     assert sorted(read_samples(part), key=key) == sorted(read_samples(full), key=key)
-    engine = FakeEngine()
+    engine = answering_engine()
     run_eval(problems, _local(engine), _settings(), part)  # nothing left to do
-    assert engine.calls == 0
+    assert len(engine.calls) == 0
 
 
 def test_resume_with_other_settings_is_refused(tmp_path):
@@ -121,9 +123,7 @@ def test_openai_backend_stops_on_a_4xx_with_the_servers_message(tmp_path):
 
 
 def test_unreachable_server_names_the_url(tmp_path):
-    with socket.socket() as s:  # a loopback port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # a loopback port nobody listens on
     backend = OpenAIBackend(f"http://127.0.0.1:{port}/v1", "m", max_retries=1, backoff_s=0.001)
     with pytest.raises(EvalError, match=f"cannot reach the server at http://127.0.0.1:{port}/v1"):
         run_eval(_problems(tmp_path, count=1), backend, _settings(n=1, backend="openai"), tmp_path / "o.jsonl")
@@ -134,9 +134,9 @@ def test_eval_scores_the_models_tokens_not_what_the_tool_printed(tmp_path):
     # none is wrong; the recorded response is still the whole trajectory.
     from dapo.rollout.multi_turn import MultiTurnOutput
 
-    class ToolPrintsTheAnswer(FakeEngine):
+    class ToolPrintsTheAnswer(ScriptedEngine):
         def generate(self, prompt_token_ids, params):
-            model, tool = [ord(c) for c in "let me run it\n"], [ord(c) for c in "```output\nAnswer: 0\n```"]
+            model, tool = CharTokenizer().encode("let me run it\n"), CharTokenizer().encode("```output\nAnswer: 0\n```")
             rows = [model + tool for _ in prompt_token_ids for _ in range(params.n)]
             return MultiTurnOutput([i for i, _ in enumerate(prompt_token_ids) for _ in range(params.n)], rows,
                                    [[0.0] * len(r) for r in rows], ["stop"] * len(rows),
@@ -147,7 +147,7 @@ def test_eval_scores_the_models_tokens_not_what_the_tool_printed(tmp_path):
     settings = EvalSettings(model="fake", test_files=("t.jsonl",), n=2, temperature=1.0, top_p=1.0, max_tokens=64,
                             seed=3, batch_size=2)
     out = tmp_path / "o.jsonl"
-    run_eval(problems, LocalBackend(ToolPrintsTheAnswer(), CharTokenizer()), settings, out)
+    run_eval(problems, LocalBackend(ToolPrintsTheAnswer(lambda prompts, params: []), CharTokenizer()), settings, out)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["acc"] for r in rows] == [False, False]
     assert all(r["response"].endswith("Answer: 0\n```") for r in rows)

@@ -25,8 +25,8 @@ import pytest
 import yaml
 from safetensors.torch import load_file
 
-from tests.cli.cli_helpers import FAST, run_dapo_in_process
-from tests.cli.warm_dapo import run_dapo_warm
+from tests.cli.cli_helpers import FAST
+from tests.harness.runners import run_dapo_in_process, run_dapo_warm
 
 pytestmark = pytest.mark.slow
 

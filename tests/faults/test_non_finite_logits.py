@@ -16,7 +16,8 @@ from safetensors.torch import load_file, save_file
 
 from dapo.model.loading import EMBEDDED_MODEL_DIR
 from dapo.rollout.sampler import NonFiniteLogitsError, sample_next_tokens
-from tests.cli.cli_helpers import FAST, run_dapo_in_process
+from tests.cli.cli_helpers import FAST
+from tests.harness.runners import run_dapo_in_process
 
 FINITE = [0.0, 1.0, 2.0, 3.0]
 

@@ -1,7 +1,7 @@
 """A short soak in CI: 3 SIGKILLs of a real run (one during a checkpoint write, two at random moments), each resumed,
 end bit-identical (weights, optimizer state, metrics) to an uninterrupted run. The uninterrupted run is a fresh
 `python -m dapo.cli.main`; the killed and resumed ones are real processes forked from a warm server (--warm:
-tests/cli/warm_dapo.py), which spares the ~8 s of imports of each of their 4 starts. A longer soak runs by hand with the
+tests/harness/runners.py), which spares the ~8 s of imports of each of their 4 starts. A longer soak runs by hand with the
 same script (scripts/soak_kill.py --kills 10 --steps 6)."""
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from dapo.infra.perf import datasheet_peak
-from tests.cli.cli_helpers import FAST, run_dapo
+from tests.cli.cli_helpers import FAST
+from tests.harness.runners import run_dapo
 from tests.gpu.test_gpu_paths import needs_gpu
 
 

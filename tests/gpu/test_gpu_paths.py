@@ -16,7 +16,8 @@ import pytest
 import torch
 
 import dapo
-from tests.cli.cli_helpers import FAST, run_dapo
+from tests.cli.cli_helpers import FAST
+from tests.harness.runners import run_dapo
 
 ASSET = Path(dapo.__file__).parent / "assets" / "tiny-qwen2"
 NO_GPU = "no CUDA device: the GPU paths (vLLM sleep mode, NCCL, bf16 FSDP2) run only on a GPU machine"
@@ -84,7 +85,7 @@ def test_one_training_step_with_vllm_on_cuda(tmp_path: Path) -> None:
 @needs_two_gpus
 def test_two_nccl_ranks_with_a_bf16_fsdp2_actor_and_vllm(tmp_path: Path) -> None:
     needs_vllm()
-    from tests.distributed.test_data_parallel import free_port
+    from tests.harness.ports import free_port
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
            f"--master-port={free_port()}", "-m", "dapo.cli.main", "train", *FAST, "trainer.total_training_steps=2",

@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from infra_helpers import make_optimizer, tiny_qwen2, tiny_tokenizer, train_step
+from infra_helpers import make_optimizer, tiny_tokenizer, train_step
 
 from dapo.infra.checkpoint import CheckpointError, save_checkpoint
+from tests.harness.models import CHECKPOINT, tiny_qwen2
 
 
 def _wait_for(ready: Callable[[], bool], *, what: str, limit_s: float = 300.0) -> None:
@@ -48,7 +49,7 @@ class AdamWThatHangsOnSave(torch.optim.AdamW):
 
 
 def crash(root: Path, reached: Path) -> None:
-    model = tiny_qwen2(seed=2)
+    model = tiny_qwen2(2, CHECKPOINT)
     optimizer = AdamWThatHangsOnSave(model.parameters(), lr=1e-2)
     optimizer.reached_file = reached
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
@@ -64,7 +65,7 @@ def crash(root: Path, reached: Path) -> None:
 
 
 def full_disk(root: Path) -> None:
-    model = tiny_qwen2(seed=3, hidden=64, vocab=512)
+    model = tiny_qwen2(3, CHECKPOINT, hidden_size=64, intermediate_size=128, vocab_size=512)
     optimizer, scheduler = make_optimizer(model)
     train_step(model, optimizer, scheduler)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())  # tied params counted once

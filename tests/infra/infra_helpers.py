@@ -1,31 +1,18 @@
-"""Tiny randomly initialised models and tokenizers for the checkpoint tests (built from configs, never downloaded).
+"""The checkpoint tests' tokenizer, optimizer, training step and comparisons; their model is
+:func:`tests.harness.models.tiny_qwen2` at the ``CHECKPOINT`` shape.
 
-Also imported by ``checkpoint_worker.py``, which the crash / full-disk tests run as a subprocess.
+Also imported by ``checkpoint_worker.py``, which the crash / full-disk tests run as a subprocess (with the repository
+root on its ``PYTHONPATH``, for ``tests.harness``).
 """
 
 from __future__ import annotations
 
 import torch
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import PreTrainedTokenizerFast
+
+from tests.harness.models import CHECKPOINT, tiny_qwen2
 
 VOCAB_WORDS = 60
-
-
-def tiny_qwen2(seed: int, *, hidden: int = 16, vocab: int = 64, layers: int = 2) -> Qwen2ForCausalLM:
-    """A Qwen2ForCausalLM with a few thousand parameters; attention dropout on so training uses the RNG."""
-    config = Qwen2Config(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=64,
-        attention_dropout=0.1,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(seed)
-    return Qwen2ForCausalLM(config)
 
 
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
@@ -79,7 +66,7 @@ def assert_resumed_run_continues_as(path: object, reference: torch.nn.Module, st
     ``steps`` more steps, and require ``reference``'s parameters bit for bit."""
     from dapo.infra.checkpoint import load_checkpoint
 
-    resumed = tiny_qwen2(seed=123)
+    resumed = tiny_qwen2(123, CHECKPOINT)
     optimizer, scheduler = make_optimizer(resumed)
     assert load_checkpoint(path, model=resumed, optimizer=optimizer, scheduler=scheduler) == {"step": 2}
     for _ in range(steps):

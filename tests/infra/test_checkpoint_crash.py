@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from infra_helpers import make_optimizer, tiny_qwen2, tiny_tokenizer, train_step
+from infra_helpers import make_optimizer, tiny_tokenizer, train_step
 
 from dapo.infra.checkpoint import find_latest_checkpoint, is_complete_checkpoint, load_checkpoint, save_checkpoint
+from tests.harness.models import CHECKPOINT, tiny_qwen2
 
 WORKER = Path(__file__).with_name("checkpoint_worker.py")
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -45,7 +46,7 @@ def _listing(root: Path) -> list[str]:
 def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Observed]:
     work = tmp_path_factory.mktemp("crash")
     root = work / "checkpoints"
-    model = tiny_qwen2(seed=1)
+    model = tiny_qwen2(1, CHECKPOINT)
     optimizer, scheduler = make_optimizer(model)
     train_step(model, optimizer, scheduler)
     first = save_checkpoint(
@@ -59,7 +60,8 @@ def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Observed]:
     )
     go, reached = work / "go", work / "reached"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH", "")) if p)
+    paths = (str(SRC), str(SRC.parent), env.get("PYTHONPATH", ""))  # dapo, and the repository root for tests.harness
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     stderr_path = work / "worker.stderr"  # a file, not a pipe: a full pipe would block the worker
     stderr_file = open(stderr_path, "w")  # noqa: SIM115 - closed in finally
     child = subprocess.Popen(
@@ -97,7 +99,7 @@ def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Observed]:
 
 def _assert_loads_step_one(obs: Observed) -> None:
     assert find_latest_checkpoint(obs.root) == obs.first and is_complete_checkpoint(obs.first)
-    fresh = tiny_qwen2(seed=50)
+    fresh = tiny_qwen2(50, CHECKPOINT)
     opt, sched = make_optimizer(fresh)
     assert load_checkpoint(obs.first, model=fresh, optimizer=opt, scheduler=sched) == {"step": 1}
     for a, b in zip(obs.model.state_dict().values(), fresh.state_dict().values(), strict=True):

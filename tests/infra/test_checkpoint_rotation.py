@@ -15,10 +15,11 @@ from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from infra_helpers import make_optimizer, tiny_qwen2, tiny_tokenizer, train_step
+from infra_helpers import make_optimizer, tiny_tokenizer, train_step
 
 from dapo.infra.checkpoint import (MANIFEST_FORMAT, MANIFEST_NAME, find_latest_checkpoint, rotate_checkpoints,
                                    save_checkpoint)
+from tests.harness.models import CHECKPOINT, tiny_qwen2
 
 
 def _fake_checkpoint(root: Path, step: int) -> Path:
@@ -91,7 +92,7 @@ def test_a_newer_checkpoint_than_the_saved_one_is_never_deleted(tmp_path: Path) 
 
 
 def test_save_checkpoint_with_keep_5_keeps_every_checkpoint_until_the_sixth(tmp_path: Path) -> None:
-    model = tiny_qwen2(0)
+    model = tiny_qwen2(0, CHECKPOINT)
     optimizer, scheduler = make_optimizer(model)
     train_step(model, optimizer, scheduler)
     for step in range(1, 7):

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from infra_helpers import (assert_resumed_run_continues_as, assert_same_params, make_optimizer, tiny_qwen2,
-                           tiny_tokenizer, train_step)
+from infra_helpers import (assert_resumed_run_continues_as, assert_same_params, make_optimizer, tiny_tokenizer,
+                           train_step)
 from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
 from dapo.infra.checkpoint import (
@@ -23,10 +23,11 @@ from dapo.infra.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from tests.harness.models import CHECKPOINT, tiny_qwen2
 
 
 def _trained(seed: int = 0, steps: int = 1):
-    model = tiny_qwen2(seed)
+    model = tiny_qwen2(seed, CHECKPOINT)
     optimizer, scheduler = make_optimizer(model)
     for _ in range(steps):
         train_step(model, optimizer, scheduler)
@@ -86,7 +87,7 @@ def test_round_trip_restores_weights_optimizer_scheduler_rng_and_state(tmp_path:
         "carry": [{"uid": "a", "rewards": [1.0, -1.0]}],
     }
 
-    other = tiny_qwen2(seed=99)
+    other = tiny_qwen2(99, CHECKPOINT)
     other_opt, other_sched = make_optimizer(other)
     restored = load_checkpoint(path, model=other, optimizer=other_opt, scheduler=other_sched)
 
@@ -200,6 +201,6 @@ def test_bad_trainer_state_is_rejected_and_leaves_nothing_behind(tmp_path: Path)
 def test_load_rejects_a_different_architecture(tmp_path: Path) -> None:
     model, optimizer, scheduler = _trained()
     path = _save(tmp_path, 1, model, optimizer, scheduler)
-    bigger = tiny_qwen2(seed=0, layers=3)
+    bigger = tiny_qwen2(0, CHECKPOINT, num_hidden_layers=3)
     with pytest.raises(CheckpointError, match="weights missing from the checkpoint"):
         load_checkpoint(path, model=bigger, optimizer=None, scheduler=None)

@@ -19,8 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from infra_helpers import (assert_resumed_run_continues_as, assert_same_params, make_optimizer, tiny_qwen2,
-                           tiny_tokenizer, train_step)
+from infra_helpers import (assert_resumed_run_continues_as, assert_same_params, make_optimizer, tiny_tokenizer,
+                           train_step)
+from tests.harness.models import CHECKPOINT, tiny_qwen2
 from transformers import Qwen2ForCausalLM
 
 from dapo.config import DapoConfig
@@ -42,13 +43,13 @@ def _save_sharded(root: Path, step: int, model, optimizer, scheduler, **kwargs) 
 
 
 def test_sharded_save_lists_the_dcp_files_in_the_manifest_and_resumes_bit_identically(tmp_path: Path) -> None:
-    reference = tiny_qwen2(seed=0)
+    reference = tiny_qwen2(0, CHECKPOINT)
     ref_opt, ref_sched = make_optimizer(reference)
     torch.manual_seed(7), random.seed(7), np.random.seed(7)
     for _ in range(4):
         train_step(reference, ref_opt, ref_sched)
 
-    run = tiny_qwen2(seed=0)
+    run = tiny_qwen2(0, CHECKPOINT)
     run_opt, run_sched = make_optimizer(run)
     torch.manual_seed(7), random.seed(7), np.random.seed(7)
     for _ in range(2):
@@ -72,7 +73,7 @@ def test_sharded_save_lists_the_dcp_files_in_the_manifest_and_resumes_bit_identi
 
 
 def test_hf_export_streams_into_several_files_that_from_pretrained_loads(tmp_path: Path) -> None:
-    model = tiny_qwen2(seed=3)
+    model = tiny_qwen2(3, CHECKPOINT)
     optimizer, scheduler = make_optimizer(model)
     train_step(model, optimizer, scheduler)
     # A shard limit below one layer's weights: every file holds a few tensors, as a 7B model's 2 GiB files would.
@@ -94,7 +95,7 @@ def test_hf_export_streams_into_several_files_that_from_pretrained_loads(tmp_pat
 
 
 def test_a_changed_shard_file_is_refused(tmp_path: Path) -> None:
-    model = tiny_qwen2(seed=4)
+    model = tiny_qwen2(4, CHECKPOINT)
     optimizer, scheduler = make_optimizer(model)
     train_step(model, optimizer, scheduler)
     path = _save_sharded(tmp_path, 1, model, optimizer, scheduler)
@@ -104,11 +105,11 @@ def test_a_changed_shard_file_is_refused(tmp_path: Path) -> None:
     shard.write_bytes(bytes(data))
     assert is_complete_checkpoint(path) and find_latest_checkpoint(tmp_path) is None
     with pytest.raises(CheckpointError, match=r"sharded/__0_0\.distcp does not match its checksum"):
-        load_checkpoint(path, model=tiny_qwen2(seed=5), optimizer=None, scheduler=None)
+        load_checkpoint(path, model=tiny_qwen2(5, CHECKPOINT), optimizer=None, scheduler=None)
 
 
 def test_a_failure_after_the_shards_removes_the_partial_folder_and_keeps_the_previous(tmp_path: Path) -> None:
-    model = tiny_qwen2(seed=6)
+    model = tiny_qwen2(6, CHECKPOINT)
     optimizer, scheduler = make_optimizer(model)
     train_step(model, optimizer, scheduler)
     first = _save_sharded(tmp_path, 1, model, optimizer, scheduler)
@@ -129,13 +130,14 @@ def test_a_failure_after_the_shards_removes_the_partial_folder_and_keeps_the_pre
 _CRASH_WORKER = """
 import sys, time
 from pathlib import Path
-from infra_helpers import make_optimizer, tiny_qwen2, tiny_tokenizer, train_step
+from infra_helpers import make_optimizer, tiny_tokenizer, train_step
+from tests.harness.models import CHECKPOINT, tiny_qwen2
 from dapo.distributed.fsdp import stream_full_state
 from dapo.distributed.world import World
 from dapo.infra.checkpoint import save_sharded_checkpoint
 
 root, reached = Path(sys.argv[1]), Path(sys.argv[2])
-model = tiny_qwen2(seed=8)
+model = tiny_qwen2(8, CHECKPOINT)
 optimizer, scheduler = make_optimizer(model)
 train_step(model, optimizer, scheduler)
 
@@ -160,7 +162,8 @@ save(2, hangs_mid_export)
 def test_sigkill_between_the_shard_writes_and_the_manifest_leaves_no_complete_checkpoint(tmp_path: Path) -> None:
     root, reached = tmp_path / "checkpoints", tmp_path / "reached"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(SRC), str(Path(__file__).parent), env.get("PYTHONPATH", "")])
+    paths = [str(SRC), str(SRC.parent), str(Path(__file__).parent), env.get("PYTHONPATH", "")]  # dapo, tests, helpers
+    env["PYTHONPATH"] = os.pathsep.join(paths)
     child = subprocess.Popen([sys.executable, "-c", _CRASH_WORKER, str(root), str(reached)], env=env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -185,11 +188,11 @@ def test_sigkill_between_the_shard_writes_and_the_manifest_leaves_no_complete_ch
     assert not (root / "global_step_2").exists()
     assert find_latest_checkpoint(root) == root / "global_step_1"
     assert (root / "latest_checkpointed_iteration.txt").read_text().strip() == "1"
-    assert load_checkpoint(root / "global_step_1", model=tiny_qwen2(seed=9), optimizer=None,
+    assert load_checkpoint(root / "global_step_1", model=tiny_qwen2(9, CHECKPOINT), optimizer=None,
                            scheduler=None) == {"step": 1}
 
     # The next save clears the dead process's temp folder and completes.
-    model = tiny_qwen2(seed=8)
+    model = tiny_qwen2(8, CHECKPOINT)
     optimizer, scheduler = make_optimizer(model)
     second = _save_sharded(root, 2, model, optimizer, scheduler)
     assert sorted(p.name for p in root.iterdir()) == ["global_step_1", "global_step_2",
@@ -198,7 +201,7 @@ def test_sigkill_between_the_shard_writes_and_the_manifest_leaves_no_complete_ch
 
 
 def test_auto_format_is_sharded_only_for_an_fsdp2_actor() -> None:
-    model = tiny_qwen2(seed=0)  # a replica: its whole state already is on rank 0
+    model = tiny_qwen2(0, CHECKPOINT)  # a replica: its whole state already is on rank 0
     assert checkpoint_format(DapoConfig(), model) == "full"
     assert checkpoint_format(DapoConfig(trainer={"checkpoint_format": "full"}), model) == "full"
     with pytest.raises(TrainingError, match="trainer.checkpoint_format=sharded .* needs actor.strategy=fsdp2"):

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from infra_helpers import make_optimizer, tiny_qwen2, tiny_tokenizer, train_step
+from infra_helpers import make_optimizer, tiny_tokenizer, train_step
 
 from dapo.infra.checkpoint import (
     CheckpointError,
@@ -19,6 +19,7 @@ from dapo.infra.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from tests.harness.models import CHECKPOINT, tiny_qwen2
 
 
 def _same_length_garbage(path: Path) -> None:
@@ -49,7 +50,7 @@ CORRUPTIONS: dict[str, tuple[str, Callable[[Path], None]]] = {
 
 @pytest.fixture
 def two_checkpoints(tmp_path: Path):
-    model = tiny_qwen2(seed=0)
+    model = tiny_qwen2(0, CHECKPOINT)
     optimizer, scheduler = make_optimizer(model)
     paths = []
     for step in (1, 2):

@@ -10,11 +10,14 @@ from types import ModuleType
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from dapo.data.synth import generate_synth_problems
+from tests.harness.models import ACTOR, tiny_qwen2
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "pretrain_tiny_model.py"
+# The model the script's pieces run on: tied embeddings, as the embedded model's; its vocabulary is the tokenizer's.
+PRETRAIN = {**ACTOR, "intermediate_size": 64, "tie_word_embeddings": True, "max_position_embeddings": 512}
 
 
 @pytest.fixture(scope="module")
@@ -31,14 +34,6 @@ def tokenizer(pretrain: ModuleType, tmp_path_factory: pytest.TempPathFactory):  
     folder = tmp_path_factory.mktemp("tok")
     pretrain.save_tokenizer(pretrain.train_tokenizer(generate_synth_problems(200, seed=0), 400), folder)
     return pretrain.load_tokenizer(folder)
-
-
-def tiny_model(vocab_size: int) -> Qwen2ForCausalLM:
-    torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
-                         max_position_embeddings=512)
-    return Qwen2ForCausalLM(config).eval()
 
 
 @pytest.mark.parametrize(
@@ -80,7 +75,7 @@ def test_shared_prefix_loss_equals_full_sequence_loss(pretrain: ModuleType, toke
     examples = [pretrain.encode_example(tokenizer, p) for p in generate_synth_problems(6, seed=3)]
     prefix_len = pretrain.common_prefix_length([ids for ids, _ in examples])
     assert prefix_len > 20  # the start of the DAPO template is shared
-    model = tiny_model(len(tokenizer))
+    model = tiny_qwen2(0, PRETRAIN, vocab_size=len(tokenizer))
     shared = pretrain.sft_loss(model, examples[0][0][:prefix_len],
                                pretrain.collate_suffixes(examples, prefix_len, tokenizer.pad_token_id))
     (g_shared,) = torch.autograd.grad(shared, model.model.embed_tokens.weight)
@@ -100,7 +95,7 @@ def test_labels_cover_exactly_the_response_and_im_end(pretrain: ModuleType, toke
 
 
 def test_greedy_sampler_matches_generate_with_left_padding(pretrain: ModuleType, tokenizer) -> None:  # type: ignore[no-untyped-def]
-    model = tiny_model(len(tokenizer))
+    model = tiny_qwen2(0, PRETRAIN, vocab_size=len(tokenizer))
     problems = generate_synth_problems(3, seed=5)
     prompts = [pretrain.prompt_ids(tokenizer, p) for p in problems]
     assert len({len(p) for p in prompts}) > 1  # different lengths -> left padding is exercised
@@ -116,7 +111,7 @@ def test_greedy_sampler_matches_generate_with_left_padding(pretrain: ModuleType,
 
 
 def test_sampler_is_seeded(pretrain: ModuleType, tokenizer) -> None:  # type: ignore[no-untyped-def]
-    model = tiny_model(len(tokenizer))
+    model = tiny_qwen2(0, PRETRAIN, vocab_size=len(tokenizer))
     prompts = [pretrain.prompt_ids(tokenizer, p) for p in generate_synth_problems(2, seed=6)]
     run = lambda seed: pretrain.sample_responses(  # noqa: E731
         model, prompts, num_samples=3, greedy=False, top_p=1.0, eos_id=2, pad_id=0,

@@ -8,12 +8,14 @@ import pytest
 import torch
 from transformers import Qwen2ForCausalLM
 
-from .rollout_helpers import ForwardRowCounter, build_tiny_qwen2
+from tests.harness.models import tiny_qwen2
+
+from .rollout_helpers import ForwardRowCounter
 
 
 @pytest.fixture
 def tiny_model() -> Qwen2ForCausalLM:
-    return build_tiny_qwen2(0)
+    return tiny_qwen2(0)
 
 
 @pytest.fixture

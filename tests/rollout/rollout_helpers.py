@@ -1,39 +1,19 @@
-"""Test helpers for dapo.rollout: tiny random Qwen2 models (never downloaded), a teacher-forced log-prob reference,
-and a forward hook that counts the rows each forward pass computes."""
+"""Test helpers for dapo.rollout: the engine model's token ids, a teacher-forced log-prob reference, a forward hook
+that counts the rows each forward pass computes, and the engine contract on one output. The model itself is
+:func:`tests.harness.models.tiny_qwen2` (its default shape, ``ENGINE``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM
 
 from dapo.rollout.base import RolloutOutput, SamplingParams
 from dapo.rollout.sampler import truncate_logits
+from tests.harness.models import ENGINE
 
-VOCAB = 64
-EOS = 1
-PAD = 0
-
-
-def build_tiny_qwen2(seed: int = 0, *, attention_dropout: float = 0.0) -> Qwen2ForCausalLM:
-    """A 2-layer, hidden-32 Qwen2 with a 64-token vocabulary, in eval mode, fp32, deterministic for ``seed``."""
-    torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-        initializer_range=0.3,
-        attention_dropout=attention_dropout,
-        eos_token_id=EOS,
-        pad_token_id=PAD,
-    )
-    return Qwen2ForCausalLM(config).eval()
+VOCAB, EOS, PAD = ENGINE["vocab_size"], ENGINE["eos_token_id"], ENGINE["pad_token_id"]
 
 
 def teacher_forced_logprobs(

@@ -6,14 +6,16 @@ import pytest
 import torch
 
 from dapo.rollout import HFRolloutEngine, SamplingParams
-from .rollout_helpers import EOS, PAD, VOCAB, assert_well_formed, build_tiny_qwen2, teacher_forced_logprobs
+from tests.harness.models import tiny_qwen2
+
+from .rollout_helpers import EOS, PAD, VOCAB, assert_well_formed, teacher_forced_logprobs
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14], [3], [20, 21, 22, 23]]
 
 
 def eos_prone_model(seed: int = 0) -> torch.nn.Module:
     """A tiny model whose EOS logit is amplified, so that some responses stop early and others run to max_tokens."""
-    model = build_tiny_qwen2(seed)
+    model = tiny_qwen2(seed)
     with torch.no_grad():
         model.lm_head.weight[EOS] *= 2.0
     return model
@@ -126,7 +128,7 @@ def test_prompt_seeds_make_each_prompts_samples_independent_of_the_batch() -> No
 
 def test_n_samples_are_contiguous_per_prompt_and_differ() -> None:
     params = SamplingParams(n=5, max_tokens=8, seed=1)
-    output = engine_for(build_tiny_qwen2(0)).generate(PROMPTS, params)
+    output = engine_for(tiny_qwen2(0)).generate(PROMPTS, params)
     assert output.prompt_index == [0] * 5 + [1] * 5 + [2] * 5 + [3] * 5
     for prompt in range(len(PROMPTS)):
         group = output.response_ids[prompt * 5 : (prompt + 1) * 5]
@@ -191,7 +193,7 @@ def test_max_batch_size_chunks_without_changing_greedy_output(row_counter) -> No
 
 
 def test_runs_in_eval_mode_and_restores_the_training_flag() -> None:
-    model = build_tiny_qwen2(0, attention_dropout=0.5)
+    model = tiny_qwen2(0, attention_dropout=0.5)
     model.train()
     output = engine_for(model).generate(PROMPTS[:2], SamplingParams(n=2, max_tokens=6, seed=0))
     assert model.training and all(m.training for m in model.modules())
@@ -204,7 +206,7 @@ def test_runs_in_eval_mode_and_restores_the_training_flag() -> None:
 
 
 def test_update_weights_is_a_no_op_for_shared_tensors_and_copies_others() -> None:
-    model, other = build_tiny_qwen2(0), build_tiny_qwen2(1)
+    model, other = tiny_qwen2(0), tiny_qwen2(1)
     engine = engine_for(model)
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     engine.update_weights(model.named_parameters())
@@ -307,7 +309,7 @@ def test_every_step_reports_each_running_rows_token_and_nothing_past_its_stop(ma
 
 def test_a_step_callback_can_end_the_call_early() -> None:
     params = SamplingParams(n=2, temperature=0.0, max_tokens=12)
-    engine = engine_for(build_tiny_qwen2(0), max_batch_size=4)  # 8 rows: the second chunk never starts
+    engine = engine_for(tiny_qwen2(0), max_batch_size=4)  # 8 rows: the second chunk never starts
     full = engine.generate(PROMPTS, params)
     steps, on_step = _record_steps(cut_after=3)
     cut = engine.generate_streaming(PROMPTS, params, on_step)

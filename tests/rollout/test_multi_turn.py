@@ -26,6 +26,7 @@ from dapo.rollout.multi_turn import MultiTurnOutput, MultiTurnParams, MultiTurnR
 from dapo.rollout.spec import EngineSpec
 from dapo.rollout.vllm_engine import VLLMRolloutEngine, vllm_available
 from dapo.tools.sandbox import PythonSandbox, SandboxLimits, ToolResult, bwrap_problem
+from tests.harness.engines import ScriptedEngine
 
 ASSET = Path(dapo.__file__).parent / "assets" / "tiny-qwen2"
 ATOL = 1e-4
@@ -251,35 +252,14 @@ class WordTokenizer:
         return [self.decode(r, skip_special_tokens) for r in rows]
 
 
-class ScriptedEngine:
-    """Emits each prompt's scripted model text, token by token, honouring stop ids and max_tokens as an engine does;
-    the script resumes where the last call stopped (tool tokens in the prompt are skipped: they are not the model's).
-    The real engines' sampling is tested above; this pins down the rollout's control flow, call by call."""
-
-    def __init__(self, tokenizer: WordTokenizer, scripts: dict[int, str]) -> None:
-        self.scripts = {key: tokenizer.encode(text) + [WordTokenizer.eos] for key, text in scripts.items()}
-        self.cursor = dict.fromkeys(scripts, 0)
-        self.calls: list[tuple[int, tuple[int, ...]]] = []  # (prompts, stop ids) per call
-
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams):
-        from dapo.rollout.base import RolloutOutput
-
-        self.calls.append((len(prompts), tuple(params.stop_token_ids)))
-        ids_out, reasons = [], []
-        for prompt in prompts:
-            key = prompt[0]
-            script, start, emitted = self.scripts[key], self.cursor[key], []
-            reason = "length"
-            while len(emitted) < params.max_tokens:
-                token = script[start + len(emitted)]
-                emitted.append(token)
-                if token == WordTokenizer.eos or token in params.stop_token_ids:
-                    reason = "stop"
-                    break
-            self.cursor[key] += len(emitted)
-            ids_out.append(emitted)
-            reasons.append(reason)
-        return RolloutOutput(list(range(len(prompts))), ids_out, [[-0.5] * len(r) for r in ids_out], reasons)
+def scripted_engine(tokenizer: WordTokenizer, scripts: dict[int, str]) -> ScriptedEngine:
+    """Emits each prompt's scripted model text (keyed by its first token), token by token, honouring stop ids and
+    max_tokens as an engine does; the script resumes where the last call stopped (tool tokens in the prompt are
+    skipped: they are not the model's). The real engines' sampling is tested above; this pins down the rollout's
+    control flow, call by call."""
+    encoded = {key: tokenizer.encode(text) + [WordTokenizer.eos] for key, text in scripts.items()}
+    return ScriptedEngine(lambda prompts, params: [encoded[prompt[0]] for prompt in prompts for _ in range(params.n)],
+                          stop_tokens=(WordTokenizer.eos,), logprob=-0.5, resume_by=lambda prompt: prompt[0])
 
 
 class PrintingRunner:
@@ -296,7 +276,7 @@ def test_stray_fences_outside_a_call_cost_no_engine_call_and_the_call_still_stop
     # Stray fences and a lone "n" before the call, stray fences after its output: none may stop the engine.
     model_text = {1: "Let me.\n```\n```\nn```python\nprint(6 * 7)\n```",
                   2: "```\n```\n```\nAnswer: 42"}
-    engine = ScriptedEngine(tok, {1: model_text[1] + model_text[2]})
+    engine = scripted_engine(tok, {1: model_text[1] + model_text[2]})
     mt = MultiTurnRollout(engine, tok, PrintingRunner(), MultiTurnParams(max_response_length=200))
     assert mt.end_token_ids == (PIECES.index("```") + 1,) and mt.start_token_ids == (PIECES.index("python") + 1,)
     out = mt.generate([[1]], SamplingParams(n=1, max_tokens=200))

@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from dapo.rollout import HFRolloutEngine, RolloutEngine, RolloutOutput, SamplingParams
-from .rollout_helpers import EOS, PAD, build_tiny_qwen2
+from tests.harness.models import tiny_qwen2
+
+from .rollout_helpers import EOS, PAD
 
 
 def test_defaults_are_valid_and_frozen() -> None:
@@ -76,6 +78,6 @@ def test_rollout_output_len_and_consistency_checks() -> None:
 
 
 def test_hf_engine_satisfies_the_protocol() -> None:
-    engine = HFRolloutEngine(build_tiny_qwen2(0), eos_token_ids=EOS, pad_token_id=PAD)
+    engine = HFRolloutEngine(tiny_qwen2(0), eos_token_ids=EOS, pad_token_id=PAD)
     assert isinstance(engine, RolloutEngine)
     assert not isinstance(torch.nn.Linear(2, 2), RolloutEngine)

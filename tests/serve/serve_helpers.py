@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from dapo.serve.ray_runtime import free_loopback_port as free_port  # noqa: F401 (the serving tests import it here)
+from tests.harness.ports import free_port
 
 
 def sends_nothing(sock: socket.socket, wait_s: float = 0.2) -> bool:
@@ -78,34 +78,14 @@ def front_door(cfg, upstream: str) -> Iterator[int]:
         sock.close()
 
 
-class ScriptedEngine:
-    """An engine whose every answer is ``script`` (its last token should be a stop token), reported step by step as the
-    Transformers engine reports them (:class:`dapo.rollout.base.TokenStreamingEngine`): a stand-in for a model that
-    writes characters spelled over several tokens, which the embedded model never does. A row the batcher continues
-    (its prompt followed by the script's first k tokens) goes on from token k."""
+def continues(script: list[int]):
+    """A :class:`tests.harness.engines.ScriptedEngine` script whose every answer is ``script`` (its last token should be
+    a stop token): a stand-in for a model that writes characters spelled over several tokens, which the embedded model
+    never does. A row the batcher continues (its prompt followed by the script's first k tokens) goes on from token
+    k."""
 
-    def __init__(self, script: list[int], stop_token: int) -> None:
-        self.script, self.stop_token = list(script), stop_token
+    def position(prompt) -> int:
+        return max((k for k in range(len(script) + 1) if k <= len(prompt) and
+                    (k == 0 or list(prompt[-k:]) == script[:k])), default=0)
 
-    def _position(self, prompt: list[int]) -> int:
-        return max((k for k in range(len(self.script) + 1) if k <= len(prompt) and
-                    (k == 0 or list(prompt[-k:]) == self.script[:k])), default=0)
-
-    def generate(self, prompt_token_ids, params):
-        return self.generate_streaming(prompt_token_ids, params, lambda rows, tokens, logprobs: False)
-
-    def generate_streaming(self, prompt_token_ids, params, on_step):
-        from dapo.rollout.base import RolloutOutput
-
-        rows = [i for i in range(len(prompt_token_ids)) for _ in range(params.n)]
-        answers = [self.script[self._position(prompt_token_ids[i]):][:params.max_tokens] for i in rows]
-        for step in range(max((len(a) for a in answers), default=0)):
-            live = [k for k, a in enumerate(answers) if step < len(a)]
-            if on_step(live, [answers[k][step] for k in live], [-0.25] * len(live)):
-                answers = [a[:step + 1] for a in answers]
-                break
-        reasons = ["stop" if a and a[-1] == self.stop_token else "length" for a in answers]
-        return RolloutOutput(rows, answers, [[-0.25] * len(a) for a in answers], reasons)
-
-    def close(self) -> None:
-        pass
+    return lambda prompts, params: [script[position(prompt):] for prompt in prompts for _ in range(params.n)]

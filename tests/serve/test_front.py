@@ -18,7 +18,8 @@ pytest.importorskip("h11")
 pytest.importorskip("uvicorn", reason="uvicorn is not installed")
 
 from dapo.serve.config import ServeConfig  # noqa: E402
-from tests.serve.serve_helpers import asgi_server, free_port, front_door, sends_nothing  # noqa: E402
+from tests.harness.ports import free_port  # noqa: E402
+from tests.serve.serve_helpers import asgi_server, front_door, sends_nothing  # noqa: E402
 
 LIVENESS_S = 10.0  # how long any expected event may take on a loaded machine; none takes more than ~1 s on an idle one
 GATE_OPENS_BY_ITSELF_S = 20.0  # so that a broken front fails its test instead of hanging it

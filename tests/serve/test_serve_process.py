@@ -28,7 +28,7 @@ import httpx  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
 from dapo.cli.main import cli  # noqa: E402
-from tests.serve.serve_helpers import free_port  # noqa: E402
+from tests.harness.ports import free_port  # noqa: E402
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 BODY_TIMEOUT_S = 3.0

@@ -17,7 +17,8 @@ uvicorn = pytest.importorskip("uvicorn", reason="uvicorn is not installed")
 import httpx  # noqa: E402
 
 from dapo.serve.config import ServeConfig  # noqa: E402
-from tests.serve.serve_helpers import ScriptedEngine, uvicorn_app  # noqa: E402
+from tests.harness.engines import ScriptedEngine  # noqa: E402
+from tests.serve.serve_helpers import continues, uvicorn_app  # noqa: E402
 
 CHUNK = 4
 LONG = {"model": "tiny-qwen2", "prompt": "The", "temperature": 0}
@@ -297,7 +298,8 @@ def test_characters_spelled_over_several_tokens_stream_whole(tmp_path):
     ids = tokenizer.encode(text, add_special_tokens=False)
     complete = [k for k in range(len(ids)) if not tokenizer.decode(ids[: k + 1]).endswith("\ufffd")]
     assert len(complete) < len(ids)  # some tokens end inside a character
-    engine = ScriptedEngine(ids + [tokenizer.eos_token_id], tokenizer.eos_token_id)
+    engine = ScriptedEngine(continues(ids + [tokenizer.eos_token_id]), stop_tokens=(tokenizer.eos_token_id,),
+                            logprob=-0.25)
     server = OpenAIServer(ServeConfig(device="cpu", decode_chunk_tokens=4), engine=engine, tokenizer=tokenizer,
                           max_model_len=4096)
     with uvicorn_app(server) as port:

@@ -8,7 +8,7 @@ Every run here writes its trained batches (``trainer.rollout_data_dir``), so wha
 by sample, not inferred from averages. Dynamic sampling is made to bite: 6 prompts per round for a batch of 4
 groups, at most 3 rounds, on a task where the untrained model gets many groups all wrong.
 
-Every run is a real `dapo train` process forked from the warm server (tests/cli/warm_dapo.py: no ~8 s of imports per
+Every run is a real `dapo train` process forked from the warm server (tests/harness/runners.py: no ~8 s of imports per
 start); its rollout worker is spawned by the run itself, as in any `dapo train`."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dapo.config import build_config
 from dapo.training.staleness import ProducedBatch, sample_lags, staleness_metrics
 from tests.cli.cli_helpers import FAST
 from tests.training.test_perf_metrics import group
-from tests.cli.warm_dapo import kill_after_checkpoint, run_dapo_warm
+from tests.harness.runners import kill_after_checkpoint, run_dapo_warm
 
 GEN_BATCH, MAX_ROUNDS, GROUPS, N = 6, 3, 4, 4  # data.gen_batch_size, max_num_gen_batches, train_batch_size, rollout.n
 ASYNC = [*FAST, "trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.test_freq=0",

@@ -14,11 +14,12 @@ from dapo.core.dynamic_sampling import filter_informative_groups
 from dapo.data.prompt_sampler import PromptSampler
 from dapo.data.prompts import PromptItem
 from dapo.infra.timing import PhaseTimer
-from dapo.rollout.base import RolloutOutput, SamplingParams
 from dapo.training.dynamic_sampling_buffer import DynamicSamplingBuffer
 from dapo.training.generation import generate_and_filter
 from dapo.training.run_state import RunState
 from tests.cli.cli_helpers import FAST
+from tests.harness.engines import ScriptedEngine
+from tests.harness.tokenizers import CharTokenizer
 
 # Per prompt uid: its ground truth and the G=2 responses the engine gives every time (a character is a token).
 SCRIPT: dict[int, tuple[str, tuple[str, str]]] = {
@@ -31,21 +32,10 @@ SCRIPT: dict[int, tuple[str, tuple[str, str]]] = {
 }
 
 
-class ScriptedEngine:
-    def generate(self, prompt_token_ids, params: SamplingParams) -> RolloutOutput:
-        index, ids, lps, reasons = [], [], [], []
-        for i, prompt in enumerate(prompt_token_ids):
-            for text in SCRIPT[prompt[0]][1][: params.n]:
-                index.append(i)
-                ids.append([ord(c) for c in text])
-                lps.append([-0.1] * len(text))
-                reasons.append("stop")
-        return RolloutOutput(index, ids, lps, reasons)
-
-
-class CharTokenizer:
-    def batch_decode(self, ids, skip_special_tokens=True):
-        return ["".join(chr(i) for i in row) for row in ids]
+def scripted_engine() -> ScriptedEngine:
+    """Every prompt ``uid`` gets SCRIPT's G responses for it, each time."""
+    return ScriptedEngine(lambda prompts, params: [CharTokenizer().encode(text) for prompt in prompts
+                                                   for text in SCRIPT[prompt[0]][1][: params.n]])
 
 
 def _tokens(uid: int) -> int:
@@ -73,7 +63,7 @@ def test_wasted_tokens_are_the_hand_counted_tokens_of_dropped_and_discarded_grou
     ])
     items = [PromptItem(uid, (uid, 99), SCRIPT[uid][0], "synth") for uid in SCRIPT]
     state = RunState(PromptSampler.from_config(items, cfg), DynamicSamplingBuffer.from_config(cfg))
-    engine, tok = ScriptedEngine(), CharTokenizer()
+    engine, tok = scripted_engine(), CharTokenizer()
 
     # Step 1, epoch 0: round 0 draws uids 0 1 2 (1 kept), round 1 draws 3 4 5 (3 and 4 kept): the batch is 1, 3.
     kept, m = generate_and_filter(engine, state, tok, cfg, 1, PhaseTimer("gen", "reward"))
@@ -108,11 +98,11 @@ def test_carried_surplus_is_not_wasted() -> None:
     ])
     items = [PromptItem(uid, (uid, 99), SCRIPT[uid][0], "synth") for uid in SCRIPT]
     state = RunState(PromptSampler.from_config(items, cfg), DynamicSamplingBuffer.from_config(cfg))
-    _, m = generate_and_filter(ScriptedEngine(), state, CharTokenizer(), cfg, 1, PhaseTimer("gen", "reward"))
+    _, m = generate_and_filter(scripted_engine(), state, CharTokenizer(), cfg, 1, PhaseTimer("gen", "reward"))
     assert m["train/wasted_tokens"] == _tokens(0) + _tokens(2) + _tokens(5)  # uid 4 is carried, not wasted
     assert m["train/num_discarded_surplus_groups"] == 0 and state.buffer.num_groups == 1
     # Step 2 starts with uid 4; epoch 1 skips 0 and draws 1 2 3 (1 kept: the batch is 4, 1; 3 is carried again).
-    kept, m2 = generate_and_filter(ScriptedEngine(), state, CharTokenizer(), cfg, 2, PhaseTimer("gen", "reward"))
+    kept, m2 = generate_and_filter(scripted_engine(), state, CharTokenizer(), cfg, 2, PhaseTimer("gen", "reward"))
     assert [g.prompt.uid for g in kept] == [4, 1]
     assert m2["train/num_skipped_solved_prompts"] == 1 and m2["train/wasted_tokens"] == _tokens(2)
     assert state.sampler.record.history(4) == [(0, 0.5)]  # recorded once, when generated

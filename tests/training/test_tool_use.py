@@ -13,6 +13,7 @@ from dapo.reward.scored_groups import ScoredGroup
 from dapo.rollout.multi_turn import MultiTurnRollout
 from dapo.training.errors import TrainingError
 from dapo.training.tool_use import tool_metrics, with_tool_rollout
+from tests.harness.engines import ScriptedEngine
 
 
 def group(categories: list[list[str]], acc: list[bool]) -> ScoredGroup:
@@ -38,13 +39,9 @@ def test_single_turn_groups_give_no_tool_metrics() -> None:
     assert tool_metrics([single]) == {}
 
 
-class ClosingEngine:
+def closing_engine() -> ScriptedEngine:
     """Stands in for an engine whose release must not be skipped when the tool cannot be set up."""
-
-    closed = False
-
-    def close(self) -> None:
-        self.closed = True
+    return ScriptedEngine(lambda prompts, params: [])
 
 
 def test_off_by_default_and_built_when_enabled(tmp_path: Path) -> None:
@@ -53,7 +50,7 @@ def test_off_by_default_and_built_when_enabled(tmp_path: Path) -> None:
     import dapo
 
     tokenizer = AutoTokenizer.from_pretrained(Path(dapo.__file__).parent / "assets" / "tiny-qwen2")
-    engine = ClosingEngine()
+    engine = closing_engine()
     assert with_tool_rollout(engine, build_config({}, []), tokenizer) is engine
     cfg = build_config({}, ["rollout.multi_turn.enable=true", "rollout.multi_turn.sandbox.mode=unsafe-no-isolation",
                             "rollout.multi_turn.max_assistant_turns=2", "data.max_response_length=40"])
@@ -67,7 +64,7 @@ def test_off_by_default_and_built_when_enabled(tmp_path: Path) -> None:
 def test_auto_mode_without_bubblewrap_stops_the_run_naming_the_key(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
-    engine = ClosingEngine()
+    engine = closing_engine()
     with pytest.raises(TrainingError, match=r"rollout.multi_turn.sandbox.mode=auto: .*apt-get install bubblewrap"):
         with_tool_rollout(engine, build_config({}, ["rollout.multi_turn.enable=true"]), tokenizer=None)
     assert engine.closed

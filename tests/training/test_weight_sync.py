@@ -11,7 +11,8 @@ import torch
 from dapo.rollout.hf_engine import HFRolloutEngine
 from dapo.training.errors import TrainingError
 from dapo.training.weight_sync import WeightSync, actor_log_probs_of
-from tests.rollout.rollout_helpers import EOS, PAD, build_tiny_qwen2, teacher_forced_logprobs
+from tests.harness.models import tiny_qwen2
+from tests.rollout.rollout_helpers import EOS, PAD, teacher_forced_logprobs
 
 PROBE = list(range(2, 40))
 
@@ -33,13 +34,13 @@ def perturb(model: torch.nn.Module, scale: float = 0.05, seed: int = 0) -> None:
 
 
 def test_actor_log_probs_equal_a_teacher_forced_pass() -> None:
-    model = build_tiny_qwen2(1)
+    model = tiny_qwen2(1)
     expected = teacher_forced_logprobs(model, PROBE[:10], PROBE[10:20], 1.0)
     torch.testing.assert_close(actor_log_probs_of(model, PROBE[:10], PROBE[10:20]), expected)
 
 
 def test_shared_module_engine_has_no_gap() -> None:
-    actor = build_tiny_qwen2(1)
+    actor = tiny_qwen2(1)
     sync = WeightSync(HFRolloutEngine(actor, eos_token_ids=EOS, pad_token_id=PAD), actor, PROBE, threshold=1e-4)
     perturb(actor)
     metrics = sync.push(step=1)
@@ -48,7 +49,7 @@ def test_shared_module_engine_has_no_gap() -> None:
 
 
 def test_engine_on_its_own_copy_follows_every_push() -> None:
-    actor = build_tiny_qwen2(1)
+    actor = tiny_qwen2(1)
     engine = HFRolloutEngine(copy.deepcopy(actor), eos_token_ids=EOS, pad_token_id=PAD)
     sync = WeightSync(engine, actor, PROBE, threshold=1e-4)
     for step in range(1, 4):
@@ -60,7 +61,7 @@ def test_engine_on_its_own_copy_follows_every_push() -> None:
 
 
 def test_stale_engine_stops_the_run_with_a_message_naming_stale_weights() -> None:
-    actor = build_tiny_qwen2(1)
+    actor = tiny_qwen2(1)
     engine = PushDroppingEngine(copy.deepcopy(actor), eos_token_ids=EOS, pad_token_id=PAD)
     sync = WeightSync(engine, actor, PROBE, threshold=0.01)
     assert sync.push(step=0)["rollout/probe_logprob_diff"] < 1e-5  # identical weights before any update
@@ -73,7 +74,7 @@ def test_stale_engine_stops_the_run_with_a_message_naming_stale_weights() -> Non
 
 
 def test_without_a_threshold_the_gap_is_only_logged() -> None:
-    actor = build_tiny_qwen2(1)
+    actor = tiny_qwen2(1)
     engine = PushDroppingEngine(copy.deepcopy(actor), eos_token_ids=EOS, pad_token_id=PAD)
     sync = WeightSync(engine, actor, PROBE, threshold=None)
     perturb(actor)
@@ -84,7 +85,7 @@ def test_without_a_threshold_the_gap_is_only_logged() -> None:
 
 
 def test_disabled_probe_still_pushes() -> None:
-    actor = build_tiny_qwen2(1)
+    actor = tiny_qwen2(1)
     engine = HFRolloutEngine(copy.deepcopy(actor), eos_token_ids=EOS, pad_token_id=PAD)
     sync = WeightSync(engine, actor, PROBE, threshold=1e-4, enabled=False)
     perturb(actor)
@@ -93,14 +94,14 @@ def test_disabled_probe_still_pushes() -> None:
 
 
 def test_probe_needs_two_tokens() -> None:
-    actor = build_tiny_qwen2(1)
+    actor = tiny_qwen2(1)
     with pytest.raises(ValueError, match="at least 2 tokens"):
         WeightSync(HFRolloutEngine(actor, eos_token_ids=EOS, pad_token_id=PAD), actor, [5], threshold=None)
 
 
 def test_non_finite_weights_are_named_as_such_not_as_a_stale_engine() -> None:
     """NaN weights make both sides' log-probs NaN: the message says non-finite and points at the learning rate."""
-    model = build_tiny_qwen2(2)
+    model = tiny_qwen2(2)
     engine = HFRolloutEngine(model, eos_token_ids=EOS, pad_token_id=PAD)
     sync = WeightSync(engine, model, PROBE, threshold=1e-3)
     with torch.no_grad():
@@ -118,7 +119,7 @@ def bf16_copy(actor: torch.nn.Module) -> torch.nn.Module:
 def test_a_bf16_engine_is_judged_by_its_excess_over_the_first_push() -> None:
     # A bf16 engine against an fp32 actor carries a numerical gap of its own; the first push (same weights) measures
     # it, and pushes that reach the engine stay within the threshold of it however many updates follow.
-    actor = build_tiny_qwen2(1)
+    actor = tiny_qwen2(1)
     engine = HFRolloutEngine(bf16_copy(actor), eos_token_ids=EOS, pad_token_id=PAD)
     sync = WeightSync(engine, actor, PROBE, threshold=0.05)
     floor = sync.push(step=0)["rollout/probe_logprob_diff"]
@@ -131,7 +132,7 @@ def test_a_bf16_engine_is_judged_by_its_excess_over_the_first_push() -> None:
 
 
 def test_a_stale_bf16_engine_is_still_caught() -> None:
-    actor = build_tiny_qwen2(1)
+    actor = tiny_qwen2(1)
     engine = PushDroppingEngine(bf16_copy(actor), eos_token_ids=EOS, pad_token_id=PAD)
     sync = WeightSync(engine, actor, PROBE, threshold=0.05)
     floor = sync.push(step=0)["rollout/probe_logprob_diff"]
@@ -141,8 +142,8 @@ def test_a_stale_bf16_engine_is_still_caught() -> None:
 
 
 def test_an_engine_that_is_off_from_the_start_is_refused_at_the_first_push() -> None:
-    actor = build_tiny_qwen2(1)
-    other = build_tiny_qwen2(2)  # another model entirely
+    actor = tiny_qwen2(1)
+    other = tiny_qwen2(2)  # another model entirely
     sync = WeightSync(PushDroppingEngine(other, eos_token_ids=EOS, pad_token_id=PAD), actor, PROBE, threshold=0.05)
     with pytest.raises(TrainingError, match="step 0: right after loading the actor's weights .* does not compute"):
         sync.push(step=0)
@@ -151,7 +152,7 @@ def test_an_engine_that_is_off_from_the_start_is_refused_at_the_first_push() -> 
 def test_the_actor_side_of_the_probe_runs_in_the_engines_precision() -> None:
     # A bf16 engine is compared with the actor under bf16 autocast (on SmolLM2 after 30 steps: 0.061 instead of the
     # 0.199 against the fp32 forward, whose gap grows as training sharpens the model).
-    actor = build_tiny_qwen2(1)
+    actor = tiny_qwen2(1)
     engine = HFRolloutEngine(bf16_copy(actor), eos_token_ids=EOS, pad_token_id=PAD)
     sync = WeightSync(engine, actor, PROBE, threshold=None, engine_dtype=torch.bfloat16)
     gap = sync.push(step=0)["rollout/probe_logprob_diff"]
@@ -167,7 +168,7 @@ def test_the_actor_side_of_the_probe_runs_in_the_engines_precision() -> None:
 def test_a_low_precision_engine_is_judged_by_whether_it_follows_the_actor() -> None:
     # Updates large enough to grow the bf16 gap well past the threshold (a fixed bound would stop this healthy run)
     # still pass: each push moves the engine as far as the update moved the actor.
-    actor = build_tiny_qwen2(1)
+    actor = tiny_qwen2(1)
     engine = HFRolloutEngine(bf16_copy(actor), eos_token_ids=EOS, pad_token_id=PAD)
     sync = WeightSync(engine, actor, PROBE, threshold=0.01, engine_dtype=torch.bfloat16)
     sync.push(step=0)
@@ -178,7 +179,7 @@ def test_a_low_precision_engine_is_judged_by_whether_it_follows_the_actor() -> N
 
 
 def test_a_stale_low_precision_engine_is_caught_by_not_moving() -> None:
-    actor = build_tiny_qwen2(1)
+    actor = tiny_qwen2(1)
     engine = PushDroppingEngine(bf16_copy(actor), eos_token_ids=EOS, pad_token_id=PAD)
     sync = WeightSync(engine, actor, PROBE, threshold=0.05, engine_dtype=torch.bfloat16)
     sync.push(step=0)
@@ -189,8 +190,8 @@ def test_a_stale_low_precision_engine_is_caught_by_not_moving() -> None:
 
 
 def test_a_low_precision_engine_of_another_model_is_refused_at_the_first_push() -> None:
-    actor = build_tiny_qwen2(1)
-    other = bf16_copy(build_tiny_qwen2(2))
+    actor = tiny_qwen2(1)
+    other = bf16_copy(tiny_qwen2(2))
     sync = WeightSync(PushDroppingEngine(other, eos_token_ids=EOS, pad_token_id=PAD), actor, PROBE, threshold=0.05,
                       engine_dtype=torch.bfloat16)
     with pytest.raises(TrainingError, match="more than a precision accounts for"):

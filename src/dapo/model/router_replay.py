@@ -108,7 +108,13 @@ class RouterTape:
         self._recording = False
         self._recorded: list[Tensor | None] = [None] * self.num_layers
         self._plan = _Plan(None, None)
+        # Per sample, the routes of the last recorded pass, as the pass that knows the samples left them (the actor).
+        self.samples: list[Tensor] = []
         self.reset_counts()
+
+    @property
+    def recording_now(self) -> bool:
+        return self._recording
 
     # ------------------------------------------------------------------------------------------------ passes
     @contextmanager

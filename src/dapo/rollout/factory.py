@@ -51,8 +51,9 @@ class EngineCapabilities:
         preferred_on: the device types on which ``auto`` picks this engine, where it is available.
         batch_invariant: it decodes batch-invariantly inside ``dapo.model.batch_invariant.batch_invariant``, so its
             log-probs are the actor's bitwise (``rollout.true_on_policy``).
-        routed_experts: it returns the experts each token was routed to (``RolloutOutput.routed_experts``), which
-            R3 replays (``actor.router_replay.mode=R3``, ``dapo.model.router_replay``); otherwise None, or why not.
+        no_routed_experts: why it does not return the experts each token was routed to
+            (``RolloutOutput.routed_experts``, which R3 replays: ``actor.router_replay.mode=R3``,
+            ``dapo.model.router_replay``); None: it does.
     """
 
     tensor_parallel: bool = False
@@ -61,7 +62,7 @@ class EngineCapabilities:
     auto_dtype: Mapping[str, str] | None = None
     preferred_on: tuple[str, ...] = ()
     batch_invariant: bool = False
-    routed_experts: str | None = "it does not return the experts it routed each token to"
+    no_routed_experts: str | None = None
 
 
 @dataclass(frozen=True)
@@ -90,16 +91,15 @@ def _always_available() -> tuple[bool, str]:
 
 ENGINES: dict[str, EngineEntry] = {
     "hf": EngineEntry(_lazy("dapo.rollout.hf_engine", "build_hf_engine"), _always_available,
-                      EngineCapabilities(generates_from_module=True, batch_invariant=True, routed_experts=None),
-                      "the Transformers engine",
+                      EngineCapabilities(generates_from_module=True, batch_invariant=True), "the Transformers engine",
                       "the hand-written KV-cached Transformers engine"),
     "vllm": EngineEntry(_lazy("dapo.rollout.vllm_engine", "build_vllm_engine"),
                         _lazy("dapo.rollout.vllm_engine", "vllm_available"),
                         EngineCapabilities(tensor_parallel=True, reserves_gpu_memory=True,
                                            auto_dtype={"cpu": "float32", "cuda": "bfloat16"}, preferred_on=("cuda",),
-                                           # vLLM >= 0.11 can (LLM(enable_return_routed_experts=True), its
+                                           # the installed vLLM 0.32 can (LLM(enable_return_routed_experts=True), its
                                            # CompletionOutput.routed_experts); this engine does not ask for it yet
-                                           routed_experts="dapo's vLLM engine does not read vLLM's routed-experts "
+                                           no_routed_experts="dapo's vLLM engine does not read vLLM's routed-experts "
                                            "output (enable_return_routed_experts) yet"),
                         "vLLM", "vLLM (its own runtime; weights pushed after every update)"),
 }

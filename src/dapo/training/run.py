@@ -346,7 +346,7 @@ def check_router_replay(engine_name: str, model: torch.nn.Module, cfg: DapoConfi
     problem = moe_problem(model)
     if problem is not None:
         raise TrainingError(f"actor.router_replay.mode={mode}: {cfg.model.path or 'the model'} cannot: {problem}")
-    why_not = engine_capabilities(engine_name).routed_experts
+    why_not = engine_capabilities(engine_name).no_routed_experts
     if mode == "R3" and why_not is not None:
         raise TrainingError(f"actor.router_replay.mode=R3: the {engine_name} engine cannot record routes: {why_not}; "
                             "use rollout.name=hf, or mode=R2 (replays the actor's own old-log-prob routes)")

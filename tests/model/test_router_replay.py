@@ -139,3 +139,20 @@ def test_outside_the_block_nothing_is_patched_and_a_dense_model_is_refused() -> 
     with pytest.raises(ValueError, match="Qwen3ForCausalLM is not a mixture-of-experts model"):
         with router_replay(build_tiny_model("qwen3"), rollout_routes=True):
             pass
+
+
+def test_a_lora_adapted_router_is_replayed() -> None:
+    """PEFT's all-linear adapts Qwen3-MoE's router (``mlp.gate``, the LoRA table of docs/models.md) by
+    parametrizing it for each forward, under a class of another name: it is still recorded and replayed."""
+    from dapo.model.lora import apply_lora
+
+    model = apply_lora(build_tiny_model("qwen3_moe"), build_config({}, ["model.lora_rank=4"]).model)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:  # an adapter that changes the logits
+                parameter.normal_()
+    with router_replay(model, rollout_routes=True) as tape:
+        batch, engine_log_probs = sampled_batch(model)
+        replayed = actor_log_probs(model, batch)
+        assert tape.agreement() == 1.0
+    assert largest_gap(replayed, engine_log_probs) <= GAP_TOLERANCE

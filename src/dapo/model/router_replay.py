@@ -164,9 +164,9 @@ class RouterTape:
 
     # ------------------------------------------------------------------------------------------------ forward
     def route(self, layer: int, router: nn.Module, forward: Callable[[Tensor], tuple[Tensor, Tensor, Tensor]],
-              hidden: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+              gate: Callable[[nn.Module, Tensor, Tensor], Tensor], hidden: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """One router call under the tape: the live routes, replaced where the plan says, with gate weights from the
-        live logits."""
+        live logits (``gate``: the family's, from :data:`ROUTER_GATES`)."""
         logits, weights, ids = forward(hidden)
         plan = self._plan
         if plan.replay is not None:
@@ -181,7 +181,7 @@ class RouterTape:
                 self.matched += int((same & compare).sum())
                 self.compared += int(compare.sum())
             ids = torch.where(replayed[:, None], want, ids)
-            weights = ROUTER_GATES[type(router).__name__](router, logits, ids)
+            weights = gate(router, logits, ids)
         if plan.counted is not None:
             chosen = ids[plan.counted.to(ids.device)].reshape(-1)
             self.load[layer] += torch.bincount(chosen, minlength=self.num_experts).cpu()
@@ -215,9 +215,12 @@ def router_replay(model: nn.Module, *, rollout_routes: bool) -> Iterator[RouterT
     tape = RouterTape(routers, rollout_routes=rollout_routes)
     holder = _holder(model)
     for layer, router in enumerate(routers):
+        # the class and its gate as they are now: PEFT's LoRA on a router parametrizes it (a class of another
+        # name) for the length of each forward
         def patched(hidden: Tensor, _layer: int = layer, _router: nn.Module = router,
-                    _forward: Callable = type(router).forward.__get__(router)) -> tuple[Tensor, Tensor, Tensor]:
-            return tape.route(_layer, _router, _forward, hidden)
+                    _forward: Callable = type(router).forward.__get__(router),
+                    _gate: Callable = ROUTER_GATES[type(router).__name__]) -> tuple[Tensor, Tensor, Tensor]:
+            return tape.route(_layer, _router, _forward, _gate, hidden)
         router.forward = patched  # an instance attribute: the class's forward is untouched
     setattr(holder, _MARK, tape)
     try:

@@ -162,7 +162,8 @@ def greedy_mismatches(model: torch.nn.Module) -> list[int]:
 
 def sampled_batch(model: torch.nn.Module):
     """The engine's samples of :func:`prompts` (n = 3, temperature 1, many stop ids) as a ``TrainBatch``, and the
-    log-probs the engine reported for them."""
+    log-probs the engine reported for them; the batch carries the routes the engine recorded, inside
+    :func:`dapo.model.router_replay.router_replay` with ``rollout_routes``."""
     from dapo.actor.batch import TrainBatch
     from dapo.rollout.base import SamplingParams
 
@@ -173,7 +174,8 @@ def sampled_batch(model: torch.nn.Module):
     count = len(out.response_ids)
     train = TrainBatch(prompt_ids=[torch.tensor(batch[i]) for i in out.prompt_index],
                        response_ids=[torch.tensor(r) for r in out.response_ids], advantages=torch.zeros(count),
-                       sample_mask=torch.ones(count, dtype=torch.bool), group_index=torch.tensor(out.prompt_index))
+                       sample_mask=torch.ones(count, dtype=torch.bool), group_index=torch.tensor(out.prompt_index),
+                       routed_experts=out.routed_experts)
     return train, out.logprobs
 
 

@@ -67,6 +67,9 @@ class TrainBatch:
         action_mask: per-response bool tensors, True on the tokens the policy sampled and False on context inside the
             response (a tool's output in a multi-turn trajectory), or None (every response token is an action). Only
             actions enter the loss, the entropy and the token counts (:meth:`loss_mask`).
+        routed_experts: per sample ``[prompt + response tokens, MoE layers, k]`` integer expert ids that the actor's
+            passes route each token to (router replay, :mod:`dapo.model.router_replay`; -1: route that token live),
+            or None (every token routes live).
     """
 
     prompt_ids: list[Tensor]
@@ -84,6 +87,7 @@ class TrainBatch:
     teacher_log_probs: list[Tensor] | None = None
     teacher_topk_log_probs: list[Tensor] | None = None
     teacher_topk_ids: list[Tensor] | None = None
+    routed_experts: list[Tensor] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.prompt_ids)
@@ -139,6 +143,15 @@ class TrainBatch:
                     got = tuple(v.shape) if isinstance(v, Tensor) else type(v).__name__
                     raise ValueError(f"TrainBatch.{name}[{i}] must be [{resp.numel()}, k] (its response length), "
                                      f"got {got}")
+        if self.routed_experts is not None:
+            if len(self.routed_experts) != n:
+                raise ValueError(f"TrainBatch.routed_experts has {len(self.routed_experts)} entries for {n} samples")
+            for i, (r, p, resp) in enumerate(zip(self.routed_experts, prompts, responses, strict=True)):
+                tokens = int(p.numel() + resp.numel())
+                if not isinstance(r, Tensor) or r.dim() != 3 or r.shape[0] != tokens or r.is_floating_point():
+                    got = f"{tuple(r.shape)} {r.dtype}" if isinstance(r, Tensor) else type(r).__name__
+                    raise ValueError(f"TrainBatch.routed_experts[{i}] must be integer [{tokens}, layers, k] (its "
+                                     f"prompt + response tokens), got {got}")
         if self.token_advantages is not None:
             bad = [i for i, a in enumerate(self.token_advantages) if not bool(torch.isfinite(a).all())]
             if bad:
@@ -212,6 +225,7 @@ class TrainBatch:
             teacher_log_probs=pick(self.teacher_log_probs),
             teacher_topk_log_probs=pick(self.teacher_topk_log_probs),
             teacher_topk_ids=pick(self.teacher_topk_ids),
+            routed_experts=pick(self.routed_experts),
         )
 
     def split_into_mini_batches(
@@ -237,6 +251,10 @@ class TrainBatch:
     def with_old_log_probs(self, old_log_probs: list[Tensor]) -> TrainBatch:
         """A copy of the batch carrying ``old_log_probs`` (validated like the constructor's)."""
         return dataclasses.replace(self, old_log_probs=old_log_probs)
+
+    def with_routed_experts(self, routed_experts: list[Tensor] | None) -> TrainBatch:
+        """A copy of the batch whose actor passes replay ``routed_experts`` (None: route live)."""
+        return dataclasses.replace(self, routed_experts=routed_experts)
 
     def with_is_weights(self, is_weights: list[Tensor]) -> TrainBatch:
         """A copy of the batch carrying per-token importance weights (validated like the constructor's)."""

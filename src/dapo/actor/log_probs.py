@@ -23,9 +23,10 @@ matmul per chunk).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -43,6 +44,7 @@ from dapo.model.batch_invariant import PositionKV, forward_at, gathered_log_prob
 from dapo.model.cache_layers import is_linear_layer, layer_states, load_linear_states
 from dapo.model.left_padding import left_pad
 from dapo.model.loading import unsupported_logits
+from dapo.model.router_replay import ROUTE_DTYPE, RouterTape, tape_of
 
 if TYPE_CHECKING:
     from dapo.config import ActorConfig
@@ -111,7 +113,7 @@ def resolve_layout(requested: str, model: nn.Module) -> str:
     (FSDP2 runs each layer's all-gather/reduce-scatter once per forward, and shared_prompt forwards twice), runs
     Hugging Face's activation checkpointing (its checkpointed layers drop the KV cache that carries the prompt to the
     responses; :func:`dapo.actor.update.configure_model_for_training` leaves it off for this layout, which checkpoints
-    its own passes) or has sliding-window layers: padded then. A model with linear-attention layers is never packed
+    its own passes), has sliding-window layers or replays its MoE routes: padded then. A model with linear-attention layers is never packed
     (their state does not restart at a sample boundary). An explicit layout that cannot run is refused, naming why.
     """
     if requested not in (*LAYOUTS, "auto"):
@@ -123,6 +125,8 @@ def resolve_layout(requested: str, model: nn.Module) -> str:
     sliding = "sliding_attention" in (getattr(config, "layer_types", None) or ())
     obstacle = ("the actor is sharded (FSDP2)" if is_sharded(model) else
                 "activation checkpointing is on" if uses_activation_checkpointing(model) else
+                # routes are replayed token by token onto one forward's input (dapo.model.router_replay)
+                "the routers are replayed (actor.router_replay.mode)" if tape_of(model) is not None else
                 # a sliding-window layer's cache keeps only the window, not every prompt token
                 "the model has sliding-window attention layers" if sliding else None)
     if requested == "shared_prompt" and obstacle is not None:
@@ -151,6 +155,39 @@ def _check_prompts(prompt_ids: Sequence[Tensor]) -> None:
         raise ValueError("no samples in the micro-batch")
     if any(int(p.numel()) < 1 for p in prompt_ids):
         raise ValueError("every prompt needs >= 1 token (it predicts the first response token)")
+
+
+@contextlib.contextmanager
+def _routes_laid_out(tape: RouterTape | None, build: Callable[..., SequenceRows], micro_batch: TrainBatch,
+                     device: torch.device) -> Iterator[None]:
+    """Around the one forward of a packed or padded micro-batch under router replay: every token numbered 1..
+    (sample after sample, prompt then response) and laid out by ``build`` as the tokens are, so the number at each
+    place of the forward's input says whose routes go there (0: padding, routed live and never counted). The
+    micro-batch's ``routed_experts`` are replayed; inside the tape's recording, the routes the forward took are left
+    per sample in ``tape.samples``."""
+    if tape is None:
+        yield
+        return
+    prompts, responses, start = [], [], 1
+    for prompt, response in zip(micro_batch.prompt_ids, micro_batch.response_ids, strict=True):
+        p, r = int(prompt.numel()), int(response.numel())
+        prompts.append(torch.arange(start, start + p))
+        responses.append(torch.arange(start + p, start + p + r))
+        start += p + r
+    laid = build(prompts, responses).input_ids.reshape(-1)
+    shape = (1, tape.num_layers, tape.top_k)
+    replay = None
+    if micro_batch.routed_experts is not None:
+        table = torch.cat([torch.full(shape, -1, dtype=ROUTE_DTYPE),
+                           *(r.to(ROUTE_DTYPE) for r in micro_batch.routed_experts)])
+        replay = table[laid].to(device)
+    with tape.replaying(replay, (laid > 0).to(device)):
+        yield
+    if tape.recording_now:
+        taken = tape.take().cpu()
+        flat = torch.full((start, *shape[1:]), -1, dtype=ROUTE_DTYPE)
+        flat[laid] = taken
+        tape.samples = list(flat[1:].split(micro_batch.sequence_lengths))
 
 
 def pack_sequences(
@@ -495,13 +532,17 @@ def compute_response_log_probs(
                                          rows.position_ids))
         hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, rows.predictor_index)
     elif layout == "shared_prompt":
+        if tape_of(model) is not None:
+            raise ValueError("actor.layout=shared_prompt does not replay MoE routes (actor.router_replay.mode); use "
+                             "padded or packed")
         rows = share_prompt_sequences(micro_batch.prompt_ids, micro_batch.response_ids, device, max_chunk_tokens)
         hidden = _shared_prompt_hidden(decoder, rows, recompute=checkpoint_passes and torch.is_grad_enabled())
     else:
         build = pack_sequences if layout == "packed" else pad_sequences
         rows = build(micro_batch.prompt_ids, micro_batch.response_ids, device)
-        hidden = _last_hidden(decoder(input_ids=rows.input_ids, position_ids=rows.position_ids,
-                                      attention_mask=rows.attention_mask, use_cache=False))
+        with _routes_laid_out(tape_of(model), build, micro_batch, device):
+            hidden = _last_hidden(decoder(input_ids=rows.input_ids, position_ids=rows.position_ids,
+                                          attention_mask=rows.attention_mask, use_cache=False))
         hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, rows.predictor_index)
 
     run = functools.partial(_chunk_log_probs, lm_head, temperature, with_entropy, entropy_grad, invariance is not None)
@@ -587,6 +628,8 @@ def _batch_log_probs(
     warn_oversized(plan.num_oversized, cfg.ppo_max_token_len_per_gpu, "compute_log_probs_batch")
     log_probs_out: list[Tensor | None] = [None] * len(batch)
     entropy_out: list[Tensor | None] = [None] * len(batch)
+    tape = tape_of(model)
+    routes_out: list[Tensor] = [torch.zeros(0)] * len(batch)  # inside a tape's recording: the routes taken (R2)
     with autocast_context(cfg.dtype, device):
         for indices in plan.micro_batches:  # ascending indices: each micro-batch keeps its groups contiguous
             log_probs, entropies = compute_response_log_probs(
@@ -595,8 +638,12 @@ def _batch_log_probs(
                 **({} if gather_ids is None else {"gather_ids": [gather_ids[i] for i in indices]}),
             )
             for j, i in enumerate(indices):
+                if tape is not None and tape.recording_now:
+                    routes_out[i] = tape.samples[j]
                 log_probs_out[i] = log_probs[j].to(batch.advantages.device)
                 if entropies is not None:
                     entropy_out[i] = entropies[j].to(batch.advantages.device)
+    if tape is not None and tape.recording_now:
+        tape.samples = routes_out
     lps = [r for r in log_probs_out if r is not None]
     return lps, ([e for e in entropy_out if e is not None] if with_entropy else None)

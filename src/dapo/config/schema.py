@@ -301,6 +301,16 @@ class RolloutConfig(_Section):
 
 
 # -------------------------------------------------------------------------------------------- actor
+class RouterReplayConfig(_Section):
+    """verl's ``actor_rollout_ref.actor.router_replay``: MoE routing replay (``dapo.model.router_replay``,
+    docs/models.md)."""
+
+    mode: Literal["disabled", "R2", "R3"] = Field(
+        "disabled", description="R3: the rollout engine records each token's top-k experts per MoE layer and the "
+        "actor's old-log-prob and update passes route to them; R2: the update replays the old-log-prob pass's "
+        "routes. Gate weights stay the live router's, so the router keeps learning")
+
+
 class OptimConfig(_Section):
     lr: float = Field(1e-4, gt=0.0, description="1e-4 suits the embedded 1M-parameter model; the paper uses 1e-6 at 32B")
     lr_warmup_steps: int = Field(3, ge=0, description="linear warm-up in optimizer steps, then constant")
@@ -433,6 +443,7 @@ class ActorConfig(_Section):
     gradient_checkpointing: bool = False
     dtype: Literal["fp32", "bf16"] = "fp32"
     optim: OptimConfig = Field(default_factory=OptimConfig)
+    router_replay: RouterReplayConfig = Field(default_factory=RouterReplayConfig)
 
     @model_validator(mode="after")
     def _loss_knobs_are_keys(self) -> "ActorConfig":
@@ -863,6 +874,28 @@ class DapoConfig(_Section):
             found.append(f"{key} needs model.lora_dropout=0: dropout makes the actor's forward random")
         return found
 
+    def _router_replay_problems(self) -> list[str]:
+        """What ``actor.router_replay.mode`` cannot run with, and why (each would replay wrong routes or none)."""
+        mode = self.actor.router_replay.mode
+        key, found = f"actor.router_replay.mode={mode}", []
+        if self.actor.layout == "shared_prompt":
+            found.append(f"{key} runs the actor with actor.layout=padded, packed or auto (routes are laid onto one "
+                         "forward's tokens; the shared-prompt passes are not built for it)")
+        if self.actor.gradient_checkpointing:
+            found.append(f"{key} cannot run with actor.gradient_checkpointing=true: the backward's recomputation "
+                         "would route live")
+        if self.actor.strategy == "fsdp2":
+            found.append(f"{key} runs with actor.strategy=replicated (the engine's unsharded copy is not replayed)")
+        if self.rollout.true_on_policy:
+            found.append(f"{key} is not needed with rollout.true_on_policy=true (the engine computes the actor's "
+                         "routes bitwise) and does not record under it")
+        if mode == "R3" and self.async_training.mode != "sync":
+            found.append(f"{key} runs with async_training.mode=sync (rollout workers and partial rollouts do not "
+                         "carry routes)")
+        if mode == "R3" and self.rollout.multi_turn.enable:
+            found.append(f"{key} does not run rollout.multi_turn (a trajectory's tool turns are not recorded)")
+        return found
+
     @model_validator(mode="after")
     def _cross_section(self) -> "DapoConfig":
         problems: list[str] = []
@@ -937,6 +970,8 @@ class DapoConfig(_Section):
             )
         if self.rollout.true_on_policy:
             problems.extend(self._true_on_policy_problems())
+        if self.actor.router_replay.mode != "disabled":
+            problems.extend(self._router_replay_problems())
         ds = self.distillation
         if ds.enabled and ds.distillation_loss.loss_mode in TOPK_LOSS_MODES and self.rollout.multi_turn.enable:
             problems.append("distillation.distillation_loss.loss_mode=forward_kl_topk with rollout.multi_turn is not "

@@ -38,6 +38,9 @@ class ScoredGroup:
     # Per response, per token: the weight version (trainer step) the engine held when it drew the token; None until
     # the rollout side stamps it (asynchronous training reads the lag of each sample from here, dapo.training.staleness).
     token_versions: list[list[int]] | None = None
+    # Per response, ``[prompt + response tokens, MoE layers, k]`` expert ids the rollout routed each token to (R3,
+    # ``actor.router_replay.mode``; -1 where none was recorded); None otherwise.
+    routed_experts: list[torch.Tensor] | None = None
 
     @property
     def rewards(self) -> list[float]:
@@ -66,6 +69,7 @@ class ScoredGroup:
             **({} if self.action_masks is None else {"action_masks": self.action_masks,
                                                       "tool_categories": self.tool_categories}),
             **({} if self.token_versions is None else {"token_versions": self.token_versions}),
+            **({} if self.routed_experts is None else {"routed_experts": [r.tolist() for r in self.routed_experts]}),
         }
 
     @classmethod
@@ -75,7 +79,9 @@ class ScoredGroup:
                             dict(p.get("extra_info", {})))  # checkpoints before extra_info was saved have none
         return cls(prompt, state["response_ids"], state["rollout_log_probs"], state["truncated"], state["scores"],
                    state["acc"], state["overlong_penalty"], state["preds"], state.get("action_masks"),
-                   state.get("tool_categories"), state.get("token_versions"))
+                   state.get("tool_categories"), state.get("token_versions"),
+                   None if "routed_experts" not in state else
+                   [torch.tensor(r, dtype=torch.int16) for r in state["routed_experts"]])
 
 
 def group_index_of(groups: Sequence[ScoredGroup]) -> torch.Tensor:
@@ -129,6 +135,7 @@ def score_rollout(
 
     tool_categories = getattr(rollout, "tool_categories", None)
     token_versions = rollout.token_versions  # set by an engine in a rollout worker (RemoteEngine), else None
+    routed_experts = rollout.routed_experts  # R3: the rollout's routes, else None
     groups: dict[int, ScoredGroup] = {}
     for i, p in enumerate(rollout.prompt_index):
         g = groups.get(p)
@@ -146,4 +153,6 @@ def score_rollout(
             g.tool_categories = (g.tool_categories or []) + [list(tool_categories[i])]
         if token_versions is not None:
             g.token_versions = (g.token_versions or []) + [list(token_versions[i])]
+        if routed_experts is not None:
+            g.routed_experts = (g.routed_experts or []) + [routed_experts[i]]
     return [groups[p] for p in sorted(groups)]

@@ -140,9 +140,15 @@ class RolloutOutput:
     # Per sample, per token: the weight version that drew it; set by engines that follow versioned pushes (a rollout
     # worker), None otherwise.
     token_versions: list[list[int]] | None = None
+    # Per sample, ``[prompt + response tokens, MoE layers, k]`` expert ids each token was routed to (-1: not recorded),
+    # from an engine asked for them (R3, ``actor.router_replay.mode``); None otherwise.
+    routed_experts: list[torch.Tensor] | None = None
 
     def __post_init__(self) -> None:
         count = len(self.prompt_index)
+        if self.routed_experts is not None and len(self.routed_experts) != count:
+            raise ValueError(f"RolloutOutput.routed_experts has {len(self.routed_experts)} entries but prompt_index "
+                             f"has {count}")
         for name in ("response_ids", "logprobs", "finish_reason"):
             if len(getattr(self, name)) != count:
                 raise ValueError(

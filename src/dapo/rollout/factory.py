@@ -51,6 +51,9 @@ class EngineCapabilities:
         preferred_on: the device types on which ``auto`` picks this engine, where it is available.
         batch_invariant: it decodes batch-invariantly inside ``dapo.model.batch_invariant.batch_invariant``, so its
             log-probs are the actor's bitwise (``rollout.true_on_policy``).
+        no_routed_experts: why it does not return the experts each token was routed to
+            (``RolloutOutput.routed_experts``, which R3 replays: ``actor.router_replay.mode=R3``,
+            ``dapo.model.router_replay``); None: it does.
     """
 
     tensor_parallel: bool = False
@@ -59,6 +62,7 @@ class EngineCapabilities:
     auto_dtype: Mapping[str, str] | None = None
     preferred_on: tuple[str, ...] = ()
     batch_invariant: bool = False
+    no_routed_experts: str | None = None
 
 
 @dataclass(frozen=True)
@@ -92,7 +96,11 @@ ENGINES: dict[str, EngineEntry] = {
     "vllm": EngineEntry(_lazy("dapo.rollout.vllm_engine", "build_vllm_engine"),
                         _lazy("dapo.rollout.vllm_engine", "vllm_available"),
                         EngineCapabilities(tensor_parallel=True, reserves_gpu_memory=True,
-                                           auto_dtype={"cpu": "float32", "cuda": "bfloat16"}, preferred_on=("cuda",)),
+                                           auto_dtype={"cpu": "float32", "cuda": "bfloat16"}, preferred_on=("cuda",),
+                                           # the installed vLLM 0.32 can (LLM(enable_return_routed_experts=True), its
+                                           # CompletionOutput.routed_experts); this engine does not ask for it yet
+                                           no_routed_experts="dapo's vLLM engine does not read vLLM's routed-experts "
+                                           "output (enable_return_routed_experts) yet"),
                         "vLLM", "vLLM (its own runtime; weights pushed after every update)"),
 }
 ENGINE_NAMES: tuple[str, ...] = tuple(ENGINES)

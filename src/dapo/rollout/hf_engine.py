@@ -42,6 +42,7 @@ from dapo.model.attention import (
 from dapo.model.batch_invariant import PositionKV, forward_at, invariance_of, token_log_probs
 from dapo.model.cache_layers import select_cache_rows
 from dapo.model.left_padding import left_pad
+from dapo.model.router_replay import ROUTE_DTYPE, tape_of
 from dapo.rollout.base import RolloutOutput, SamplingParams, StepCallback
 from dapo.rollout.kv_cache import preallocated_cache, shared_prompt_cache
 from dapo.rollout.sampler import sample_next_tokens, sample_stream_keys, stream_uniforms
@@ -152,13 +153,18 @@ class HFRolloutEngine:
         response_ids: list[list[int]] = []
         logprobs: list[list[float]] = []
         finish_reason: list[str] = []
+        invariance = invariance_of(self.model)
+        # R3 (actor.router_replay.mode): the routers' tape asks for every sample's routes, prompt and response
+        tape = tape_of(self.model)
+        routes: list[torch.Tensor] | None = [] if tape is not None and tape.rollout_routes else None
+        if routes is not None and invariance is not None:
+            raise ValueError("HFRolloutEngine: router replay does not record routes while decoding batch-invariantly")
         was_training = self.model.training
         self.model.eval()
-        invariance = invariance_of(self.model)
         generate_rows = self._generate_rows if invariance is None else self._generate_rows_invariant
         precision = grouped_query_sdpa(self.model) if invariance is None else invariance.autocast(self.device)
         try:
-            with torch.inference_mode(), precision:
+            with torch.inference_mode(), precision, tape.recording() if routes is not None else nullcontext():
                 cut = False
                 for start in range(0, len(rows), chunk_size):
                     count = len(rows[start : start + chunk_size])
@@ -166,18 +172,25 @@ class HFRolloutEngine:
                         response_ids += [[] for _ in range(count)]
                         logprobs += [[] for _ in range(count)]
                         finish_reason += ["length"] * count
+                        if routes is not None:
+                            routes += [self._no_routes(tape, prompts[p]) for p in rows[start : start + count]]
                         continue
                     ids, lps, reasons, cut = generate_rows(
                         prompts, rows[start : start + chunk_size], params, stop_ids, generator,
                         None if keys is None else keys[start : start + chunk_size],
-                        on_step=on_step, first_entry=start,
+                        on_step=on_step, first_entry=start, **({} if routes is None else {"routes": routes}),
                     )
                     response_ids += ids
                     logprobs += lps
                     finish_reason += reasons
         finally:
             self.model.train(was_training)
-        return RolloutOutput(rows, response_ids, logprobs, finish_reason)
+        return RolloutOutput(rows, response_ids, logprobs, finish_reason, routed_experts=routes)
+
+    @staticmethod
+    def _no_routes(tape, prompt: torch.Tensor) -> torch.Tensor:
+        """The routes of a sample that was never generated: its prompt's, unknown (-1: the actor routes live)."""
+        return torch.full((prompt.numel(), tape.num_layers, tape.top_k), -1, dtype=ROUTE_DTYPE)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy the given tensors into the model's parameters/buffers of the same name.
@@ -270,11 +283,15 @@ class HFRolloutEngine:
         *,
         on_step: StepCallback | None = None,
         first_entry: int = 0,
+        routes: list[torch.Tensor] | None = None,
     ) -> tuple[list[list[int]], list[list[float]], list[str], bool]:
         """Generate one response per entry of ``rows`` (a prompt index each) as one shrinking batch; ``keys`` (one
         stream key per row) replace ``generator`` as the source of randomness when given. ``on_step`` hears of every
-        step's tokens (rows numbered from ``first_entry``); the last value returned: whether it ended the call."""
+        step's tokens (rows numbered from ``first_entry``); the last value returned: whether it ended the call.
+        ``routes`` (R3, inside the model's tape's recording): each row's ``[prompt + response, layers, k]`` expert ids
+        are appended; a response's last token is never fed to the model, so its routes are -1 (the actor's own)."""
         device = self.device
+        tape = tape_of(self.model) if routes is not None else None
         # Prefill each distinct prompt once, left-padded; then give every row a copy of its prompt's cache.
         distinct, to_distinct = _distinct_prompts(rows, device)
         row_to_distinct = to_distinct if len(distinct) < len(rows) else None
@@ -287,6 +304,11 @@ class HFRolloutEngine:
         share = row_to_distinct is not None and self.model.config._attn_implementation == GQA_SDPA
         cache = preallocated_cache(self.model.config, capacity=width if share else width + params.max_tokens)
         logits = self._next_token_logits(input_ids, attention_mask if padded else None, position_ids, cache)
+        if tape is not None:  # each distinct prompt's routes at its real (unpadded) positions
+            prefill = tape.take().view(*input_ids.shape, tape.num_layers, tape.top_k).cpu()
+            prompt_routes = [prefill[d, width - prompts[p].numel():] for d, p in enumerate(distinct)]
+            out_routes = torch.full((len(rows), params.max_tokens, tape.num_layers, tape.top_k), -1,
+                                    dtype=ROUTE_DTYPE)
         next_position = position_ids[:, -1] + 1
         decode_kwargs: dict[str, object] = {}
         if row_to_distinct is not None:
@@ -349,9 +371,15 @@ class HFRolloutEngine:
                     tokens.unsqueeze(-1), attention_mask if padded else None, next_position.unsqueeze(-1), cache,
                     **decode_kwargs,
                 )
+                if tape is not None:  # the routes of response token `step`, fed in this forward
+                    out_routes[alive.cpu(), step] = tape.take().cpu()
                 next_position = next_position + 1
 
-        return (*_responses(out_tokens[:, :steps_done], out_logprobs[:, :steps_done], stop_ids, steps_done), cut)
+        responses = _responses(out_tokens[:, :steps_done], out_logprobs[:, :steps_done], stop_ids, steps_done)
+        if routes is not None:
+            routes += [torch.cat([prompt_routes[int(to_distinct[k])], out_routes[k, : len(ids)]])
+                       for k, ids in enumerate(responses[0])]
+        return (*responses, cut)
 
     def _generate_rows_invariant(
         self,

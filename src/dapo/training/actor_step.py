@@ -27,8 +27,10 @@ from dapo.distillation.teachers import TeacherSet
 from dapo.distributed.world import World
 from dapo.infra.timing import PhaseTimer
 from dapo.model.loading import Policy
+from dapo.model.router_replay import tape_of
 from dapo.reward.scored_groups import ScoredGroup
 from dapo.training.errors import TrainingError
+from dapo.training.routing_replay_pass import replayed_old_log_probs
 from dapo.training.step_metrics import batch_metrics, policy_metrics
 from dapo.training.train_batch import build_train_batch
 from dapo.training.weight_sync import actor_log_probs_of
@@ -104,7 +106,7 @@ def old_log_prob_source(cfg: DapoConfig, *, num_groups: int, engine_samples_from
         bypass = rc.bypass_mode or (cfg.async_training.pi_old == "bypass" and rc.rollout_is is None)
         return "rollout" if bypass else "recompute"
     mode = cfg.actor.recompute_old_log_prob
-    if mode == "always":
+    if mode == "always" or cfg.actor.router_replay.mode != "disabled":  # replay measures (R3) or records (R2) there
         return "recompute"
     if cfg.distillation.enabled and mode != "never" and not cfg.algorithm.rollout_correction.bypass_mode:
         return "recompute"  # the teacher's signal needs the student's log-probs before the update
@@ -161,7 +163,14 @@ def update_actor(groups: Sequence[ScoredGroup], policy: Policy, optimizer, sched
                                  off_policy=off_policy)
     metrics: dict[str, float] = {"actor/old_log_prob_recomputed": float(source == "recompute")}
     record = None if source == "recompute" else FirstPassRecord()
-    if source == "recompute":
+    tape = tape_of(policy.model)  # MoE routing replay (actor.router_replay.mode), else None
+    if source == "recompute" and tape is not None:
+        with timer("old_log_prob"):
+            batch, old_log_probs, entropies, replay_metrics = replayed_old_log_probs(policy.model, tape, batch, cfg)
+        metrics.update(replay_metrics)
+        batch, correction = with_rollout_correction(batch.with_old_log_probs(old_log_probs), cfg)
+        metrics.update(correction)
+    elif source == "recompute":
         with timer("old_log_prob"):  # pi_theta_old: the actor recomputes the log-probs of the sampled tokens
             old_log_probs, entropies = forward_through(  # a sharded actor: one root forward for the whole pass
                 policy.model, compute_log_probs_and_entropy_batch, batch, cfg.actor, temperature=cfg.rollout.temperature
@@ -193,6 +202,8 @@ def update_actor(groups: Sequence[ScoredGroup], policy: Policy, optimizer, sched
             raise TrainingError(f"step {step}, phase update_actor: {str(exc).rstrip('.')}. The last complete "
                                 f"checkpoint is untouched; lower actor.optim.lr or use actor.dtype=fp32") from exc
 
+    if tape is not None and (update_agreement := tape.agreement()) is not None:
+        metrics["moe/update_routing_agreement"] = update_agreement  # replayed vs live: how far the router moved
     check_actor_logits(policy, groups, step)
     metrics.update(batch_metrics(groups, batch.advantages, max_response_length=cfg.data.max_response_length))
     if record is None:  # over actions only (a multi-turn trajectory's tool tokens are context)

@@ -61,7 +61,7 @@ def train(cfg: DapoConfig, world: World = World()) -> TrainResult:
         kind = SOURCES[cfg.async_training.mode]
         source = kind(run) if not split.shares_batches else SharedSource(
             kind(run) if split.leads_rollout else None, run.world, kind)
-        with run.batch_invariance():
+        with run.batch_invariance(), run.routing_replay():
             return train_loop(run, source)
     finally:
         run.close()

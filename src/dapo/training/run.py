@@ -45,6 +45,7 @@ from dapo.infra.tracking import Tracker, truncate_metrics_after
 from dapo.model.hub import HubResolveError, resolve_data_config
 from dapo.model.loading import Policy, load_policy
 from dapo.model.lora import with_lora
+from dapo.model.router_replay import moe_problem, router_replay
 from dapo.reward.batch import RewardScorer
 from dapo.reward.custom_fn import load_custom_reward_fn
 from dapo.reward.scored_groups import reward_scorer_of
@@ -324,10 +325,31 @@ class Run:
             stack.enter_context(batch_invariant(module, invariance))
         return stack
 
+    def routing_replay(self) -> contextlib.AbstractContextManager[object]:
+        """The actor's MoE routers under one tape for the run (``actor.router_replay.mode``,
+        dapo.model.router_replay): R3's engine records every sample's routes on it; nothing is patched when off."""
+        mode = self.cfg.actor.router_replay.mode
+        if mode == "disabled":
+            return contextlib.nullcontext()
+        return router_replay(self.policy.model, rollout_routes=mode == "R3")
+
     def close(self) -> None:
         close_quietly([("the reward scorer", self.scorer.close if self.scorer else lambda: None),
                        ("the rollout engine", self.engine.close if self.engine else lambda: None),
                        ("the distillation teachers", self.teachers.close if self.teachers else lambda: None)])
+
+
+def check_router_replay(engine_name: str, model: torch.nn.Module, cfg: DapoConfig) -> None:
+    """``actor.router_replay.mode`` needs a mixture-of-experts model whose routers can be replayed, and for R3 an
+    engine that returns the experts it routed to."""
+    mode = cfg.actor.router_replay.mode
+    problem = moe_problem(model)
+    if problem is not None:
+        raise TrainingError(f"actor.router_replay.mode={mode}: {cfg.model.path or 'the model'} cannot: {problem}")
+    why_not = engine_capabilities(engine_name).no_routed_experts
+    if mode == "R3" and why_not is not None:
+        raise TrainingError(f"actor.router_replay.mode=R3: the {engine_name} engine cannot record routes: {why_not}; "
+                            "use rollout.name=hf, or mode=R2 (replays the actor's own old-log-prob routes)")
 
 
 def check_true_on_policy(engine_name: str, model: torch.nn.Module, cfg: DapoConfig) -> None:
@@ -376,6 +398,8 @@ def build_run(cfg: DapoConfig, world: World = World(), split: JobSplit | None = 
     spec = engine_spec_of(cfg, world)
     if cfg.rollout.true_on_policy:  # before the engine loads: refused in seconds, not after its start-up
         check_true_on_policy(spec.name, policy.model, cfg)
+    if cfg.actor.router_replay.mode != "disabled":  # likewise
+        check_router_replay(spec.name, policy.model, cfg)
     # The Transformers engine's own copy (before sharding: the same architecture and weights), when the actor is
     # sharded or rollout.dtype differs from the actor's; None: it shares the actor's module.
     engine_module = (hf_engine_copy(spec, policy.model, sharded=cfg.actor.strategy == "fsdp2")

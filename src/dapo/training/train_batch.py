@@ -41,4 +41,7 @@ def build_train_batch(groups: Sequence[ScoredGroup], cfg: DapoConfig) -> TrainBa
         # multi-turn: a tool's output is context, not an action (no gradient, no entropy, not counted in Eq. 12)
         action_mask=None if any(g.action_masks is None for g in groups) else
         [torch.tensor(m, dtype=torch.bool) for g in groups for m in g.action_masks],
+        # R3: the rollout's routes, replayed by the actor's passes
+        routed_experts=None if any(g.routed_experts is None for g in groups) else
+        [r for g in groups for r in g.routed_experts],
     )

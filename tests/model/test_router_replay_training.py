@@ -1,0 +1,79 @@
+"""``dapo train`` with MoE routing replay (#35): two steps of a tiny Qwen3-MoE with actor.router_replay.mode=R3 log
+routing agreement 1.0 between the rollout and the actor and a log-prob gap no larger than without replay; R2 trains;
+the combinations replay cannot run are refused naming the key, and the default run installs nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from families import build_tiny_model, save_tiny_model
+from test_family_matrix import FAST
+
+from dapo.config import DapoConfig
+from dapo.config.loading import build_config
+from dapo.training.errors import TrainingError
+from dapo.training.loop import train
+from dapo.training.run import check_router_replay
+
+
+def trained_steps(tmp_path: Path, family: str, *overrides: str) -> list[dict]:
+    folder = save_tiny_model(family, tmp_path / "model", eos_token_ids=range(2, 601, 6))
+    # Two mini-batches a step: the second trains after an optimizer step, so replayed and live routes can differ.
+    cfg = build_config(None, [*FAST, f"model.path={folder}", "actor.ppo_mini_batch_size=1",
+                              f"trainer.default_local_dir={tmp_path}", f"trainer.experiment_name={family}", *overrides])
+    result = train(cfg)
+    assert result.steps_done == 2
+    return [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_r3_trains_with_routing_agreement_one_and_no_larger_gap(tmp_path: Path) -> None:
+    steps = trained_steps(tmp_path, "qwen3_moe", "actor_rollout_ref.actor.router_replay.mode=R3")
+    for step in steps:
+        assert step["moe/routing_agreement"] == 1.0
+        assert step["moe/log_prob_gap/replayed_max"] <= step["moe/log_prob_gap/live_max"]
+        assert step["moe/log_prob_gap/replayed_max"] == step["rollout/log_prob_diff/max"]  # pi_old is the replayed one
+        assert 0.0 <= step["moe/expert_load/min"] <= 0.25 <= step["moe/expert_load/max"] <= 1.0  # 4 experts
+        assert 0.0 < step["moe/update_routing_agreement"] <= 1.0
+        assert torch.isfinite(torch.tensor(step["actor/pg_loss"]))
+
+
+def test_r2_trains_replaying_the_old_log_prob_pass(tmp_path: Path) -> None:
+    steps = trained_steps(tmp_path, "qwen3_moe", "actor.router_replay.mode=R2")
+    for step in steps:
+        assert "moe/routing_agreement" not in step  # no rollout routes to agree with
+        assert 0.0 < step["moe/update_routing_agreement"] <= 1.0
+        assert "moe/expert_load/max" in step
+
+
+@pytest.mark.parametrize(("extra", "named"), [
+    ({"actor": {"layout": "shared_prompt"}}, "actor.layout=padded, packed or auto"),
+    ({"actor": {"gradient_checkpointing": True}}, "actor.gradient_checkpointing=true"),
+    ({"actor": {"strategy": "fsdp2"}}, "actor.strategy=replicated"),
+    ({"rollout": {"true_on_policy": True}}, "rollout.true_on_policy=true"),
+    ({"async_training": {"mode": "one_step_off"}}, "async_training.mode=sync"),
+    ({"rollout": {"multi_turn": {"enable": True}}}, "rollout.multi_turn"),
+])
+def test_combinations_replay_cannot_run_are_refused_naming_the_key(extra: dict, named: str) -> None:
+    actor = {**extra.get("actor", {}), "router_replay": {"mode": "R3"}}
+    with pytest.raises(ValueError, match="actor.router_replay.mode=R3") as refused:
+        DapoConfig.model_validate({**extra, "actor": actor})
+    assert named in str(refused.value)
+
+
+def test_a_dense_model_and_an_engine_without_routes_are_refused() -> None:
+    cfg = DapoConfig.model_validate({"actor": {"router_replay": {"mode": "R3"}}})
+    with pytest.raises(TrainingError, match="R3: .* is not a mixture-of-experts model"):
+        check_router_replay("hf", build_tiny_model("qwen3"), cfg)
+    with pytest.raises(TrainingError, match="the vllm engine cannot record routes: .*enable_return_routed_experts"):
+        check_router_replay("vllm", build_tiny_model("qwen3_moe"), cfg)
+    check_router_replay("hf", build_tiny_model("qwen3_moe"), cfg)
+
+
+def test_the_default_run_is_unchanged_and_patches_nothing(tmp_path: Path) -> None:
+    """Replay off (the default): no moe/ metric (and no router patched: test_router_replay)."""
+    assert DapoConfig().actor.router_replay.mode == "disabled"
+    steps = trained_steps(tmp_path, "qwen3_moe")
+    assert not any(key.startswith("moe/") for step in steps for key in step)

@@ -149,9 +149,13 @@ def test_readme_commands_run_in_order_in_one_folder(tmp_path):
            "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO), os.environ.get("PYTHONPATH", "")])}
     port = free_loopback_port()
     servers: list[subprocess.Popen] = []
-    ran, skipped = [], []
+    ran, skipped, took = [], [], []
+    lines = readme_command_lines(README.read_text(encoding="utf-8"))
     try:
-        for line in readme_command_lines(README.read_text(encoding="utf-8")):
+        for index, line in enumerate(lines):
+            if servers and not any("--base-url" in later for later in lines[index:]):
+                for proc in servers:  # nothing after this line talks to it: its Ray processes would share the CPUs
+                    stop_session(proc)
             argv = shlex.split(line, comments=True)
             background = argv[-1] == "&"
             argv = argv[:-1] if background else argv
@@ -169,7 +173,9 @@ def test_readme_commands_run_in_order_in_one_folder(tmp_path):
                 wait_for_banner(log, servers[-1], SERVE_WAIT_S)
                 ran.append(line)
                 continue
+            start = time.monotonic()
             result = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=300)
+            took.append(f"{time.monotonic() - start:6.1f} s  {line}")
             assert result.returncode == 0, (f"README line failed (rc {result.returncode}): {line}\nran: "
                                             f"{shlex.join(cmd)}\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
             ran.append(line)
@@ -177,4 +183,4 @@ def test_readme_commands_run_in_order_in_one_folder(tmp_path):
         for proc in servers:
             stop_session(proc)
     assert any(line.startswith("dapo plot") for line in ran), ran
-    print("not run:\n" + "\n".join(skipped))
+    print("ran:\n" + "\n".join(took) + "\nnot run:\n" + "\n".join(skipped))

@@ -18,7 +18,7 @@ def model_name(model: str | None) -> str:
     if not model:
         return EMBEDDED_MODEL_NAME
     folder = Path(model.rstrip("/"))
-    if folder.name == "merged" and folder.parent.name == "hf":
+    if folder.match("global_step_*/hf/merged"):  # the checkpoint's folder name, not an engine's
         folder = folder.parent
     if folder.match("global_step_*/hf"):
         step = folder.parent

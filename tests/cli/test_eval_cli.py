@@ -96,6 +96,16 @@ def test_each_checkpoint_gets_its_own_default_output():
         "runs/eval/Qwen2.5-7B__aime-2024.jsonl")
 
 
+def test_a_multi_turn_evaluation_gets_its_own_default_output():
+    """The README's single- and multi-turn lines on one model and set, in a row: the second must not resume the
+    first's file (and be refused for other settings)."""
+    from dapo.cli.eval_cmd import default_output
+
+    assert default_output(None, ("aime-2024.parquet",), multi_turn=True) == Path(
+        "runs/eval/tiny-qwen2__aime-2024__multi-turn.jsonl")
+    assert default_output(None, ("aime-2024.parquet",)) == Path("runs/eval/tiny-qwen2__aime-2024.jsonl")
+
+
 # ---- the multi-turn tool loop --------------------------------------------------------------------------------------
 
 CALCULATOR = str(Path(__file__).resolve().parents[2] / "configs" / "tools" / "tiny_calculator.yaml")
@@ -170,3 +180,17 @@ def test_eval_refuses_a_checkpoint_whose_merged_model_is_another_one(tmp_path):
     assert "hf/merged/model.safetensors does not match its checksum" in r.output and str(ckpt) in r.output
     assert "another checkpoint of the run" in r.output and "resume" not in r.output
     assert not (tmp_path / "o2.jsonl").exists()
+
+
+def test_eval_budget_fits_the_tiny_models_context_or_is_refused(tmp_path):
+    """The embedded model has 512 positions: with no --max-tokens the budget is what the longest prompt leaves (the
+    recorded setting, below 1024); 20480 is refused before any sample, naming the context and what fits."""
+    out = tmp_path / "s.jsonl"
+    r = _run(["--test-file", "synth", "--output", str(out), "--max-problems", "2", "--n", "1", "--quiet"])
+    assert r.exit_code == 0, r.output
+    budget = json.loads((tmp_path / "s.summary.json").read_text())["settings"]["max_tokens"]
+    assert 0 < budget < 512
+    r = _run(["--test-file", "synth", "--output", str(tmp_path / "t.jsonl"), "--max-problems", "2", "--n", "1",
+              "--max-tokens", "20480", "--quiet"])
+    assert r.exit_code != 0 and "512-token context" in r.output and f"--max-tokens {budget} or less" in r.output
+    assert not (tmp_path / "t.jsonl").exists()

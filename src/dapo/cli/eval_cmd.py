@@ -20,7 +20,9 @@ from rich.table import Table
 
 from dapo.evaluation.backends import EvalError
 from dapo.evaluation.problems import SYNTH_NAME, TEMPLATES
+from dapo.evaluation.response_budget import DEFAULT_MAX_TOKENS, response_budget
 from dapo.infra.device import DEVICE_CHOICES
+from dapo.infra.model_name import model_name
 from dapo.rollout.factory import AUTO_ENGINE, ENGINE_NAMES
 
 
@@ -28,24 +30,13 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "model"
 
 
-def model_display_name(model: str | None) -> str:
-    """The name a model is reported (and served) under: its folder name; the embedded model is ``tiny-qwen2``."""
-    if not model:
-        return "tiny-qwen2"
-    return Path(model.rstrip("/")).name or model
-
-
-def default_output(model: str | None, test_files: tuple[str, ...]) -> Path:
-    """``runs/eval/<model>__<test files>.jsonl``; a checkpoint's ``.../<run>/checkpoints/global_step_N/hf`` is named
-    ``<run>-global_step_N``, so each checkpoint of a run gets its own file (its folder name, ``hf``, is the same)."""
+def default_output(model: str | None, test_files: tuple[str, ...], *, multi_turn: bool = False) -> Path:
+    """``runs/eval/<model>__<test files>[__multi-turn].jsonl``, the model named by :func:`dapo.infra.model_name.model_name`
+    (each checkpoint of a run gets its own file: their folders are all called ``hf``); a multi-turn evaluation gets its
+    own file, so it does not try to resume the single-turn one of the same model and set (and be refused)."""
     stem = "+".join(Path(f).stem for f in test_files)
-    name = model_display_name(model)
-    if model:
-        folder = Path(model.rstrip("/"))
-        if folder.match("global_step_*/hf"):
-            run = folder.parent.parent.parent.name if folder.parent.parent.name == "checkpoints" else ""
-            name = f"{run}-{folder.parent.name}" if run else folder.parent.name
-    return Path("runs") / "eval" / f"{_slug(name)}__{_slug(stem)}.jsonl"
+    suffix = "__multi-turn" if multi_turn else ""
+    return Path("runs") / "eval" / f"{_slug(model_name(model))}__{_slug(stem)}{suffix}.jsonl"
 
 
 def _fmt(value: Any) -> str:
@@ -90,7 +81,9 @@ def build_local_backend(model: str | None, backend: str, device: str, max_tokens
                       tensor_parallel_size=tensor_parallel_size)
     loaded = load_model_engine(ModelConfig(path=model, trust_remote_code=trust_remote_code), spec, device=device,
                                remote_code_switch="pass --trust-remote-code")
-    return LocalBackend(loaded.engine, loaded.tokenizer, max_prompt_length=max_prompt_length), loaded.spec.name
+    context = getattr(loaded.policy.model.config, "max_position_embeddings", None)
+    return LocalBackend(loaded.engine, loaded.tokenizer, max_prompt_length=max_prompt_length,
+                        max_model_len=int(context) if context else None), loaded.spec.name
 
 
 def _test_file_id(name: str, synth_config: Path | None) -> str:
@@ -113,8 +106,10 @@ def _test_file_id(name: str, synth_config: Path | None) -> str:
 @click.option("--temperature", type=click.FloatRange(min=0.0), default=1.0, show_default=True)
 @click.option("--top-p", type=click.FloatRange(min=0.0, min_open=True, max=1.0), default=0.7, show_default=True)
 @click.option("--top-k", type=click.IntRange(min=-1), default=-1, show_default=True, help="-1 = off")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=1024, show_default=True,
-              help="response length cap (the paper: 20480)")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=None,
+              help=f"response length cap (the paper: 20480); default {DEFAULT_MAX_TOKENS} or what the model's context "
+                   "leaves after the longest prompt (with --base-url: half the served max_model_len), whichever is "
+                   "less; more than the context leaves is refused")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--template", type=click.Choice(TEMPLATES), default="dapo", show_default=True,
               help="raw problem files: wrap problems in the DAPO prompt template, or send them as they are")
@@ -184,19 +179,31 @@ def eval_command(model, test_files, synth_config, n, temperature, top_p, top_k, 
             raise click.ClickException("--multi-turn runs the tool loop on a local engine (token in, token out); it "
                                        "cannot run against --base-url")
         problems = load_problems(list(test_files), template=template, max_problems=max_problems, synth=synth)
-        output = output or default_output(model, test_files)
         if base_url:
             from dapo.evaluation.backends import OpenAIBackend
 
             eval_backend = OpenAIBackend(base_url, model, concurrency=concurrency, max_retries=max_retries,
                                          timeout_s=request_timeout)
+            eval_backend.probe()  # the served name (the default output's) and its context (the budget's)
             engine_name = "openai"
-            model_name = model or "<served>"
+            reported_model = eval_backend.model
+            max_tokens = response_budget(max_tokens, eval_backend.max_model_len, None,
+                                         model=f"the served '{reported_model}'")
+            # a served model gets its own file: a local evaluation of the same folder has other settings
+            output = output or default_output(f"{reported_model}-served", test_files)
         else:
-            eval_backend, engine_name = build_local_backend(model, backend, device, max_tokens, None,
-                                                            max_prompt_length, seed, tensor_parallel_size,
+            eval_backend, engine_name = build_local_backend(model, backend, device, max_tokens or DEFAULT_MAX_TOKENS,
+                                                            None, max_prompt_length, seed, tensor_parallel_size,
                                                             trust_remote_code=trust_remote_code)
-            model_name = model or "tiny-qwen2 (embedded)"
+            reported_model = model or "tiny-qwen2 (embedded)"
+            try:
+                longest = max(len(eval_backend.encode(p.messages)) for p in problems)
+                max_tokens = response_budget(max_tokens, eval_backend.max_model_len, longest,
+                                             model=f"the model '{model_name(model)}'")
+            except EvalError:
+                close_quietly([("the evaluation engine", eval_backend.close)])
+                raise
+            output = output or default_output(model, test_files, multi_turn=bool(multi_turn))
             if multi_turn:
                 from dapo.rollout.tool_rollout import ToolUnavailableError, tool_rollout
                 try:
@@ -205,7 +212,7 @@ def eval_command(model, test_files, synth_config, n, temperature, top_p, top_k, 
                 except ToolUnavailableError as exc:  # its message names the key
                     close_quietly([("the evaluation engine", eval_backend.close)])
                     raise click.ClickException(str(exc)) from None
-        settings = EvalSettings(model=model_name, test_files=tuple(_test_file_id(f, synth_config) for f in test_files), n=n,
+        settings = EvalSettings(model=reported_model, test_files=tuple(_test_file_id(f, synth_config) for f in test_files), n=n,
                                 temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens, seed=seed,
                                 template=template, max_problems=max_problems, backend=engine_name,
                                 batch_size=batch_size,

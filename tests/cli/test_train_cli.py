@@ -48,7 +48,7 @@ def test_short_train_through_the_cli(tmp_path, fast_args):
     assert "validation val/acc/mean@2: first" in proc.stdout and "plots:" in proc.stdout
     # trainer.profile_steps=[2]: step 2's generation and update, each with its own operators (step 1 not profiled)
     assert sorted(p.name for p in (run_dir / "profile").iterdir()) == ["step2.json", "step2.txt"]
-    assert f"profile (trainer.profile_steps" in proc.stdout and str(run_dir / "profile" / "step2.txt") in proc.stdout
+    assert "profile (trainer.profile_steps" in proc.stdout and str(run_dir / "profile" / "step2.txt") in proc.stdout
     profile = json.loads((run_dir / "profile" / "step2.json").read_text())
     assert {"gen", "reward", "update_actor", "sync_weights"} <= set(profile["phases"])
     for phase in ("gen", "update_actor"):

@@ -156,8 +156,8 @@ def test_runs_with_different_k_get_separate_validation_panels(tmp_path: Path) ->
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
     assert titles == ["validation accuracy (mean@8)", "validation accuracy (mean@32)"]
     by_title = {ax.get_title(): ax for ax in fig.axes}
-    assert [l.get_label() for l in by_title["validation accuracy (mean@8)"].get_lines()] == ["k8"]
-    assert [l.get_label() for l in by_title["validation accuracy (mean@32)"].get_lines()] == ["k32"]
+    assert [line.get_label() for line in by_title["validation accuracy (mean@8)"].get_lines()] == ["k8"]
+    assert [line.get_label() for line in by_title["validation accuracy (mean@32)"].get_lines()] == ["k32"]
 
 
 def test_metrics_choose_panels_and_smoothing_adds_a_smoothed_line(two_runs: list[Path]) -> None:

@@ -126,9 +126,9 @@ def named_section_type(annotation: Any) -> type[BaseModel] | None:
 
 def _all_keys(model: type[BaseModel] = DapoConfig, prefix: str = "") -> list[str]:
     keys: list[str] = []
-    for name, field in model.model_fields.items():
-        sub = _section_type(field.annotation)
-        named = named_section_type(field.annotation)
+    for name, info in model.model_fields.items():
+        sub = _section_type(info.annotation)
+        named = named_section_type(info.annotation)
         if named is not None:
             keys += _all_keys(named, f"{prefix}{name}.<name>.")
             continue

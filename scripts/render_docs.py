@@ -28,6 +28,17 @@ Every figure between ``<!-- generated:NAME -->`` and ``<!-- /generated -->`` in 
   docs/runs/bench-ttft-tiny.json
       what benchmarks/bench_serve.py wrote for `dapo serve` and `vllm serve` in one run (meta: date, argv, commit,
       host CPU and load, versions, note; per server and client count: TTFT, ITL, chunks per token, throughput)
+  docs/runs/bench-serve-tiny.json, bench-serve-smollm2.json
+      benchmarks/bench_serve.py's rows for the three servers before the Transformers backend streamed per token (the
+      SmolLM2 record names the three commands its rows came from)
+  docs/img/vs_trl_tiny_passive.json
+      benchmarks/vs_trl.py's tiny job with dapo waiting passively (OMP_WAIT_POLICY) and TRL spinning
+
+Outside those blocks no measured figure is typed by hand: ``--check`` also fails on a number with a unit of measure
+(s, ms, min, x, %, tokens/s, GB, MB, GiB, points) in README.md or docs/*.md outside a generated block, a code span or
+a code block, unless NOT_MEASURED names it (a setting, a default, a test's bound) or it is one of the figures
+PENDING still counts per document (typed before this check; each goes when it is rendered or removed, and the count
+must then come down with it).
 
     python scripts/render_docs.py            # rewrite the generated blocks in place
     python scripts/render_docs.py --check    # exit 1, naming each block that differs (tests/test_docs_generated.py)
@@ -47,8 +58,7 @@ from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ("README.md", "docs/guide.md", "docs/models.md", "docs/performance.md", "docs/results.md",
-        "docs/serving.md", "docs/tiny-model.md", "docs/tools.md", "docs/true-on-policy.md")
+DOCS = ("README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")))
 BLOCK = re.compile(r"<!-- generated:([\w-]+) -->(.*?)<!-- /generated -->", re.S)
 VS_TRL = {"tiny": "docs/img/vs_trl_tiny.json", "smollm2": "docs/img/vs_trl_smollm2.json",
           "smollm2-bf16": "docs/img/vs_trl_smollm2_bf16_rollout.json"}
@@ -58,6 +68,8 @@ PROFILE_RUN = "docs/runs/profile-smollm2"
 HARNESS_RUNS = "docs/runs/harness-vs-benchmark"
 OMP_POLICY = "docs/runs/omp-policy.json"
 BENCH_TTFT = "docs/runs/bench-ttft-tiny.json"
+BENCH_SERVE = {"tiny": "docs/runs/bench-serve-tiny.json", "smollm2": "docs/runs/bench-serve-smollm2.json"}
+VS_TRL_PASSIVE = "docs/img/vs_trl_tiny_passive.json"
 MODEL_MATRIX = "docs/runs/model-matrix.json"
 TRUE_ON_POLICY = "docs/runs/true-on-policy"
 
@@ -451,6 +463,83 @@ def serving_ttft() -> str:
     return "\n".join(lines) + "\n"
 
 
+@cache
+def bench_serve(key: str) -> tuple[list[str], list[dict]]:
+    """A bench_serve.py record's commands and rows: the tiny one is the list one command wrote, the SmolLM2 one a
+    dict that names its three commands (``commands``) beside the rows they wrote."""
+    record = json.loads((ROOT / BENCH_SERVE[key]).read_text(encoding="utf-8"))
+    if isinstance(record, list):
+        return ["one command for all three targets"], record
+    return record["commands"], record["rows"]
+
+
+def _option(command: str, flag: str) -> list[str]:
+    words = command.split()
+    return words[words.index(flag) + 1].split(",")
+
+
+def _command_of(commands: list[str], row: dict) -> int:
+    """The index of the command that wrote ``row``: the one whose --targets and --clients name it (one command only
+    when the record has one)."""
+    if len(commands) == 1:
+        return 0
+    (index,) = [i for i, c in enumerate(commands)
+                if row["target"] in _option(c, "--targets") and str(row["clients"]) in _option(c, "--clients")]
+    return index
+
+
+REQ_S, TOK_S, TTFT50, TTFT99 = "requests_per_s", "tokens_per_s", "ttft_p50_ms", "ttft_p99_ms"
+DOT = " · "  # between client counts where a cell already holds "p50/p99"
+
+
+def serving_load() -> str:
+    """Throughput and latencies of the three servers per model, each row naming the command that measured it, and the
+    ratios to `vllm serve` taken only between rows of one command."""
+    lines = ["", "| target | model | command | clients | req/s | gen tokens/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) "
+             "| failed |", "|---|---|---|---|---|---|---|---|---|"]
+    ratios, sources = [], []
+    for key in BENCH_SERVE:
+        commands, rows = bench_serve(key)
+        groups: dict[tuple[str, int], list[dict]] = {}
+        for r in rows:
+            groups.setdefault((r["target"], _command_of(commands, r)), []).append(r)
+        for (target, command), rs in groups.items():
+            def cells(fmt: Callable[[dict], str], sep: str = " / ") -> str:
+                return sep.join(fmt(r) for r in rs)
+            itl = ("one delta per response" if all(r["itl_p50_ms"] == 0 for r in rs)
+                   else cells(lambda r: f"{r['itl_p50_ms']:.0f}/{r['itl_p99_ms']:.0f}", DOT))
+            lines.append(f"| {target} | {key} | {command + 1} | {cells(lambda r: str(r['clients']))} | "
+                         f"{cells(lambda r: f'{r[REQ_S]:.2f}')} | {cells(lambda r: f'{r[TOK_S]:.1f}')} | "
+                         f"{cells(lambda r: f'{r[TTFT50]:.0f}/{r[TTFT99]:.0f}', DOT)} | {itl} | "
+                         f"{sum(r['failed'] for r in rs)} |")
+        by = {(r["target"], _command_of(commands, r), r["clients"]): r for r in rows}
+        paired = set()
+        for (target, command, clients), r in by.items():
+            vllm = by.get(("vllm", command, clients))
+            if target != "vllm" and vllm:
+                paired.add(target)
+                ratios.append(f"{key} {target} at {clients}: {r[TOK_S] / vllm[TOK_S]:.2f}x the tokens/s, "
+                              f"{r[TTFT50] / vllm[TTFT50]:.1f}x the median TTFT")
+        unpaired = sorted({t for t, _, _ in by if t != "vllm"} - paired)
+        if unpaired:
+            ratios.append(f"{key} {', '.join(unpaired)}: no `vllm serve` row in its command, so no ratio")
+        numbered = "; ".join(f"{i + 1}: `{c}`" if c.startswith("python") else f"{i + 1}: {c}"
+                             for i, c in enumerate(commands))
+        sources.append(f"`{BENCH_SERVE[key]}` (commands {numbered})")
+    lines += ["", "Against `vllm serve` in the same command: " + "; ".join(ratios) + ".", "",
+              "Recorded: " + "; ".join(sources) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def omp_passive_vs_trl() -> str:
+    """The tiny vs_trl job with dapo waiting passively and TRL spinning: the two step medians and their ratio."""
+    record = json.loads((ROOT / VS_TRL_PASSIVE).read_text(encoding="utf-8"))
+    (job,) = record["jobs"].values()
+    s = job["summary"]
+    return (f"{s['dapo']['step']:.2f} s per step against TRL's {s['trl']['step']:.2f} s, ratio "
+            f"{s['ratio_dapo_over_trl']['step']:.2f} ({record['meta']['started'][:10]}, `{VS_TRL_PASSIVE}`)")
+
+
 def _layout_cell(entry: dict) -> str:
     if "gap" in entry:
         return f"{entry['gap']:.1e}"
@@ -537,6 +626,8 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "profile-top-update": profile_top("update_actor", 14),
     "profile-top-gen": profile_top("gen", 8),
     "serving-ttft": serving_ttft,
+    "serving-load": serving_load,
+    "omp-passive-vs-trl": omp_passive_vs_trl,
 }
 
 
@@ -561,15 +652,74 @@ def stale_blocks(root: Path = ROOT) -> list[str]:
     return stale
 
 
+
+# ------------------------------------------------------------------------------------- figures typed by hand
+# A measured figure: a number with a unit of measure or a ratio ("3.1 s", "0.97x", "43%", "2.2 GB", "+4.1 points").
+# "8 x 8" (a shape) is not a ratio: the x of a ratio is attached to its number.
+FIGURE = re.compile(r"(?<![\w.])\d+(?:[.,]\d+)*(?:[x×](?![\w\d])|"
+                    r"\s?(?:ms|us|s|min|%|tokens/s|tok/s|GiB|GB|MB|KB|points)(?![\w]))")
+CODE = re.compile(r"^```.*?^```|`[^`\n]+`", re.S | re.M)  # commands, keys and program output, not prose figures
+# Whole files another script writes from its own source: they are checked (or not) by that script.
+WRITTEN_BY_SCRIPT = {
+    "docs/config.md": "scripts/write_config_doc.py, from the key descriptions in src/dapo/config/schema.py",
+    "docs/objectives-table.md": "scripts/summarize_ablation.py, from docs/runs/objectives/",
+}
+# Numbers with a unit that are not measurements: settings and defaults, a test's bound, a paper's constant.
+NOT_MEASURED: dict[str, tuple[str, ...]] = {
+}
+# Figures typed by hand before the check existed, counted per document; each goes when it is rendered from a record
+# or removed, and its document's count comes down with it (issue 38, item 3).
+PENDING: dict[str, int] = {
+}
+
+
+def hand_typed_figures(doc: str, text: str) -> list[str]:
+    """``line: figure`` for every measured figure of ``text`` outside the generated blocks, the code and the phrases
+    NOT_MEASURED names for ``doc``."""
+    def blank(m: re.Match) -> str:  # keeps the line numbers
+        return re.sub(r"[^\n]", " ", m.group(0))
+
+    outside = BLOCK.sub(blank, text)
+    prose = list(CODE.sub(blank, outside))
+    for phrase in NOT_MEASURED.get(doc, ()):  # matched in the text as written (code spans and line breaks included)
+        found = list(re.finditer(r"\s+".join(map(re.escape, phrase.split())), outside))
+        if not found:
+            raise KeyError(f"{doc}: NOT_MEASURED names {phrase!r}, which the document no longer holds")
+        for m in found:
+            prose[m.start():m.end()] = blank(m)
+    prose = "".join(prose)
+    return [f"{prose.count(chr(10), 0, m.start()) + 1}: {m.group(0)}" for m in FIGURE.finditer(prose)]
+
+
+def unsourced_figures(root: Path = ROOT) -> list[str]:
+    """What the figure check finds: a document with more hand-typed figures than PENDING allows it (each listed), or
+    with fewer (PENDING is to come down)."""
+    problems = []
+    for doc in DOCS:
+        if doc in WRITTEN_BY_SCRIPT:
+            continue
+        found = hand_typed_figures(doc, (root / doc).read_text(encoding="utf-8"))
+        allowed = PENDING.get(doc, 0)
+        if len(found) > allowed:
+            problems.append(f"{doc}: {len(found)} figures typed by hand outside a generated block, {allowed} allowed "
+                            f"(render each from a recorded file, or remove it): " + ", ".join(found))
+        elif len(found) < allowed:
+            problems.append(f"{doc}: {len(found)} figures typed by hand, PENDING still allows {allowed}: lower it "
+                            f"to {len(found)} in scripts/render_docs.py")
+    return problems
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true", help="only report blocks that differ (exit 1 if any)")
+    parser.add_argument("--check", action="store_true", help="only report blocks that differ and figures typed by "
+                        "hand outside them (exit 1 if any)")
     args = parser.parse_args(argv)
     if args.check:
-        stale = stale_blocks()
+        stale, unsourced = stale_blocks(), unsourced_figures()
         for name in stale:
             print(f"stale: {name} (python scripts/render_docs.py rewrites it)")
-        return 1 if stale else 0
+        for problem in unsourced:
+            print(f"unsourced: {problem}")
+        return 1 if stale or unsourced else 0
     for doc in DOCS:
         path = ROOT / doc
         text = path.read_text(encoding="utf-8")

@@ -31,6 +31,8 @@ Every figure between ``<!-- generated:NAME -->`` and ``<!-- /generated -->`` in 
   docs/runs/bench-serve-tiny.json, bench-serve-smollm2.json
       benchmarks/bench_serve.py's rows for the three servers before the Transformers backend streamed per token (the
       SmolLM2 record names the three commands its rows came from)
+  docs/runs/objectives/*.metrics.jsonl.gz
+      the objectives comparison's runs (scripts/run_ablation.sh over configs/objectives/, three seeds each)
   docs/img/vs_trl_tiny_passive.json
       benchmarks/vs_trl.py's tiny job with dapo waiting passively (OMP_WAIT_POLICY) and TRL spinning
 
@@ -72,6 +74,7 @@ BENCH_SERVE = {"tiny": "docs/runs/bench-serve-tiny.json", "smollm2": "docs/runs/
 VS_TRL_PASSIVE = "docs/img/vs_trl_tiny_passive.json"
 MODEL_MATRIX = "docs/runs/model-matrix.json"
 TRUE_ON_POLICY = "docs/runs/true-on-policy"
+OBJECTIVES = "docs/runs/objectives"
 
 
 @cache
@@ -324,6 +327,22 @@ def tool_task_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def tool_task_seed_ranges() -> str:
+    """Over the seeds with the interpreter, the range of each held-out share at the first and the last validation."""
+    _, runs = tool_runs()
+    names = [n for n in runs if "-no-tools-" not in n]
+    acc = next(k for k in runs[names[0]][0] if k.startswith("val/acc/mean@") and k.count("/") == 2)
+
+    def spread(key: str, which: int) -> str:
+        values = [[r for r in runs[n] if acc in r][which][key] for n in names]
+        return f"{100 * min(values):.0f}-{100 * max(values):.0f}%"
+
+    def change(key: str) -> str:
+        return f"from {spread(key, 0)} to {spread(key, -1)}"
+    return (f"With the interpreter all {len(names)} seeds went {change(acc)} held out, the share of samples calling the "
+            f"tool {change('val/tool/samples_with_call')}, and the accuracy of the samples that called it "
+            f"{change('val/tool/acc_with_call')}")
+
 @cache
 def profile_run() -> tuple[dict, dict, list[dict]]:
     folder = ROOT / PROFILE_RUN
@@ -540,6 +559,32 @@ def omp_passive_vs_trl() -> str:
             f"{s['ratio_dapo_over_trl']['step']:.2f} ({record['meta']['started'][:10]}, `{VS_TRL_PASSIVE}`)")
 
 
+@cache
+def objective_runs() -> dict[str, list[dict]]:
+    """Every recorded run of the objectives comparison, by file name (``objectives-<i>-<objective>-s<seed>``)."""
+    runs = {}
+    for path in sorted((ROOT / OBJECTIVES).glob("*.metrics.jsonl.gz")):
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            runs[path.name.removesuffix(".metrics.jsonl.gz")] = [json.loads(line) for line in f if line.strip()]
+    return runs
+
+
+def objectives_gains() -> str:
+    """The range over every run of its validation accuracy gain, first to last validation, in points."""
+    gains = []
+    for records in objective_runs().values():
+        key = next(k for k in records[0] if k.startswith("val/acc/mean@"))
+        acc = [r[key] for r in records if key in r]
+        gains.append(100 * (acc[-1] - acc[0]))
+    return f"{min(gains):+.0f} to {max(gains):+.0f} points per run"
+
+
+def objectives_gspo_clip() -> str:
+    """GSPO's share of clipped tokens, its mean over the steps and seeds of its runs."""
+    fractions = [r["actor/pg_clipfrac"] for name, records in objective_runs().items() if "-gspo-" in name
+                 for r in records if "actor/pg_clipfrac" in r]
+    return f"{100 * sum(fractions) / len(fractions):.0f}%"
+
 def _layout_cell(entry: dict) -> str:
     if "gap" in entry:
         return f"{entry['gap']:.1e}"
@@ -620,6 +665,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "vs-trl-benchmark-row": vs_trl_benchmark_row,
     "vs-trl-mfu": vs_trl_mfu,
     "tool-task-table": tool_task_table,
+    "tool-task-seed-ranges": tool_task_seed_ranges,
     "profile-phases": profile_phases,
     "harness-vs-benchmark": harness_vs_benchmark,
     "omp-policy": omp_policy,
@@ -628,6 +674,8 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "serving-ttft": serving_ttft,
     "serving-load": serving_load,
     "omp-passive-vs-trl": omp_passive_vs_trl,
+    "objectives-gains": objectives_gains,
+    "objectives-gspo-clip": objectives_gspo_clip,
 }
 
 
@@ -666,6 +714,24 @@ WRITTEN_BY_SCRIPT = {
 }
 # Numbers with a unit that are not measurements: settings and defaults, a test's bound, a paper's constant.
 NOT_MEASURED: dict[str, tuple[str, ...]] = {
+    "README.md": ("~0 to 50 points",),  # the paper's AIME result
+    "docs/guide.md": ("~0 to 50 points",),
+    "docs/async.md": (
+        "the tiny model: 4.2 MB",  # its 1,062,272 fp32 parameters
+        "(default 300 s)", "within 600 s",  # settings
+        # the speed-up model's arithmetic and the cited papers' shares of generation
+        "at most 2x", "70-80 % of a DAPO step", "DAPO 9B: 77 %", "gives 1.33x"),
+    "docs/checkpoints.md": ("| 84 GB | 10.5 GB", "| 384 GB | 48 GB",  # bytes per parameter x parameters
+                            "one 2 GiB shard file", "up to 2 GiB of tensors"),  # settings
+    "docs/evaluation.md": ("the 95% interval", "(1.96 s / sqrt"),  # the normal quantile; s is the sample std
+    "docs/explain.md": ("at 100 % and at", "Generation at 40 % MFU"),  # the estimate's assumed MFU
+    "docs/serving.md": ("dropped for up to 1 s", "(10 s)", "(15 s)", "(1 s)", "with a 50 ms window",  # settings
+                        "for 4.5 s, median under 1 s",  # the test's bounds
+                        "its 30 s start-up wait", "Ray >= 2.5x"),  # Ray's setting and version
+    "docs/tools.md": ("more than 1% of",),  # the stop rule's setting
+    "docs/tiny-model.md": ("safetensors, 4.3 MB; whole folder 4.3 MB",  # 1,062,272 fp32 parameters
+                           "60% of the solutions", "40% `Answer: N`"),  # the generator's settings
+    "docs/vllm.md": ("default 1 GiB",),
 }
 # Figures typed by hand before the check existed, counted per document; each goes when it is rendered from a record
 # or removed, and its document's count comes down with it (issue 38, item 3).

@@ -82,6 +82,12 @@ OBJECTIVES = "docs/runs/objectives"
 LORA_RUNS = {"hf": "docs/runs/lora-hf", "vllm": "docs/runs/lora-vllm", "smollm2": "docs/runs/lora-smollm2"}
 
 
+def metrics(path: Path) -> list[dict]:
+    """The records of a run's gzipped metrics.jsonl, in order."""
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
 @cache
 def vs_trl(key: str) -> dict:
     return json.loads((ROOT / VS_TRL[key]).read_text(encoding="utf-8"))
@@ -96,8 +102,7 @@ def vs_trl_job(key: str) -> dict:
 def default_run() -> tuple[dict, list[dict]]:
     folder = ROOT / DEFAULT_RUN
     meta = json.loads((folder / "run.json").read_text(encoding="utf-8"))
-    with gzip.open(folder / "metrics.jsonl.gz", "rt", encoding="utf-8") as f:
-        records = [json.loads(line) for line in f if line.strip()]
+    records = metrics(folder / "metrics.jsonl.gz")
     return meta, records
 
 
@@ -312,8 +317,7 @@ def tool_runs() -> tuple[dict, dict[str, list[dict]]]:
     meta = json.loads((folder / "runs.json").read_text(encoding="utf-8"))
     runs = {}
     for name in meta["runs"]:
-        with gzip.open(folder / f"{name}.metrics.jsonl.gz", "rt", encoding="utf-8") as f:
-            runs[name] = [json.loads(line) for line in f if line.strip()]
+        runs[name] = metrics(folder / f"{name}.metrics.jsonl.gz")
     return meta, runs
 
 
@@ -394,8 +398,7 @@ def profile_run() -> tuple[dict, dict, list[dict]]:
     folder = ROOT / PROFILE_RUN
     meta = json.loads((folder / "run.json").read_text(encoding="utf-8"))
     profile = json.loads((folder / "profile.json").read_text(encoding="utf-8"))
-    with gzip.open(folder / "metrics.jsonl.gz", "rt", encoding="utf-8") as f:
-        records = [json.loads(line) for line in f if line.strip() and "timing_s/step" in line]
+    records = [r for r in metrics(folder / "metrics.jsonl.gz") if "timing_s/step" in r]
     return meta, profile, records
 
 
@@ -442,7 +445,7 @@ def profile_update_figures() -> dict[str, float]:
     """The profiled update against its unprofiled steps: the profiler's overhead, the unprofiled MFU, the products'
     rate as a share of the probe (recomputation counted), the share left to everything else, and the update's
     profiled seconds before and after 74ad89d (the two recorded profiles)."""
-    meta, profile, records = profile_run()
+    _, profile, records = profile_run()
     plain = [r for r in records if r["step"] != profile["step"]]
     (under,) = [r for r in records if r["step"] == profile["step"]]
     phase = profile["phases"]["update_actor"]
@@ -475,8 +478,7 @@ def harness_vs_benchmark() -> str:
     lines = ["", "| run | step | gen (s) | update (s) | step (s) | response tokens (mean) | update s per 1k trained "
              "tokens |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for name in meta["runs"]:
-        with gzip.open(folder / f"{name}.metrics.jsonl.gz", "rt", encoding="utf-8") as f:
-            steps = [json.loads(line) for line in f if "timing_s/step" in line]
+        steps = [r for r in metrics(folder / f"{name}.metrics.jsonl.gz") if "timing_s/step" in r]
         for r in steps:
             # trained tokens: each group's prompt once, every generated response (one round, no filtering here)
             tokens = r["train/num_groups"] * r["prompt_length/mean"] + r["rollout/num_tokens"]
@@ -556,7 +558,7 @@ def bench_serve(key: str) -> tuple[list[str], list[dict]]:
     dict that names its three commands (``commands``) beside the rows they wrote."""
     record = json.loads((ROOT / BENCH_SERVE[key]).read_text(encoding="utf-8"))
     if isinstance(record, list):
-        return ["one command for all three targets"], record
+        return ["the tiny command above (the record holds its rows only)"], record
     return record["commands"], record["rows"]
 
 
@@ -585,13 +587,13 @@ def serving_load() -> str:
     lines = ["", "| target | model | command | clients | req/s | gen tokens/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) "
              "| failed |", "|---|---|---|---|---|---|---|---|---|"]
     ratios, sources = [], []
-    for key in BENCH_SERVE:
+    for key, record in BENCH_SERVE.items():
         commands, rows = bench_serve(key)
         groups: dict[tuple[str, int], list[dict]] = {}
         for r in rows:
             groups.setdefault((r["target"], _command_of(commands, r)), []).append(r)
         for (target, command), rs in groups.items():
-            def cells(fmt: Callable[[dict], str], sep: str = " / ") -> str:
+            def cells(fmt: Callable[[dict], str], sep: str = " / ", rs: list[dict] = rs) -> str:
                 return sep.join(fmt(r) for r in rs)
             itl = ("one delta per response" if all(r["itl_p50_ms"] == 0 for r in rs)
                    else cells(lambda r: f"{r['itl_p50_ms']:.0f}/{r['itl_p99_ms']:.0f}", DOT))
@@ -612,7 +614,7 @@ def serving_load() -> str:
             ratios.append(f"{key} {', '.join(unpaired)}: no `vllm serve` row in its command, so no ratio")
         numbered = "; ".join(f"{i + 1}: `{c}`" if c.startswith("python") else f"{i + 1}: {c}"
                              for i, c in enumerate(commands))
-        sources.append(f"`{BENCH_SERVE[key]}` (commands {numbered})")
+        sources.append(f"`{record}` (commands {numbered})")
     lines += ["", "Against `vllm serve` in the same command: " + "; ".join(ratios) + ".", "",
               "Recorded: " + "; ".join(sources) + "."]
     return "\n".join(lines) + "\n"
@@ -632,8 +634,7 @@ def objective_runs() -> dict[str, list[dict]]:
     """Every recorded run of the objectives comparison, by file name (``objectives-<i>-<objective>-s<seed>``)."""
     runs = {}
     for path in sorted((ROOT / OBJECTIVES).glob("*.metrics.jsonl.gz")):
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            runs[path.name.removesuffix(".metrics.jsonl.gz")] = [json.loads(line) for line in f if line.strip()]
+        runs[path.name.removesuffix(".metrics.jsonl.gz")] = metrics(path)
     return runs
 
 
@@ -641,9 +642,8 @@ def objectives_gains() -> str:
     """The range over every run of its validation accuracy gain, first to last validation, in points."""
     gains = []
     for records in objective_runs().values():
-        key = next(k for k in records[0] if k.startswith("val/acc/mean@"))
-        acc = [r[key] for r in records if key in r]
-        gains.append(100 * (acc[-1] - acc[0]))
+        _, val = _validation(records)
+        gains.append(100 * (val[-1][1] - val[0][1]))
     return f"{min(gains):+.0f} to {max(gains):+.0f} points per run"
 
 
@@ -657,8 +657,7 @@ def objectives_gspo_clip() -> str:
 def lora_run(key: str) -> tuple[dict, list[dict]]:
     folder = ROOT / LORA_RUNS[key]
     meta = json.loads((folder / "run.json").read_text(encoding="utf-8"))
-    with gzip.open(folder / "metrics.jsonl.gz", "rt", encoding="utf-8") as f:
-        return meta, [json.loads(line) for line in f if line.strip()]
+    return meta, metrics(folder / "metrics.jsonl.gz")
 
 
 def _validation(records: list[dict]) -> tuple[str, list[tuple[int, float]]]:
@@ -737,8 +736,7 @@ def true_on_policy_run() -> str:
     log-prob gap over its steps."""
     folder = ROOT / TRUE_ON_POLICY
     meta = json.loads((folder / "run.json").read_text(encoding="utf-8"))
-    with gzip.open(folder / "metrics.jsonl.gz", "rt", encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f]
+    rows = metrics(folder / "metrics.jsonl.gz")
     key = next(k for k in rows[0] if k.startswith("val/acc/mean@"))
     acc = [r[key] for r in rows if key in r]
     gaps = [r["rollout/log_prob_diff/max"] for r in rows if "rollout/log_prob_diff/max" in r]
@@ -830,7 +828,7 @@ def stale_blocks(root: Path = ROOT) -> list[str]:
 # "8 x 8" (a shape) is not a ratio: the x of a ratio is attached to its number.
 FIGURE = re.compile(r"(?<![\w.])\d+(?:[.,]\d+)*(?:[x×](?![\w\d])|"
                     r"\s?(?:ms|us|s|min|%|tokens/s|tok/s|GiB|GB|MB|KB|points)(?![\w]))")
-CODE = re.compile(r"^```.*?^```|`[^`\n]+`", re.S | re.M)  # commands, keys and program output, not prose figures
+CODE = re.compile(r"^```.*?^```|`[^`\n]+`", re.DOTALL | re.MULTILINE)  # commands, keys and program output, not prose figures
 # Whole files another script writes from its own source: they are checked (or not) by that script.
 WRITTEN_BY_SCRIPT = {
     "docs/config.md": "scripts/write_config_doc.py, from the key descriptions in src/dapo/config/schema.py",

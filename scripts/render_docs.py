@@ -638,6 +638,38 @@ def objective_runs() -> dict[str, list[dict]]:
     return runs
 
 
+OBJECTIVE_LABELS = {  # config -> the objective, its loss_mode and the clip values its paper recommends (configs/objectives/)
+    "objectives-1-dapo": "DAPO (`vanilla`, 0.2 / 0.28)", "objectives-2-gspo": "GSPO (`gspo`, 3e-4 / 4e-4)",
+    "objectives-3-cispo": "CISPO (`cispo`)", "objectives-4-gmpo": "GMPO (`geo_mean`, 0.4 / 0.4 in log space)",
+    "objectives-5-sapo": "SAPO (`sapo`, tau 1.0 / 1.05)", "objectives-6-clip-cov": "Clip-Cov (`clip_cov`, 2e-4, band (1, 5))",
+    "objectives-7-kl-cov": "KL-Cov (`kl_cov`, 2e-4, coef 1)"}
+CLIP_NOTES = {"objectives-5-sapo": " (no hard clip)", "objectives-7-kl-cov": " (tokens penalised)"}
+
+
+def objectives_table() -> str:
+    """Per objective, over its seeds (s1, s2, s3): validation first -> last, the final mean ± std, the first
+    validation step at >= 0.6, the clip fraction's mean over steps and seeds, entropy of the first -> last 5 steps."""
+    by_config: dict[str, list[list[dict]]] = {}
+    for name, records in objective_runs().items():
+        by_config.setdefault(name.rsplit("-s", 1)[0], []).append(records)
+    lines = ["", "| objective | val mean@8, step 0 -> 30, per seed | final, mean ± std | steps to >= 0.6 | clip fraction "
+             "(mean) | entropy first 5 -> last 5 steps |", "|---|---|---|---|---|---|"]
+    for i, (config, seeds) in enumerate(by_config.items()):
+        val = [_validation(records)[1] for records in seeds]
+        first = " / ".join(f"{v[0][1]:.3f}" for v in val) + " " if i == 0 else ""  # all start from the same model
+        last = " / ".join(f"{v[-1][1]:.3f}" for v in val)
+        reached = ", ".join(str(next((s for s, a in v if a >= 0.6), "-")) for v in val)
+        clip = [r["actor/pg_clipfrac"] for records in seeds for r in records if "actor/pg_clipfrac" in r]
+        entropy = [[r["actor/entropy"] for r in records if "actor/entropy" in r] for records in seeds]
+        start, end = (sum(sum(e[part]) / len(e[part]) for e in entropy) / len(entropy)
+                      for part in (slice(None, 5), slice(-5, None)))
+        mean_clip = sum(clip) / len(clip)
+        lines.append(f"| {OBJECTIVE_LABELS.get(config, config)} | {first}-> {last} | "
+                     f"{_mean_std([v[-1][1] for v in val])} | {reached} | "
+                     f"{'0' if mean_clip == 0 else f'{mean_clip:.4f}'}{CLIP_NOTES.get(config, '')} | "
+                     f"{start:.3f} -> {end:.3f} |")
+    return "\n".join(lines) + "\n"
+
 def objectives_gains() -> str:
     """The range over every run of its validation accuracy gain, first to last validation, in points."""
     gains = []
@@ -795,6 +827,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "serving-load": serving_load,
     "omp-passive-vs-trl": omp_passive_vs_trl,
     "objectives-gains": objectives_gains,
+    "objectives-table": objectives_table,
     "lora-tiny-runs": lora_tiny_runs,
     "lora-smollm2-run": lora_smollm2_run,
     "objectives-gspo-clip": objectives_gspo_clip,
@@ -824,9 +857,11 @@ def stale_blocks(root: Path = ROOT) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------- figures typed by hand
-# A measured figure: a number with a unit of measure or a ratio ("3.1 s", "0.97x", "43%", "2.2 GB", "+4.1 points").
+# A measured figure: a number with a unit of measure or a ratio ("3.1 s", "0.97x", "43%", "2.2 GB", "+4.1 points"),
+# or a value's change from one decimal to another ("0.382 -> 0.860", an accuracy or an entropy over a run).
 # "8 x 8" (a shape) is not a ratio: the x of a ratio is attached to its number.
-FIGURE = re.compile(r"(?<![\w.])\d+(?:[.,]\d+)*(?:[x×](?![\w\d])|"
+FIGURE = re.compile(r"(?<![\w.])\d*\.\d+\s*(?:->|→)\s*\d*\.\d+(?!\w|\.\d)|"
+                    r"(?<![\w.])\d+(?:[.,]\d+)*(?:[x×](?![\w\d])|"
                     r"\s?(?:ms|us|s|min|%|tokens/s|tok/s|GiB|GB|MB|KB|points)(?![\w]))")
 CODE = re.compile(r"^```.*?^```|`[^`\n]+`", re.DOTALL | re.MULTILINE)  # commands, keys and program output, not prose figures
 # Whole files another script writes from its own source: they are checked (or not) by that script.
@@ -853,7 +888,7 @@ NOT_MEASURED: dict[str, tuple[str, ...]] = {
     "docs/tools.md": ("more than 1% of",),  # the stop rule's setting
     "docs/tiny-model.md": ("safetensors, 4.3 MB; whole folder 4.3 MB",  # 1,062,272 fp32 parameters
                            "60% of the solutions", "40% `Answer: N`"),  # the generator's settings
-    "docs/vllm.md": ("default 1 GiB",),
+    "docs/vllm.md": ("default 1 GiB", "transformers (5.24 -> 5.19)"),  # a setting, versions
     "docs/results.md": ("eager, 1 GiB KV cache", "±95% interval"),
     "docs/reward.md": ("ground truth of 1 MB", "(default 5 s)", "sets a 0.5 s limit", "at least 1 s",  # inputs, settings
                        "at most 1 s) is detached", "hanging calls at 2 s",
@@ -874,8 +909,8 @@ NOT_MEASURED: dict[str, tuple[str, ...]] = {
 # Figures typed by hand before the check existed, counted per document; each goes when it is rendered from a record
 # or removed, and its document's count comes down with it (issue 38, item 3).
 PENDING: dict[str, int] = {
-    "docs/ablation-table.md": 6,
-    "docs/results.md": 14,
+    "docs/ablation-table.md": 12,
+    "docs/results.md": 32,
 }
 
 

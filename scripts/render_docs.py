@@ -39,10 +39,10 @@ Every figure between ``<!-- generated:NAME -->`` and ``<!-- /generated -->`` in 
       benchmarks/vs_trl.py's tiny job with dapo waiting passively (OMP_WAIT_POLICY) and TRL spinning
 
 Outside those blocks no measured figure is typed by hand: ``--check`` also fails on a number with a unit of measure
-(s, ms, min, x, %, tokens/s, GB, MB, GiB, points) in README.md or docs/*.md outside a generated block, a code span or
-a code block, unless NOT_MEASURED names it (a setting, a default, a test's bound) or it is one of the figures
-PENDING still counts per document (typed before this check; each goes when it is rendered or removed, and the count
-must then come down with it).
+(s, ms, min, x, %, tokens/s, GB, MB, GiB, points) or a decimal's change (0.38 -> 0.86) in README.md or docs/*.md
+outside a generated block, a code span or a code block, unless NOT_MEASURED names it (a setting, a default, a test's
+bound) or it is one of the figures PENDING still counts per document (typed before this check; each goes when it is
+rendered or removed, and the count must then come down with it).
 
     python scripts/render_docs.py            # rewrite the generated blocks in place
     python scripts/render_docs.py --check    # exit 1, naming each block that differs and each figure typed by hand
@@ -231,7 +231,8 @@ def vs_trl_bf16_rollout() -> str:
     bf16, fp32 = vs_trl_job("smollm2-bf16")["summary"], vs_trl_job("smollm2")["summary"]
     return (f"**{bf16['ratio_dapo_over_trl']['step']:.2f}x** in the record above ({bf16['dapo']['step']:.1f} vs "
             f"{bf16['trl']['step']:.1f} s per step). Its actor is the fp32 one of the plain SmolLM2 row, yet its actor "
-            f"MFU reads {100 * bf16['dapo']['perf/mfu/actor']:.1f} % against {100 * fp32['dapo']['perf/mfu/actor']:.1f} %: "
+            f"MFU reads {100 * bf16['dapo']['perf/mfu/actor']:.1f} % against "
+            f"{100 * fp32['dapo']['perf/mfu/actor']:.1f} %: "
             f"the two runs were {_minutes_apart(vs_trl('smollm2'), vs_trl('smollm2-bf16'))} minutes apart and this "
             f"host's speed moved that much (TRL's unchanged fp32 train went from {fp32['trl']['train']:.1f} to "
             f"{bf16['trl']['train']:.1f} s)")
@@ -389,8 +390,8 @@ def tool_task_seed_ranges() -> str:
 
     def change(key: str) -> str:
         return f"from {spread(key, 0)} to {spread(key, -1)}"
-    return (f"With the interpreter all {len(names)} seeds went {change(acc)} held out, the share of samples calling the "
-            f"tool {change('val/tool/samples_with_call')}, and the accuracy of the samples that called it "
+    return (f"With the interpreter all {len(names)} seeds went {change(acc)} held out, the share of samples "
+            f"calling the tool {change('val/tool/samples_with_call')}, and the accuracy of the samples that called it "
             f"{change('val/tool/acc_with_call')}")
 
 @cache
@@ -584,8 +585,8 @@ DOT = " · "  # between client counts where a cell already holds "p50/p99"
 def serving_load() -> str:
     """Throughput and latencies of the three servers per model, each row naming the command that measured it, and the
     ratios to `vllm serve` taken only between rows of one command."""
-    lines = ["", "| target | model | command | clients | req/s | gen tokens/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) "
-             "| failed |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["", "| target | model | command | clients | req/s | gen tokens/s | TTFT p50 / p99 (ms) | "
+             "ITL p50 / p99 (ms) | failed |", "|---|---|---|---|---|---|---|---|---|"]
     ratios, sources = [], []
     for key, record in BENCH_SERVE.items():
         commands, rows = bench_serve(key)
@@ -638,10 +639,12 @@ def objective_runs() -> dict[str, list[dict]]:
     return runs
 
 
-OBJECTIVE_LABELS = {  # config -> the objective, its loss_mode and the clip values its paper recommends (configs/objectives/)
+# config -> the objective, its loss_mode and the clip values its paper recommends (configs/objectives/)
+OBJECTIVE_LABELS = {
     "objectives-1-dapo": "DAPO (`vanilla`, 0.2 / 0.28)", "objectives-2-gspo": "GSPO (`gspo`, 3e-4 / 4e-4)",
     "objectives-3-cispo": "CISPO (`cispo`)", "objectives-4-gmpo": "GMPO (`geo_mean`, 0.4 / 0.4 in log space)",
-    "objectives-5-sapo": "SAPO (`sapo`, tau 1.0 / 1.05)", "objectives-6-clip-cov": "Clip-Cov (`clip_cov`, 2e-4, band (1, 5))",
+    "objectives-5-sapo": "SAPO (`sapo`, tau 1.0 / 1.05)",
+    "objectives-6-clip-cov": "Clip-Cov (`clip_cov`, 2e-4, band (1, 5))",
     "objectives-7-kl-cov": "KL-Cov (`kl_cov`, 2e-4, coef 1)"}
 CLIP_NOTES = {"objectives-5-sapo": " (no hard clip)", "objectives-7-kl-cov": " (tokens penalised)"}
 
@@ -652,8 +655,8 @@ def objectives_table() -> str:
     by_config: dict[str, list[list[dict]]] = {}
     for name, records in objective_runs().items():
         by_config.setdefault(name.rsplit("-s", 1)[0], []).append(records)
-    lines = ["", "| objective | val mean@8, step 0 -> 30, per seed | final, mean ± std | steps to >= 0.6 | clip fraction "
-             "(mean) | entropy first 5 -> last 5 steps |", "|---|---|---|---|---|---|"]
+    lines = ["", "| objective | val mean@8, step 0 -> 30, per seed | final, mean ± std | steps to >= 0.6 | "
+             "clip fraction (mean) | entropy first 5 -> last 5 steps |", "|---|---|---|---|---|---|"]
     for i, (config, seeds) in enumerate(by_config.items()):
         val = [_validation(records)[1] for records in seeds]
         first = " / ".join(f"{v[0][1]:.3f}" for v in val) + " " if i == 0 else ""  # all start from the same model
@@ -705,7 +708,8 @@ def lora_tiny_runs() -> str:
         key, val = _validation(records)
         (s0, a0), (s1, a1) = val[0], val[-1]
         lines.append(f"  - `rollout.name={engine}`{note}: validation mean@{key.split('@')[1]} {a0:.3f} (step {s0}) -> "
-                     f"{a1:.3f} (step {s1}), **{100 * (a1 - a0):+.1f} points**; {meta['wall_s']:,} s beside other jobs.")
+                     f"{a1:.3f} (step {s1}), **{100 * (a1 - a0):+.1f} points**; {meta['wall_s']:,} s beside other "
+                     "jobs.")
     return "\n" + "\n".join(lines) + "\n"
 
 
@@ -863,7 +867,8 @@ def stale_blocks(root: Path = ROOT) -> list[str]:
 FIGURE = re.compile(r"(?<![\w.])\d*\.\d+\s*(?:->|→)\s*\d*\.\d+(?!\w|\.\d)|"
                     r"(?<![\w.])\d+(?:[.,]\d+)*(?:[x×](?![\w\d])|"
                     r"\s?(?:ms|us|s|min|%|tokens/s|tok/s|GiB|GB|MB|KB|points)(?![\w]))")
-CODE = re.compile(r"^```.*?^```|`[^`\n]+`", re.DOTALL | re.MULTILINE)  # commands, keys and program output, not prose figures
+# commands, keys and program output, not prose figures
+CODE = re.compile(r"^```.*?^```|`[^`\n]+`", re.DOTALL | re.MULTILINE)
 # Whole files another script writes from its own source: they are checked (or not) by that script.
 WRITTEN_BY_SCRIPT = {
     "docs/config.md": "scripts/write_config_doc.py, from the key descriptions in src/dapo/config/schema.py",
@@ -890,12 +895,13 @@ NOT_MEASURED: dict[str, tuple[str, ...]] = {
                            "60% of the solutions", "40% `Answer: N`"),  # the generator's settings
     "docs/vllm.md": ("default 1 GiB", "transformers (5.24 -> 5.19)"),  # a setting, versions
     "docs/results.md": ("eager, 1 GiB KV cache", "±95% interval"),
-    "docs/reward.md": ("ground truth of 1 MB", "(default 5 s)", "sets a 0.5 s limit", "at least 1 s",  # inputs, settings
+    "docs/reward.md": ("ground truth of 1 MB", "(default 5 s)", "sets a 0.5 s limit",  # an input, settings
+                       "at least 1 s",
                        "at most 1 s) is detached", "hanging calls at 2 s",
                        # the benchmark's mix of responses
                        "| 35 % |", "| 25 % |", "| 10 % |", "| 5 % |", "10 KB to 1 MB", "0.3 to 6 KB", "the 1 MB"),
     "docs/distributed.md": ("the ~440 MB wheel",),  # the package's size against the call's limit
-    "docs/lora.md": ("uses the\n    10x rate", "adapters and the 10x learning rate",  # the preset's lr over the default's
+    "docs/lora.md": ("uses the\n    10x rate", "adapters and the 10x learning rate",  # the preset's lr / the default
                      # file and push sizes that follow from the parameter counts (rank 8 adapters, fp32)
                      "`adapter_model.safetensors` 360 KB, `optimizer.pt` 752 KB", "4.2 MB weights, 8.2 MB optimizer.pt",
                      "(11.8x\n  less)"),

@@ -97,13 +97,14 @@ def test_no_document_holds_more_hand_typed_figures_than_pending_counts() -> None
 
 
 def test_a_hand_typed_figure_outside_a_generated_block_is_found_and_code_and_settings_are_not() -> None:
-    text = ("Prose: 3.1 s per step, 0.97x the other, 43% of tokens, 2.2 GB peak, +4.1 points, 439 tokens/s, 0.38 -> 0.86.\n"
-            "A shape is not a ratio: 8 x 8, 768 x 768. Versions and names neither: Qwen2.5-32B, vllm 0.32.0, 2.4.6 -> 2.3.5.\n"
+    text = ("Prose: 3.1 s per step, 0.97x the other, 43% of tokens, 2.2 GB peak, +4.1 points, 439 tokens/s, "
+            "0.38 -> 0.86.\nA shape is not a ratio: 8 x 8, 768 x 768. Versions and names neither: Qwen2.5-32B, vllm "
+            "0.32.0, 2.4.6 -> 2.3.5.\n"
             "<!-- generated:x -->12.0 s<!-- /generated --> and `--timeout 10 s` and\n```\ndone: 30 steps in 73 s\n```\n"
             "a setting: the timeout (default 300 s).\n")
     found = render_docs.hand_typed_figures("docs/x.md", text)
-    assert found == ["1: 3.1 s", "1: 0.97x", "1: 43%", "1: 2.2 GB", "1: 4.1 points", "1: 439 tokens/s", "1: 0.38 -> 0.86",
-                     "7: 300 s"]
+    assert found == ["1: 3.1 s", "1: 0.97x", "1: 43%", "1: 2.2 GB", "1: 4.1 points", "1: 439 tokens/s",
+                     "1: 0.38 -> 0.86", "7: 300 s"]
     render_docs.NOT_MEASURED["docs/x.md"] = ("(default\n300 s)",)  # matched across a line break
     try:
         assert render_docs.hand_typed_figures("docs/x.md", text) == found[:-1]

@@ -7,6 +7,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("render_docs", ROOT / "scripts" / "render_docs.py")
 render_docs = importlib.util.module_from_spec(_spec)
@@ -87,3 +89,58 @@ def test_the_serving_table_and_ratios_come_from_the_record(monkeypatch) -> None:
     assert "3.0x at 1 client, 2.0x at 4 clients" in text
     assert "`python benchmarks/bench_serve.py --clients 1,4`" in text and "x.json" not in text
     assert "torch 9.9." in text and "vllm" not in text.split("Recorded:")[1] and "Shared machine." in text
+
+
+def test_no_document_holds_more_hand_typed_figures_than_pending_counts() -> None:
+    problems = render_docs.unsourced_figures()
+    assert problems == [], problems
+
+
+def test_a_hand_typed_figure_outside_a_generated_block_is_found_and_code_and_settings_are_not() -> None:
+    text = ("Prose: 3.1 s per step, 0.97x the other, 43% of tokens, 2.2 GB peak, +4.1 points, 439 tokens/s, "
+            "0.38 -> 0.86.\nA shape is not a ratio: 8 x 8, 768 x 768. Versions and names neither: Qwen2.5-32B, vllm "
+            "0.32.0, 2.4.6 -> 2.3.5.\n"
+            "<!-- generated:x -->12.0 s<!-- /generated --> and `--timeout 10 s` and\n```\ndone: 30 steps in 73 s\n```\n"
+            "a setting: the timeout (default 300 s).\n")
+    found = render_docs.hand_typed_figures("docs/x.md", text)
+    assert found == ["1: 3.1 s", "1: 0.97x", "1: 43%", "1: 2.2 GB", "1: 4.1 points", "1: 439 tokens/s",
+                     "1: 0.38 -> 0.86", "7: 300 s"]
+    render_docs.NOT_MEASURED["docs/x.md"] = ("(default\n300 s)",)  # matched across a line break
+    try:
+        assert render_docs.hand_typed_figures("docs/x.md", text) == found[:-1]
+        render_docs.NOT_MEASURED["docs/x.md"] = ("(default 600 s)",)
+        with pytest.raises(KeyError, match="no longer holds"):
+            render_docs.hand_typed_figures("docs/x.md", text)
+    finally:
+        del render_docs.NOT_MEASURED["docs/x.md"]
+
+
+def test_pending_counts_only_come_down(tmp_path, monkeypatch) -> None:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text("took 5 s and 6 s\n", encoding="utf-8")
+    monkeypatch.setattr(render_docs, "DOCS", ("docs/a.md",))
+    monkeypatch.setattr(render_docs, "PENDING", {"docs/a.md": 2})
+    assert render_docs.unsourced_figures(tmp_path) == []
+    monkeypatch.setattr(render_docs, "PENDING", {"docs/a.md": 1})  # a new figure typed by hand
+    (problem,) = render_docs.unsourced_figures(tmp_path)
+    assert "2 figures typed by hand" in problem and "1: 5 s, 1: 6 s" in problem
+    monkeypatch.setattr(render_docs, "PENDING", {"docs/a.md": 3})  # one went: the count must follow
+    (problem,) = render_docs.unsourced_figures(tmp_path)
+    assert "lower it to 2" in problem
+
+
+def test_the_serving_ratios_pair_rows_of_one_command_only(monkeypatch) -> None:
+    def row(target, clients, tokens_per_s, ttft):
+        return {"target": target, "clients": clients, "requests_per_s": 1.0, "tokens_per_s": tokens_per_s,
+                "ttft_p50_ms": ttft, "ttft_p99_ms": ttft, "itl_p50_ms": 1.0, "itl_p99_ms": 2.0, "failed": 0}
+
+    commands = ["python b.py --targets vllm,dapo-hf --clients 64", "python b.py --targets dapo-vllm --clients 8,64"]
+    rows = [row("vllm", 64, 80.0, 100.0), row("dapo-hf", 64, 60.0, 300.0), row("dapo-vllm", 8, 40.0, 50.0),
+            row("dapo-vllm", 64, 78.0, 90.0)]
+    monkeypatch.setattr(render_docs, "BENCH_SERVE", {"m": "x.json"})
+    monkeypatch.setattr(render_docs, "bench_serve", lambda key: (commands, rows))
+    text = render_docs.serving_load()
+    assert "| dapo-vllm | m | 2 | 8 / 64 | 1.00 / 1.00 | 40.0 / 78.0 |" in text
+    # dapo-hf against vllm in command 1: 60 / 80 = 0.75x, 300 / 100 = 3.0x; dapo-vllm's 78 is never set against 80
+    assert "m dapo-hf at 64: 0.75x the tokens/s, 3.0x the median TTFT" in text
+    assert "m dapo-vllm: no `vllm serve` row in its command, so no ratio" in text and "0.97x" not in text

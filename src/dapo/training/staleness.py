@@ -54,6 +54,11 @@ class ProducedBatch:
         return cls(groups, dict(state["metrics"]))
 
 
+def oldest_token_version(group: ScoredGroup, default: int) -> int:
+    """The version of the oldest token of ``group`` (``default`` for a group without tagged tokens)."""
+    return min((v for versions in group.token_versions or [] for v in versions), default=default)
+
+
 def sample_lag(versions: list[int], actor_version: int) -> int:
     """A sample's lag: versions between the actor's and its oldest token's (0 for a sample without tokens)."""
     return actor_version - min(versions, default=actor_version)

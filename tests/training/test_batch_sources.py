@@ -147,7 +147,8 @@ def test_fully_async_runs_ahead_exactly_as_far_as_the_staleness_bound(stand_ins,
 def test_fully_async_refuses_a_batch_older_than_the_bound(stand_ins, monkeypatch: pytest.MonkeyPatch) -> None:
     """The loop's own check, behind the producer's: a batch stamped one version too old never trains."""
     real = producers.produce_batch
-    monkeypatch.setattr(producers, "produce_batch", lambda run, step, version, bound: real(run, step, version - 1, bound))
+    monkeypatch.setattr(producers, "produce_batch",
+                        lambda run, step, version, bound: real(run, step, version - 1, bound))
     with pytest.raises(TrainingError, match="lags 2 weight versions behind the actor, more than "
                                             "async_training.staleness_threshold=1"):
         stand_ins("async_training.mode=fully_async", "async_training.staleness_threshold=1")

@@ -17,7 +17,7 @@ from dapo.infra.timing import PhaseTimer
 from dapo.training.dynamic_sampling_buffer import DynamicSamplingBuffer
 from dapo.training.generation import generate_and_filter
 from dapo.training.run_state import RunState
-from dapo.training.staleness import ProducedBatch
+from dapo.training.staleness import stamp_versions
 from tests.cli.cli_helpers import FAST
 from tests.harness.engines import ScriptedEngine
 from tests.harness.tokenizers import CharTokenizer
@@ -122,7 +122,7 @@ def test_a_carried_group_older_than_an_async_batch_allows_is_dropped_and_refille
     version 0 is allowed; otherwise the round that draws 1 2 3 keeps 1 and 3, and uid 4's tokens are wasted."""
     cfg, state = _carrying("async_training.mode=fully_async")
     generate_and_filter(scripted_engine(), state, CharTokenizer(), cfg, 1, PhaseTimer("gen", "reward"),
-                        on_round=lambda groups: ProducedBatch.stamped(groups, {}, 0), oldest_version=0)
+                        on_round=lambda groups: stamp_versions(groups, 0), oldest_version=0)
     assert [g.prompt.uid for g in state.buffer.state_dict()["groups"]] == [4]  # carried, with version 0
     kept, m = generate_and_filter(scripted_engine(), state, CharTokenizer(), cfg, 2, PhaseTimer("gen", "reward"),
                                   oldest_version=oldest_version)

@@ -561,8 +561,8 @@ class RemoteEngine:
         self._unresponsive = True
         when, kind = self._last_heard
         return RolloutWorkerStalled(
-            f"{self._peer()} showed no sign of progress for {time.monotonic() - when:.0f} s while the trainer waited for "
-            f"{stage} (trainer.stall_timeout_s={self._stall_timeout_s:g}); its last message was {kind!r}{detail}. "
+            f"{self._peer()} showed no sign of progress for {time.monotonic() - when:.0f} s while the trainer waited "
+            f"for {stage} (trainer.stall_timeout_s={self._stall_timeout_s:g}); its last message was {kind!r}{detail}. "
             "It is stopped or hung (a SIGSTOP, a swapped-out or overloaded machine, a deadlock in the engine); the "
             "run stopped")
 

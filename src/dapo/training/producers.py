@@ -34,7 +34,7 @@ from dapo.training.generation import generate_and_filter
 from dapo.training.overlap import Interval
 from dapo.training.push_schedule import PushSchedule
 from dapo.training.run import Run
-from dapo.training.staleness import ProducedBatch, sample_lags
+from dapo.training.staleness import ProducedBatch, sample_lags, stamp_versions
 
 
 def produce_batch(run: Run, step: int, version: int, bound: int) -> ProducedBatch:
@@ -46,7 +46,7 @@ def produce_batch(run: Run, step: int, version: int, bound: int) -> ProducedBatc
     generated: list = []
 
     def on_round(groups: list) -> None:
-        ProducedBatch.stamped(groups, {}, version)
+        stamp_versions(groups, version)
         generated.extend(groups)
 
     t0 = time.perf_counter()

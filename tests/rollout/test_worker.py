@@ -13,7 +13,7 @@ from dapo.model.loading import Policy, load_policy
 from dapo.rollout.base import FinishedRequest, SamplingParams
 from dapo.rollout.factory import EngineSpec, build_rollout_engine
 from dapo.rollout.stream import InProcessStream, generate_through
-from dapo.rollout.worker import RemoteEngine, WorkerOptions
+from dapo.rollout.worker import RemoteEngine, ReplyFault, RolloutWorkerDied, WorkerOptions
 from dapo.training.errors import TrainingError
 from dapo.training.weight_sync import WeightSync, actor_log_probs_of
 
@@ -139,3 +139,32 @@ def test_a_partial_rollout_spans_two_versions_and_each_token_is_scored_under_its
         expected = torch.where(torch.tensor(v) == 0, actor_log_probs_of(before.model, prompt, response),
                                actor_log_probs_of(after.model, prompt, response))
         assert torch.allclose(torch.tensor(output.logprobs[k]), expected, atol=1e-4), k
+
+
+@pytest.mark.parametrize("garble", [True, False], ids=["garbled", "lost"])
+def test_a_garbled_or_lost_message_of_the_worker_stops_it_naming_the_stage_and_a_new_worker_recovers(
+        garble: bool) -> None:
+    """The worker's reply to a generation goes out as a frame that is no message, or never goes out (a real worker
+    process, the fault injected in its own sending end): the trainer's wait for the generation raises the one error
+    a run restarts a worker on, saying what broke, during which stage, and which process; the lost reply shows at the
+    worker's next heartbeat (its number skips one). A respawned worker (as a run restarts one) serves the request."""
+    params = SamplingParams(n=2, max_tokens=6, seed=1, prompt_seeds=(3, 4))
+    engine = RemoteEngine.start(EngineSpec(name="hf"), ModelConfig(), WorkerOptions(
+        num_threads=1, stall_timeout_s=60, reply_fault=ReplyFault("finished", garble=garble)))
+    fresh = None
+    try:
+        pid = engine._process.pid
+        with pytest.raises(RolloutWorkerDied) as died:
+            engine.generate(PROMPTS, params)
+        message = str(died.value)
+        assert f"the control channel to the rollout worker (pid {pid}) broke while the trainer waited for " \
+               "generation" in message, message
+        assert ("could not be read (UnpicklingError" if garble else "never arrived (message") in message, message
+        assert "Traceback" not in message
+        fresh = engine.respawn()  # closes the broken one
+        assert not engine._process.is_alive() and fresh.restarts == 1
+        assert len(fresh.generate(PROMPTS, params).response_ids) == 4
+    finally:
+        engine.close()
+        if fresh is not None:
+            fresh.close()

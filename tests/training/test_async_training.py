@@ -266,6 +266,47 @@ def test_dynamic_sampling_fills_every_async_batch_with_informative_groups_only(r
     assert dropped > 0  # the filter had something to drop: the test is not vacuous
 
 
+# trigger_parameter_sync_step=2 with carry_over_surplus, 4 steps: pushes after steps 2 and 4 only, so the engine holds
+# version 0, then 2. fully_async at staleness_threshold=0 (in pushes) draws batches 1-2 from version 0 and 3-4 from
+# version 2 (batch 3 waits for push 2): lags 0 1 0 1, bound (0+1)*2-1 = 1. one_step_off draws batch j while step j-1
+# trains, from the last push before it: versions 0 0 0 2, lags 0 1 2 1, bound 2. Either way one batch would train a
+# carried group past its bound (fully_async: batch 2's surplus, version 0, in batch 3; one_step_off: batch 3's in
+# batch 4): those are dropped and refilled. Without partial rollouts which weights draw a batch is fixed by the
+# schedule, not by timing, and the per-round seeds fix what is drawn, so every count below is the same on every run.
+EVERY_K = {"fully_async": (["async_training.staleness_threshold=0"], [0, 0, 2, 2], 1, 3),
+           "one_step_off": ([], [0, 0, 0, 2], 2, 4)}  # mode -> (overrides, version per batch, bound, dropping step)
+
+
+@pytest.fixture(scope="module", params=sorted(EVERY_K))
+def every_k(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    mode = request.param
+    root = tmp_path_factory.mktemp(f"every-k-{mode}")
+    args = [a for a in ASYNC if not a.startswith("async_training.mode")] + [
+        f"async_training.mode={mode}", *EVERY_K[mode][0], "async_training.trigger_parameter_sync_step=2",
+        "algorithm.filter_groups.carry_over_surplus=true", "data.gen_batch_size=8", f"trainer.experiment_name={mode}",
+        f"trainer.rollout_data_dir={root / mode / 'batches'}"]
+    result = run_dapo_warm(["train", *args], root, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return mode, root / mode
+
+
+def test_pushing_every_k_steps_with_carried_groups_keeps_every_sample_within_the_bound(every_k) -> None:
+    mode, run_dir = every_k
+    _, versions, bound, dropping_step = EVERY_K[mode]
+    records = [r for r in _records(run_dir) if r["step"] > 0]
+    assert [r["async/weight_pushed"] for r in records] == [0, 1, 0, 1]  # after steps 2 and 4 only
+    assert all(r["train/num_discarded_surplus_groups"] == 0 for r in records)  # carried, not discarded
+    batches = _batches(run_dir)
+    for step, lines in sorted(batches.items()):  # sample by sample: the engine held only the pushed versions
+        assert {v for line in lines for v in line["weight_versions"]} == {versions[step - 1]}, step
+        assert all(line["lag"] == step - 1 - versions[step - 1] <= bound for line in lines), step
+        assert len({line["group"] for line in lines}) == GROUPS
+    dropped = [r["async/stale_dropped_groups"] for r in records]
+    # the batch that would train a carried group past the bound dropped it (the run had a surplus to carry there),
+    # no other batch did
+    assert dropped[dropping_step - 1] > 0 and sum(dropped) == dropped[dropping_step - 1], dropped
+
+
 def versioned_group(token_versions: list[list[int]]):
     """A group whose responses are as long as their version lists, with those versions."""
     g = group(2, [len(v) for v in token_versions], [True] * len(token_versions))
@@ -287,12 +328,12 @@ def test_staleness_metrics_count_every_sample_and_token() -> None:
 def test_one_step_off_refuses_what_it_cannot_run() -> None:
     from dapo.config import ConfigError
 
-    with pytest.raises(ConfigError, match="carry_over_surplus"):
-        build_config({}, ["async_training.mode=one_step_off", "algorithm.filter_groups.carry_over_surplus=true"])
     with pytest.raises(ConfigError, match="partial_rollout=true needs async_training.mode=fully_async"):
         build_config({}, ["async_training.mode=one_step_off", "async_training.partial_rollout=true"])
-    with pytest.raises(ConfigError, match="trigger_parameter_sync_step must be 1"):
-        build_config({}, ["async_training.mode=one_step_off", "async_training.trigger_parameter_sync_step=2"])
+    for mode in ("one_step_off", "fully_async"):  # built now: tests below run both
+        cfg = build_config({}, [f"async_training.mode={mode}", "async_training.trigger_parameter_sync_step=2",
+                                "algorithm.filter_groups.carry_over_surplus=true"])
+        assert cfg.async_training.trigger_parameter_sync_step == 2 and cfg.algorithm.filter_groups.carry_over_surplus
     assert build_config({}, []).async_training.mode == "sync"  # the default run is the synchronous loop
 
 

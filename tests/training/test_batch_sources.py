@@ -19,6 +19,7 @@ from dapo.distributed.world import World
 from dapo.infra.timing import PhaseTimer
 from dapo.training import batch_source, loop, producers
 from dapo.training.errors import TrainingError
+from dapo.training.push_schedule import PushSchedule
 from tests.training.test_perf_metrics import group
 
 GEN_S, UPDATE_S, STEPS = 0.1, 0.3, 5
@@ -42,9 +43,11 @@ class FakeRun:
         self.records: list[dict] = []
         self.generated: dict[int, tuple[int, float, float]] = {}  # batch -> (engine version at its start, start, end)
         self.updates: dict[int, tuple[float, float]] = {}
+        self.pushed: list[int] = []  # the versions pushed, in order (the run's first push included)
 
     def _push(self, step: int) -> dict:
         self.engine.weight_version = step
+        self.pushed.append(step)
         return {}
 
     @contextlib.contextmanager
@@ -73,7 +76,8 @@ class FakeRun:
 def stand_ins(monkeypatch: pytest.MonkeyPatch):
     """Generation and the update replaced by waits that record their intervals on the run."""
 
-    def generate(engine, state, tokenizer, cfg, step, timer, scorer=None, world=None, on_round=None):
+    def generate(engine, state, tokenizer, cfg, step, timer, scorer=None, world=None, on_round=None,
+                 oldest_version=None):
         run = current["run"]
         t0 = time.perf_counter()
         version = run.engine.weight_version
@@ -143,7 +147,63 @@ def test_fully_async_runs_ahead_exactly_as_far_as_the_staleness_bound(stand_ins,
 def test_fully_async_refuses_a_batch_older_than_the_bound(stand_ins, monkeypatch: pytest.MonkeyPatch) -> None:
     """The loop's own check, behind the producer's: a batch stamped one version too old never trains."""
     real = producers.produce_batch
-    monkeypatch.setattr(producers, "produce_batch", lambda run, step, version: real(run, step, version - 1))
+    monkeypatch.setattr(producers, "produce_batch",
+                        lambda run, step, version, bound: real(run, step, version - 1, bound))
     with pytest.raises(TrainingError, match="lags 2 weight versions behind the actor, more than "
                                             "async_training.staleness_threshold=1"):
         stand_ins("async_training.mode=fully_async", "async_training.staleness_threshold=1")
+
+
+K = 2  # async_training.trigger_parameter_sync_step of the tests below
+
+
+def pushes_every_k(run: FakeRun) -> None:
+    """The pushes are the run's first, every K-th step's and the last step's, and each record says whether its step
+    pushed."""
+    assert run.pushed == [0, *range(K, STEPS + 1, K), *([STEPS] if STEPS % K else [])]
+    assert [r["async/weight_pushed"] for r in run.records] == [float(s % K == 0 or s == STEPS)
+                                                               for s in range(1, STEPS + 1)]
+
+
+@pytest.mark.parametrize("threshold", [0, 1])
+def test_fully_async_pushing_every_k_steps_runs_ahead_as_far_as_the_bound_in_pushes(stand_ins, threshold) -> None:
+    """trigger_parameter_sync_step=2: batch j starts once the engine holds weights at most ``threshold`` pushes older
+    than the newest push step j's actor has passed (2 * (j-1) // 2), so with generation faster than the update its
+    lag is exactly (j-1) - max(0, that push - 2 * threshold): threshold 0 gives 0, 1, 0, 1, 0 and threshold 1 gives
+    0, 1, 2, 3, 2, reaching the bound (threshold + 1) * 2 - 1 in steps and never passing it."""
+    run = stand_ins("async_training.mode=fully_async", f"async_training.staleness_threshold={threshold}",
+                    f"async_training.trigger_parameter_sync_step={K}")
+    pushes_every_k(run)
+    expected = {0: [0, 1, 0, 1, 0], 1: [0, 1, 2, 3, 2]}[threshold]
+    assert [lag_of(run, s) for s in range(1, STEPS + 1)] == expected
+    bound = PushSchedule(K, 0, STEPS).fully_async_bound(threshold)
+    assert bound == (threshold + 1) * K - 1 and max(r["async/staleness/max"] for r in run.records) == max(expected)
+
+
+def test_one_step_off_pushing_every_k_steps_draws_each_batch_from_the_last_push(stand_ins) -> None:
+    """trigger_parameter_sync_step=2: batch j is drawn while step j-1 trains, from the last push before it (steps 0,
+    0, 2, 2 for batches 2..5): lags 0, 1, 2, 1, 2, at most k, and the next batch still overlaps every update."""
+    run = stand_ins("async_training.mode=one_step_off", f"async_training.trigger_parameter_sync_step={K}")
+    pushes_every_k(run)
+    assert [lag_of(run, s) for s in range(1, STEPS + 1)] == [0, 1, 2, 1, 2]
+    for step in range(1, STEPS):
+        assert overlap(run.generated[step + 1][1:], run.updates[step]) >= GEN_S * 0.8, step
+
+
+def test_the_sync_loop_pushes_after_every_step_and_refuses_fewer_pushes(stand_ins) -> None:
+    from dapo.config import ConfigError
+
+    run = stand_ins()
+    assert run.pushed == list(range(STEPS + 1))
+    assert all(r["async/weight_pushed"] == 1.0 for r in run.records)
+    with pytest.raises(ConfigError, match="trigger_parameter_sync_step=2 needs async_training.mode=one_step_off"):
+        build_config({}, ["async_training.trigger_parameter_sync_step=2"])
+
+
+def test_the_push_schedule_by_hand() -> None:
+    """Pushes after steps 3, 6, 9 and the last (10); a run resumed at step 4 holds version 4 until step 6's push."""
+    schedule = PushSchedule(every=3, start=4, last=10)
+    assert [s for s in range(5, 11) if schedule.due(s)] == [6, 9, 10]
+    assert [schedule.latest_push(v) for v in range(4, 10)] == [4, 4, 6, 6, 6, 9]
+    assert schedule.fully_async_start(batch=8, staleness_threshold=1) == 6 - 3  # batch 8's actor: version 7
+    assert (schedule.fully_async_bound(1), schedule.one_step_off_bound()) == (5, 3)

@@ -17,6 +17,7 @@ from dapo.infra.timing import PhaseTimer
 from dapo.training.dynamic_sampling_buffer import DynamicSamplingBuffer
 from dapo.training.generation import generate_and_filter
 from dapo.training.run_state import RunState
+from dapo.training.staleness import stamp_versions
 from tests.cli.cli_helpers import FAST
 from tests.harness.engines import ScriptedEngine
 from tests.harness.tokenizers import CharTokenizer
@@ -90,14 +91,20 @@ def test_wasted_tokens_are_the_hand_counted_tokens_of_dropped_and_discarded_grou
     assert restored.state_dict() == state.state_dict()
 
 
-def test_carried_surplus_is_not_wasted() -> None:
+def _carrying(*overrides: str) -> tuple:
+    """The config and a fresh run state of the carried-surplus cases: 3 prompts a round, batches of 2."""
     cfg = build_config(overrides=[
         "data.train_batch_size=2", "data.gen_batch_size=3", "rollout.n=2", "actor.ppo_mini_batch_size=1",
         "data.shuffle=false", "algorithm.filter_groups.max_num_gen_batches=2",
         "algorithm.filter_groups.carry_over_surplus=true", "algorithm.filter_groups.skip_solved_prompts.enable=true",
+        *overrides,
     ])
     items = [PromptItem(uid, (uid, 99), SCRIPT[uid][0], "synth") for uid in SCRIPT]
-    state = RunState(PromptSampler.from_config(items, cfg), DynamicSamplingBuffer.from_config(cfg))
+    return cfg, RunState(PromptSampler.from_config(items, cfg), DynamicSamplingBuffer.from_config(cfg))
+
+
+def test_carried_surplus_is_not_wasted() -> None:
+    cfg, state = _carrying()
     _, m = generate_and_filter(scripted_engine(), state, CharTokenizer(), cfg, 1, PhaseTimer("gen", "reward"))
     assert m["train/wasted_tokens"] == _tokens(0) + _tokens(2) + _tokens(5)  # uid 4 is carried, not wasted
     assert m["train/num_discarded_surplus_groups"] == 0 and state.buffer.num_groups == 1
@@ -106,6 +113,25 @@ def test_carried_surplus_is_not_wasted() -> None:
     assert [g.prompt.uid for g in kept] == [4, 1]
     assert m2["train/num_skipped_solved_prompts"] == 1 and m2["train/wasted_tokens"] == _tokens(2)
     assert state.sampler.record.history(4) == [(0, 0.5)]  # recorded once, when generated
+
+
+@pytest.mark.parametrize("oldest_version", [0, 1])
+def test_a_carried_group_older_than_an_async_batch_allows_is_dropped_and_refilled(oldest_version: int) -> None:
+    """An asynchronous batch (``oldest_version``: what its staleness bound allows) drops the carried groups whose
+    oldest token is older and refills: uid 4, carried from step 1 with version 0, trains in step 2's batch only if
+    version 0 is allowed; otherwise the round that draws 1 2 3 keeps 1 and 3, and uid 4's tokens are wasted."""
+    cfg, state = _carrying("async_training.mode=fully_async")
+    generate_and_filter(scripted_engine(), state, CharTokenizer(), cfg, 1, PhaseTimer("gen", "reward"),
+                        on_round=lambda groups: stamp_versions(groups, 0), oldest_version=0)
+    assert [g.prompt.uid for g in state.buffer.state_dict()["groups"]] == [4]  # carried, with version 0
+    kept, m = generate_and_filter(scripted_engine(), state, CharTokenizer(), cfg, 2, PhaseTimer("gen", "reward"),
+                                  oldest_version=oldest_version)
+    if oldest_version == 0:  # within the bound: trained as in the synchronous loop
+        assert [g.prompt.uid for g in kept] == [4, 1] and m["async/stale_dropped_groups"] == 0
+        assert m["train/wasted_tokens"] == _tokens(2)
+    else:
+        assert [g.prompt.uid for g in kept] == [1, 3] and m["async/stale_dropped_groups"] == 1
+        assert m["train/wasted_tokens"] == _tokens(2) + _tokens(4) and state.buffer.num_groups == 0
 
 
 # ---------------------------------------------------------------------------------------------- resume

@@ -668,7 +668,8 @@ class AsyncTrainingConfig(_Section):
         "weights are at most staleness_threshold versions behind the actor that will train on it"
     )
     staleness_threshold: int = Field(
-        1, ge=0, description="fully_async: how many weight versions a sample may lag behind the actor it trains"
+        1, ge=0, description="fully_async: how many weight pushes a sample's weights may lag behind the newest push "
+        "the actor that trains it has passed (trigger_parameter_sync_step=1: versions behind that actor)"
     )
     partial_rollout: bool = Field(
         False, description="fully_async: a weight push interrupts in-flight generations, which resume under the new "
@@ -678,7 +679,8 @@ class AsyncTrainingConfig(_Section):
         8, gt=0, description="partial_rollout: tokens generated between two chances to load a push"
     )
     trigger_parameter_sync_step: int = Field(
-        1, ge=1, description="optimizer steps between weight pushes into the rollout worker (1: after every step)"
+        1, ge=1, description="async modes: trainer steps between weight pushes into the rollout worker (1: after "
+        "every step; k: after every k-th and the last), staleness_threshold then counts pushes (docs/async.md)"
     )
     pi_old: Literal["recompute", "bypass"] = Field(
         "recompute", description="pi_old of off-policy samples: recompute = the actor's log-probs before the update "
@@ -925,12 +927,11 @@ class DapoConfig(_Section):
             problems.append(f"async_training.mode={at.mode} with actor.strategy=fsdp2 shards the actor over trainer "
                             "ranks of a torchrun job beside rollout ranks of its own: set rollout.n_gpus_per_node=R "
                             "(torchrun --nproc-per-node N+R, N >= 2 trainer ranks)")
-        if at.mode != "sync" and at.trigger_parameter_sync_step != 1:
-            problems.append("async_training.trigger_parameter_sync_step must be 1 (a push after every step): longer "
-                            "intervals are not built")
-        if at.mode != "sync" and self.algorithm.filter_groups.carry_over_surplus:
-            problems.append(f"async_training.mode={at.mode} does not carry surplus groups over "
-                            "(algorithm.filter_groups.carry_over_surplus=false): their weight version is not tracked")
+        if at.mode == "sync" and at.trigger_parameter_sync_step != 1:
+            # The synchronous loop generates every batch with the actor that trains on it; fewer pushes would make
+            # its samples silently stale, without the async modes' versions, bound and pi_old recomputation.
+            problems.append(f"async_training.trigger_parameter_sync_step={at.trigger_parameter_sync_step} needs "
+                            "async_training.mode=one_step_off or fully_async (sync pushes after every step)")
         if at.mode == "fully_async" and self.rollout.multi_turn.enable:
             # A multi-turn rollout calls the engine once per turn; pushes land between turns, and its output carries
             # no per-token weight versions, so the staleness bound could not be checked on its samples.

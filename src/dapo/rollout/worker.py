@@ -11,6 +11,13 @@ pipe; weights over the process group, never through files.
 
 The worker serves its messages in order: a push announced while a request is generating is loaded once that request
 has finished, so a request is sampled under one version (``token_versions`` records it per token).
+
+The control channel's integrity: every message of the worker (replies and heartbeats) carries its number, so the
+trainer sees a message that cannot be read (a garbled frame) or one that never arrived (the next number is not the
+one due; a heartbeat follows within seconds, so a lost last reply shows too). Either way nothing on the channel can
+be trusted any more: the worker is stopped and the wait raises ``RolloutWorkerDied`` naming the stage and the
+worker, which a run recovers from as from a dead worker (a new process, the current weights pushed, the batch in
+flight generated again). A frame from the trainer the worker cannot read ends the worker the same way, saying so.
 """
 
 from __future__ import annotations
@@ -43,6 +50,18 @@ class RolloutWorkerError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class ReplyFault:
+    """Fault injection for tests of the control channel: the worker's first message of kind ``kind`` goes out
+    garbled (a frame that is no message, ``garble=True``) or is never sent (``garble=False``)."""
+
+    kind: str
+    garble: bool = True
+
+
+GARBLED_FRAME = b"\x80\x05garbled"  # a frame of the right length header whose body is no pickle
+
+
+@dataclass(frozen=True)
 class WorkerOptions:
     """How the worker process runs.
 
@@ -52,12 +71,15 @@ class WorkerOptions:
             but not loaded (None: every push is loaded).
         partial_chunk_tokens: partial rollouts: generate requests in segments of this many tokens and load a push
             that arrived between two segments (None: a push waits until the running request has finished).
+        reply_fault: fault injection for tests of the control channel (:class:`ReplyFault`); a respawned worker
+            runs without it (the fault's recovery is what is tested).
     """
 
     num_threads: int | None = None
     drop_pushes_after: int | None = None
     partial_chunk_tokens: int | None = None
     stall_timeout_s: float = 300.0
+    reply_fault: ReplyFault | None = None
 
     @property
     def heartbeat_s(self) -> float:
@@ -79,14 +101,22 @@ class RolloutWorkerStalled(RolloutWorkerError):
 
 
 class _LockedConnection:
-    """The worker's end of the pipe, shared by the serving loop and the heartbeat thread: one send at a time."""
+    """The worker's end of the pipe, shared by the serving loop and the heartbeat thread: one send at a time, each
+    message sent as ``(number, message)`` (module docstring), ``fault`` applied once."""
 
-    def __init__(self, conn: Any) -> None:
+    def __init__(self, conn: Any, fault: ReplyFault | None = None) -> None:
         self._conn, self._lock = conn, threading.Lock()
+        self._sent, self._fault = 0, fault
 
     def send(self, message: tuple) -> None:
         with self._lock:
-            self._conn.send(message)
+            self._sent += 1
+            if self._fault is not None and message[0] == self._fault.kind:
+                fault, self._fault = self._fault, None
+                if fault.garble:
+                    self._conn.send_bytes(GARBLED_FRAME)
+                return
+            self._conn.send((self._sent, message))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._conn, name)
@@ -106,6 +136,22 @@ def _segment_seed(seed: int, sample: int, segment: int) -> int:
     return (seed * 1_000_003 + sample * 7_919 + segment * 104_729 + 1) % (1 << 62)
 
 
+class _UnreadableMessage(Exception):
+    """A frame from the trainer that is no message: the worker stops, telling the trainer why."""
+
+
+def _receive(conn: Any) -> tuple:
+    try:
+        message = conn.recv()
+    except (OSError, EOFError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever unpickling a garbled frame raises
+        raise _UnreadableMessage(f"{type(exc).__name__}: {exc}") from None
+    if not (isinstance(message, tuple) and message and isinstance(message[0], str)):
+        raise _UnreadableMessage(f"a frame that is no message ({type(message).__name__})")
+    return message
+
+
 class _Worker:
     """The worker's side: serves messages in order; with ``partial_chunk_tokens`` a request is generated in segments
     of that many tokens, and a push that arrived meanwhile is loaded between two segments (the samples continue under
@@ -117,17 +163,22 @@ class _Worker:
         self.inbox: collections.deque[tuple] = collections.deque()
 
     def next_message(self) -> tuple:
-        return self.inbox.popleft() if self.inbox else self.conn.recv()
+        return self.inbox.popleft() if self.inbox else _receive(self.conn)
 
     def serve(self) -> None:
-        while True:
-            message = self.next_message()
-            if message[0] == "close":
-                return
-            try:
-                self.handle(message)
-            except Exception:  # noqa: BLE001 - one failed request must reach the trainer, not kill the worker silently
-                self.conn.send(("error", traceback.format_exc()))
+        try:
+            while True:
+                message = self.next_message()
+                if message[0] == "close":
+                    return
+                try:
+                    self.handle(message)
+                except _UnreadableMessage:
+                    raise
+                except Exception:  # noqa: BLE001 - one failed request must reach the trainer, not kill the worker
+                    self.conn.send(("error", traceback.format_exc()))
+        except _UnreadableMessage as exc:  # the channel cannot be trusted any more (module docstring)
+            self.conn.send(("broken", f"the worker could not read a message from the trainer ({exc})"))
 
     def handle(self, message: tuple) -> None:
         kind = message[0]
@@ -156,7 +207,7 @@ class _Worker:
     def take_pushes(self) -> None:
         """Between two segments: serve the pushes and probes that arrived; keep other messages for later."""
         while self.conn.poll(0):
-            message = self.conn.recv()
+            message = _receive(self.conn)
             if message[0] in ("push", "log_probs"):
                 self.handle(message)
             else:
@@ -235,7 +286,7 @@ def _serve(spec: EngineSpec, model_cfg: Any, options: WorkerOptions, conn: Any, 
     from dapo.distributed.weight_transport import WeightTransport
     from dapo.rollout.loaded_engine import load_model_engine
 
-    conn = _LockedConnection(conn)
+    conn = _LockedConnection(conn, options.reply_fault)
     stop_heartbeat = threading.Event()
     threading.Thread(target=_heartbeat, args=(conn, options.heartbeat_s, stop_heartbeat), name="dapo-heartbeat",
                      daemon=True).start()
@@ -272,6 +323,8 @@ class RemoteEngine:
         self._last_heard = (time.monotonic(), "nothing yet")  # the worker's last sign of progress: when, what
         self._unresponsive = False
         self._pipe_closed = False
+        self._received = 0  # the number of the worker's last message (module docstring)
+        self._broken: str | None = None  # what broke the control channel
         self._respawn: tuple | None = None  # (spec, model cfg, options) of a worker this process spawned
         self.restarts = 0  # workers replaced since the run started (async/worker_restarts)
         self._next_id = 0
@@ -354,7 +407,8 @@ class RemoteEngine:
             raise RolloutWorkerError("the rollout rank died and cannot be restarted from the trainer; torchrun's "
                                      "--max-restarts restarts the job, which resumes from the last checkpoint")
         self.close()
-        fresh = RemoteEngine.start(*self._respawn)
+        spec, model_cfg, options = self._respawn
+        fresh = RemoteEngine.start(spec, model_cfg, dataclasses.replace(options, reply_fault=None))
         fresh.restarts = self.restarts + 1
         return fresh
 
@@ -431,16 +485,27 @@ class RemoteEngine:
 
     # ------------------------------------------------------------------ plumbing
     def _read(self) -> None:
-        """The reader thread: file each message until the pipe closes."""
+        """The reader thread: file each message until the pipe closes or the channel breaks (module docstring)."""
         while True:
             try:
-                message = self._conn.recv()
+                frame = self._conn.recv()
             except (OSError, EOFError):
                 with self._arrived:
                     self._pipe_closed = True
                     self._failure = self._failure or "the pipe to the rollout worker closed"
                     self._arrived.notify_all()
                 return
+            except Exception as exc:  # noqa: BLE001 - whatever unpickling a garbled frame raises
+                return self._break(f"its message {self._received + 1} could not be read ({type(exc).__name__}: "
+                                   f"{exc})")
+            if not (isinstance(frame, tuple) and len(frame) == 2 and isinstance(frame[1], tuple) and frame[1]):
+                return self._break(f"its message {self._received + 1} is no message ({type(frame).__name__})")
+            number, message = frame
+            if number != self._received + 1:
+                return self._break(f"its message {self._received + 1} never arrived (message {number} came next)")
+            self._received = number
+            if message[0] == "broken":
+                return self._break(message[1])
             with self._arrived:
                 kind = message[0]
                 self._last_heard = (time.monotonic(), kind)
@@ -459,11 +524,23 @@ class RemoteEngine:
                     self._replies.append(message)
                 self._arrived.notify_all()
 
+    def _break(self, detail: str) -> None:
+        """The reader thread: the control channel broke (``detail``); every wait raises, and closing stops the
+        worker at once."""
+        with self._arrived:
+            self._broken, self._unresponsive = detail, True
+            self._arrived.notify_all()
+
     def _wait(self, ready: Callable[[], bool], timeout: float | None, *, stage: str) -> bool:
-        """Under ``self._arrived``: wait until ``ready()``, a failure, the worker's death, ``timeout``, or
-        ``stall_timeout_s`` without a message from the worker (RolloutWorkerStalled, naming ``stage``)."""
+        """Under ``self._arrived``: wait until ``ready()``, a failure, the worker's death, a broken channel,
+        ``timeout``, or ``stall_timeout_s`` without a message from the worker (RolloutWorkerStalled, naming
+        ``stage``)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while not ready():
+            if self._broken is not None:  # restartable: a new worker gets a new channel
+                raise RolloutWorkerDied(
+                    f"the control channel to {self._peer()} broke while the trainer waited for {stage}: "
+                    f"{self._broken}, after its message {self._last_heard[1]!r}; the worker is stopped", engine=self)
             if self._failure is not None:
                 raise self._died() if self._pipe_closed else RolloutWorkerError(self._failure)
             if not self._process.is_alive() and not ready():
@@ -476,14 +553,16 @@ class RemoteEngine:
             self._arrived.wait(left)
         return True
 
+    def _peer(self) -> str:
+        pid = getattr(self._process, "pid", None)
+        return f"the rollout worker (pid {pid})" if pid is not None else "the rollout rank"
+
     def _stalled(self, stage: str, detail: str = "") -> RolloutWorkerStalled:
         self._unresponsive = True
         when, kind = self._last_heard
-        pid = getattr(self._process, "pid", None)
-        peer = f"the rollout worker (pid {pid})" if pid is not None else "the rollout rank"
         return RolloutWorkerStalled(
-            f"{peer} showed no sign of progress for {time.monotonic() - when:.0f} s while the trainer waited for "
-            f"{stage} (trainer.stall_timeout_s={self._stall_timeout_s:g}); its last message was {kind!r}{detail}. "
+            f"{self._peer()} showed no sign of progress for {time.monotonic() - when:.0f} s while the trainer waited "
+            f"for {stage} (trainer.stall_timeout_s={self._stall_timeout_s:g}); its last message was {kind!r}{detail}. "
             "It is stopped or hung (a SIGSTOP, a swapped-out or overloaded machine, a deadlock in the engine); the "
             "run stopped")
 

@@ -10,7 +10,7 @@ What the loop calls, in order, each step (``BatchSource``):
     ... update the actor on batch.groups ...
     source.before_push(step, timer)            # one-step-off: wait for the batch in flight (it must not see the push)
     ... push the weights of ``step`` into the engine ...
-    source.after_push(step)                    # fully async: the producer may start batches this version allows
+    source.after_push(step)                    # after a push: the producer may start batches this version allows
     source.busy_since(t)                       # the producer's busy intervals, for the measured overlap
 """
 
@@ -32,7 +32,8 @@ class BatchSource(Protocol):
     # The batch was drawn by weights older than the actor's: the update recomputes pi_old, and the record and the
     # batch dump say each sample's version and lag.
     off_policy: bool
-    # Push after every step, also one that trained nothing: the producer's staleness bound counts pushes.
+    # Push after every push step (every step, or every trigger_parameter_sync_step steps), also one that trained
+    # nothing: the producer's staleness bound counts pushes. The others push when the weights changed since the last.
     pushes_every_step: bool
 
     def start(self) -> None: ...

@@ -141,6 +141,19 @@ class DynamicSamplingBuffer(Generic[GroupT]):
         """True while the batch is not full and the round budget allows another generation round."""
         return not self.is_full and not self.rounds_exhausted()
 
+    def drop_held(self, is_stale: Callable[[GroupT], bool], tokens_of: Callable[[GroupT], int] | None = None
+                  ) -> list[GroupT]:
+        """Before this step's rounds: remove the held (carried-in) groups ``is_stale`` names, and return them. An
+        asynchronous run trains a carried group one batch later than it was generated for, which can put its weights
+        past the staleness bound; the rounds that follow refill the batch. Their tokens (``tokens_of``) count as
+        wasted."""
+        flags = [is_stale(g) for g in self._groups]
+        stale = [g for g, s in zip(self._groups, flags) if s]
+        self._num_carried_in -= sum(flags[: self._num_carried_in])
+        self._groups = [g for g, s in zip(self._groups, flags) if not s]
+        self._wasted_tokens += sum(map(tokens_of, stale)) if tokens_of else 0
+        return stale
+
     def add_round(
         self,
         groups_kept: Sequence[GroupT],

@@ -34,6 +34,7 @@ from dapo.reward.scored_groups import ScoredGroup, group_index_of, score_rollout
 from dapo.rollout.base import RolloutEngine, SamplingParams
 from dapo.rollout.factory import engine_capabilities
 from dapo.training.run_state import RunState
+from dapo.training.staleness import oldest_token_version
 from dapo.training.tool_use import tool_metrics
 
 log = logging.getLogger(__name__)
@@ -130,8 +131,8 @@ def validate_across_ranks(engine: RolloutEngine, prompts: list[PromptItem], toke
 
 def generate_and_filter(engine: RolloutEngine, state: RunState, tokenizer, cfg: DapoConfig, step: int,
                         timer: PhaseTimer, scorer: RewardScorer | None = None, world: World = World(),
-                        on_round: Callable[[list[ScoredGroup]], None] | None = None
-                        ) -> tuple[list[ScoredGroup], dict[str, float]]:
+                        on_round: Callable[[list[ScoredGroup]], None] | None = None,
+                        oldest_version: int | None = None) -> tuple[list[ScoredGroup], dict[str, float]]:
     """Generation rounds of gen_batch_size prompts until train_batch_size informative groups are held.
 
     ``scorer`` (kept for the run) applies the reward failure policy; its failed calls of this step are reported as
@@ -143,8 +144,16 @@ def generate_and_filter(engine: RolloutEngine, state: RunState, tokenizer, cfg: 
     unless ``algorithm.filter_groups.skip_solved_prompts.enable``), and the prompts it skipped as solved are counted in
     ``train/num_skipped_solved_prompts``. ``on_round`` sees every round's groups, kept or not (the FLOP count of
     ``dapo.training.perf_metrics``). With several ranks (``world``) each generates its share of every round and
-    all of them return the same groups and metrics (reward failures summed over ranks)."""
+    all of them return the same groups and metrics (reward failures summed over ranks).
+
+    ``oldest_version`` (an asynchronous batch, ``dapo.training.producers``): the oldest weight version a token of
+    this batch may have. Groups carried over from the previous batch (``carry_over_surplus``) whose oldest token is
+    older are dropped before the rounds, which refill the batch: ``async/stale_dropped_groups``, their tokens wasted."""
     buffer = state.buffer
+    stale: list[ScoredGroup] = []
+    if oldest_version is not None:
+        stale = buffer.drop_held(lambda g: oldest_token_version(g, default=oldest_version) < oldest_version,
+                                 tokens_of=lambda g: g.num_response_tokens)
     failures_before = dict(scorer.counts) if scorer is not None else {}
     skipped_before = state.sampler.num_skipped_solved
     generated_acc: list[float] = []
@@ -206,4 +215,5 @@ def generate_and_filter(engine: RolloutEngine, state: RunState, tokenizer, cfg: 
         **tool_metrics(generated_groups),
         # several rollout ranks (dapo.rollout.fleet): the samples each engine generated while this batch was made
         **getattr(engine, "take_engine_counts", dict)(),
+        **({} if oldest_version is None else {"async/stale_dropped_groups": float(len(stale))}),
     }

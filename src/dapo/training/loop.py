@@ -35,6 +35,7 @@ from dapo.training.actor_step import update_actor
 from dapo.training.batch_source import BatchSource, InlineSource
 from dapo.training.overlap import busy_overlap
 from dapo.training.producers import FullyAsyncSource, OneStepOffSource
+from dapo.training.push_schedule import PushSchedule
 from dapo.training.rank_split import serve_rollout_rank, split_job
 from dapo.training.shared_source import SharedSource
 from dapo.training.run import Run, TrainResult, build_run, pick_device, run_dir_of, total_steps_of
@@ -70,6 +71,8 @@ def train(cfg: DapoConfig, world: World = World()) -> TrainResult:
 def train_loop(run: Run, source: BatchSource) -> TrainResult:
     """Algorithm 1 (module docstring): take a batch, update, push, record; ``source`` says where batches come from."""
     cfg = run.cfg
+    pushes = PushSchedule.of_run(run)  # every step, or every trigger_parameter_sync_step steps (async modes)
+    trained_since_push = False
     try:
         with run.record() as (tracker, progress):
             pending = run.start(tracker, progress)
@@ -95,14 +98,18 @@ def train_loop(run: Run, source: BatchSource) -> TrainResult:
                             skipped_update(step, metrics)
                     trained = (train_start, time.perf_counter())
                     source.before_push(step, timer)
-                    if batch.groups or source.pushes_every_step:  # the new weights go to the engine
+                    trained_since_push = trained_since_push or bool(batch.groups)
+                    pushed = pushes.due(step) and (trained_since_push or source.pushes_every_step)
+                    if pushed:  # the new weights go to the engine
                         with timer("sync_weights"):
                             try:
                                 metrics.update(run.sync.push(step))
                             except RolloutWorkerDied as death:  # a new worker gets them (restart_engine)
                                 run.restart_engine(death, version=step)
                                 metrics.update(run.engine.last_push)
-                    source.after_push(step)
+                        trained_since_push = False
+                        source.after_push(step)
+                    metrics["async/weight_pushed"] = float(pushed)
                 # Measured, not min(train_s, produce_s): the time the update and the producer were busy at once (0
                 # for the inline source), and the time of the step the producer did nothing.
                 window = (step_start, time.perf_counter())

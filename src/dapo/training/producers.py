@@ -10,6 +10,11 @@ while the trainer updates on an earlier batch. Each token carries the version of
 - ``FullyAsyncSource`` (``fully_async``): batch j starts as soon as the engine's weights are at most
   ``staleness_threshold`` versions behind step j's actor (once step j-1-s is pushed); the trainer pushes without
   waiting, and with ``partial_rollout`` a push lands between two segments of a running request.
+
+With ``trigger_parameter_sync_step=k`` the pushes come every k steps and the bounds are those of
+``dapo.training.push_schedule`` (k=1: the above). Either source checks every batch against its bound before it
+trains, and with ``carry_over_surplus`` drops the carried groups that would train past it (``generate_and_filter``'s
+``oldest_version``).
 """
 
 from __future__ import annotations
@@ -27,18 +32,26 @@ from dapo.rollout.worker import RolloutWorkerDied
 from dapo.training.errors import TrainingError
 from dapo.training.generation import generate_and_filter
 from dapo.training.overlap import Interval
+from dapo.training.push_schedule import PushSchedule
 from dapo.training.run import Run
-from dapo.training.staleness import ProducedBatch, sample_lags
+from dapo.training.staleness import ProducedBatch, sample_lags, stamp_versions
 
 
-def produce_batch(run: Run, step: int, version: int) -> ProducedBatch:
+def produce_batch(run: Run, step: int, version: int, bound: int) -> ProducedBatch:
     """Batch ``step``, generated now by the engine (in its worker) and scored and filtered here, timed for the
-    record (``timing_s/produce_*``, ``async/produce_s``); tokens the engine did not tag get ``version``."""
+    record (``timing_s/produce_*``, ``async/produce_s``); tokens the engine did not tag get ``version`` as they are
+    generated (so a carried surplus group keeps its own), and no token of the batch lags more than ``bound`` versions
+    behind step ``step``'s actor (carried groups that would are dropped and refilled)."""
     timer = PhaseTimer("gen", "reward")
     generated: list = []
+
+    def on_round(groups: list) -> None:
+        stamp_versions(groups, version)
+        generated.extend(groups)
+
     t0 = time.perf_counter()
     groups, metrics = generate_and_filter(run.engine, run.state, run.policy.tokenizer, run.cfg, step, timer,
-                                          run.scorer, on_round=generated.extend)
+                                          run.scorer, on_round=on_round, oldest_version=step - 1 - bound)
     metrics.update(timer.metrics(prefix="timing_s/produce_"))
     t1 = time.perf_counter()
     metrics["async/produce_s"] = t1 - t0
@@ -46,9 +59,20 @@ def produce_batch(run: Run, step: int, version: int) -> ProducedBatch:
                                  gen_s=timer.seconds["gen"])
 
 
+def check_bound(batch: ProducedBatch, step: int, bound: int, source: str) -> ProducedBatch:
+    """``batch``, unless a sample of it lags more than ``bound`` versions behind step ``step``'s actor: that cannot
+    happen by construction, and such a batch never trains."""
+    lags = sample_lags(batch, actor_version=step - 1)
+    if max(lags, default=0) > bound:
+        raise TrainingError(f"step {step}: a sample lags {max(lags)} weight versions behind the actor, more than "
+                            f"{source}")
+    return batch
+
+
 class OneStepOffSource:
-    """Bound 1 by construction: no push happens while a batch is generated, so every sample of a batch has the
-    version the engine held when it started, and that is the actor's version or the one before (module docstring).
+    """Bound 1 by construction (k with pushes every k steps): no push happens while a batch is generated, so every
+    sample of a batch has the version the engine held when it started, and that is the actor's version or the one
+    before (module docstring).
     The batch ahead is kept in the run state (``state.prefetched``): a checkpoint saves it, and a resumed run trains on
     exactly the samples it would have trained on."""
 
@@ -57,6 +81,7 @@ class OneStepOffSource:
 
     def __init__(self, run: Run) -> None:
         self.run = run
+        self.bound = PushSchedule.of_run(run).one_step_off_bound()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dapo-producer")
         self._ahead: Future[ProducedBatch] | None = None
         self._busy: list[Interval] = []
@@ -64,7 +89,7 @@ class OneStepOffSource:
     def _produce(self, step: int) -> Future[ProducedBatch]:
         version = self.run.engine.weight_version  # no push until this batch is back: every sample has this version
         self._before = (step, self.run.state.generation_state())  # to generate it again if the worker dies
-        return self._pool.submit(produce_batch, self.run, step, version)
+        return self._pool.submit(produce_batch, self.run, step, version, self.bound)
 
     def _result(self, ahead: Future[ProducedBatch], actor_version: int) -> ProducedBatch:
         """The batch ``ahead``; if the worker died generating it, a new worker (given the actor's weights,
@@ -75,7 +100,7 @@ class OneStepOffSource:
             step, before = self._before
             self.run.state.load_generation_state(before)
             self.run.restart_engine(death, version=actor_version)
-            return produce_batch(self.run, step, version=self.run.engine.weight_version)
+            return produce_batch(self.run, step, version=self.run.engine.weight_version, bound=self.bound)
 
     def start(self) -> None:
         state = self.run.state
@@ -86,7 +111,8 @@ class OneStepOffSource:
         state = self.run.state
         batch, state.prefetched = state.prefetched[0], []
         self._ahead = self._produce(step + 1) if step < self.run.total_steps else None  # the engine works meanwhile
-        return batch
+        return check_bound(batch, step, self.bound, f"one_step_off's {self.bound} (async_training."
+                           f"trigger_parameter_sync_step={self.bound})")
 
     def before_push(self, step: int, timer: PhaseTimer) -> None:
         with timer("wait_rollout"):  # the trainer idles while the engine finishes step+1's batch
@@ -118,11 +144,13 @@ class FullyAsyncSource:
 
     def __init__(self, run: Run) -> None:
         self.run = run
-        self.bound = run.cfg.async_training.staleness_threshold
+        self.threshold = run.cfg.async_training.staleness_threshold
+        self.schedule = PushSchedule.of_run(run)
+        self.bound = self.schedule.fully_async_bound(self.threshold)
         self._cond = threading.Condition()
         self._ready: collections.deque[ProducedBatch] = collections.deque(run.state.prefetched)
         run.state.prefetched = []
-        self._actor_version = run.state.step
+        self._pushed = run.state.step  # the engine's newest weights: the run's first push
         self._stop = False
         self._error: BaseException | None = None
         self._snapshot = run.state.generation_state()
@@ -138,11 +166,12 @@ class FullyAsyncSource:
         try:
             for j in range(run.state.step + 1 + len(self._ready), run.total_steps + 1):
                 with self._cond:
-                    self._cond.wait_for(lambda: self._stop or self._actor_version >= j - 1 - self.bound)
+                    oldest = self.schedule.fully_async_start(j, self.threshold)
+                    self._cond.wait_for(lambda: self._stop or self._pushed >= oldest)
                     if self._stop:
                         return
                     self._busy_since = time.perf_counter()
-                batch = produce_batch(run, j, version=run.engine.weight_version)
+                batch = produce_batch(run, j, version=run.engine.weight_version, bound=self.bound)
                 with self._cond:
                     self._busy += batch.busy
                     self._busy_since = None
@@ -169,11 +198,9 @@ class FullyAsyncSource:
                 if not isinstance(error, RolloutWorkerDied):
                     raise error
                 self._survive(error, actor_version=step - 1)
-        lags = sample_lags(batch, actor_version=step - 1)
-        if max(lags, default=0) > self.bound:  # cannot happen by construction; never train on it if it does
-            raise TrainingError(f"step {step}: a sample lags {max(lags)} weight versions behind the actor, more "
-                                f"than async_training.staleness_threshold={self.bound}")
-        return batch
+        k = self.schedule.every
+        return check_bound(batch, step, self.bound, f"async_training.staleness_threshold={self.threshold}"
+                           + (f" allows ({self.bound} with trigger_parameter_sync_step={k})" if k > 1 else ""))
 
     def before_push(self, step: int, timer: PhaseTimer) -> None:
         pass
@@ -192,7 +219,7 @@ class FullyAsyncSource:
 
     def after_push(self, step: int) -> None:
         with self._cond:
-            self._actor_version = step
+            self._pushed = step
             self._cond.notify_all()
 
     def busy_since(self, since: float) -> list[Interval]:

@@ -33,9 +33,7 @@ class ProducedBatch:
                 ) -> ProducedBatch:
         """The batch of ``groups``; a group the engine did not stamp (an engine in this process, or one that draws a
         whole request under one version) gets ``version`` on every token."""
-        for g in groups:
-            if g.token_versions is None:
-                g.token_versions = [[version] * len(ids) for ids in g.response_ids]
+        stamp_versions(groups, version)
         return cls(groups, metrics, **measured)
 
     @property
@@ -52,6 +50,18 @@ class ProducedBatch:
         for g, versions in zip(groups, state.get("token_versions", [])):  # checkpoints that kept them beside
             g.token_versions = versions
         return cls(groups, dict(state["metrics"]))
+
+
+def stamp_versions(groups: list[ScoredGroup], version: int) -> None:
+    """Tag every token of the groups the engine did not stamp with ``version``."""
+    for g in groups:
+        if g.token_versions is None:
+            g.token_versions = [[version] * len(ids) for ids in g.response_ids]
+
+
+def oldest_token_version(group: ScoredGroup, default: int) -> int:
+    """The version of the oldest token of ``group`` (``default`` for a group without tagged tokens)."""
+    return min((v for versions in group.token_versions or [] for v in versions), default=default)
 
 
 def sample_lag(versions: list[int], actor_version: int) -> int:

@@ -173,6 +173,13 @@ class SandboxConfig(_Section):
         return value
 
 
+def _require_output_placeholder(template: str, section: str) -> None:
+    """A tool's response template shows the tool's output where ``{output}`` stands: without it the model would
+    never read what its call returned."""
+    if "{output}" not in template:
+        raise ValueError(f"{section}.tool_response_template must contain {{output}}")
+
+
 class CalculatorToolConfig(_Section):
     """The calculator tool's call format (dapo.tools.calculator: arithmetic evaluated from its syntax tree, no
     sandbox needed)."""
@@ -185,8 +192,7 @@ class CalculatorToolConfig(_Section):
 
     @model_validator(mode="after")
     def _template_has_output(self) -> "CalculatorToolConfig":
-        if "{output}" not in self.tool_response_template:
-            raise ValueError("rollout.multi_turn.calculator.tool_response_template must contain {output}")
+        _require_output_placeholder(self.tool_response_template, "rollout.multi_turn.calculator")
         return self
 
 
@@ -213,11 +219,12 @@ class MultiTurnConfig(_Section):
     tool_response_template: str = Field(
         "\n```output\n{output}\n```\n", description="python: how a tool's output is shown ({output}: what the code "
         "printed)")
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    calculator: CalculatorToolConfig = Field(default_factory=CalculatorToolConfig)
 
     @model_validator(mode="after")
     def _template_has_output(self) -> "MultiTurnConfig":
-        if "{output}" not in self.tool_response_template:
-            raise ValueError("rollout.multi_turn.tool_response_template must contain {output}")
+        _require_output_placeholder(self.tool_response_template, "rollout.multi_turn")
         return self
 
     @model_validator(mode="after")
@@ -225,8 +232,6 @@ class MultiTurnConfig(_Section):
         if len(set(self.tools)) != len(self.tools):
             raise ValueError(f"rollout.multi_turn.tools names a tool twice: {self.tools}")
         return self
-    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
-    calculator: CalculatorToolConfig = Field(default_factory=CalculatorToolConfig)
 
 
 class ValSamplingConfig(_Section):

@@ -164,17 +164,16 @@ def update_actor(groups: Sequence[ScoredGroup], policy: Policy, optimizer, sched
     metrics: dict[str, float] = {"actor/old_log_prob_recomputed": float(source == "recompute")}
     record = None if source == "recompute" else FirstPassRecord()
     tape = tape_of(policy.model)  # MoE routing replay (actor.router_replay.mode), else None
-    if source == "recompute" and tape is not None:
-        with timer("old_log_prob"):
-            batch, old_log_probs, entropies, replay_metrics = replayed_old_log_probs(policy.model, tape, batch, cfg)
-        metrics.update(replay_metrics)
-        batch, correction = with_rollout_correction(batch.with_old_log_probs(old_log_probs), cfg)
-        metrics.update(correction)
-    elif source == "recompute":
+    if source == "recompute":
         with timer("old_log_prob"):  # pi_theta_old: the actor recomputes the log-probs of the sampled tokens
-            old_log_probs, entropies = forward_through(  # a sharded actor: one root forward for the whole pass
-                policy.model, compute_log_probs_and_entropy_batch, batch, cfg.actor, temperature=cfg.rollout.temperature
-            )
+            if tape is not None:  # under routing replay: the batch then carries the routes the update replays
+                batch, old_log_probs, entropies, replay_metrics = replayed_old_log_probs(policy.model, tape, batch,
+                                                                                         cfg)
+                metrics.update(replay_metrics)
+            else:
+                old_log_probs, entropies = forward_through(  # a sharded actor: one root forward for the whole pass
+                    policy.model, compute_log_probs_and_entropy_batch, batch, cfg.actor,
+                    temperature=cfg.rollout.temperature)
         batch, correction = with_rollout_correction(batch.with_old_log_probs(old_log_probs), cfg)
         metrics.update(correction)
     elif source == "rollout":

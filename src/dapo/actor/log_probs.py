@@ -113,8 +113,8 @@ def resolve_layout(requested: str, model: nn.Module) -> str:
     (FSDP2 runs each layer's all-gather/reduce-scatter once per forward, and shared_prompt forwards twice), runs
     Hugging Face's activation checkpointing (its checkpointed layers drop the KV cache that carries the prompt to the
     responses; :func:`dapo.actor.update.configure_model_for_training` leaves it off for this layout, which checkpoints
-    its own passes), has sliding-window layers or replays its MoE routes: padded then. A model with linear-attention layers is never packed
-    (their state does not restart at a sample boundary). An explicit layout that cannot run is refused, naming why.
+    its own passes), has sliding-window layers or replays its MoE routes: padded then. A model with linear-attention
+    layers is never packed (their state does not restart at a sample boundary). An explicit layout that cannot run is refused, naming why.
     """
     if requested not in (*LAYOUTS, "auto"):
         raise ValueError(f"actor.layout must be 'auto', 'packed', 'padded' or 'shared_prompt', got {requested!r}")

@@ -24,7 +24,8 @@ class ServeConfig:
     Attributes:
         model: Hugging Face model folder; None = the embedded tiny Qwen2.
         served_model_name: the ``model`` clients send; default the folder's name (``tiny-qwen2`` for the embedded one),
-            as the published server does, and ``<run>-global_step_N`` for a checkpoint's ``hf`` folder. The model path itself is accepted too.
+            as the published server does, and ``<run>-global_step_N`` for a checkpoint's ``hf`` folder. The model path
+            itself is accepted too.
         backend: ``hf`` (the project's engine), ``vllm``, or ``auto`` (vLLM on a GPU when installed, else HF).
         tensor_parallel_size: vLLM tensor-parallel ranks per replica.
         num_replicas: replicas; None = GPUs // tensor_parallel_size on a GPU cluster, else 1.

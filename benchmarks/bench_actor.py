@@ -36,8 +36,10 @@ def make_batch(groups: int, n: int, prompt_len: int, max_response: int, vocab: i
     size = groups * n
     lengths = torch.randint(1, max_response + 1, (size,), generator=g).tolist()
     low, high = max(1, round(prompt_len * 0.8)), max(1, round(prompt_len * 1.2))
-    prompts = [torch.randint(0, vocab, (int(torch.randint(low, high + 1, (), generator=g)),), generator=g)
-               for _ in range(groups)]
+    prompts = [
+        torch.randint(0, vocab, (int(torch.randint(low, high + 1, (), generator=g)),), generator=g)
+        for _ in range(groups)
+    ]
     return TrainBatch(
         prompt_ids=[prompts[i // n] for i in range(size)],
         response_ids=[torch.randint(0, vocab, (length,), generator=g) for length in lengths],
@@ -64,9 +66,13 @@ def build_model(args: argparse.Namespace) -> torch.nn.Module:
         return load_policy(ModelConfig()).model
     torch.manual_seed(0)
     config = Qwen2Config(
-        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate or 4 * args.hidden,
-        num_hidden_layers=args.layers, num_attention_heads=max(1, args.hidden // 64),
-        num_key_value_heads=max(1, args.hidden // 192), max_position_embeddings=args.prompt_len + args.max_response,
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=args.intermediate or 4 * args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=max(1, args.hidden // 64),
+        num_key_value_heads=max(1, args.hidden // 192),
+        max_position_embeddings=args.prompt_len + args.max_response,
     )
     return Qwen2ForCausalLM(config)
 
@@ -101,13 +107,19 @@ def main() -> None:
     batch = make_batch(args.groups, args.n, args.prompt_len, args.max_response, vocab, seed=0)
     tokens = sum(batch.sequence_lengths)
     params = sum(p.numel() for p in base_model.parameters()) / 1e6
-    print(f"{len(batch)} samples, {tokens} tokens, {params:.1f}M params, budget {args.token_budget} tokens, "
-          f"{torch.get_num_threads()} threads")
+    print(
+        f"{len(batch)} samples, {tokens} tokens, {params:.1f}M params, budget {args.token_budget} tokens, "
+        f"{torch.get_num_threads()} threads"
+    )
 
     def config(layout: str) -> ActorConfig:
         return ActorConfig(
-            layout=layout, ppo_mini_batch_size=args.mini_batch, ppo_max_token_len_per_gpu=args.token_budget,
-            logprob_chunk_size=args.chunk, dtype=args.dtype, optim=OptimConfig(lr=1e-6),
+            layout=layout,
+            ppo_mini_batch_size=args.mini_batch,
+            ppo_max_token_len_per_gpu=args.token_budget,
+            logprob_chunk_size=args.chunk,
+            dtype=args.dtype,
+            optim=OptimConfig(lr=1e-6),
         )
 
     layouts = tuple(args.layouts.split(","))
@@ -121,16 +133,23 @@ def main() -> None:
             seconds[(layout, "old_lp")].append(timed(lambda: compute_log_probs_batch(model, batch, cfg, 1.0), device))
             optimizer = build_optimizer(model, cfg.optim)
             scheduler = build_lr_scheduler(optimizer, cfg.optim)
-            seconds[(layout, "update")].append(timed(
-                lambda: update_policy(model, optimizer, scheduler, batch, cfg, temperature=1.0), device))
+            seconds[(layout, "update")].append(
+                timed(lambda: update_policy(model, optimizer, scheduler, batch, cfg, temperature=1.0), device)
+            )
 
     first = layouts[0]
-    print(f"{'phase':<10}" + "".join(f"{lay + ' s':>16}" for lay in layouts)
-          + "".join(f"{lay + ':' + first:>26}" for lay in layouts[1:]))
+    print(
+        f"{'phase':<10}"
+        + "".join(f"{lay + ' s':>16}" for lay in layouts)
+        + "".join(f"{lay + ':' + first:>26}" for lay in layouts[1:])
+    )
     for phase in ("old_lp", "update"):
         medians = [statistics.median(seconds[(lay, phase)]) for lay in layouts]
-        print(f"{phase:<10}" + "".join(f"{m:>16.3f}" for m in medians)
-              + "".join(f"{m / medians[0]:>26.2f}" for m in medians[1:]))
+        print(
+            f"{phase:<10}"
+            + "".join(f"{m:>16.3f}" for m in medians)
+            + "".join(f"{m / medians[0]:>26.2f}" for m in medians[1:])
+        )
     if device.type == "cuda":
         print(f"peak CUDA memory: {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
 

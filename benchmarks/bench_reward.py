@@ -89,9 +89,14 @@ def timed(fn: Callable[[], object]) -> tuple[float, object]:
 
 def symbolic_items(rng: random.Random, n: int) -> list[RewardInput]:
     pairs = [
-        ("\\frac{\\sqrt{2}}{2}", "\\frac{1}{\\sqrt2}"), ("0.75", "\\frac34"), ("[2, 5)", "[2,5)"),
-        ("2\\sqrt{3}", "\\sqrt{12}"), ("\\frac{6}{8}", "\\frac{3}{4}"), ("x^2+2x+1", "(x+1)^2"),
-        ("\\frac{1}{3}", "0.33"), ("\\left(3, \\frac{\\pi}{2}\\right)", "(3,\\frac{\\pi}{2})"),
+        ("\\frac{\\sqrt{2}}{2}", "\\frac{1}{\\sqrt2}"),
+        ("0.75", "\\frac34"),
+        ("[2, 5)", "[2,5)"),
+        ("2\\sqrt{3}", "\\sqrt{12}"),
+        ("\\frac{6}{8}", "\\frac{3}{4}"),
+        ("x^2+2x+1", "(x+1)^2"),
+        ("\\frac{1}{3}", "0.33"),
+        ("\\left(3, \\frac{\\pi}{2}\\right)", "(3,\\frac{\\pi}{2})"),
     ]
     items = []
     for _ in range(n):
@@ -115,8 +120,10 @@ def main() -> None:
     kinds = [k for k, _ in drawn]
     items = [it for _, it in drawn]
     megabytes = sum(len(it.solution_str) for it in items) / 1e6
-    print(f"{args.n:,} responses, {megabytes:.0f} M characters, built in {time.perf_counter() - t0:.1f} s; "
-          f"{args.workers} workers on {os.cpu_count()} CPUs")
+    print(
+        f"{args.n:,} responses, {megabytes:.0f} M characters, built in {time.perf_counter() - t0:.1f} s; "
+        f"{args.workers} workers on {os.cpu_count()} CPUs"
+    )
 
     in_s, reference = timed(lambda: score_batch(items))
     in_rate = args.n / in_s
@@ -129,8 +136,10 @@ def main() -> None:
             start_s = time.perf_counter() - t
             pool_s, results = timed(lambda: pool.score(items))  # noqa: B023
         assert results == reference, "the pool disagrees with in-process scoring"
-        print(f"pool, chunk {chunk or 'auto':>5}    : {pool_s:7.2f} s  {args.n / pool_s:10,.0f} responses/s   "
-              f"pool/in-process {in_s / pool_s:.2f}x  (+{start_s:.2f} s to start the workers)")
+        print(
+            f"pool, chunk {chunk or 'auto':>5}    : {pool_s:7.2f} s  {args.n / pool_s:10,.0f} responses/s   "
+            f"pool/in-process {in_s / pool_s:.2f}x  (+{start_s:.2f} s to start the workers)"
+        )
 
     # The slowest single response, in-process: time every item, then re-time the 50 slowest five times
     # each and keep the minimum, so a scheduler hiccup on this shared machine is not reported as a case.
@@ -147,19 +156,23 @@ def main() -> None:
     s, k = max(first)
     print(f"slowest, one pass   : {s * 1e3:.2f} ms, {kinds[k]} [{items[k].data_source}] (wall clock, includes noise)")
     s, k = max(retimed)
-    print(f"slowest single case : {s * 1e3:.3f} ms, {kinds[k]} [{items[k].data_source}], "
-          f"{len(items[k].solution_str):,} chars, starts {items[k].solution_str[:40]!r}")
+    print(
+        f"slowest single case : {s * 1e3:.3f} ms, {kinds[k]} [{items[k].data_source}], "
+        f"{len(items[k].solution_str):,} chars, starts {items[k].solution_str[:40]!r}"
+    )
 
     if args.symbolic_n and math_verify_available():
         sym = symbolic_items(rng, args.symbolic_n)
         score_batch(sym[:1])  # start the verifier child once, outside the timing
         s_in, ref = timed(lambda: score_batch(sym))
         with RewardWorkerPool(args.workers, chunk_size=8) as pool:
-            pool.score(sym[:2 * args.workers])  # warm: each worker starts its verifier child
+            pool.score(sym[: 2 * args.workers])  # warm: each worker starts its verifier child
             s_pool, res = timed(lambda: pool.score(sym))
         assert res == ref
-        print(f"math500 symbolic    : in-process {args.symbolic_n / s_in:,.0f} responses/s, "
-              f"pool {args.symbolic_n / s_pool:,.0f} responses/s, pool/in-process {s_in / s_pool:.2f}x")
+        print(
+            f"math500 symbolic    : in-process {args.symbolic_n / s_in:,.0f} responses/s, "
+            f"pool {args.symbolic_n / s_pool:,.0f} responses/s, pool/in-process {s_in / s_pool:.2f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -169,8 +169,11 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--prompt-len", type=int, nargs=2, default=(16, 64), metavar=("MIN", "MAX"))
-    parser.add_argument("--data", default=None, help="dapo data file (parquet/jsonl) to take the prompts from; needs "
-                        "--model (its tokenizer and chat template)")
+    parser.add_argument(
+        "--data",
+        default=None,
+        help="dapo data file (parquet/jsonl) to take the prompts from; needs --model (its tokenizer and chat template)",
+    )
     parser.add_argument("--mean-len", type=float, default=48.0, help="mean response length in the 'varied' scenario")
     parser.add_argument("--vocab", type=int, default=8192, help="vocabulary of the built-in model")
     parser.add_argument("--repeats", type=int, default=3)

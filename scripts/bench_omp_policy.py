@@ -47,9 +47,21 @@ def one_run(policy_env: dict[str, str], neighbours: int, root: Path, name: str) 
         p.start()
     try:
         start = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "dapo.cli.main", "train", *TRAIN,
-                               f"trainer.experiment_name={name}", f"trainer.default_local_dir={root}"],
-                              env=env, capture_output=True, text=True, timeout=1800)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "dapo.cli.main",
+                "train",
+                *TRAIN,
+                f"trainer.experiment_name={name}",
+                f"trainer.default_local_dir={root}",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
         wall = time.perf_counter() - start
     finally:
         for p in busy:
@@ -77,15 +89,33 @@ def main() -> None:
                     name = f"r{rep}-{len(runs[policy][cond])}-{abs(hash((policy, cond))) % 10**6}"
                     result = one_run(env, neighbours, Path(tmp), name)
                     runs[policy][cond].append(result)
-                    print(f"[{rep + 1}/{args.repeats}] {cond:>22} | {policy:<34} wall {result['wall_s']:6.1f} s "
-                          f"steps {result['step_s']}", flush=True)
-    summary = {p: {c: {"median_wall_s": statistics.median(r["wall_s"] for r in rs),
-                       "median_step_s": statistics.median(s for r in rs for s in r["step_s"])}
-                   for c, rs in by_cond.items()} for p, by_cond in runs.items()}
-    record = {"meta": {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "argv": sys.argv,
-                       "cores": cores, "cpu": platform.processor() or platform.machine(),
-                       "command": ["dapo", "train", *TRAIN], "neighbours": conditions},
-              "runs": runs, "summary": summary}
+                    print(
+                        f"[{rep + 1}/{args.repeats}] {cond:>22} | {policy:<34} wall {result['wall_s']:6.1f} s "
+                        f"steps {result['step_s']}",
+                        flush=True,
+                    )
+    summary = {
+        p: {
+            c: {
+                "median_wall_s": statistics.median(r["wall_s"] for r in rs),
+                "median_step_s": statistics.median(s for r in rs for s in r["step_s"]),
+            }
+            for c, rs in by_cond.items()
+        }
+        for p, by_cond in runs.items()
+    }
+    record = {
+        "meta": {
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "argv": sys.argv,
+            "cores": cores,
+            "cpu": platform.processor() or platform.machine(),
+            "command": ["dapo", "train", *TRAIN],
+            "neighbours": conditions,
+        },
+        "runs": runs,
+        "summary": summary,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=1) + "\n")
     print(json.dumps(summary, indent=1))

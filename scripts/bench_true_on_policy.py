@@ -51,8 +51,12 @@ def main() -> None:
     parser.add_argument("--paired-steps", type=int, default=5)
     args = parser.parse_args()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
-    meta = {"date": time.strftime("%Y-%m-%d"), "commit": commit.strip(), "cpu": platform.processor() or
-            platform.machine(), "python": sys.version.split()[0]}
+    meta = {
+        "date": time.strftime("%Y-%m-%d"),
+        "commit": commit.strip(),
+        "cpu": platform.processor() or platform.machine(),
+        "python": sys.version.split()[0],
+    }
     OUT.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -62,10 +66,19 @@ def main() -> None:
         (OUT / "run.json").write_text(json.dumps({**meta, "command": " ".join(command), "wall_s": wall}, indent=1))
         paired = {}
         for label, extra in (("default", ()), ("true_on_policy", (MODE,))):
-            rows, wall, command = train(folder, f"paired-{label}", *extra, "trainer.test_freq=-1",
-                                        f"trainer.total_training_steps={args.paired_steps}")
-            paired[label] = {"command": " ".join(command), "wall_s": wall, "medians": medians(rows),
-                             "steps": [{k: r[k] for k in PHASES if k in r} for r in rows if "timing_s/step" in r]}
+            rows, wall, command = train(
+                folder,
+                f"paired-{label}",
+                *extra,
+                "trainer.test_freq=-1",
+                f"trainer.total_training_steps={args.paired_steps}",
+            )
+            paired[label] = {
+                "command": " ".join(command),
+                "wall_s": wall,
+                "medians": medians(rows),
+                "steps": [{k: r[k] for k in PHASES if k in r} for r in rows if "timing_s/step" in r],
+            }
         ratio = paired["true_on_policy"]["medians"]["timing_s/step"] / paired["default"]["medians"]["timing_s/step"]
         (OUT / "paired.json").write_text(json.dumps({**meta, "runs": paired, "step_time_ratio": ratio}, indent=1))
         shutil.rmtree(folder / "runs", ignore_errors=True)

@@ -38,13 +38,20 @@ def measure(family: str) -> dict:
             layouts[layout] = {"refused": str(exc)}
     per_layer = lora_targets(build_tiny_model(family))
     return {
-        "config_class": spec.config_class, "cache_kinds": list(spec.cache_kinds), "moe": spec.moe,
-        "attention": model.config._attn_implementation, "greedy_equals_generate": greedy_mismatches(model) == [],
-        "samples": len(batch), "sampled_tokens": sum(len(r) for r in batch.response_ids),
-        "response_lengths": sorted(len(r) for r in batch.response_ids), "layouts": layouts,
+        "config_class": spec.config_class,
+        "cache_kinds": list(spec.cache_kinds),
+        "moe": spec.moe,
+        "attention": model.config._attn_implementation,
+        "greedy_equals_generate": greedy_mismatches(model) == [],
+        "samples": len(batch),
+        "sampled_tokens": sum(len(r) for r in batch.response_ids),
+        "response_lengths": sorted(len(r) for r in batch.response_ids),
+        "layouts": layouts,
         "lora_all_linear": per_layer,
         # Not measured by this script (yet): the table says so rather than leaving them out.
-        "fsdp2": None, "vllm": None, "r3": None,
+        "fsdp2": None,
+        "vllm": None,
+        "r3": None,
     }
 
 
@@ -54,12 +61,21 @@ def main() -> int:
     import transformers
     from families import FAMILIES, GAP_TOLERANCE
 
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     record = {
-        "meta": {"date": datetime.date.today().isoformat(), "commit": commit, "argv": sys.argv,
-                 "torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__,
-                 "host": platform.machine(), "dtype": "float32", "tolerance": GAP_TOLERANCE},
+        "meta": {
+            "date": datetime.date.today().isoformat(),
+            "commit": commit,
+            "argv": sys.argv,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "peft": peft.__version__,
+            "host": platform.machine(),
+            "dtype": "float32",
+            "tolerance": GAP_TOLERANCE,
+        },
         "families": {family: measure(family) for family in FAMILIES},
     }
     OUT.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")

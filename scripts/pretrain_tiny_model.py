@@ -77,8 +77,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--train-seed", type=int, default=0)
     p.add_argument("--val-seed", type=int, default=1)
     p.add_argument("--torch-seed", type=int, default=0)
-    p.add_argument("--vocab-size", type=int, default=1024,
-                   help="BPE vocabulary upper bound (the corpus runs out of merges at ~600)")
+    p.add_argument(
+        "--vocab-size",
+        type=int,
+        default=1024,
+        help="BPE vocabulary upper bound (the corpus runs out of merges at ~600)",
+    )
     p.add_argument("--hidden-size", type=int, default=128)
     p.add_argument("--intermediate-size", type=int, default=512)
     p.add_argument("--num-layers", type=int, default=4)
@@ -87,8 +91,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=8, help="samples per validation prompt for pass@k")
     p.add_argument("--eval-every", type=int, default=0, help="quick validation every K steps (0 = only at the end)")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--unrewarded-format-fraction", type=float, default=0.6,
-                   help="share of SFT solutions whose last line is 'The answer is N.' instead of 'Answer: N'")
+    p.add_argument(
+        "--unrewarded-format-fraction",
+        type=float,
+        default=0.6,
+        help="share of SFT solutions whose last line is 'The answer is N.' instead of 'Answer: N'",
+    )
     return p.parse_args(argv)
 
 
@@ -98,9 +106,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 # The Qwen2 pre-tokenizer regex. AutoTokenizer (transformers 5) always rebuilds a qwen2 model's tokenizer as
 # Qwen2Tokenizer with exactly this pre-tokenizer, whatever tokenizer.json says; training the BPE with the same one
 # keeps every loader (transformers 4/5, vLLM, llama.cpp) in agreement. It isolates each digit (\p{N}).
-QWEN2_PRETOKENIZE_REGEX = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
+QWEN2_PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 
 
 def train_tokenizer(problems: Sequence[SynthProblem], vocab_size: int) -> Tokenizer:
@@ -301,8 +307,13 @@ def sample_responses(
             break
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
         position = position + 1
-        out = model(input_ids=next_token[:, None], attention_mask=mask, position_ids=position,
-                    use_cache=True, **{cache_kwarg(model): cache})
+        out = model(
+            input_ids=next_token[:, None],
+            attention_mask=mask,
+            position_ids=position,
+            use_cache=True,
+            **{cache_kwarg(model): cache},
+        )
         logits = out.logits[:, -1]
     generated = torch.stack(tokens, dim=1).tolist()
     responses: list[list[int]] = []
@@ -334,8 +345,14 @@ def sample_correctness(
     for start in range(0, len(problems), chunk):
         batch = problems[start : start + chunk]
         responses = sample_responses(
-            model, [prompt_ids(tokenizer, p) for p in batch], num_samples=num_samples, greedy=greedy, top_p=top_p,
-            eos_id=eos_id, pad_id=tokenizer.pad_token_id, generator=generator,
+            model,
+            [prompt_ids(tokenizer, p) for p in batch],
+            num_samples=num_samples,
+            greedy=greedy,
+            top_p=top_p,
+            eos_id=eos_id,
+            pad_id=tokenizer.pad_token_id,
+            generator=generator,
         )
         texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
         for i, p in enumerate(batch):
@@ -344,7 +361,11 @@ def sample_correctness(
 
 
 def evaluate(
-    model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, problems: Sequence[SynthProblem], samples: int, seed: int
+    model: Qwen2ForCausalLM,
+    tokenizer: PreTrainedTokenizerFast,
+    problems: Sequence[SynthProblem],
+    samples: int,
+    seed: int,
 ) -> dict[str, float]:
     """greedy accuracy; pass@1 (mean over samples) and pass@k (any correct) at T=1.0 for top-p 1.0 and 0.7."""
     metrics: dict[str, float] = {}
@@ -397,12 +418,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     format_rng = random.Random(args.train_seed + 7)
     train_problems = [
         dataclasses.replace(p, solution=p.solution.rsplit("\n", 1)[0] + f"\nThe answer is {p.answer}.")
-        if format_rng.random() < args.unrewarded_format_fraction else p
+        if format_rng.random() < args.unrewarded_format_fraction
+        else p
         for p in train_problems
     ]
     train_texts = {p.problem for p in train_problems}
-    print(f"[data] {len(train_problems)} train / {len(val_problems)} val problems "
-          f"({sum(p.problem in train_texts for p in val_problems)} val statements also in train)", flush=True)
+    print(
+        f"[data] {len(train_problems)} train / {len(val_problems)} val problems "
+        f"({sum(p.problem in train_texts for p in val_problems)} val statements also in train)",
+        flush=True,
+    )
 
     tokenizer_dir = Path(tempfile.mkdtemp(prefix="dapo-tiny-tokenizer-"))
     try:
@@ -415,9 +440,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     resp = [sum(1 for x in lab if x != -100) for _, lab in examples]
     prefix_len = common_prefix_length([ids for ids, _ in examples])
     prefix = examples[0][0][:prefix_len]
-    print(f"[tokenizer] vocab {len(tokenizer)}; sequence length mean {sum(lens) / len(lens):.1f} max {max(lens)} "
-          f"(shared template prefix {prefix_len}); response tokens mean {sum(resp) / len(resp):.1f} max {max(resp)}",
-          flush=True)
+    print(
+        f"[tokenizer] vocab {len(tokenizer)}; sequence length mean {sum(lens) / len(lens):.1f} max {max(lens)} "
+        f"(shared template prefix {prefix_len}); response tokens mean {sum(resp) / len(resp):.1f} max {max(resp)}",
+        flush=True,
+    )
 
     config = Qwen2Config(
         vocab_size=len(tokenizer),
@@ -469,8 +496,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         optimizer.step()
         if step % 10 == 0 or step == args.steps - 1:
             el = time.time() - t_train
-            print(f"[train] step {step + 1}/{args.steps} loss {loss.item():.4f} lr {lr_at(step):.2e} "
-                  f"{el:.0f}s elapsed, eta {el / (step + 1) * (args.steps - step - 1):.0f}s", flush=True)
+            print(
+                f"[train] step {step + 1}/{args.steps} loss {loss.item():.4f} lr {lr_at(step):.2e} "
+                f"{el:.0f}s elapsed, eta {el / (step + 1) * (args.steps - step - 1):.0f}s",
+                flush=True,
+            )
         if args.eval_every and (step + 1) % args.eval_every == 0 and step + 1 < args.steps:
             m = evaluate(model, tokenizer, quick_val, args.samples, seed=args.val_seed)
             history.append({"step": step + 1, "loss": round(loss.item(), 4), **m})
@@ -483,8 +513,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"[eval] {json.dumps(metrics)}", flush=True)
 
     generation_config = GenerationConfig(
-        eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, bos_token_id=config.bos_token_id,
-        do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=64,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
+        bos_token_id=config.bos_token_id,
+        do_sample=True,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        max_new_tokens=64,
     )
     report = {
         "synth_config": synth_config.to_dict(),
@@ -499,8 +535,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         "problems_seen": args.steps * args.batch_size,
         "lr": args.lr,
         "num_params": num_params,
-        "model": {k: getattr(config, k) for k in ("vocab_size", "hidden_size", "intermediate_size",
-                                                   "num_hidden_layers", "num_attention_heads", "num_key_value_heads")},
+        "model": {
+            k: getattr(config, k)
+            for k in (
+                "vocab_size",
+                "hidden_size",
+                "intermediate_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "num_key_value_heads",
+            )
+        },
         "final_train_loss": round(loss.item(), 4),
         "validation": {"temperature": 1.0, "samples_per_prompt": args.samples, **metrics},
         "history": history,

@@ -48,8 +48,19 @@ def _measure(item, phase: str):
     t0, c0 = time.time(), time.process_time()
     yield
     with open(os.environ["PROFILE_SUITE_PHASES"], "a") as f:
-        f.write(json.dumps({"worker_pid": os.getpid(), "id": item.nodeid, "phase": phase, "t0": t0,
-                            "wall": time.time() - t0, "cpu": time.process_time() - c0}) + "\n")
+        f.write(
+            json.dumps(
+                {
+                    "worker_pid": os.getpid(),
+                    "id": item.nodeid,
+                    "phase": phase,
+                    "t0": t0,
+                    "wall": time.time() - t0,
+                    "cpu": time.process_time() - c0,
+                }
+            )
+            + "\n"
+        )
 
 
 # ------------------------------------------------------------------------------------------------- the /proc poller
@@ -61,12 +72,17 @@ def _poll(seen: dict, stop: threading.Event) -> None:
                 continue
             try:
                 stat = Path(f"/proc/{d}/stat").read_text()
-                rest = stat[stat.rindex(")") + 2:].split()
+                rest = stat[stat.rindex(")") + 2 :].split()
                 cpu, key = (int(rest[11]) + int(rest[12])) / HZ, f"{d}:{rest[19]}"  # utime + stime; pid:starttime
                 if key not in seen:
                     cmd = Path(f"/proc/{d}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                    seen[key] = {"pid": int(d), "ppid": int(rest[1]), "cmd": cmd[:200], "first": time.time(),
-                                 "cpu0": cpu if first_pass else 0.0}
+                    seen[key] = {
+                        "pid": int(d),
+                        "ppid": int(rest[1]),
+                        "cmd": cmd[:200],
+                        "first": time.time(),
+                        "cpu0": cpu if first_pass else 0.0,
+                    }
                 seen[key]["cpu"] = cpu
             except (OSError, ValueError, IndexError):
                 pass  # the process ended between listing and reading
@@ -114,11 +130,15 @@ def main() -> int:
     stop = threading.Event()
     poller = threading.Thread(target=_poll, args=(seen, stop), daemon=True)
     poller.start()
-    env = {**os.environ, "PROFILE_SUITE_PHASES": str(phases_file),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "scripts"), os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "PROFILE_SUITE_PHASES": str(phases_file),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "scripts"), os.environ.get("PYTHONPATH")])),
+    }
     t0 = time.monotonic()
-    code = subprocess.call([sys.executable, "-m", "pytest", "-p", "profile_suite", "-p", "no:cacheprovider", *args],
-                           cwd=ROOT, env=env)
+    code = subprocess.call(
+        [sys.executable, "-m", "pytest", "-p", "profile_suite", "-p", "no:cacheprovider", *args], cwd=ROOT, env=env
+    )
     wall = time.monotonic() - t0
     stop.set()
     poller.join()
@@ -127,8 +147,10 @@ def main() -> int:
     phases = [json.loads(line) for line in phases_file.read_text().splitlines()] if phases_file.exists() else []
     inproc, child = charge(procs, phases)
     total = {f: inproc[f] + child[f] for f in set(inproc) | set(child)}
-    print(f"\npytest exit code {code}, wall {wall:.0f} s; CPU charged to tests: in workers {sum(inproc.values()):.0f} s, "
-          f"in processes they started {sum(child.values()):.0f} s")
+    print(
+        f"\npytest exit code {code}, wall {wall:.0f} s; CPU charged to tests: in workers {sum(inproc.values()):.0f} s, "
+        f"in processes they started {sum(child.values()):.0f} s"
+    )
     print(f"{'total':>7} {'worker':>7} {'started':>8}  file (CPU seconds)")
     for f in sorted(total, key=total.get, reverse=True)[:40]:
         print(f"{total[f]:7.1f} {inproc[f]:7.1f} {child[f]:8.1f}  {f}")

@@ -66,8 +66,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ("README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")))
 BLOCK = re.compile(r"<!-- generated:([\w-]+) -->(.*?)<!-- /generated -->", re.S)
-VS_TRL = {"tiny": "docs/img/vs_trl_tiny.json", "smollm2": "docs/img/vs_trl_smollm2.json",
-          "smollm2-bf16": "docs/img/vs_trl_smollm2_bf16_rollout.json"}
+VS_TRL = {
+    "tiny": "docs/img/vs_trl_tiny.json",
+    "smollm2": "docs/img/vs_trl_smollm2.json",
+    "smollm2-bf16": "docs/img/vs_trl_smollm2_bf16_rollout.json",
+}
 DEFAULT_RUN = "docs/runs/default"
 TOOL_RUNS = "docs/runs/tools"
 PROFILE_RUN = "docs/runs/profile-smollm2"
@@ -131,8 +134,10 @@ def _command(key: str) -> str:
 def _provenance(key: str) -> str:
     meta = vs_trl(key)["meta"]
     cpu = meta.get("cpu", "not recorded")
-    return (f"`{VS_TRL[key]}`: {meta['started'][:16].replace('T', ' ')} UTC, `{_command(key)}`, torch "
-            f"{meta['versions']['torch']}, TRL {meta['versions']['trl']}, CPU: {cpu}")
+    return (
+        f"`{VS_TRL[key]}`: {meta['started'][:16].replace('T', ' ')} UTC, `{_command(key)}`, torch "
+        f"{meta['versions']['torch']}, TRL {meta['versions']['trl']}, CPU: {cpu}"
+    )
 
 
 def step_ratio(key: str) -> str:
@@ -177,28 +182,37 @@ def vs_trl_results() -> str:
             ratio = _ratio(r) if d else ("0 (skipped)" if d == 0 and t else "—")
             if dkey == "step":
                 ratio = f"**{ratio}**"
-            lines.append(f"| {label} | {name} | {fmt(d) if d is not None else '—'} | "
-                         f"{fmt(t) if t is not None else '—'} | {ratio} |")
+            lines.append(
+                f"| {label} | {name} | {fmt(d) if d is not None else '—'} | "
+                f"{fmt(t) if t is not None else '—'} | {ratio} |"
+            )
     lines.append("")
     lines.append("Recorded in:")
     lines.append("")
     for key in VS_TRL:
         job = vs_trl_job(key)
         s = job["summary"]
-        lines.append(f"* {_provenance(key)}; medians over {s['dapo']['timed_steps']:.0f} dapo and "
-                     f"{s['trl']['timed_steps']:.0f} TRL timed steps")
+        lines.append(
+            f"* {_provenance(key)}; medians over {s['dapo']['timed_steps']:.0f} dapo and "
+            f"{s['trl']['timed_steps']:.0f} TRL timed steps"
+        )
     return "\n".join(lines) + "\n"
 
 
 def vs_trl_rollout() -> str:
-    lines = ["", "| job | dapo HF engine (tokens/s) | `model.generate` (tokens/s) | engine : generate |",
-             "| --- | --- | --- | --- |"]
+    lines = [
+        "",
+        "| job | dapo HF engine (tokens/s) | `model.generate` (tokens/s) | engine : generate |",
+        "| --- | --- | --- | --- |",
+    ]
     for key in ("tiny", "smollm2"):
         job = vs_trl_job(key)
         ro, st = job["rollout"], job["settings"]
         rates = ro["tokens_per_s"]
-        lines.append(f"| {key} ({st['prompts']} x {st['samples']}, {st['max_tokens']} tokens) | {rates['engine']:,.0f} "
-                     f"| {rates['generate']:,.0f} | **{ro['engine_vs_generate']:.2f}** |")
+        lines.append(
+            f"| {key} ({st['prompts']} x {st['samples']}, {st['max_tokens']} tokens) | {rates['engine']:,.0f} "
+            f"| {rates['generate']:,.0f} | **{ro['engine_vs_generate']:.2f}** |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -206,9 +220,11 @@ def vs_trl_benchmark_row() -> str:
     parts = []
     for key, label in (("tiny", "tiny 32×8"), ("smollm2", "SmolLM2-135M 8×8")):
         s = vs_trl_job(key)["summary"]
-        parts.append(f"{label}: {s['dapo']['step']:.2f} vs {s['trl']['step']:.2f} s per step "
-                     f"(**{s['ratio_dapo_over_trl']['step']:.2f}×**), peak RSS {s['dapo']['peak_rss_gb']:.2f} vs "
-                     f"{s['trl']['peak_rss_gb']:.2f} GB")
+        parts.append(
+            f"{label}: {s['dapo']['step']:.2f} vs {s['trl']['step']:.2f} s per step "
+            f"(**{s['ratio_dapo_over_trl']['step']:.2f}×**), peak RSS {s['dapo']['peak_rss_gb']:.2f} vs "
+            f"{s['trl']['peak_rss_gb']:.2f} GB"
+        )
     return "; ".join(parts) + f" ({vs_trl('tiny')['meta']['started'][:10]})"
 
 
@@ -220,49 +236,64 @@ def vs_trl_step_spread() -> str:
     trl = [s["step_s"] for r in runs if r["program"] == "trl" for s in r["steps"]]
     firsts = " and ".join(f"{steps[0]:.1f} s" for steps in dapo)
     every = [x for steps in dapo for x in steps]
-    return (f"dapo's first step took {firsts} in its {len(dapo)} repetitions, and TRL's steps ranged from "
-            f"{min(trl):.1f} to {max(trl):.1f} s (`{VS_TRL['smollm2']}` holds every step), so one step of each, taken "
-            f"at different moments, can read anywhere from about {min(every) / max(trl):.1f}x to "
-            f"{max(every) / min(trl):.1f}x")
+    return (
+        f"dapo's first step took {firsts} in its {len(dapo)} repetitions, and TRL's steps ranged from "
+        f"{min(trl):.1f} to {max(trl):.1f} s (`{VS_TRL['smollm2']}` holds every step), so one step of each, taken "
+        f"at different moments, can read anywhere from about {min(every) / max(trl):.1f}x to "
+        f"{max(every) / min(trl):.1f}x"
+    )
 
 
 def vs_trl_bf16_rollout() -> str:
     """The bf16-rollout SmolLM2 record against the fp32 one: its ratio and seconds, both actor MFUs, TRL's train."""
     bf16, fp32 = vs_trl_job("smollm2-bf16")["summary"], vs_trl_job("smollm2")["summary"]
-    return (f"**{bf16['ratio_dapo_over_trl']['step']:.2f}x** in the record above ({bf16['dapo']['step']:.1f} vs "
-            f"{bf16['trl']['step']:.1f} s per step). Its actor is the fp32 one of the plain SmolLM2 row, yet its actor "
-            f"MFU reads {100 * bf16['dapo']['perf/mfu/actor']:.1f} % against "
-            f"{100 * fp32['dapo']['perf/mfu/actor']:.1f} %: "
-            f"the two runs were {_minutes_apart(vs_trl('smollm2'), vs_trl('smollm2-bf16'))} minutes apart and this "
-            f"host's speed moved that much (TRL's unchanged fp32 train went from {fp32['trl']['train']:.1f} to "
-            f"{bf16['trl']['train']:.1f} s)")
+    return (
+        f"**{bf16['ratio_dapo_over_trl']['step']:.2f}x** in the record above ({bf16['dapo']['step']:.1f} vs "
+        f"{bf16['trl']['step']:.1f} s per step). Its actor is the fp32 one of the plain SmolLM2 row, yet its actor "
+        f"MFU reads {100 * bf16['dapo']['perf/mfu/actor']:.1f} % against "
+        f"{100 * fp32['dapo']['perf/mfu/actor']:.1f} %: "
+        f"the two runs were {_minutes_apart(vs_trl('smollm2'), vs_trl('smollm2-bf16'))} minutes apart and this "
+        f"host's speed moved that much (TRL's unchanged fp32 train went from {fp32['trl']['train']:.1f} to "
+        f"{bf16['trl']['train']:.1f} s)"
+    )
 
 
 def _minutes_apart(a: dict, b: dict) -> int:
     start = [datetime.fromisoformat(r["meta"]["started"]) for r in (a, b)]
     return round(abs((start[1] - start[0]).total_seconds()) / 60)
 
+
 def _rollout_peak(key: str) -> float:
     """The rollout's peak as its steps logged it (a bf16 engine is measured against the bf16 peak)."""
-    (peak,) = {step["perf"]["perf/peak_flops/rollout"] for run in vs_trl_job(key)["runs"]
-               if run["program"] == "dapo" for step in run["steps"]}
+    (peak,) = {
+        step["perf"]["perf/peak_flops/rollout"]
+        for run in vs_trl_job(key)["runs"]
+        if run["program"] == "dapo"
+        for step in run["steps"]
+    }
     return peak
 
 
 def vs_trl_mfu() -> str:
     """dapo's MFU and tokens/s per phase in the vs_trl jobs, from the records that logged them (vs_trl.py keeps the
     perf/* metrics of dapo's metrics.jsonl since the efficiency metrics exist; earlier records have none)."""
-    lines = ["", "| job | actor MFU | rollout MFU | actor tokens/s | rollout tokens/s | peak, actor / rollout (FLOP/s "
-             "per device, in each phase's precision) |", "| --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "",
+        "| job | actor MFU | rollout MFU | actor tokens/s | rollout tokens/s | peak, actor / rollout (FLOP/s "
+        "per device, in each phase's precision) |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     missing = []
     for key in VS_TRL:
         d = vs_trl_job(key)["summary"]["dapo"]
         if d.get("perf/mfu/actor") is None:
             missing.append(f"`{VS_TRL[key]}`")
             continue
-        lines.append(f"| {key} | {100 * d['perf/mfu/actor']:.1f} % | {100 * d['perf/mfu/rollout']:.1f} % | "
-                     f"{d['perf/tokens_per_s/actor']:,.0f} | {d['perf/tokens_per_s/rollout']:,.0f} | "
-                     f"{d['perf/peak_flops/actor']:.3g} / {_rollout_peak(key):.3g} |")
+        lines.append(
+            f"| {key} | {100 * d['perf/mfu/actor']:.1f} % | {100 * d['perf/mfu/rollout']:.1f} % | "
+            f"{d['perf/tokens_per_s/actor']:,.0f} | {d['perf/tokens_per_s/rollout']:,.0f} | "
+            f"{d['perf/peak_flops/actor']:.3g} / {_rollout_peak(key):.3g} |"
+        )
     if missing:
         lines.append(f"| {', '.join(missing)} | not recorded: these runs predate the efficiency metrics | | | | |")
     return "\n".join(lines) + "\n"
@@ -275,10 +306,12 @@ def _val(records: list[dict]) -> list[tuple[int, float, float]]:
 def readme_default_run() -> str:
     meta, records = default_run()
     (s0, a0, _), (s1, a1, _) = _val(records)[0], _val(records)[-1]
-    return (f"\n```\ndone: {s1} steps in {meta['wall_s']} s, peak memory {meta['peak_rss_mb']} MB\n"
-            f"validation val/acc/mean@8: first {a0:.3f} (step {s0}) -> last {a1:.3f} (step {s1}), "
-            f"{100 * (a1 - a0):+.1f} points\n"
-            "metrics: runs/tiny-synth/metrics.jsonl; plots: runs/tiny-synth/plots/training.png\n```\n")
+    return (
+        f"\n```\ndone: {s1} steps in {meta['wall_s']} s, peak memory {meta['peak_rss_mb']} MB\n"
+        f"validation val/acc/mean@8: first {a0:.3f} (step {s0}) -> last {a1:.3f} (step {s1}), "
+        f"{100 * (a1 - a0):+.1f} points\n"
+        "metrics: runs/tiny-synth/metrics.jsonl; plots: runs/tiny-synth/plots/training.png\n```\n"
+    )
 
 
 def default_run_accuracy() -> str:
@@ -296,8 +329,11 @@ def default_run_table() -> str:
     curve = ", ".join(f"{a:.3f}" for _, a, _ in val)
     med = sorted(r["timing_s/step"] for r in steps)[len(steps) // 2]
     rows = [
-        ("validation acc mean@8", f"**{val[0][1]:.3f} → {val[-1][1]:.3f}** ({100 * (val[-1][1] - val[0][1]):+.1f} "
-                                  f"points; best {best[1]:.3f} at step {best[0]})"),
+        (
+            "validation acc mean@8",
+            f"**{val[0][1]:.3f} → {val[-1][1]:.3f}** ({100 * (val[-1][1] - val[0][1]):+.1f} "
+            f"points; best {best[1]:.3f} at step {best[0]})",
+        ),
         ("validation mean@8 at steps " + ", ".join(str(s) for s, _, _ in val), curve),
         ("validation pass@8", f"{val[0][2]:.3f} → {val[-1][2]:.3f}"),
         ("wall time", f"{meta['wall_s']} s for the whole command, median {med:.2f} s per step"),
@@ -305,9 +341,15 @@ def default_run_table() -> str:
         ("generation entropy", f"{first['actor/entropy']:.3f} → {last['actor/entropy']:.3f}"),
         ("mean token probability", f"{first['actor/mean_prob']:.3f} → {last['actor/mean_prob']:.3f}"),
     ]
-    lines = ["", "| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows), "",
-             f"Recorded: `{DEFAULT_RUN}/` (`metrics.jsonl.gz`, the run's raw metrics; `run.json`: "
-             f"{meta['date']}, commit {meta['commit']}, `{meta['command']}`, {meta['host_cpu']})."]
+    lines = [
+        "",
+        "| | |",
+        "|---|---|",
+        *(f"| {k} | {v} |" for k, v in rows),
+        "",
+        f"Recorded: `{DEFAULT_RUN}/` (`metrics.jsonl.gz`, the run's raw metrics; `run.json`: "
+        f"{meta['date']}, commit {meta['commit']}, `{meta['command']}`, {meta['host_cpu']}).",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -332,8 +374,10 @@ def _mean_std(values: list[float], fmt: str = ".3f") -> str:
 def tool_task_table() -> str:
     """Base vs trained validation accuracy and tool-call share, mean ± std over seeds, with and without the tool."""
     meta, runs = tool_runs()
-    arms = {"with the interpreter": [n for n in runs if "-no-tools-" not in n],
-            "without it (same budget)": [n for n in runs if "-no-tools-" in n]}
+    arms = {
+        "with the interpreter": [n for n in runs if "-no-tools-" not in n],
+        "without it (same budget)": [n for n in runs if "-no-tools-" in n],
+    }
     arms = {label: names for label, names in arms.items() if names}
 
     first = next(iter(runs))
@@ -363,18 +407,28 @@ def tool_task_table() -> str:
         ("validation accuracy of samples that called it, base → trained", change(val, "val/tool/acc_with_call")),
         ("rollout accuracy (all samples), first → last step", change(steps, "rollout/acc/mean")),
         ("rollout samples that called the tool, first → last step", change(steps, "tool/samples_with_call")),
-        ("optimizer updates (steps with a mixed group)",
-         lambda ns: _mean_std([float(sum(1 for r in runs[n] if r.get("actor/num_optimizer_steps", 0) > 0))
-                               for n in ns], ".1f")),
+        (
+            "optimizer updates (steps with a mixed group)",
+            lambda ns: _mean_std(
+                [float(sum(1 for r in runs[n] if r.get("actor/num_optimizer_steps", 0) > 0)) for n in ns], ".1f"
+            ),
+        ),
         ("wall time per run (s)", lambda ns: _mean_std([float(meta["wall_s"][n]) for n in ns], ".0f")),
     ]
-    header = "| | " + " | ".join(f"{label} ({len(ns)} seed{'s' if len(ns) > 1 else ''})"
-                                  for label, ns in arms.items()) + " |"
+    header = (
+        "| | "
+        + " | ".join(f"{label} ({len(ns)} seed{'s' if len(ns) > 1 else ''})" for label, ns in arms.items())
+        + " |"
+    )
     lines = ["", header, "|---|" + "---|" * len(arms)]
     lines += [f"| {label} | " + " | ".join(fn(ns) for ns in arms.values()) + " |" for label, fn in rows]
-    lines += ["", f"Recorded: `{TOOL_RUNS}/` (each run's raw `metrics.jsonl.gz`; `runs.json`: {meta['date']}, commit "
-              f"{meta['commit']}, {meta['host_cpu']}, {meta['load']}; commands: "
-              + "; ".join(f"`{c}`" for c in meta["commands"]) + ")."]
+    lines += [
+        "",
+        f"Recorded: `{TOOL_RUNS}/` (each run's raw `metrics.jsonl.gz`; `runs.json`: {meta['date']}, commit "
+        f"{meta['commit']}, {meta['host_cpu']}, {meta['load']}; commands: "
+        + "; ".join(f"`{c}`" for c in meta["commands"])
+        + ").",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -390,9 +444,13 @@ def tool_task_seed_ranges() -> str:
 
     def change(key: str) -> str:
         return f"from {spread(key, 0)} to {spread(key, -1)}"
-    return (f"With the interpreter all {len(names)} seeds went {change(acc)} held out, the share of samples "
-            f"calling the tool {change('val/tool/samples_with_call')}, and the accuracy of the samples that called it "
-            f"{change('val/tool/acc_with_call')}")
+
+    return (
+        f"With the interpreter all {len(names)} seeds went {change(acc)} held out, the share of samples "
+        f"calling the tool {change('val/tool/samples_with_call')}, and the accuracy of the samples that called it "
+        f"{change('val/tool/acc_with_call')}"
+    )
+
 
 @cache
 def profile_run() -> tuple[dict, dict, list[dict]]:
@@ -415,10 +473,14 @@ def profile_phases() -> str:
     plain = [r for r in records if r["step"] != profiled]
     phases = {"gen": ("generation (engine)", "rollout"), "update_actor": ("update (actor)", "actor")}
     (under,) = [r for r in records if r["step"] == profiled]
-    lines = ["", f"| phase | s per step, unprofiled steps ({', '.join(str(r['step']) for r in plain)}) | "
-             f"s under the profiler (step {profiled}) | of which `aten::mm`/`addmm` (self) | model FLOPs / their "
-             "seconds (GFLOP/s) | model FLOPs per step | MFU (unprofiled) | tokens/s |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "",
+        f"| phase | s per step, unprofiled steps ({', '.join(str(r['step']) for r in plain)}) | "
+        f"s under the profiler (step {profiled}) | of which `aten::mm`/`addmm` (self) | model FLOPs / their "
+        "seconds (GFLOP/s) | model FLOPs per step | MFU (unprofiled) | tokens/s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+
     def each(key: str, fmt: Callable[[float], str]) -> str:  # one value per unprofiled step
         return " / ".join(fmt(r[key]) for r in plain)
 
@@ -430,12 +492,16 @@ def profile_phases() -> str:
             f"{wp:.1f} ({100 * wp / phase['wall_s']:.0f} %) | {under['perf/flops/' + perf] / wp / 1e9:.0f} | "
             f"{each('perf/flops/' + perf, lambda x: f'{x:.2e}')} | "
             f"{each('perf/mfu/' + perf, lambda x: f'{100 * x:.1f} %')} | "
-            f"{each('perf/tokens_per_s/' + perf, lambda x: f'{x:.0f}')} |")
+            f"{each('perf/tokens_per_s/' + perf, lambda x: f'{x:.0f}')} |"
+        )
     peak = plain[0]["perf/peak_flops/actor"]
-    lines += ["", f"MFU against {peak / 1e9:.0f} GFLOP/s, this host's fp32 matmul probe on 2 threads. Recorded: "
-              f"`{PROFILE_RUN}/` (`profile.json`: the profiler's operators of step {profiled}; `metrics.jsonl.gz`; "
-              f"`run.json`: {meta['date']}, commit {meta['commit']}, {meta['host_cpu']}, {meta['load']}; "
-              f"`{meta['command']}`)."]
+    lines += [
+        "",
+        f"MFU against {peak / 1e9:.0f} GFLOP/s, this host's fp32 matmul probe on 2 threads. Recorded: "
+        f"`{PROFILE_RUN}/` (`profile.json`: the profiler's operators of step {profiled}; `metrics.jsonl.gz`; "
+        f"`run.json`: {meta['date']}, commit {meta['commit']}, {meta['host_cpu']}, {meta['load']}; "
+        f"`{meta['command']}`).",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -453,13 +519,19 @@ def profile_update_figures() -> dict[str, float]:
     before = json.loads((ROOT / PROFILE_RUN / "profile-before-74ad89d.json").read_text(encoding="utf-8"))
     mfu = sum(r["perf/mfu/actor"] for r in plain) / len(plain)
     rate = under["perf/flops/actor"] / _weight_products(phase) * RECOMPUTED / plain[0]["perf/peak_flops/actor"]
-    return {"overhead": phase["wall_s"] / (sum(r["timing_s/update_actor"] for r in plain) / len(plain)) - 1,
-            "mfu": mfu, "rate": rate, "other": mfu / (rate / RECOMPUTED),
-            "before": before["phases"]["update_actor"]["wall_s"], "after": phase["wall_s"]}
+    return {
+        "overhead": phase["wall_s"] / (sum(r["timing_s/update_actor"] for r in plain) / len(plain)) - 1,
+        "mfu": mfu,
+        "rate": rate,
+        "other": mfu / (rate / RECOMPUTED),
+        "before": before["phases"]["update_actor"]["wall_s"],
+        "after": phase["wall_s"],
+    }
 
 
 def profile_figure(fmt: Callable[[dict[str, float]], str]) -> Callable[[], str]:
     return lambda: fmt(profile_update_figures())
+
 
 def profile_top(phase: str, rows: int) -> Callable[[], str]:
     def render() -> str:
@@ -469,6 +541,7 @@ def profile_top(phase: str, rows: int) -> Callable[[], str]:
         for op in recorded["by_shape"][:rows]:
             lines.append(f"| `{op['op']}` | {op['calls']:,} | {op['self_s']:.2f} | {100 * op['share']:.1f} % |")
         return "\n".join(lines) + "\n"
+
     return render
 
 
@@ -476,18 +549,26 @@ def harness_vs_benchmark() -> str:
     """Per step, the phases of the harness's command and of vs_trl's dapo job on the same host."""
     folder = ROOT / HARNESS_RUNS
     meta = json.loads((folder / "runs.json").read_text(encoding="utf-8"))
-    lines = ["", "| run | step | gen (s) | update (s) | step (s) | response tokens (mean) | update s per 1k trained "
-             "tokens |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "",
+        "| run | step | gen (s) | update (s) | step (s) | response tokens (mean) | update s per 1k trained tokens |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for name in meta["runs"]:
         steps = [r for r in metrics(folder / f"{name}.metrics.jsonl.gz") if "timing_s/step" in r]
         for r in steps:
             # trained tokens: each group's prompt once, every generated response (one round, no filtering here)
             tokens = r["train/num_groups"] * r["prompt_length/mean"] + r["rollout/num_tokens"]
-            lines.append(f"| {name} | {r['step']} | {r['timing_s/gen']:.1f} | {r['timing_s/update_actor']:.1f} | "
-                         f"{r['timing_s/step']:.1f} | {r['response_length/mean']:.1f} | "
-                         f"{1000 * r['timing_s/update_actor'] / tokens:.1f} |")
-    lines += ["", f"Recorded: `{HARNESS_RUNS}/` (both runs' raw metrics; `runs.json`: {meta['date']}, commit "
-              f"{meta['commit']}, {meta['host_cpu']}, {meta['load']}; the two commands)."]
+            lines.append(
+                f"| {name} | {r['step']} | {r['timing_s/gen']:.1f} | {r['timing_s/update_actor']:.1f} | "
+                f"{r['timing_s/step']:.1f} | {r['response_length/mean']:.1f} | "
+                f"{1000 * r['timing_s/update_actor'] / tokens:.1f} |"
+            )
+    lines += [
+        "",
+        f"Recorded: `{HARNESS_RUNS}/` (both runs' raw metrics; `runs.json`: {meta['date']}, commit "
+        f"{meta['commit']}, {meta['host_cpu']}, {meta['load']}; the two commands).",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -503,14 +584,20 @@ def omp_policy() -> str:
         cells = []
         for c in conditions:
             m, p = by_cond[c], summary["passive"][c]
-            cells.append(f"{m['median_wall_s']:.1f} s / {m['median_step_s']:.2f} s "
-                         f"({m['median_wall_s'] / p['median_wall_s']:.2f}x)")
+            cells.append(
+                f"{m['median_wall_s']:.1f} s / {m['median_step_s']:.2f} s "
+                f"({m['median_wall_s'] / p['median_wall_s']:.2f}x)"
+            )
         rows.append(f"| {policy} | " + " | ".join(cells) + " |")
     meta = record["meta"]
     rows.append("")
-    rows.append(f"Medians of {'/'.join(map(str, sorted(reps)))} interleaved runs of `{' '.join(meta['command'])}` "
-                f"on {meta['cores']} cores, {meta['date'][:10]} (`{OMP_POLICY}`).")
+    rows.append(
+        f"Medians of {'/'.join(map(str, sorted(reps)))} interleaved runs of `{' '.join(meta['command'])}` "
+        f"on {meta['cores']} cores, {meta['date'][:10]} (`{OMP_POLICY}`)."
+    )
     return "\n" + "\n".join(rows) + "\n"
+
+
 @cache
 def bench_ttft() -> dict:
     return json.loads((ROOT / BENCH_TTFT).read_text(encoding="utf-8"))
@@ -523,33 +610,49 @@ def serving_ttft() -> str:
     """Time to first token and between tokens of `dapo serve` and `vllm serve`, measured in one run."""
     record = bench_ttft()
     meta, rows = record["meta"], record["rows"]
-    lines = ["", "| server | clients | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | content chunks per token | "
-             "generated tokens/s | requests (failed) |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "",
+        "| server | clients | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | content chunks per token | "
+        "generated tokens/s | requests (failed) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
         cut = f", cut at {r['wall_s']} s" if r.get("timed_out") else ""
-        lines.append(f"| {SERVERS.get(r['target'], r['target'])} | {r['clients']} | {r['ttft_p50_ms']:.1f} / "
-                     f"{r['ttft_p99_ms']:.1f} | {r['itl_p50_ms']:.1f} / {r['itl_p99_ms']:.1f} | "
-                     f"{r['chunks_per_token']:.2f} | {r['tokens_per_s']:.0f} | {r['requests']} ({r['failed']}{cut}) |")
+        lines.append(
+            f"| {SERVERS.get(r['target'], r['target'])} | {r['clients']} | {r['ttft_p50_ms']:.1f} / "
+            f"{r['ttft_p99_ms']:.1f} | {r['itl_p50_ms']:.1f} / {r['itl_p99_ms']:.1f} | "
+            f"{r['chunks_per_token']:.2f} | {r['tokens_per_s']:.0f} | {r['requests']} ({r['failed']}{cut}) |"
+        )
     by = {(r["target"], r["clients"]): r for r in rows}
-    ratios = [(c, by[("dapo-hf", c)]["ttft_p50_ms"] / by[("vllm", c)]["ttft_p50_ms"])
-              for t, c in by if t == "dapo-hf" and ("vllm", c) in by and by[("vllm", c)]["ttft_p50_ms"] > 0]
+    ratios = [
+        (c, by[("dapo-hf", c)]["ttft_p50_ms"] / by[("vllm", c)]["ttft_p50_ms"])
+        for t, c in by
+        if t == "dapo-hf" and ("vllm", c) in by and by[("vllm", c)]["ttft_p50_ms"] > 0
+    ]
     if ratios:
-        lines += ["", "Median time to first token, `dapo serve` / `vllm serve`: " + ", ".join(
-            f"{ratio:.1f}x at {c} client{'s' if c > 1 else ''}" for c, ratio in ratios) + "."]
+        lines += [
+            "",
+            "Median time to first token, `dapo serve` / `vllm serve`: "
+            + ", ".join(f"{ratio:.1f}x at {c} client{'s' if c > 1 else ''}" for c, ratio in ratios)
+            + ".",
+        ]
     argv = [a for a in meta["argv"]]
     if "--out" in argv:  # where the record was written is not part of what was measured
         i = argv.index("--out")
-        del argv[i:i + 2]
+        del argv[i : i + 2]
     if "--note" in argv:
         i = argv.index("--note")
-        del argv[i:i + 2]
+        del argv[i : i + 2]
     load = " / ".join(f"{x:g}" for x in meta["load_average_at_start"])
     versions = ", ".join(f"{k} {v}" for k, v in meta["versions"].items() if v)
     note = (meta.get("note") or "").rstrip(".")
     note = f" {note[:1].upper()}{note[1:]}." if note else ""
-    lines += ["", f"Recorded: `{BENCH_TTFT}`, {meta['started'][:16].replace('T', ' ')} UTC, commit {meta['commit']}, "
-              f"`python {' '.join(argv)}`; {meta['cpu_count']} cores ({meta['cpu']}), load average {load} (1 / 5 / "
-              f"15 min) at the start; {versions}.{note}"]
+    lines += [
+        "",
+        f"Recorded: `{BENCH_TTFT}`, {meta['started'][:16].replace('T', ' ')} UTC, commit {meta['commit']}, "
+        f"`python {' '.join(argv)}`; {meta['cpu_count']} cores ({meta['cpu']}), load average {load} (1 / 5 / "
+        f"15 min) at the start; {versions}.{note}",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -573,8 +676,11 @@ def _command_of(commands: list[str], row: dict) -> int:
     when the record has one)."""
     if len(commands) == 1:
         return 0
-    (index,) = [i for i, c in enumerate(commands)
-                if row["target"] in _option(c, "--targets") and str(row["clients"]) in _option(c, "--clients")]
+    (index,) = [
+        i
+        for i, c in enumerate(commands)
+        if row["target"] in _option(c, "--targets") and str(row["clients"]) in _option(c, "--clients")
+    ]
     return index
 
 
@@ -585,8 +691,12 @@ DOT = " · "  # between client counts where a cell already holds "p50/p99"
 def serving_load() -> str:
     """Throughput and latencies of the three servers per model, each row naming the command that measured it, and the
     ratios to `vllm serve` taken only between rows of one command."""
-    lines = ["", "| target | model | command | clients | req/s | gen tokens/s | TTFT p50 / p99 (ms) | "
-             "ITL p50 / p99 (ms) | failed |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "",
+        "| target | model | command | clients | req/s | gen tokens/s | TTFT p50 / p99 (ms) | "
+        "ITL p50 / p99 (ms) | failed |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     ratios, sources = [], []
     for key, record in BENCH_SERVE.items():
         commands, rows = bench_serve(key)
@@ -594,30 +704,44 @@ def serving_load() -> str:
         for r in rows:
             groups.setdefault((r["target"], _command_of(commands, r)), []).append(r)
         for (target, command), rs in groups.items():
+
             def cells(fmt: Callable[[dict], str], sep: str = " / ", rs: list[dict] = rs) -> str:
                 return sep.join(fmt(r) for r in rs)
-            itl = ("one delta per response" if all(r["itl_p50_ms"] == 0 for r in rs)
-                   else cells(lambda r: f"{r['itl_p50_ms']:.0f}/{r['itl_p99_ms']:.0f}", DOT))
-            lines.append(f"| {target} | {key} | {command + 1} | {cells(lambda r: str(r['clients']))} | "
-                         f"{cells(lambda r: f'{r[REQ_S]:.2f}')} | {cells(lambda r: f'{r[TOK_S]:.1f}')} | "
-                         f"{cells(lambda r: f'{r[TTFT50]:.0f}/{r[TTFT99]:.0f}', DOT)} | {itl} | "
-                         f"{sum(r['failed'] for r in rs)} |")
+
+            itl = (
+                "one delta per response"
+                if all(r["itl_p50_ms"] == 0 for r in rs)
+                else cells(lambda r: f"{r['itl_p50_ms']:.0f}/{r['itl_p99_ms']:.0f}", DOT)
+            )
+            lines.append(
+                f"| {target} | {key} | {command + 1} | {cells(lambda r: str(r['clients']))} | "
+                f"{cells(lambda r: f'{r[REQ_S]:.2f}')} | {cells(lambda r: f'{r[TOK_S]:.1f}')} | "
+                f"{cells(lambda r: f'{r[TTFT50]:.0f}/{r[TTFT99]:.0f}', DOT)} | {itl} | "
+                f"{sum(r['failed'] for r in rs)} |"
+            )
         by = {(r["target"], _command_of(commands, r), r["clients"]): r for r in rows}
         paired = set()
         for (target, command, clients), r in by.items():
             vllm = by.get(("vllm", command, clients))
             if target != "vllm" and vllm:
                 paired.add(target)
-                ratios.append(f"{key} {target} at {clients}: {r[TOK_S] / vllm[TOK_S]:.2f}x the tokens/s, "
-                              f"{r[TTFT50] / vllm[TTFT50]:.1f}x the median TTFT")
+                ratios.append(
+                    f"{key} {target} at {clients}: {r[TOK_S] / vllm[TOK_S]:.2f}x the tokens/s, "
+                    f"{r[TTFT50] / vllm[TTFT50]:.1f}x the median TTFT"
+                )
         unpaired = sorted({t for t, _, _ in by if t != "vllm"} - paired)
         if unpaired:
             ratios.append(f"{key} {', '.join(unpaired)}: no `vllm serve` row in its command, so no ratio")
-        numbered = "; ".join(f"{i + 1}: `{c}`" if c.startswith("python") else f"{i + 1}: {c}"
-                             for i, c in enumerate(commands))
+        numbered = "; ".join(
+            f"{i + 1}: `{c}`" if c.startswith("python") else f"{i + 1}: {c}" for i, c in enumerate(commands)
+        )
         sources.append(f"`{record}` (commands {numbered})")
-    lines += ["", "Against `vllm serve` in the same command: " + "; ".join(ratios) + ".", "",
-              "Recorded: " + "; ".join(sources) + "."]
+    lines += [
+        "",
+        "Against `vllm serve` in the same command: " + "; ".join(ratios) + ".",
+        "",
+        "Recorded: " + "; ".join(sources) + ".",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -626,8 +750,10 @@ def omp_passive_vs_trl() -> str:
     record = json.loads((ROOT / VS_TRL_PASSIVE).read_text(encoding="utf-8"))
     (job,) = record["jobs"].values()
     s = job["summary"]
-    return (f"{s['dapo']['step']:.2f} s per step against TRL's {s['trl']['step']:.2f} s, ratio "
-            f"{s['ratio_dapo_over_trl']['step']:.2f} ({record['meta']['started'][:10]}, `{VS_TRL_PASSIVE}`)")
+    return (
+        f"{s['dapo']['step']:.2f} s per step against TRL's {s['trl']['step']:.2f} s, ratio "
+        f"{s['ratio_dapo_over_trl']['step']:.2f} ({record['meta']['started'][:10]}, `{VS_TRL_PASSIVE}`)"
+    )
 
 
 @cache
@@ -641,11 +767,14 @@ def objective_runs() -> dict[str, list[dict]]:
 
 # config -> the objective, its loss_mode and the clip values its paper recommends (configs/objectives/)
 OBJECTIVE_LABELS = {
-    "objectives-1-dapo": "DAPO (`vanilla`, 0.2 / 0.28)", "objectives-2-gspo": "GSPO (`gspo`, 3e-4 / 4e-4)",
-    "objectives-3-cispo": "CISPO (`cispo`)", "objectives-4-gmpo": "GMPO (`geo_mean`, 0.4 / 0.4 in log space)",
+    "objectives-1-dapo": "DAPO (`vanilla`, 0.2 / 0.28)",
+    "objectives-2-gspo": "GSPO (`gspo`, 3e-4 / 4e-4)",
+    "objectives-3-cispo": "CISPO (`cispo`)",
+    "objectives-4-gmpo": "GMPO (`geo_mean`, 0.4 / 0.4 in log space)",
     "objectives-5-sapo": "SAPO (`sapo`, tau 1.0 / 1.05)",
     "objectives-6-clip-cov": "Clip-Cov (`clip_cov`, 2e-4, band (1, 5))",
-    "objectives-7-kl-cov": "KL-Cov (`kl_cov`, 2e-4, coef 1)"}
+    "objectives-7-kl-cov": "KL-Cov (`kl_cov`, 2e-4, coef 1)",
+}
 CLIP_NOTES = {"objectives-5-sapo": " (no hard clip)", "objectives-7-kl-cov": " (tokens penalised)"}
 
 
@@ -655,8 +784,12 @@ def objectives_table() -> str:
     by_config: dict[str, list[list[dict]]] = {}
     for name, records in objective_runs().items():
         by_config.setdefault(name.rsplit("-s", 1)[0], []).append(records)
-    lines = ["", "| objective | val mean@8, step 0 -> 30, per seed | final, mean ± std | steps to >= 0.6 | "
-             "clip fraction (mean) | entropy first 5 -> last 5 steps |", "|---|---|---|---|---|---|"]
+    lines = [
+        "",
+        "| objective | val mean@8, step 0 -> 30, per seed | final, mean ± std | steps to >= 0.6 | "
+        "clip fraction (mean) | entropy first 5 -> last 5 steps |",
+        "|---|---|---|---|---|---|",
+    ]
     for i, (config, seeds) in enumerate(by_config.items()):
         val = [_validation(records)[1] for records in seeds]
         first = " / ".join(f"{v[0][1]:.3f}" for v in val) + " " if i == 0 else ""  # all start from the same model
@@ -664,14 +797,19 @@ def objectives_table() -> str:
         reached = ", ".join(str(next((s for s, a in v if a >= 0.6), "-")) for v in val)
         clip = [r["actor/pg_clipfrac"] for records in seeds for r in records if "actor/pg_clipfrac" in r]
         entropy = [[r["actor/entropy"] for r in records if "actor/entropy" in r] for records in seeds]
-        start, end = (sum(sum(e[part]) / len(e[part]) for e in entropy) / len(entropy)
-                      for part in (slice(None, 5), slice(-5, None)))
+        start, end = (
+            sum(sum(e[part]) / len(e[part]) for e in entropy) / len(entropy)
+            for part in (slice(None, 5), slice(-5, None))
+        )
         mean_clip = sum(clip) / len(clip)
-        lines.append(f"| {OBJECTIVE_LABELS.get(config, config)} | {first}-> {last} | "
-                     f"{_mean_std([v[-1][1] for v in val])} | {reached} | "
-                     f"{'0' if mean_clip == 0 else f'{mean_clip:.4f}'}{CLIP_NOTES.get(config, '')} | "
-                     f"{start:.3f} -> {end:.3f} |")
+        lines.append(
+            f"| {OBJECTIVE_LABELS.get(config, config)} | {first}-> {last} | "
+            f"{_mean_std([v[-1][1] for v in val])} | {reached} | "
+            f"{'0' if mean_clip == 0 else f'{mean_clip:.4f}'}{CLIP_NOTES.get(config, '')} | "
+            f"{start:.3f} -> {end:.3f} |"
+        )
     return "\n".join(lines) + "\n"
+
 
 def objectives_gains() -> str:
     """The range over every run of its validation accuracy gain, first to last validation, in points."""
@@ -684,9 +822,15 @@ def objectives_gains() -> str:
 
 def objectives_gspo_clip() -> str:
     """GSPO's share of clipped tokens, its mean over the steps and seeds of its runs."""
-    fractions = [r["actor/pg_clipfrac"] for name, records in objective_runs().items() if "-gspo-" in name
-                 for r in records if "actor/pg_clipfrac" in r]
+    fractions = [
+        r["actor/pg_clipfrac"]
+        for name, records in objective_runs().items()
+        if "-gspo-" in name
+        for r in records
+        if "actor/pg_clipfrac" in r
+    ]
     return f"{100 * sum(fractions) / len(fractions):.0f}%"
+
 
 @cache
 def lora_run(key: str) -> tuple[dict, list[dict]]:
@@ -707,9 +851,11 @@ def lora_tiny_runs() -> str:
         meta, records = lora_run(engine)
         key, val = _validation(records)
         (s0, a0), (s1, a1) = val[0], val[-1]
-        lines.append(f"  - `rollout.name={engine}`{note}: validation mean@{key.split('@')[1]} {a0:.3f} (step {s0}) -> "
-                     f"{a1:.3f} (step {s1}), **{100 * (a1 - a0):+.1f} points**; {meta['wall_s']:,} s beside other "
-                     "jobs.")
+        lines.append(
+            f"  - `rollout.name={engine}`{note}: validation mean@{key.split('@')[1]} {a0:.3f} (step {s0}) -> "
+            f"{a1:.3f} (step {s1}), **{100 * (a1 - a0):+.1f} points**; {meta['wall_s']:,} s beside other "
+            "jobs."
+        )
     return "\n" + "\n".join(lines) + "\n"
 
 
@@ -722,14 +868,17 @@ def lora_smollm2_run() -> str:
     steps = {r["step"]: r["timing_s/step"] for r in records if "timing_s/step" in r and r["step"] > 0}
     shared, alone = [t for s, t in steps.items() if s <= 13], [t for s, t in steps.items() if s > 13]  # run.json
     peak = max(r["perf/max_memory_rss_gb"] for r in records if "perf/max_memory_rss_gb" in r)
-    return (f"\n  - held-out validation mean@{key.split('@')[1]} (64 sums never trained on) at steps "
-            f"{', '.join(str(s) for s, _ in val)}: **{', '.join(f'{a:.3f}' for _, a in val)}** "
-            f"({100 * (val[-1][1] - val[0][1]):+.1f} points). The 0.4 target was passed at the step-{passed} "
-            f"validation, {meta['seconds_to_step_15_validation']:,} s of steps and validations after the start, "
-            f"with test runs sharing the cores during steps 1-13 (those steps took {min(shared):.0f}-"
-            f"{max(shared):.0f} s; steps 14-30: {min(alone):.0f}-{max(alone):.0f} s); the whole run took "
-            f"{meta['wall_s']:,} s; its steps peaked at {peak:.2f} GB RSS (`perf/max_memory_rss_gb`), and it printed "
-            f"`{meta['printed'][0]}`.\n")
+    return (
+        f"\n  - held-out validation mean@{key.split('@')[1]} (64 sums never trained on) at steps "
+        f"{', '.join(str(s) for s, _ in val)}: **{', '.join(f'{a:.3f}' for _, a in val)}** "
+        f"({100 * (val[-1][1] - val[0][1]):+.1f} points). The 0.4 target was passed at the step-{passed} "
+        f"validation, {meta['seconds_to_step_15_validation']:,} s of steps and validations after the start, "
+        f"with test runs sharing the cores during steps 1-13 (those steps took {min(shared):.0f}-"
+        f"{max(shared):.0f} s; steps 14-30: {min(alone):.0f}-{max(alone):.0f} s); the whole run took "
+        f"{meta['wall_s']:,} s; its steps peaked at {peak:.2f} GB RSS (`perf/max_memory_rss_gb`), and it printed "
+        f"`{meta['printed'][0]}`.\n"
+    )
+
 
 def _layout_cell(entry: dict) -> str:
     if "gap" in entry:
@@ -748,23 +897,32 @@ def model_matrix() -> str:
     """The family x engine x layout x LoRA x FSDP2 x R3 table of docs/runs/model-matrix.json."""
     record = json.loads((ROOT / MODEL_MATRIX).read_text(encoding="utf-8"))
     meta, families = record["meta"], record["families"]
-    rows = ["| family | cache kinds | HF engine greedy = generate | gap padded | gap shared_prompt | gap packed | "
-            "vLLM | FSDP2 | R3 |", "| --- |" + " --- |" * 8]
+    rows = [
+        "| family | cache kinds | HF engine greedy = generate | gap padded | gap shared_prompt | gap packed | "
+        "vLLM | FSDP2 | R3 |",
+        "| --- |" + " --- |" * 8,
+    ]
     for name, f in families.items():
         kinds = " + ".join(f["cache_kinds"]) + (", MoE" if f["moe"] else "")
         cells = [_layout_cell(f["layouts"][layout]) for layout in ("padded", "shared_prompt", "packed")]
-        rows.append(f"| {name} (`{f['config_class']}`, {f['attention']}) | {kinds} | "
-                    f"{'yes' if f['greedy_equals_generate'] else '**no**'} | " + " | ".join(cells) + " | "
-                    + " | ".join("not measured" if f[k] is None else str(f[k]) for k in ("vllm", "fsdp2"))
-                    + f" | {'not yet' if f['r3'] is None else f['r3']} |")
+        rows.append(
+            f"| {name} (`{f['config_class']}`, {f['attention']}) | {kinds} | "
+            f"{'yes' if f['greedy_equals_generate'] else '**no**'} | "
+            + " | ".join(cells)
+            + " | "
+            + " | ".join("not measured" if f[k] is None else str(f[k]) for k in ("vllm", "fsdp2"))
+            + f" | {'not yet' if f['r3'] is None else f['r3']} |"
+        )
     lora = ["| family | adapted by `model.target_modules=all-linear` |", "| --- | --- |"]
     lora += [f"| {name} | {_lora_cell(f['lora_all_linear'])} |" for name, f in families.items()]
     tokens = {f["sampled_tokens"] for f in families.values()}
-    return ("\n" + "\n".join(rows) + "\n\n" + "\n".join(lora) + "\n\n"
-            f"Gaps: the largest |engine log-prob - actor log-prob| (nats) over the {min(tokens)}-{max(tokens)} tokens "
-            f"the engine sampled per family (fp32; the tests' tolerance is {meta['tolerance']:g}). Recorded "
-            f"{meta['date']}, commit {meta['commit']}, torch {meta['torch']}, transformers {meta['transformers']}, "
-            f"peft {meta['peft']}, {meta['host']} (`{MODEL_MATRIX}`, written by `scripts/model_matrix.py`).\n")
+    return (
+        "\n" + "\n".join(rows) + "\n\n" + "\n".join(lora) + "\n\n"
+        f"Gaps: the largest |engine log-prob - actor log-prob| (nats) over the {min(tokens)}-{max(tokens)} tokens "
+        f"the engine sampled per family (fp32; the tests' tolerance is {meta['tolerance']:g}). Recorded "
+        f"{meta['date']}, commit {meta['commit']}, torch {meta['torch']}, transformers {meta['transformers']}, "
+        f"peft {meta['peft']}, {meta['host']} (`{MODEL_MATRIX}`, written by `scripts/model_matrix.py`).\n"
+    )
 
 
 def true_on_policy_run() -> str:
@@ -776,9 +934,11 @@ def true_on_policy_run() -> str:
     key = next(k for k in rows[0] if k.startswith("val/acc/mean@"))
     acc = [r[key] for r in rows if key in r]
     gaps = [r["rollout/log_prob_diff/max"] for r in rows if "rollout/log_prob_diff/max" in r]
-    return (f"\n| steps | {key} first -> last | `rollout/log_prob_diff/max`, largest over the steps |\n"
-            f"| --- | --- | --- |\n| {len(gaps)} | {acc[0]:.3f} -> {acc[-1]:.3f} ({100 * (acc[-1] - acc[0]):+.1f} points) "
-            f"| {max(gaps)} |\n\n`{meta['command']}` at commit {meta['commit']} (`{TRUE_ON_POLICY}/metrics.jsonl.gz`).\n")
+    return (
+        f"\n| steps | {key} first -> last | `rollout/log_prob_diff/max`, largest over the steps |\n"
+        f"| --- | --- | --- |\n| {len(gaps)} | {acc[0]:.3f} -> {acc[-1]:.3f} ({100 * (acc[-1] - acc[0]):+.1f} points) "
+        f"| {max(gaps)} |\n\n`{meta['command']}` at commit {meta['commit']} (`{TRUE_ON_POLICY}/metrics.jsonl.gz`).\n"
+    )
 
 
 def true_on_policy_cost() -> str:
@@ -786,14 +946,19 @@ def true_on_policy_cost() -> str:
     record = json.loads((ROOT / TRUE_ON_POLICY / "paired.json").read_text(encoding="utf-8"))
     runs = record["runs"]
     phases = [k for k in runs["default"]["medians"] if k in runs["true_on_policy"]["medians"]]
-    rows = ["| mode | " + " | ".join(p.removeprefix("timing_s/") + " (s)" for p in phases) + " |",
-            "| --- |" + " --- |" * len(phases)]
+    rows = [
+        "| mode | " + " | ".join(p.removeprefix("timing_s/") + " (s)" for p in phases) + " |",
+        "| --- |" + " --- |" * len(phases),
+    ]
     for label, run in runs.items():
         rows.append(f"| {label} | " + " | ".join(f"{run['medians'][p]:.2f}" for p in phases) + " |")
     steps = len(runs["default"]["steps"])
-    rows += ["", f"Step time in true-on-policy mode: **{record['step_time_ratio']:.2f}x** the default's (medians of "
-             f"steps 2-{steps} of {steps}-step runs made one after the other, validation off, {record['cpu']}, "
-             f"commit {record['commit']}; `{TRUE_ON_POLICY}/paired.json`)."]
+    rows += [
+        "",
+        f"Step time in true-on-policy mode: **{record['step_time_ratio']:.2f}x** the default's (medians of "
+        f"steps 2-{steps} of {steps}-step runs made one after the other, validation off, {record['cpu']}, "
+        f"commit {record['commit']}; `{TRUE_ON_POLICY}/paired.json`).",
+    ]
     return "\n" + "\n".join(rows) + "\n"
 
 
@@ -840,11 +1005,13 @@ RENDERERS: dict[str, Callable[[], str]] = {
 
 def render(text: str, where: str = "") -> str:
     """``text`` with every generated block replaced by its renderer's output."""
+
     def replace(m: re.Match) -> str:
         name = m.group(1)
         if name not in RENDERERS:
             raise KeyError(f"{where}: unknown generated block {name!r} (known: {', '.join(sorted(RENDERERS))})")
         return f"<!-- generated:{name} -->{RENDERERS[name]()}<!-- /generated -->"
+
     return BLOCK.sub(replace, text)
 
 
@@ -859,14 +1026,15 @@ def stale_blocks(root: Path = ROOT) -> list[str]:
     return stale
 
 
-
 # ------------------------------------------------------------------------------------- figures typed by hand
 # A measured figure: a number with a unit of measure or a ratio ("3.1 s", "0.97x", "43%", "2.2 GB", "+4.1 points"),
 # or a value's change from one decimal to another ("0.382 -> 0.860", an accuracy or an entropy over a run).
 # "8 x 8" (a shape) is not a ratio: the x of a ratio is attached to its number.
-FIGURE = re.compile(r"(?<![\w.])\d*\.\d+\s*(?:->|→)\s*\d*\.\d+(?!\w|\.\d)|"
-                    r"(?<![\w.])\d+(?:[.,]\d+)*(?:[x×](?![\w\d])|"
-                    r"\s?(?:ms|us|s|min|%|tokens/s|tok/s|GiB|GB|MB|KB|points)(?![\w]))")
+FIGURE = re.compile(
+    r"(?<![\w.])\d*\.\d+\s*(?:->|→)\s*\d*\.\d+(?!\w|\.\d)|"
+    r"(?<![\w.])\d+(?:[.,]\d+)*(?:[x×](?![\w\d])|"
+    r"\s?(?:ms|us|s|min|%|tokens/s|tok/s|GiB|GB|MB|KB|points)(?![\w]))"
+)
 # commands, keys and program output, not prose figures
 CODE = re.compile(r"^```.*?^```|`[^`\n]+`", re.DOTALL | re.MULTILINE)
 # Whole files another script writes from its own source: they are checked (or not) by that script.
@@ -880,37 +1048,77 @@ NOT_MEASURED: dict[str, tuple[str, ...]] = {
     "docs/guide.md": ("~0 to 50 points",),
     "docs/async.md": (
         "the tiny model: 4.2 MB",  # its 1,062,272 fp32 parameters
-        "(default 300 s)", "within 600 s",  # settings
+        "(default 300 s)",
+        "within 600 s",  # settings
         # the speed-up model's arithmetic and the cited papers' shares of generation
-        "at most 2x", "70-80 % of a DAPO step", "DAPO 9B: 77 %", "gives 1.33x"),
-    "docs/checkpoints.md": ("| 84 GB | 10.5 GB", "| 384 GB | 48 GB",  # bytes per parameter x parameters
-                            "one 2 GiB shard file", "up to 2 GiB of tensors"),  # settings
+        "at most 2x",
+        "70-80 % of a DAPO step",
+        "DAPO 9B: 77 %",
+        "gives 1.33x",
+    ),
+    "docs/checkpoints.md": (
+        "| 84 GB | 10.5 GB",
+        "| 384 GB | 48 GB",  # bytes per parameter x parameters
+        "one 2 GiB shard file",
+        "up to 2 GiB of tensors",
+    ),  # settings
     "docs/evaluation.md": ("the 95% interval", "(1.96 s / sqrt"),  # the normal quantile; s is the sample std
     "docs/explain.md": ("at 100 % and at", "Generation at 40 % MFU"),  # the estimate's assumed MFU
-    "docs/serving.md": ("dropped for up to 1 s", "(10 s)", "(15 s)", "(1 s)", "with a 50 ms window",  # settings
-                        "for 4.5 s, median under 1 s",  # the test's bounds
-                        "its 30 s start-up wait", "Ray >= 2.5x"),  # Ray's setting and version
+    "docs/serving.md": (
+        "dropped for up to 1 s",
+        "(10 s)",
+        "(15 s)",
+        "(1 s)",
+        "with a 50 ms window",  # settings
+        "for 4.5 s, median under 1 s",  # the test's bounds
+        "its 30 s start-up wait",
+        "Ray >= 2.5x",
+    ),  # Ray's setting and version
     "docs/tools.md": ("more than 1% of",),  # the stop rule's setting
-    "docs/tiny-model.md": ("safetensors, 4.3 MB; whole folder 4.3 MB",  # 1,062,272 fp32 parameters
-                           "60% of the solutions", "40% `Answer: N`"),  # the generator's settings
+    "docs/tiny-model.md": (
+        "safetensors, 4.3 MB; whole folder 4.3 MB",  # 1,062,272 fp32 parameters
+        "60% of the solutions",
+        "40% `Answer: N`",
+    ),  # the generator's settings
     "docs/vllm.md": ("default 1 GiB", "transformers (5.24 -> 5.19)"),  # a setting, versions
     "docs/results.md": ("eager, 1 GiB KV cache", "±95% interval"),
-    "docs/reward.md": ("ground truth of 1 MB", "(default 5 s)", "sets a 0.5 s limit",  # an input, settings
-                       "at least 1 s",
-                       "at most 1 s) is detached", "hanging calls at 2 s",
-                       # the benchmark's mix of responses
-                       "| 35 % |", "| 25 % |", "| 10 % |", "| 5 % |", "10 KB to 1 MB", "0.3 to 6 KB", "the 1 MB"),
+    "docs/reward.md": (
+        "ground truth of 1 MB",
+        "(default 5 s)",
+        "sets a 0.5 s limit",  # an input, settings
+        "at least 1 s",
+        "at most 1 s) is detached",
+        "hanging calls at 2 s",
+        # the benchmark's mix of responses
+        "| 35 % |",
+        "| 25 % |",
+        "| 10 % |",
+        "| 5 % |",
+        "10 KB to 1 MB",
+        "0.3 to 6 KB",
+        "the 1 MB",
+    ),
     "docs/distributed.md": ("the ~440 MB wheel",),  # the package's size against the call's limit
-    "docs/lora.md": ("uses the\n    10x rate", "adapters and the 10x learning rate",  # the preset's lr / the default
-                     # file and push sizes that follow from the parameter counts (rank 8 adapters, fp32)
-                     "`adapter_model.safetensors` 360 KB, `optimizer.pt` 752 KB", "4.2 MB weights, 8.2 MB optimizer.pt",
-                     "(11.8x\n  less)"),
-    "docs/performance.md": ("polled every 50 ms",  # the benchmark's setting
-                            # the issues' targets
-                            "(step time <= 0.5x TRL", "rollout >= 2.5x", "peak RSS <= 4 GB", "stays under 3x",
-                            "(this issue's target; 2.5x was the previous one)", "The 0.25x target",
-                            "at 100 % and at the given MFU",
-                            "every KV head copied 3x"),  # 9 query heads over 3 KV heads
+    "docs/lora.md": (
+        "uses the\n    10x rate",
+        "adapters and the 10x learning rate",  # the preset's lr / the default
+        # file and push sizes that follow from the parameter counts (rank 8 adapters, fp32)
+        "`adapter_model.safetensors` 360 KB, `optimizer.pt` 752 KB",
+        "4.2 MB weights, 8.2 MB optimizer.pt",
+        "(11.8x\n  less)",
+    ),
+    "docs/performance.md": (
+        "polled every 50 ms",  # the benchmark's setting
+        # the issues' targets
+        "(step time <= 0.5x TRL",
+        "rollout >= 2.5x",
+        "peak RSS <= 4 GB",
+        "stays under 3x",
+        "(this issue's target; 2.5x was the previous one)",
+        "The 0.25x target",
+        "at 100 % and at the given MFU",
+        "every KV head copied 3x",
+    ),  # 9 query heads over 3 KV heads
 }
 # Figures typed by hand before the check existed, counted per document; each goes when it is rendered from a record
 # or removed, and its document's count comes down with it (issue 38, item 3).
@@ -923,6 +1131,7 @@ PENDING: dict[str, int] = {
 def hand_typed_figures(doc: str, text: str) -> list[str]:
     """``line: figure`` for every measured figure of ``text`` outside the generated blocks, the code and the phrases
     NOT_MEASURED names for ``doc``."""
+
     def blank(m: re.Match) -> str:  # keeps the line numbers
         return re.sub(r"[^\n]", " ", m.group(0))
 
@@ -933,7 +1142,7 @@ def hand_typed_figures(doc: str, text: str) -> list[str]:
         if not found:
             raise KeyError(f"{doc}: NOT_MEASURED names {phrase!r}, which the document no longer holds")
         for m in found:
-            prose[m.start():m.end()] = blank(m)
+            prose[m.start() : m.end()] = blank(m)
     prose = "".join(prose)
     return [f"{prose.count(chr(10), 0, m.start()) + 1}: {m.group(0)}" for m in FIGURE.finditer(prose)]
 
@@ -948,17 +1157,25 @@ def unsourced_figures(root: Path = ROOT) -> list[str]:
         found = hand_typed_figures(doc, (root / doc).read_text(encoding="utf-8"))
         allowed = PENDING.get(doc, 0)
         if len(found) > allowed:
-            problems.append(f"{doc}: {len(found)} figures typed by hand outside a generated block, {allowed} allowed "
-                            f"(render each from a recorded file, or remove it): " + ", ".join(found))
+            problems.append(
+                f"{doc}: {len(found)} figures typed by hand outside a generated block, {allowed} allowed "
+                f"(render each from a recorded file, or remove it): " + ", ".join(found)
+            )
         elif len(found) < allowed:
-            problems.append(f"{doc}: {len(found)} figures typed by hand, PENDING still allows {allowed}: lower it "
-                            f"to {len(found)} in scripts/render_docs.py")
+            problems.append(
+                f"{doc}: {len(found)} figures typed by hand, PENDING still allows {allowed}: lower it "
+                f"to {len(found)} in scripts/render_docs.py"
+            )
     return problems
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true", help="only report blocks that differ and figures typed by "
-                        "hand outside them (exit 1 if any)")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="only report blocks that differ and figures typed by hand outside them (exit 1 if any)",
+    )
     args = parser.parse_args(argv)
     if args.check:
         stale, unsourced = stale_blocks(), unsourced_figures()

@@ -32,13 +32,27 @@ from safetensors.torch import load_file
 from dapo.infra.timing import is_measured_metric
 
 
-
 def train_cmd(out: Path, name: str, steps: int) -> list[str]:
-    return [sys.executable, "-m", "dapo.cli.main", "train", f"trainer.total_training_steps={steps}",
-            "trainer.save_freq=1", "trainer.test_freq=2", "data.train_batch_size=4", "actor.ppo_mini_batch_size=2",
-            "rollout.n=4", "data.synth.num_train=64", "data.synth.num_val=8", "rollout.val_kwargs.n=2",
-            "trainer.num_threads=1", "algorithm.filter_groups.on_exhausted=train_on_partial", "trainer.progress=false",
-            f"trainer.experiment_name={name}", f"trainer.default_local_dir={out}"]
+    return [
+        sys.executable,
+        "-m",
+        "dapo.cli.main",
+        "train",
+        f"trainer.total_training_steps={steps}",
+        "trainer.save_freq=1",
+        "trainer.test_freq=2",
+        "data.train_batch_size=4",
+        "actor.ppo_mini_batch_size=2",
+        "rollout.n=4",
+        "data.synth.num_train=64",
+        "data.synth.num_val=8",
+        "rollout.val_kwargs.n=2",
+        "trainer.num_threads=1",
+        "algorithm.filter_groups.on_exhausted=train_on_partial",
+        "trainer.progress=false",
+        f"trainer.experiment_name={name}",
+        f"trainer.default_local_dir={out}",
+    ]
 
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -51,8 +65,9 @@ def launch(cmd: list[str], *, stderr: bool, warm: bool = False):
         from tests.harness.runners import WarmDapo
 
         return WarmDapo(cmd[3:], extra_env=ENV, stderr_to_devnull=not stderr)
-    return subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE if stderr else subprocess.DEVNULL, text=True)
+    return subprocess.Popen(
+        cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE if stderr else subprocess.DEVNULL, text=True
+    )
 
 
 def run_to_end(cmd: list[str], warm: bool = False) -> tuple[float, float]:
@@ -102,8 +117,10 @@ def end_state(run_dir: Path, steps: int) -> tuple[dict, dict, list[dict]]:
     ckpt = run_dir / "checkpoints" / f"global_step_{steps}"
     weights = load_file(ckpt / "hf" / "model.safetensors")
     optim = torch.load(ckpt / "optimizer.pt", weights_only=True)
-    metrics = [{k: v for k, v in json.loads(line).items() if not is_measured_metric(k)}
-               for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    metrics = [
+        {k: v for k, v in json.loads(line).items() if not is_measured_metric(k)}
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+    ]
     return weights, optim, metrics
 
 
@@ -123,12 +140,19 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--out", type=Path, default=Path("/tmp/dapo-soak"))
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--save-kills", type=int, default=1,
-                    help="of the kills, how many wait for a checkpoint write to begin (a random moment rarely hits "
-                         "the ~0.1 s a small checkpoint takes)")
-    ap.add_argument("--warm", action="store_true",
-                    help="fork the killed and resumed runs from a warm server (tests/harness/runners.py) instead of a "
-                         "fresh interpreter each; the uninterrupted reference stays a fresh one")
+    ap.add_argument(
+        "--save-kills",
+        type=int,
+        default=1,
+        help="of the kills, how many wait for a checkpoint write to begin (a random moment rarely hits "
+        "the ~0.1 s a small checkpoint takes)",
+    )
+    ap.add_argument(
+        "--warm",
+        action="store_true",
+        help="fork the killed and resumed runs from a warm server (tests/harness/runners.py) instead of a "
+        "fresh interpreter each; the uninterrupted reference stays a fresh one",
+    )
     args = ap.parse_args()
     if args.warm:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.harness.runners
@@ -177,9 +201,15 @@ def main() -> None:
             finish_series()
     run_to_end(cmd, warm=args.warm)
     finish_series()
-    result = {"kills": kills, "kills_mid_checkpoint_write": mid_saves, "finished_before_kill": misses,
-              "series": series, "all_bit_identical": all_equal, "uninterrupted_run_s": round(wall, 1),
-              "soak_s": round(time.monotonic() - t0, 1)}
+    result = {
+        "kills": kills,
+        "kills_mid_checkpoint_write": mid_saves,
+        "finished_before_kill": misses,
+        "series": series,
+        "all_bit_identical": all_equal,
+        "uninterrupted_run_s": round(wall, 1),
+        "soak_s": round(time.monotonic() - t0, 1),
+    }
     print(json.dumps(result))
     if not all_equal:
         raise SystemExit(1)

@@ -20,8 +20,16 @@ import yaml
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from dapo.evaluation.statistics import (RunSummary, config_of_run, group_share_series, mean_std, seed_band, series,
-                                             summarize_run, val_acc_key_of)
+from dapo.evaluation.statistics import (
+    RunSummary,
+    config_of_run,
+    group_share_series,
+    mean_std,
+    seed_band,
+    series,
+    summarize_run,
+    val_acc_key_of,
+)
 from dapo.infra.atomic import atomic_write
 from dapo.infra.tracking import read_metrics
 
@@ -86,7 +94,8 @@ def table(configs: dict[str, list[tuple[RunSummary, float | None, float | None]]
             f"{_fmt(mean_std([r.truncated_last for r in runs]), '.2f')} | "
             f"{_fmt(mean_std([r.all_correct_share for r in runs]), '.2f')} / "
             f"{_fmt(mean_std([r.all_wrong_share for r in runs]), '.2f')} | "
-            f"{_fmt(tokens, '.0f')}k | {_fmt(mean_std([w for _, w, _ in rows]), '.0f')} s |")
+            f"{_fmt(tokens, '.0f')}k | {_fmt(mean_std([w for _, w, _ in rows]), '.0f')} s |"
+        )
     return "\n".join(lines)
 
 
@@ -111,8 +120,14 @@ def plot_bands(curves: dict[str, dict[str, list[list[tuple[float, float]]]]], ou
             band = seed_band(seeds)
             marker = "o" if key == "val" else None
             ax.plot(band.x, band.mean, color=f"C{i}", marker=marker, markersize=3, label=f"{name} (n={band.n})")
-            ax.fill_between(band.x, [m - s for m, s in zip(band.mean, band.std)],
-                            [m + s for m, s in zip(band.mean, band.std)], color=f"C{i}", alpha=0.18, linewidth=0)
+            ax.fill_between(
+                band.x,
+                [m - s for m, s in zip(band.mean, band.std)],
+                [m + s for m, s in zip(band.mean, band.std)],
+                color=f"C{i}",
+                alpha=0.18,
+                linewidth=0,
+            )
         ax.grid(True, alpha=0.3)
         if accuracy:
             ax.set_ylim(0.0, 1.0)
@@ -136,8 +151,17 @@ def plot_accuracy_against_tokens(curves: dict[str, dict[str, list[list[tuple[flo
             acc = mean_std([v[step] for v, _ in pairs])
             tokens = mean_std([t.get(step, 0.0) / 1e3 for _, t in pairs])  # step 0 validates before any generation
             xs.append(tokens.mean), ys.append(acc.mean), xerr.append(tokens.std), yerr.append(acc.std)
-        ax.errorbar(xs, ys, xerr=xerr, yerr=yerr, color=f"C{i}", marker="o", markersize=3, capsize=2,
-                    label=f"{name} (n={len(pairs)})")
+        ax.errorbar(
+            xs,
+            ys,
+            xerr=xerr,
+            yerr=yerr,
+            color=f"C{i}",
+            marker="o",
+            markersize=3,
+            capsize=2,
+            label=f"{name} (n={len(pairs)})",
+        )
     ax.set_xlabel("response tokens generated (thousands)")
     ax.set_ylabel("validation accuracy")
     ax.set_ylim(0.0, 1.0)
@@ -167,8 +191,13 @@ def main() -> None:
         per_round = _groups_per_round(run_dir)
         name, _ = config_of_run(run_dir.name)
         wall, peak = _console(run_dir)
-        configs[name].append((summarize_run(records, threshold=args.threshold, groups_per_round=per_round,
-                                            window=args.window), wall, peak))
+        configs[name].append(
+            (
+                summarize_run(records, threshold=args.threshold, groups_per_round=per_round, window=args.window),
+                wall,
+                peak,
+            )
+        )
         for key, _, _ in PANELS:
             curves[name][key].append(_curve(records, key, per_round))
         curves[name]["train/generated_tokens_total"].append(series(records, "train/generated_tokens_total"))

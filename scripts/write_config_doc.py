@@ -18,11 +18,23 @@ VERL_NAMES = {
     "model.": "actor_rollout_ref.model.",
 }
 OURS_ONLY = {
-    "algorithm.overlong_filter", "algorithm.filter_groups.on_exhausted", "algorithm.filter_groups.carry_over_surplus",
+    "algorithm.overlong_filter",
+    "algorithm.filter_groups.on_exhausted",
+    "algorithm.filter_groups.carry_over_surplus",
     "algorithm.filter_groups.skip_solved_prompts",
-    "data.synth", "data.val_max_samples", "model.gguf_file", "model.save_pretrained_cache", "trainer.num_threads",
-    "actor.logprob_chunk_size", "actor.dtype", "reward_model.num_workers", "reward_model.timeout_s",
-    "reward_model.compat", "trainer.resume_with_changes", "rollout.multi_turn.tools", "rollout.multi_turn.calculator",
+    "data.synth",
+    "data.val_max_samples",
+    "model.gguf_file",
+    "model.save_pretrained_cache",
+    "trainer.num_threads",
+    "actor.logprob_chunk_size",
+    "actor.dtype",
+    "reward_model.num_workers",
+    "reward_model.timeout_s",
+    "reward_model.compat",
+    "trainer.resume_with_changes",
+    "rollout.multi_turn.tools",
+    "rollout.multi_turn.calculator",
 }
 
 
@@ -57,7 +69,7 @@ def rows(model: type[BaseModel], prefix: str = ""):
                 yield key, "(required)" if default is PydanticUndefined else default, desc, verl
             continue
         default = field.get_default(call_default_factory=True)
-        verl = next((v + dotted[len(k):] for k, v in VERL_NAMES.items() if dotted.startswith(k)), dotted)
+        verl = next((v + dotted[len(k) :] for k, v in VERL_NAMES.items() if dotted.startswith(k)), dotted)
         if any(dotted.startswith(o) for o in OURS_ONLY):
             verl = "(dapo only)"
         yield dotted, default, field.description or "", verl

@@ -18,9 +18,18 @@ import torch
 from dapo.config import ModelConfig, build_config
 from dapo.rollout import factory
 from dapo.rollout.base import SamplingParams
-from dapo.rollout.factory import (ENGINE_NAMES, ENGINES, EngineCapabilities, EngineEntry, build_rollout_engine,
-                                  default_engine_name, engine_capabilities, engine_compute_dtype, hf_engine_copy,
-                                  module_engine_spec)
+from dapo.rollout.factory import (
+    ENGINE_NAMES,
+    ENGINES,
+    EngineCapabilities,
+    EngineEntry,
+    build_rollout_engine,
+    default_engine_name,
+    engine_capabilities,
+    engine_compute_dtype,
+    hf_engine_copy,
+    module_engine_spec,
+)
 from dapo.rollout.spec import EngineSpec, VLLMOptions
 from tests.test_layers import PACKAGE, layer_of, modules
 
@@ -48,18 +57,28 @@ def engine_name_comparisons(source: str) -> list[str]:
 
 
 def test_the_finder_sees_each_kind_of_comparison() -> None:
-    source = ('a = x == "vllm"\nb = "hf" != y.name\nc = r.name in ("hf", "other")\nd = z == "hfx"\n'
-              'match n:\n    case "vllm":\n        pass\ne = replace(spec, name="hf", seed=1)\nf = g(label="hf")\n')
+    source = (
+        'a = x == "vllm"\nb = "hf" != y.name\nc = r.name in ("hf", "other")\nd = z == "hfx"\n'
+        'match n:\n    case "vllm":\n        pass\ne = replace(spec, name="hf", seed=1)\nf = g(label="hf")\n'
+    )
     assert sorted(line.split(":")[0] for line in engine_name_comparisons(source)) == [
-        "line 1", "line 2", "line 3", "line 6", "line 8"]
+        "line 1",
+        "line 2",
+        "line 3",
+        "line 6",
+        "line 8",
+    ]
 
 
-@pytest.mark.parametrize("path", [p for p in modules() if layer_of(p) != "rollout"],
-                         ids=lambda p: str(p.relative_to(PACKAGE)))
+@pytest.mark.parametrize(
+    "path", [p for p in modules() if layer_of(p) != "rollout"], ids=lambda p: str(p.relative_to(PACKAGE))
+)
 def test_nothing_above_the_registry_compares_an_engine_name(path: Path) -> None:
     found = engine_name_comparisons(path.read_text(encoding="utf-8"))
-    assert not found, (f"{path.relative_to(PACKAGE)} branches on an engine's name ({'; '.join(found)}); read "
-                       "dapo.rollout.factory.engine_capabilities instead")
+    assert not found, (
+        f"{path.relative_to(PACKAGE)} branches on an engine's name ({'; '.join(found)}); read "
+        "dapo.rollout.factory.engine_capabilities instead"
+    )
 
 
 def module_name(path: Path) -> str:
@@ -95,7 +114,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == "open":
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             if nxt not in state and (cycle := visit(nxt)):
                 return cycle
         path.pop()
@@ -145,8 +164,9 @@ class ThirdEngine:
         return ENGINES["hf"].build(spec, policy, module)
 
     def __call__(self, **capabilities: object) -> str:
-        entry = EngineEntry(self.build, lambda: (True, ""), EngineCapabilities(**capabilities), "the third engine",
-                            "a test's engine")
+        entry = EngineEntry(
+            self.build, lambda: (True, ""), EngineCapabilities(**capabilities), "the third engine", "a test's engine"
+        )
         self.monkeypatch.setitem(ENGINES, self.name, entry)
         return self.name
 
@@ -163,12 +183,14 @@ def test_ranks_per_engine_follow_the_tensor_parallel_capability(third_engine) ->
     tp = build_config(overrides=["rollout.tensor_model_parallel_size=2"])
     assert engine_tensor_parallel(tp) == 1  # hf: one rank per engine, whatever the key says
     assert engine_tensor_parallel(tp.model_copy(update={"rollout": tp.rollout.model_copy(update={"name": name})})) == 2
-    assert engine_tensor_parallel(tp.model_copy(
-        update={"rollout": tp.rollout.model_copy(update={"name": "vllm"})})) == 2
+    assert (
+        engine_tensor_parallel(tp.model_copy(update={"rollout": tp.rollout.model_copy(update={"name": "vllm"})})) == 2
+    )
 
 
-def test_auto_picks_the_first_available_engine_preferred_on_the_device(third_engine,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_picks_the_first_available_engine_preferred_on_the_device(
+    third_engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import dapo.rollout.vllm_engine as vllm_engine
 
     monkeypatch.setattr(vllm_engine, "vllm_available", lambda: (False, "not here"))
@@ -196,17 +218,20 @@ def test_only_a_module_engine_gets_a_copy_of_the_actor(third_engine) -> None:
 
 
 def test_a_teacher_is_validated_on_the_module_engine_with_the_students_settings() -> None:
-    student = EngineSpec(name="vllm", seed=7, max_model_len=99, join_process_group=True,
-                         vllm=VLLMOptions(max_num_seqs=3))
+    student = EngineSpec(
+        name="vllm", seed=7, max_model_len=99, join_process_group=True, vllm=VLLMOptions(max_num_seqs=3)
+    )
     assert module_engine_spec(student) == dataclasses.replace(student, name="hf", join_process_group=False)
 
 
 def test_no_tensor_parallelism_is_refused_by_capability(third_engine) -> None:
     policy = factory_policy()
     name = third_engine()
-    with pytest.raises(factory.EngineUnavailableError,
-                       match=r"rollout.tensor_model_parallel_size=2: the third engine \(rollout.name=third\) has no "
-                             r"tensor parallelism; use rollout.name=vllm or set it to 1"):
+    with pytest.raises(
+        factory.EngineUnavailableError,
+        match=r"rollout.tensor_model_parallel_size=2: the third engine \(rollout.name=third\) has no "
+        r"tensor parallelism; use rollout.name=vllm or set it to 1",
+    ):
         build_rollout_engine(EngineSpec(name=name, tensor_parallel_size=2), policy)
 
 
@@ -263,7 +288,9 @@ def test_the_loader_resolves_auto_and_builds_the_engine_the_factory_would() -> N
         assert loaded.spec.seed == 1 and loaded.tokenizer is loaded.policy.tokenizer
         assert loaded.engine.model is loaded.policy.model and loaded.engine.max_batch_size == 2
         params = SamplingParams(n=2, max_tokens=6, seed=4)
-        assert loaded.engine.generate([[1, 2, 3]], params).response_ids == here.generate([[1, 2, 3]], params).response_ids
+        assert (
+            loaded.engine.generate([[1, 2, 3]], params).response_ids == here.generate([[1, 2, 3]], params).response_ids
+        )
     finally:
         loaded.engine.close()
         here.close()

@@ -68,7 +68,8 @@ def test_imports_only_run_downwards(path: Path) -> None:
         where = f"{path.relative_to(PACKAGE)} ({importer}, floor {LEVEL[importer]}) imports {name}"
         assert imported in LEVEL, f"{where}: not a layer"
         assert imported == importer or LEVEL[imported] < LEVEL[importer], (
-            f"{where} (floor {LEVEL[imported]}): imports run to lower floors only")
+            f"{where} (floor {LEVEL[imported]}): imports run to lower floors only"
+        )
 
 
 def test_every_floor_is_needed() -> None:
@@ -81,11 +82,13 @@ def test_every_floor_is_needed() -> None:
         if floor == 0 or layer not in imports:
             continue
         assert any(LEVEL.get(other) == floor - 1 for other in imports[layer] - {layer}), (
-            f"{layer} (floor {floor}) imports nothing from floor {floor - 1}: it belongs on a lower floor")
+            f"{layer} (floor {floor}) imports nothing from floor {floor - 1}: it belongs on a lower floor"
+        )
 
 
-@pytest.mark.parametrize("path", [p for p in modules() if layer_of(p) != "rollout"],
-                         ids=lambda p: str(p.relative_to(PACKAGE)))
+@pytest.mark.parametrize(
+    "path", [p for p in modules() if layer_of(p) != "rollout"], ids=lambda p: str(p.relative_to(PACKAGE))
+)
 def test_no_module_above_rollout_names_a_concrete_engine(path: Path) -> None:
     text = path.read_text(encoding="utf-8")
     named = [name for name in CONCRETE_ENGINES if name in text]

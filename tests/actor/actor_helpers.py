@@ -21,8 +21,14 @@ VOCAB = ACTOR["vocab_size"]  # the tiny Qwen2's and the tiny Llama's
 def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
     )
     return LlamaForCausalLM(config).float()
 
@@ -62,15 +68,24 @@ def random_batch(
 def actor_config(**overrides: object) -> ActorConfig:
     """A small fp32 actor config; defaults are the DAPO recipe's loss settings."""
     base: dict[str, object] = dict(
-        ppo_mini_batch_size=2, ppo_max_token_len_per_gpu=64, logprob_chunk_size=16, clip_ratio_c=10.0,
+        ppo_mini_batch_size=2,
+        ppo_max_token_len_per_gpu=64,
+        logprob_chunk_size=16,
+        clip_ratio_c=10.0,
     )
     base.update(overrides)
     return ActorConfig(**base)
 
 
-def plan_of(model: nn.Module, batch: TrainBatch, cfg: ActorConfig, *, norm_length: int,
-            micro_batches: list[list[int]] | None = None,
-            padding: tuple[TrainBatch, int] | None = None) -> MiniBatchPlan:
+def plan_of(
+    model: nn.Module,
+    batch: TrainBatch,
+    cfg: ActorConfig,
+    *,
+    norm_length: int,
+    micro_batches: list[list[int]] | None = None,
+    padding: tuple[TrainBatch, int] | None = None,
+) -> MiniBatchPlan:
     """The single-process plan the update makes of ``batch`` as one mini-batch, with its cut replaced by
     ``micro_batches`` (lists of indices into ``batch``) and its zero-weight passes by ``padding`` when given: how the
     tests try any cut or padding on ``accumulate_mini_batch_gradients``."""

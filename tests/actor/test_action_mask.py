@@ -30,10 +30,14 @@ def with_tool_tokens(batch: TrainBatch, seed: int = 0) -> TrainBatch:
 
 
 def test_loss_mask_is_the_hand_computed_and_of_response_sample_and_action_masks() -> None:
-    batch = TrainBatch(prompt_ids=[[1, 2], [3]], response_ids=[[4, 5, 6, 7], [8, 9, 10]],
-                       advantages=torch.tensor([1.0, -1.0]), sample_mask=torch.tensor([True, True]),
-                       group_index=torch.tensor([0, 0]),
-                       action_mask=[torch.tensor([True, True, False, True]), torch.tensor([True, False, True])])
+    batch = TrainBatch(
+        prompt_ids=[[1, 2], [3]],
+        response_ids=[[4, 5, 6, 7], [8, 9, 10]],
+        advantages=torch.tensor([1.0, -1.0]),
+        sample_mask=torch.tensor([True, True]),
+        group_index=torch.tensor([0, 0]),
+        action_mask=[torch.tensor([True, True, False, True]), torch.tensor([True, False, True])],
+    )
     assert batch.loss_mask().tolist() == [[True, True, False, True], [True, False, True, False]]
     dropped = dataclasses.replace(batch, sample_mask=torch.tensor([True, False]))
     assert dropped.loss_mask().tolist() == [[True, True, False, True], [False] * 4]
@@ -44,11 +48,21 @@ def test_loss_mask_is_the_hand_computed_and_of_response_sample_and_action_masks(
 def test_a_mask_of_the_wrong_shape_or_dtype_is_refused() -> None:
     batch = random_batch(1, 2)
     with pytest.raises(ValueError, match=r"TrainBatch.action_mask\[0\] must be a bool tensor"):
-        dataclasses.replace(batch, action_mask=[torch.ones(batch.response_ids[0].numel() + 1, dtype=torch.bool),
-                                                torch.ones(batch.response_ids[1].numel(), dtype=torch.bool)])
+        dataclasses.replace(
+            batch,
+            action_mask=[
+                torch.ones(batch.response_ids[0].numel() + 1, dtype=torch.bool),
+                torch.ones(batch.response_ids[1].numel(), dtype=torch.bool),
+            ],
+        )
     with pytest.raises(ValueError, match=r"TrainBatch.action_mask\[1\] must be a bool tensor"):
-        dataclasses.replace(batch, action_mask=[torch.ones(batch.response_ids[0].numel(), dtype=torch.bool),
-                                                torch.ones(batch.response_ids[1].numel())])
+        dataclasses.replace(
+            batch,
+            action_mask=[
+                torch.ones(batch.response_ids[0].numel(), dtype=torch.bool),
+                torch.ones(batch.response_ids[1].numel()),
+            ],
+        )
     with pytest.raises(ValueError, match="action_mask has 1 entries for 2 samples"):
         dataclasses.replace(batch, action_mask=[torch.ones(batch.response_ids[0].numel(), dtype=torch.bool)])
 
@@ -61,8 +75,9 @@ def test_token_level_loss_counts_only_the_models_tokens() -> None:
     n = torch.tensor([int(m.sum()) for m in batch.action_mask], dtype=torch.float32)
     expected = float(-(batch.advantages * n).sum() / n.sum())
     cfg = actor_config(loss_agg_mode="token-mean", entropy_coeff=0.0)
-    result = accumulate_mini_batch_gradients(model, plan_of(model, batch, cfg, norm_length=16), cfg,
-                                             temperature=TEMPERATURE, on_policy=True)
+    result = accumulate_mini_batch_gradients(
+        model, plan_of(model, batch, cfg, norm_length=16), cfg, temperature=TEMPERATURE, on_policy=True
+    )
     assert result.num_tokens == int(n.sum()) < sum(batch.response_lengths)
     assert result.pg_loss == pytest.approx(expected, rel=1e-5, abs=1e-6)
 
@@ -83,8 +98,9 @@ def test_tool_tokens_carry_no_gradient_whatever_their_log_probs() -> None:
         return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
 
     masked = gradient(batch.with_old_log_probs([lp - 0.1 for lp in old]))
-    torch.testing.assert_close(gradient(batch.with_old_log_probs([lp - 0.1 for lp in garbage])), masked,
-                               atol=1e-7, rtol=0)
+    torch.testing.assert_close(
+        gradient(batch.with_old_log_probs([lp - 0.1 for lp in garbage])), masked, atol=1e-7, rtol=0
+    )
     unmasked = gradient(dataclasses.replace(batch, action_mask=None).with_old_log_probs([lp - 0.1 for lp in old]))
     assert (unmasked - masked).abs().max() > 1e-4
 
@@ -94,6 +110,7 @@ def test_the_entropy_metric_record_holds_only_the_models_tokens() -> None:
     batch = with_tool_tokens(random_batch(2, 2, seed=5, max_response=9), seed=6)
     record = FirstPassRecord()
     cfg = actor_config()
-    accumulate_mini_batch_gradients(model, plan_of(model, batch, cfg, norm_length=16), cfg, temperature=TEMPERATURE,
-                                    on_policy=True, record=record)
+    accumulate_mini_batch_gradients(
+        model, plan_of(model, batch, cfg, norm_length=16), cfg, temperature=TEMPERATURE, on_policy=True, record=record
+    )
     assert sorted(e.numel() for e in record.entropies) == sorted(int(m.sum()) for m in batch.action_mask)

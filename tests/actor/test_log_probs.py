@@ -80,8 +80,9 @@ def test_shared_prompt_is_refused_with_activation_checkpointing_and_auto_falls_b
 def test_share_prompt_sequences_by_hand() -> None:
     # Samples 0 and 2 share prompt [1, 2]; sample 1 has prompt [3]. Responses of 3, 1 and 2 tokens.
     prompt_a, prompt_b = torch.tensor([1, 2]), torch.tensor([3])
-    rows = share_prompt_sequences([prompt_a, prompt_b, prompt_a.clone()],
-                                  [torch.tensor([4, 5, 6]), torch.tensor([7]), torch.tensor([8, 9])])
+    rows = share_prompt_sequences(
+        [prompt_a, prompt_b, prompt_a.clone()], [torch.tensor([4, 5, 6]), torch.tensor([7]), torch.tensor([8, 9])]
+    )
     assert rows.prompt_input_ids.tolist() == [[1, 2], [0, 3]]  # distinct prompts once, left-padded
     assert rows.prompt_attention_mask.tolist() == [[1, 1], [0, 1]]
     assert rows.prompt_position_ids.tolist() == [[0, 1], [0, 0]]
@@ -150,7 +151,9 @@ def test_batch_log_probs_keep_batch_order_across_micro_batches() -> None:
     batch = random_batch(4, 3, seed=11)
     want, _ = reference(model, batch, 1.0)
     configs = [actor_config(layout=layout, ppo_max_token_len_per_gpu=16) for layout in LAYOUTS]
-    configs += [actor_config(layout=layout, use_dynamic_bsz=False, ppo_micro_batch_size_per_gpu=5) for layout in LAYOUTS]
+    configs += [
+        actor_config(layout=layout, use_dynamic_bsz=False, ppo_micro_batch_size_per_gpu=5) for layout in LAYOUTS
+    ]
     for cfg in configs:
         got = compute_log_probs_batch(model, batch, cfg, temperature=1.0)
         assert not any(t.requires_grad for t in got)
@@ -201,8 +204,11 @@ def test_bad_arguments_and_unsupported_models_are_refused() -> None:
     with pytest.raises(ValueError, match="logprob_chunk_size"):
         compute_response_log_probs(model, batch, temperature=1.0, chunk_size=0, with_entropy=False)
     too_big = TrainBatch(
-        prompt_ids=[[VOCAB]], response_ids=[[1]], advantages=torch.zeros(1),
-        sample_mask=torch.ones(1, dtype=torch.bool), group_index=torch.zeros(1, dtype=torch.long),
+        prompt_ids=[[VOCAB]],
+        response_ids=[[1]],
+        advantages=torch.zeros(1),
+        sample_mask=torch.ones(1, dtype=torch.bool),
+        group_index=torch.zeros(1, dtype=torch.long),
     )
     with pytest.raises(ValueError, match=f"token id {VOCAB} .* vocabulary of {VOCAB}"):
         compute_response_log_probs(model, too_big, temperature=1.0, chunk_size=4, with_entropy=False)

@@ -36,14 +36,16 @@ def test_lora_gradients_are_the_same_in_every_layout_and_under_checkpointing(lay
     reference = _lora_model()
     batch = off_policy_batch(reference, seed=3)
     padded = actor_config(ppo_max_token_len_per_gpu=20, layout="padded")
-    accumulate_mini_batch_gradients(reference, plan_of(reference, batch, padded, norm_length=8), padded,
-                                    temperature=TEMPERATURE)
+    accumulate_mini_batch_gradients(
+        reference, plan_of(reference, batch, padded, norm_length=8), padded, temperature=TEMPERATURE
+    )
     want = _adapter_grads(reference)
     assert all(p.grad is None for p in reference.parameters() if not p.requires_grad)  # the base stays frozen
 
     model = _lora_model()
-    cfg = actor_config(ppo_max_token_len_per_gpu=20, layout=layout, gradient_checkpointing=True,
-                       shared_prompt_chunk_tokens=6)
+    cfg = actor_config(
+        ppo_max_token_len_per_gpu=20, layout=layout, gradient_checkpointing=True, shared_prompt_chunk_tokens=6
+    )
     configure_model_for_training(model, cfg)
     accumulate_mini_batch_gradients(model, plan_of(model, batch, cfg, norm_length=8), cfg, temperature=TEMPERATURE)
     assert_same_gradients(_adapter_grads(model), want)

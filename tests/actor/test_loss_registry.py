@@ -17,21 +17,33 @@ from dapo.actor.update import update_policy
 from dapo.config import ConfigError
 from dapo.config.loading import build_config
 from dapo.config.objective import describe_objective, paper_defaults_notice
-from dapo.core.policy_loss import (POLICY_LOSSES, PolicyLossOutput, PolicyLossParams, masked_loss,
-                                   register_policy_loss, token_diagnostics)
+from dapo.core.policy_loss import (
+    POLICY_LOSSES,
+    PolicyLossOutput,
+    PolicyLossParams,
+    masked_loss,
+    register_policy_loss,
+    token_diagnostics,
+)
 from tests.harness.models import ACTOR, tiny_qwen2
 
 TOY = "toy_scaled"
 
 
-def toy_scaled_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
-                    params: PolicyLossParams) -> PolicyLossOutput:
+def toy_scaled_loss(
+    log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor, params: PolicyLossParams
+) -> PolicyLossOutput:
     """``-eps_high * A_t * r_t``: the unclipped surrogate scaled by a knob, so its on-policy value is known by hand."""
     log_ratio = log_prob - old_log_prob
     ratio = log_ratio.exp()
     loss = -params.clip_ratio_high * advantages * ratio
-    return token_diagnostics(response_mask, masked_loss(loss, response_mask), log_ratio=log_ratio, ratio=ratio,
-                             clipped=torch.zeros_like(response_mask, dtype=torch.bool))
+    return token_diagnostics(
+        response_mask,
+        masked_loss(loss, response_mask),
+        log_ratio=log_ratio,
+        ratio=ratio,
+        clipped=torch.zeros_like(response_mask, dtype=torch.bool),
+    )
 
 
 @contextmanager
@@ -56,9 +68,12 @@ def test_a_loss_registered_in_a_test_is_validated_explained_and_trained(toy_loss
     assert cfg.actor.clip_ratio_high == 0.5  # the entry's paper default, the config did not set the key
     assert describe_objective(cfg).startswith(f"policy loss {TOY} (clip_ratio_high=0.5), aggregation token-mean")
     assert f"actor.clip_ratio_high=0.5: actor.policy_loss.loss_mode={TOY}'s paper default, Toy (a test)" in (
-        paper_defaults_notice(cfg) or "")
-    assert build_config(None, [f"actor.policy_loss.loss_mode={TOY}", "actor.clip_ratio_high=0.25"]
-                        ).actor.clip_ratio_high == 0.25  # a value the config sets stands
+        paper_defaults_notice(cfg) or ""
+    )
+    assert (
+        build_config(None, [f"actor.policy_loss.loss_mode={TOY}", "actor.clip_ratio_high=0.25"]).actor.clip_ratio_high
+        == 0.25
+    )  # a value the config sets stands
 
     # The update trains with it: on-policy every ratio is 1, so the token-mean loss is
     # -eps_high * sum_i A_i n_i / sum_i n_i with n_i the response lengths (the vanilla loss would be -sum_i A_i n_i /
@@ -70,8 +85,9 @@ def test_a_loss_registered_in_a_test_is_validated_explained_and_trained(toy_loss
     assert actor.clip_ratio_high == 0.5
     model = tiny_qwen2(5, ACTOR)
     optimizer = build_optimizer(model, actor.optim)
-    metrics = update_policy(model, optimizer, build_lr_scheduler(optimizer, actor.optim), batch, actor,
-                            temperature=1.0, on_policy=True)
+    metrics = update_policy(
+        model, optimizer, build_lr_scheduler(optimizer, actor.optim), batch, actor, temperature=1.0, on_policy=True
+    )
     assert metrics["actor/num_optimizer_steps"] == 1.0
     assert metrics["actor/pg_loss"] == pytest.approx(expected, rel=1e-5, abs=1e-6)
 
@@ -85,15 +101,22 @@ def test_an_unknown_loss_is_refused_naming_the_key_and_the_registered_losses() -
     assert "geo_mean" in message and "vanilla" in message
 
 
-@pytest.mark.parametrize(("entry", "match"), [
-    ({"knobs": ("clip_ratio_hihg",)}, rf"loss_mode={TOY} reads actor.clip_ratio_hihg, which is not a config key"),
-    ({"knobs": ("policy_loss.clip_cov_band",)}, "reads actor.policy_loss.clip_cov_band, which is not a config key"),
-    ({"knobs": ("grad_clip",)}, "reads actor.grad_clip, which PolicyLossParams has no field for"),
-    ({"knobs": (), "paper": "Toy (a test)", "paper_defaults": {"clip_ratio_low": 1.5}},
-     r"paper default actor.clip_ratio_low=1.5 is refused: Input should be less than 1"),
-    ({"knobs": (), "paper": "Toy (a test)", "paper_defaults": {"policy_loss.clip_cov_lb": 2.0}},
-     "not a top-level actor key"),
-])
+@pytest.mark.parametrize(
+    ("entry", "match"),
+    [
+        ({"knobs": ("clip_ratio_hihg",)}, rf"loss_mode={TOY} reads actor.clip_ratio_hihg, which is not a config key"),
+        ({"knobs": ("policy_loss.clip_cov_band",)}, "reads actor.policy_loss.clip_cov_band, which is not a config key"),
+        ({"knobs": ("grad_clip",)}, "reads actor.grad_clip, which PolicyLossParams has no field for"),
+        (
+            {"knobs": (), "paper": "Toy (a test)", "paper_defaults": {"clip_ratio_low": 1.5}},
+            r"paper default actor.clip_ratio_low=1.5 is refused: Input should be less than 1",
+        ),
+        (
+            {"knobs": (), "paper": "Toy (a test)", "paper_defaults": {"policy_loss.clip_cov_lb": 2.0}},
+            "not a top-level actor key",
+        ),
+    ],
+)
 def test_an_entry_naming_what_the_config_cannot_give_is_refused(entry: dict[str, object], match: str) -> None:
     with registered(TOY, **entry), pytest.raises(ConfigError, match=match):
         build_config(None, [f"actor.policy_loss.loss_mode={TOY}"])

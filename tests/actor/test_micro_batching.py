@@ -65,8 +65,9 @@ def test_padded_plan_by_hand() -> None:
     assert plan.micro_batches == [[0, 2], [1]]
     assert plan.num_oversized == 1
     # Fixed size, padded: samples of similar length share a micro-batch.
-    fixed = plan_micro_batches([2, 9, 5, 3], use_dynamic_bsz=False, max_token_len=1, micro_batch_size=2,
-                               layout="padded")
+    fixed = plan_micro_batches(
+        [2, 9, 5, 3], use_dynamic_bsz=False, max_token_len=1, micro_batch_size=2, layout="padded"
+    )
     assert fixed.micro_batches == [[0, 3], [1, 2]]
     with pytest.raises(ValueError, match="layout"):
         plan_micro_batches([1], use_dynamic_bsz=True, max_token_len=8, micro_batch_size=None, layout="auto")
@@ -144,8 +145,7 @@ def test_shared_prompt_plan_keeps_groups_whole_when_they_fit_by_hand() -> None:
     # A group too big for the budget is split where it overflows: 10 + 2 x 8 = 26 <= 30 < 10 + 3 x 8.
     assert split_by_shared_prompt(prompts[3:], responses[3:], keys[3:], max_tokens=30).micro_batches == [[0, 1], [2]]
     # Fixed size 4: group 1 whole, then group 0 fills the one place left and the rest starts the next micro-batch.
-    assert split_by_shared_prompt(prompts, responses, keys, micro_batch_size=4).micro_batches == [[0, 3, 4, 5],
-                                                                                                  [1, 2]]
+    assert split_by_shared_prompt(prompts, responses, keys, micro_batch_size=4).micro_batches == [[0, 3, 4, 5], [1, 2]]
     with pytest.raises(ValueError, match="exactly one"):
         split_by_shared_prompt(prompts, responses, keys)
 

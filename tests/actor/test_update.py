@@ -50,8 +50,13 @@ def uncut_gradient(model: nn.Module, batch: TrainBatch, cfg: ActorConfig, norm_l
     mask = batch.loss_mask()
     advantages = batch.advantages.unsqueeze(1).expand_as(log_prob)
     out = compute_policy_loss(
-        log_prob, old, advantages, mask,
-        clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
+        log_prob,
+        old,
+        advantages,
+        mask,
+        clip_ratio_low=cfg.clip_ratio_low,
+        clip_ratio_high=cfg.clip_ratio_high,
+        clip_ratio_c=cfg.clip_ratio_c,
     )
     loss_mat = out.loss_mat if batch.is_weights is None else out.loss_mat * pad_per_token(batch.is_weights)
     loss = aggregate_loss(loss_mat, mask, cfg.loss_agg_mode, norm_length=norm_length)
@@ -69,16 +74,24 @@ def off_policy_batch(model: nn.Module, seed: int) -> TrainBatch:
     """A mini-batch whose old/ref log-probs are perturbed so that both clip sides and the dual clip are active."""
     batch = random_batch(3, 3, seed=seed, masked=(1, 5))
     batch = TrainBatch(
-        prompt_ids=batch.prompt_ids, response_ids=batch.response_ids, advantages=batch.advantages * 2.0,
-        sample_mask=batch.sample_mask, group_index=batch.group_index,
+        prompt_ids=batch.prompt_ids,
+        response_ids=batch.response_ids,
+        advantages=batch.advantages * 2.0,
+        sample_mask=batch.sample_mask,
+        group_index=batch.group_index,
     )
     current = compute_log_probs_batch(model, batch, actor_config(), TEMPERATURE)
     g = torch.Generator().manual_seed(seed + 1)
     old = [lp + 0.4 * torch.randn(lp.shape, generator=g) for lp in current]
     ref = [lp + 0.3 * torch.randn(lp.shape, generator=g) for lp in current]
     return TrainBatch(
-        prompt_ids=batch.prompt_ids, response_ids=batch.response_ids, advantages=batch.advantages,
-        sample_mask=batch.sample_mask, group_index=batch.group_index, old_log_probs=old, ref_log_probs=ref,
+        prompt_ids=batch.prompt_ids,
+        response_ids=batch.response_ids,
+        advantages=batch.advantages,
+        sample_mask=batch.sample_mask,
+        group_index=batch.group_index,
+        old_log_probs=old,
+        ref_log_probs=ref,
     )
 
 
@@ -112,10 +125,14 @@ def test_accumulated_micro_batch_gradient_equals_uncut_mini_batch_gradient(loss_
         (actor_config(**base, layout=layout), random_cut(len(batch), seed)) for seed in range(3) for layout in LAYOUTS
     ]
     for layout in LAYOUTS:
-        plans += [(actor_config(**base, layout=layout, ppo_max_token_len_per_gpu=budget), None)
-                  for budget in (6, 17, 40, 10_000)]
-        plans += [(actor_config(**base, layout=layout, use_dynamic_bsz=False, ppo_micro_batch_size_per_gpu=size), None)
-                  for size in (1, 4)]
+        plans += [
+            (actor_config(**base, layout=layout, ppo_max_token_len_per_gpu=budget), None)
+            for budget in (6, 17, 40, 10_000)
+        ]
+        plans += [
+            (actor_config(**base, layout=layout, use_dynamic_bsz=False, ppo_micro_batch_size_per_gpu=size), None)
+            for size in (1, 4)
+        ]
     for cfg, cut in plans:
         model.zero_grad(set_to_none=True)
         result = accumulate_mini_batch_gradients(
@@ -136,8 +153,9 @@ def test_importance_weights_scale_each_token_loss_under_any_micro_batch_cut() ->
     plain = uncut_gradient(model, batch, cfg, norm_length)
     ones = batch.with_is_weights([torch.ones_like(lp) for lp in batch.old_log_probs])
     model.zero_grad(set_to_none=True)
-    accumulate_mini_batch_gradients(model, plan_of(model, ones, cfg, norm_length=norm_length), cfg,
-                                    temperature=TEMPERATURE)
+    accumulate_mini_batch_gradients(
+        model, plan_of(model, ones, cfg, norm_length=norm_length), cfg, temperature=TEMPERATURE
+    )
     assert_same_gradients({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, plain)
 
     g = torch.Generator().manual_seed(5)
@@ -156,8 +174,9 @@ def test_clipping_is_exercised_by_the_gradient_test() -> None:
     model = tiny_qwen2(8, ACTOR)
     batch = off_policy_batch(model, seed=21)
     cfg = actor_config()
-    result = accumulate_mini_batch_gradients(model, plan_of(model, batch, cfg, norm_length=8), cfg,
-                                             temperature=TEMPERATURE)
+    result = accumulate_mini_batch_gradients(
+        model, plan_of(model, batch, cfg, norm_length=8), cfg, temperature=TEMPERATURE
+    )
     assert result.token_sums["pg_clipfrac"] / result.num_tokens > 0.05
 
 
@@ -171,14 +190,16 @@ def test_gradient_checkpointing_gives_the_same_gradient(layout: str) -> None:
     want = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
     # shared_prompt: response passes capped at 6 tokens, so checkpointing recomputes several passes per micro-batch
-    checkpointed = actor_config(ppo_max_token_len_per_gpu=20, layout=layout, gradient_checkpointing=True,
-                                shared_prompt_chunk_tokens=6)
+    checkpointed = actor_config(
+        ppo_max_token_len_per_gpu=20, layout=layout, gradient_checkpointing=True, shared_prompt_chunk_tokens=6
+    )
     configure_model_for_training(model, checkpointed)
     # The shared-prompt layout checkpoints its own passes: Hugging Face's per-layer checkpointing would drop the
     # KV cache that carries each prompt to its responses, so it stays off.
     assert uses_activation_checkpointing(model) == (layout != "shared_prompt")
-    accumulate_mini_batch_gradients(model, plan_of(model, batch, checkpointed, norm_length=8), checkpointed,
-                                    temperature=TEMPERATURE)
+    accumulate_mini_batch_gradients(
+        model, plan_of(model, batch, checkpointed, norm_length=8), checkpointed, temperature=TEMPERATURE
+    )
     assert_same_gradients({n: p.grad.clone() for n, p in model.named_parameters()}, want)
 
 
@@ -191,8 +212,12 @@ def test_checkpointed_shared_prompt_passes_train_the_other_weights_when_embeddin
     batch = off_policy_batch(model, seed=3)
     grads = []
     for checkpointing in (False, True):
-        cfg = actor_config(ppo_max_token_len_per_gpu=20, layout="shared_prompt", gradient_checkpointing=checkpointing,
-                           shared_prompt_chunk_tokens=6)
+        cfg = actor_config(
+            ppo_max_token_len_per_gpu=20,
+            layout="shared_prompt",
+            gradient_checkpointing=checkpointing,
+            shared_prompt_chunk_tokens=6,
+        )
         accumulate_mini_batch_gradients(model, plan_of(model, batch, cfg, norm_length=8), cfg, temperature=TEMPERATURE)
         grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad})
         model.zero_grad(set_to_none=True)
@@ -221,8 +246,15 @@ def test_one_optimizer_step_per_mini_batch_of_groups_per_epoch() -> None:
     assert scheduler.last_epoch == 8
     assert metrics["actor/lr"] == pytest.approx(1e-3 * 8 / 100)  # lr of the 8th step (index 7) of the warm-up
     assert metrics["actor/num_skipped_steps"] == 0.0
-    for key in ("actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl", "actor/entropy",
-                "actor/grad_norm", "actor/ratio_mean"):
+    for key in (
+        "actor/pg_loss",
+        "actor/pg_clipfrac",
+        "actor/pg_clipfrac_lower",
+        "actor/ppo_kl",
+        "actor/entropy",
+        "actor/grad_norm",
+        "actor/ratio_mean",
+    ):
         assert math.isfinite(metrics[key]), key
     assert 0.0 < metrics["actor/entropy"] <= math.log(40) + 1e-4
     assert metrics["actor/grad_norm"] > 0.0
@@ -246,8 +278,11 @@ def test_update_raises_the_log_prob_of_a_positive_advantage_response(loss_agg_mo
     optimizer, scheduler = _optimizer_and_scheduler(model, lr=1e-2)
     base = random_batch(1, 2, seed=9)
     batch = TrainBatch(
-        prompt_ids=base.prompt_ids, response_ids=base.response_ids, advantages=torch.tensor([1.0, -1.0]),
-        sample_mask=base.sample_mask, group_index=base.group_index,
+        prompt_ids=base.prompt_ids,
+        response_ids=base.response_ids,
+        advantages=torch.tensor([1.0, -1.0]),
+        sample_mask=base.sample_mask,
+        group_index=base.group_index,
     )
     cfg = actor_config(ppo_mini_batch_size=1, loss_agg_mode=loss_agg_mode)
     before = [float(lp.sum()) for lp in compute_log_probs_batch(model, batch, cfg, 1.0)]
@@ -318,8 +353,13 @@ def _with_zero_advantage_groups(batch: TrainBatch, groups: tuple[int, ...]) -> T
     advantages = batch.advantages.clone()
     for g in groups:
         advantages[batch.group_index == g] = 0.0
-    return TrainBatch(prompt_ids=batch.prompt_ids, response_ids=batch.response_ids, advantages=advantages,
-                      sample_mask=batch.sample_mask, group_index=batch.group_index)
+    return TrainBatch(
+        prompt_ids=batch.prompt_ids,
+        response_ids=batch.response_ids,
+        advantages=advantages,
+        sample_mask=batch.sample_mask,
+        group_index=batch.group_index,
+    )
 
 
 def _trained_weights(batch: TrainBatch, cfg: ActorConfig, *, ref: bool) -> tuple[dict[str, Tensor], dict[str, float]]:
@@ -340,8 +380,9 @@ def test_zero_advantage_samples_cost_no_compute_and_leave_the_update_identical(l
     batch = _with_zero_advantage_groups(random_batch(4, 3, seed=30, masked=(4,)), (0, 2, 3))
     per_sample = dict(use_dynamic_bsz=False, ppo_micro_batch_size_per_gpu=1, ppo_mini_batch_size=2, layout=layout)
     skipped, metrics = _trained_weights(batch, actor_config(**per_sample), ref=False)
-    kept, ref_metrics = _trained_weights(batch, actor_config(**per_sample, use_kl_loss=True, kl_loss_coef=0.0),
-                                         ref=True)
+    kept, ref_metrics = _trained_weights(
+        batch, actor_config(**per_sample, use_kl_loss=True, kl_loss_coef=0.0), ref=True
+    )
     assert metrics["actor/num_zero_advantage_samples"] == 9.0  # 3 groups x 3; the masked sample 4 is not counted
     assert ref_metrics["actor/num_zero_advantage_samples"] == 0.0
     assert metrics["actor/num_micro_batches"] == 2.0  # group 1 minus its masked sample
@@ -356,8 +397,9 @@ def test_zero_advantage_samples_cost_no_compute_and_leave_the_update_identical(l
     gradients = []
     for cut in (None, [list(range(len(batch)))]):  # the token-budget plan; every sample in one pass
         model.zero_grad(set_to_none=True)
-        accumulate_mini_batch_gradients(model, plan_of(model, batch, cfg, norm_length=8, micro_batches=cut), cfg,
-                                        temperature=1.0)
+        accumulate_mini_batch_gradients(
+            model, plan_of(model, batch, cfg, norm_length=8, micro_batches=cut), cfg, temperature=1.0
+        )
         gradients.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
     assert_same_gradients(*gradients)
 
@@ -383,8 +425,9 @@ def test_on_policy_update_without_the_old_log_prob_pass_equals_the_recomputed_on
         optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
         record = FirstPassRecord()
-        metrics = update_policy(model, optimizer, scheduler, batch, cfg, temperature=1.0, on_policy=on_policy,
-                                record=record)
+        metrics = update_policy(
+            model, optimizer, scheduler, batch, cfg, temperature=1.0, on_policy=on_policy, record=record
+        )
         results.append(({n: p.detach().clone() for n, p in model.named_parameters()}, metrics, record))
     (recomputed, m0, _), (on_policy_weights, m1, record) = results
     for name, value in recomputed.items():
@@ -395,5 +438,6 @@ def test_on_policy_update_without_the_old_log_prob_pass_equals_the_recomputed_on
     with pytest.raises(ValueError, match="single optimizer step"):
         model = tiny_qwen2(13, ACTOR)
         optimizer, scheduler = _optimizer_and_scheduler(model)
-        update_policy(model, optimizer, scheduler, batch, actor_config(ppo_mini_batch_size=1), temperature=1.0,
-                      on_policy=True)
+        update_policy(
+            model, optimizer, scheduler, batch, actor_config(ppo_mini_batch_size=1), temperature=1.0, on_policy=True
+        )

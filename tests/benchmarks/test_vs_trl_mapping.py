@@ -19,8 +19,18 @@ vs_trl = importlib.util.module_from_spec(_spec)
 sys.modules["vs_trl"] = vs_trl  # its dataclasses look their module up
 _spec.loader.exec_module(vs_trl)
 
-ARGS = argparse.Namespace(prompts=None, samples=None, max_tokens=None, opt_steps=None, dapo_override=None,
-                          trl_micro_batch=None, threads=2, seed=7, device="cpu", steps=3)
+ARGS = argparse.Namespace(
+    prompts=None,
+    samples=None,
+    max_tokens=None,
+    opt_steps=None,
+    dapo_override=None,
+    trl_micro_batch=None,
+    threads=2,
+    seed=7,
+    device="cpu",
+    steps=3,
+)
 
 # keyword -> (the dapo value it mirrors, from the resolved config dict c and the job j)
 MIRRORED = {
@@ -48,23 +58,46 @@ MIRRORED = {
     "epsilon_high": lambda c, j: c["actor"]["clip_ratio_high"],
     "scale_rewards": lambda c, j: "group" if c["algorithm"]["norm_adv_by_std_in_grpo"] else "none",
     "mask_truncated_completions": lambda c, j: c["algorithm"]["overlong_filter"],
-    "reward_weights": lambda c, j: ([1.0, c["reward_model"]["overlong_buffer"]["penalty_factor"]]
-                                    if c["reward_model"]["overlong_buffer"]["enable"] else [1.0]),
+    "reward_weights": lambda c, j: (
+        [1.0, c["reward_model"]["overlong_buffer"]["penalty_factor"]]
+        if c["reward_model"]["overlong_buffer"]["enable"]
+        else [1.0]
+    ),
 }
 # keyword -> the fixed value that makes TRL run DAPO as dapo does (or only shapes the harness's bookkeeping)
 FIXED = {
-    "fp16": False, "lr_scheduler_type": "constant", "optim": "adamw_torch", "num_iterations": 1,
-    "shuffle_dataset": False, "loss_type": "dapo", "beta": 0.0, "logging_steps": 1, "save_strategy": "no",
-    "report_to": "none", "disable_tqdm": True, "log_completions": False, "dataloader_num_workers": 0,
+    "fp16": False,
+    "lr_scheduler_type": "constant",
+    "optim": "adamw_torch",
+    "num_iterations": 1,
+    "shuffle_dataset": False,
+    "loss_type": "dapo",
+    "beta": 0.0,
+    "logging_steps": 1,
+    "save_strategy": "no",
+    "report_to": "none",
+    "disable_tqdm": True,
+    "log_completions": False,
+    "dataloader_num_workers": 0,
     "output_dir": "/tmp/out",
 }
 
 CASES = {
     "tiny": (None, []),
     "smollm2": (ROOT / "configs" / "smollm2_135m.yaml", []),
-    "flipped": (None, ["actor.gradient_checkpointing=true", "algorithm.overlong_filter=true", "actor.dtype=bf16",
-                       "algorithm.norm_adv_by_std_in_grpo=false", "rollout.top_k=5", "rollout.top_p=0.9",
-                       "reward_model.overlong_buffer.enable=false", "actor.optim.lr=3e-5"]),
+    "flipped": (
+        None,
+        [
+            "actor.gradient_checkpointing=true",
+            "algorithm.overlong_filter=true",
+            "actor.dtype=bf16",
+            "algorithm.norm_adv_by_std_in_grpo=false",
+            "rollout.top_k=5",
+            "rollout.top_p=0.9",
+            "reward_model.overlong_buffer.enable=false",
+            "actor.optim.lr=3e-5",
+        ],
+    ),
 }
 
 
@@ -101,11 +134,33 @@ def test_trl_keeps_what_it_is_given(case: str) -> None:
 
     _, _, kwargs = kwargs_of(case)
     config = GRPOConfig(**kwargs)
-    for key in ("gradient_checkpointing", "learning_rate", "max_grad_norm", "epsilon", "epsilon_high", "beta",
-                "loss_type", "temperature", "top_p", "top_k", "num_generations", "max_completion_length",
-                "steps_per_generation", "gradient_accumulation_steps", "per_device_train_batch_size",
-                "mask_truncated_completions", "reward_weights", "seed", "bf16", "weight_decay", "adam_beta1",
-                "adam_beta2", "adam_epsilon", "num_iterations", "shuffle_dataset"):
+    for key in (
+        "gradient_checkpointing",
+        "learning_rate",
+        "max_grad_norm",
+        "epsilon",
+        "epsilon_high",
+        "beta",
+        "loss_type",
+        "temperature",
+        "top_p",
+        "top_k",
+        "num_generations",
+        "max_completion_length",
+        "steps_per_generation",
+        "gradient_accumulation_steps",
+        "per_device_train_batch_size",
+        "mask_truncated_completions",
+        "reward_weights",
+        "seed",
+        "bf16",
+        "weight_decay",
+        "adam_beta1",
+        "adam_beta2",
+        "adam_epsilon",
+        "num_iterations",
+        "shuffle_dataset",
+    ):
         assert getattr(config, key) == kwargs[key], (trl.__version__, key)
     assert str(config.scale_rewards) == kwargs["scale_rewards"]
 
@@ -114,14 +169,28 @@ def test_summary_keeps_dapos_mfu_from_its_metrics(tmp_path: Path) -> None:
     import json
 
     job = vs_trl.job_definition("tiny", ARGS)
-    rows = [{"step": s, "timing_s/step": 2.0, "timing_s/gen": 1.0, "timing_s/update_actor": 0.5,
-             "perf/mfu/actor": mfu, "perf/mfu/rollout": mfu / 2} for s, mfu in ((1, 0.9), (2, 0.2), (3, 0.4))]
+    rows = [
+        {
+            "step": s,
+            "timing_s/step": 2.0,
+            "timing_s/gen": 1.0,
+            "timing_s/update_actor": 0.5,
+            "perf/mfu/actor": mfu,
+            "perf/mfu/rollout": mfu / 2,
+        }
+        for s, mfu in ((1, 0.9), (2, 0.2), (3, 0.4))
+    ]
     path = tmp_path / "metrics.jsonl"
     path.write_text("\n".join(map(json.dumps, rows)) + "\n")
     steps = vs_trl.dapo_steps(path, job)
-    runs = [{"program": "dapo", "steps": steps, "peak_rss_gb": 1.0},
-            {"program": "trl", "steps": [{**{k: v for k, v in s.items() if k != "perf"}, "train": 0.5}
-                                         for s in steps], "peak_rss_gb": 1.0}]
+    runs = [
+        {"program": "dapo", "steps": steps, "peak_rss_gb": 1.0},
+        {
+            "program": "trl",
+            "steps": [{**{k: v for k, v in s.items() if k != "perf"}, "train": 0.5} for s in steps],
+            "peak_rss_gb": 1.0,
+        },
+    ]
     summary = vs_trl.summarize(runs, skip_first=True)
     assert summary["dapo"]["perf/mfu/actor"] == pytest.approx(0.3)  # median of steps 2 and 3 (the first is left out)
     assert summary["dapo"]["perf/mfu/rollout"] == pytest.approx(0.15)

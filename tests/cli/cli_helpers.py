@@ -34,8 +34,15 @@ def save_embedded_checkpoint(ckpt_root: Path, *, lora: bool = False, seed: int =
     policy = with_lora(load_policy(cfg.model), cfg.model)
     model = AdapterAndMergedExport(policy.model, policy.tokenizer) if lora else policy.model
     optimizer = torch.optim.SGD([p for p in policy.model.parameters() if p.requires_grad], lr=0.1)
-    return save_checkpoint(ckpt_root, 1, model=model, tokenizer=policy.tokenizer, optimizer=optimizer,
-                           scheduler=None, trainer_state={"step": 1})
+    return save_checkpoint(
+        ckpt_root,
+        1,
+        model=model,
+        tokenizer=policy.tokenizer,
+        optimizer=optimizer,
+        scheduler=None,
+        trainer_state={"step": 1},
+    )
 
 
 def flip_middle_byte(path: Path) -> None:

@@ -47,8 +47,19 @@ def test_eval_resumes_from_its_output_file(tmp_path):
 
 def test_eval_unreachable_base_url_names_it(tmp_path):
     port = free_port()
-    r = _run(["--test-file", "synth", "--base-url", f"http://127.0.0.1:{port}", "--max-retries", "0",
-              "--output", str(tmp_path / "o.jsonl"), *FAST])
+    r = _run(
+        [
+            "--test-file",
+            "synth",
+            "--base-url",
+            f"http://127.0.0.1:{port}",
+            "--max-retries",
+            "0",
+            "--output",
+            str(tmp_path / "o.jsonl"),
+            *FAST,
+        ]
+    )
     assert r.exit_code != 0 and f"cannot reach the server at http://127.0.0.1:{port}/v1" in r.output
 
 
@@ -63,8 +74,17 @@ def test_eval_bad_test_file_is_a_clear_error(tmp_path):
 @pytest.mark.skipif(not SHARED.is_dir(), reason=f"{SHARED} is absent (the shared data sets)")
 def test_eval_official_aime_file_a_handful_of_problems(tmp_path):
     out = tmp_path / "aime.jsonl"
-    args = ["--test-file", str(SHARED / "aime-2024.parquet"), "--max-problems", "2", "--max-tokens", "8",
-            "--output", str(out), "--quiet"]
+    args = [
+        "--test-file",
+        str(SHARED / "aime-2024.parquet"),
+        "--max-problems",
+        "2",
+        "--max-tokens",
+        "8",
+        "--output",
+        str(out),
+        "--quiet",
+    ]
     r = _run(args)
     assert r.exit_code == 0, r.output
     summary = json.loads((tmp_path / "aime.summary.json").read_text())
@@ -93,7 +113,8 @@ def test_each_checkpoint_gets_its_own_default_output():
     assert step_30 == Path("runs/eval/x-global_step_30__synth.jsonl")  # was runs/eval/hf__synth.jsonl for both
     assert step_40 == Path("runs/eval/x-global_step_40__synth.jsonl")
     assert default_output("/models/Qwen2.5-7B", ("data/aime-2024.parquet",)) == Path(
-        "runs/eval/Qwen2.5-7B__aime-2024.jsonl")
+        "runs/eval/Qwen2.5-7B__aime-2024.jsonl"
+    )
 
 
 def test_a_multi_turn_evaluation_gets_its_own_default_output():
@@ -102,7 +123,8 @@ def test_a_multi_turn_evaluation_gets_its_own_default_output():
     from dapo.cli.eval_cmd import default_output
 
     assert default_output(None, ("aime-2024.parquet",), multi_turn=True) == Path(
-        "runs/eval/tiny-qwen2__aime-2024__multi-turn.jsonl")
+        "runs/eval/tiny-qwen2__aime-2024__multi-turn.jsonl"
+    )
     assert default_output(None, ("aime-2024.parquet",)) == Path("runs/eval/tiny-qwen2__aime-2024.jsonl")
 
 
@@ -116,8 +138,21 @@ def test_eval_runs_the_training_tool_loop_and_resumes_it(tmp_path):
     "a + b =" lines are computed by the sandboxed interpreter, every sample records its calls, the summary has
     tool/*, and a resumed run ends as an uninterrupted one."""
     full, part = tmp_path / "full.jsonl", tmp_path / "part.jsonl"
-    args = ["--test-file", "synth", "--synth-config", CALCULATOR, "--batch-size", "2", "--max-problems", "4",
-            "--n", "2", "--max-tokens", "48", "--quiet"]
+    args = [
+        "--test-file",
+        "synth",
+        "--synth-config",
+        CALCULATOR,
+        "--batch-size",
+        "2",
+        "--max-problems",
+        "4",
+        "--n",
+        "2",
+        "--max-tokens",
+        "48",
+        "--quiet",
+    ]
     r = _run([*args, "--output", str(full)])
     assert r.exit_code == 0, r.output
     assert "multi-turn: up to 3 turns" in r.output and "tool/samples_with_call" in r.output
@@ -135,8 +170,10 @@ def test_eval_runs_the_training_tool_loop_and_resumes_it(tmp_path):
     lines = part.read_text().splitlines(keepends=True)
     part.write_text("".join(lines[:3]) + lines[3][:20])  # killed mid-write
     assert _run([*args, "--output", str(part)]).exit_code == 0
-    assert part.read_text() != "" and json.loads((tmp_path / "part.summary.json").read_text())["metrics"] == \
-        summary["metrics"]
+    assert (
+        part.read_text() != ""
+        and json.loads((tmp_path / "part.summary.json").read_text())["metrics"] == summary["metrics"]
+    )
     r = _run([*args, "--output", str(part), "--max-assistant-turns", "2"])
     assert r.exit_code != 0 and "other settings" in r.output and "multi_turn" in r.output
 
@@ -148,8 +185,18 @@ def test_eval_runs_the_training_tool_loop_and_resumes_it(tmp_path):
 
 
 def test_eval_multi_turn_against_a_server_is_refused(tmp_path):
-    r = _run(["--test-file", "synth", "--multi-turn", "--base-url", "http://127.0.0.1:9", "--output",
-              str(tmp_path / "o.jsonl"), *FAST])
+    r = _run(
+        [
+            "--test-file",
+            "synth",
+            "--multi-turn",
+            "--base-url",
+            "http://127.0.0.1:9",
+            "--output",
+            str(tmp_path / "o.jsonl"),
+            *FAST,
+        ]
+    )
     assert r.exit_code != 0 and "--multi-turn runs the tool loop on a local engine" in r.output
 
 
@@ -175,7 +222,7 @@ def test_eval_refuses_a_checkpoint_whose_merged_model_is_another_one(tmp_path):
     shutil.rmtree(merged)
     other.save_pretrained(merged)
     AutoTokenizer.from_pretrained(EMBEDDED_MODEL_DIR).save_pretrained(merged)
-    r = _run([*args[:-len(FAST)], "--output", str(tmp_path / "o2.jsonl"), *FAST])
+    r = _run([*args[: -len(FAST)], "--output", str(tmp_path / "o2.jsonl"), *FAST])
     assert r.exit_code == 1 and isinstance(r.exception, SystemExit), r.output
     assert "hf/merged/model.safetensors does not match its checksum" in r.output and str(ckpt) in r.output
     assert "another checkpoint of the run" in r.output and "resume" not in r.output
@@ -190,7 +237,20 @@ def test_eval_budget_fits_the_tiny_models_context_or_is_refused(tmp_path):
     assert r.exit_code == 0, r.output
     budget = json.loads((tmp_path / "s.summary.json").read_text())["settings"]["max_tokens"]
     assert 0 < budget < 512
-    r = _run(["--test-file", "synth", "--output", str(tmp_path / "t.jsonl"), "--max-problems", "2", "--n", "1",
-              "--max-tokens", "20480", "--quiet"])
+    r = _run(
+        [
+            "--test-file",
+            "synth",
+            "--output",
+            str(tmp_path / "t.jsonl"),
+            "--max-problems",
+            "2",
+            "--n",
+            "1",
+            "--max-tokens",
+            "20480",
+            "--quiet",
+        ]
+    )
     assert r.exit_code != 0 and "512-token context" in r.output and f"--max-tokens {budget} or less" in r.output
     assert not (tmp_path / "t.jsonl").exists()

@@ -25,7 +25,7 @@ def explain(*args: str):
 def value(out: str, label: str) -> str:
     """The value printed after a row's label."""
     line = next(ln for ln in out.splitlines() if ln.strip().startswith(label))
-    return line.strip()[len(label):].strip()
+    return line.strip()[len(label) :].strip()
 
 
 # ---- in a subprocess, as a user runs it --------------------------------------------------------------------------------
@@ -46,14 +46,28 @@ def test_full_recipe_on_128_gpus_subprocess(tmp_path):
     assert value(out, "parameters (fp32, 4 B each)").startswith("976.4 MiB sharded over 128  | 122.1 GiB unsharded")
     assert value(out, "optimizer (AdamW m and v, fp32)").startswith("1.9 GiB sharded")
     assert value(out, "vLLM KV cache per token").startswith("64.0 KiB")
-    phase = float(re.match(r"([\d.]+) GiB", value(out, "actor training phase (states + layer + activations + logits)"))[1])
+    phase = float(
+        re.match(r"([\d.]+) GiB", value(out, "actor training phase (states + layer + activations + logits)"))[1]
+    )
     assert 20 < phase < 80
     assert "Traceback" not in proc.stderr
 
 
 def test_refusal_subprocess_exit_2_names_the_keys(tmp_path):
-    proc = run_dapo(["explain", "--config", FULL, "--nnodes", "1", "--nproc-per-node", "6",
-                     "reward_model.overlong_buffer.len=20480"], tmp_path, timeout=60)
+    proc = run_dapo(
+        [
+            "explain",
+            "--config",
+            FULL,
+            "--nnodes",
+            "1",
+            "--nproc-per-node",
+            "6",
+            "reward_model.overlong_buffer.len=20480",
+        ],
+        tmp_path,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert "rollout.tensor_model_parallel_size (4) must divide the world size (6" in proc.stderr
     assert "reward_model.overlong_buffer.len (L_cache = 20480) must be below data.max_response_length" in proc.stderr
@@ -84,8 +98,19 @@ def test_early_recipe_and_defaults_explain():
 
 
 def test_overrides_and_assumption_flags():
-    res = explain("--config", FULL, "--nnodes", "16", "--nproc-per-node", "8", "--informative-fraction", "0.1",
-                  "--response-tokens", "4000", "actor.ppo_epochs=2")
+    res = explain(
+        "--config",
+        FULL,
+        "--nnodes",
+        "16",
+        "--nproc-per-node",
+        "8",
+        "--informative-fraction",
+        "0.1",
+        "--response-tokens",
+        "4000",
+        "actor.ppo_epochs=2",
+    )
     assert res.exit_code == 0, res.output
     assert value(res.output, "optimizer steps per rollout step").startswith("32 = actor.ppo_epochs 2")
     assert value(res.output, "expected generation rounds").startswith("4 = ceil(512 / (1536 x 0.1))")
@@ -95,9 +120,20 @@ def test_overrides_and_assumption_flags():
 def test_local_model_config_is_preferred(tmp_path):
     folder = tmp_path / "my-model"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({
-        "model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100, "tie_word_embeddings": True}))
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "qwen2",
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "vocab_size": 100,
+                "tie_word_embeddings": True,
+            }
+        )
+    )
     res = explain("--config", SEVEN_B, "--nnodes", "1", "--nproc-per-node", "8", f"model.path={folder}")
     assert res.exit_code == 0, res.output
     assert "model: my-model" in res.output and f"local model folder: {folder / 'config.json'}" in res.output
@@ -110,22 +146,37 @@ def test_unknown_model_gives_layout_without_memory():
     assert "memory per GPU" not in res.output and value(res.output, "optimizer steps per rollout step").startswith("16")
 
 
-@pytest.mark.parametrize("args,expect", [
-    (["--config", SEVEN_B, "--nnodes", "1", "--nproc-per-node", "6"],
-     "data.train_batch_size (512) must be divisible by the data-parallel size (6"),
-    (["--config", SEVEN_B, "--nnodes", "1", "--nproc-per-node", "8", "actor.ppo_mini_batch_size=1024"],
-     "actor.ppo_mini_batch_size (1024) must divide data.train_batch_size (512)"),
-    (["--config", SEVEN_B, "--nnodes", "8", "--nproc-per-node", "8", "rollout.n=3"],
-     "actor.ppo_mini_batch_size 32 x rollout.n 3 = 96) must be divisible by the number of ranks (64)"),
-    (["--config", SEVEN_B, "--nproc-per-node", "8", "reward_model.overlong_buffer.len=2048"],
-     "reward_model.overlong_buffer.len (L_cache = 2048) must be below data.max_response_length (L_max = 2048)"),
-    (["--config", FULL, "--nnodes", "1", "--nproc-per-node", "6"],
-     "rollout.tensor_model_parallel_size (4) must divide the world size (6"),
-    (["--config", SEVEN_B, "--nproc-per-node", "8", "data.gen_batch_size=1540"], "data.gen_batch_size (1540)"),
-    (["--config", SEVEN_B, "--nproc-per-node", "8", "actor.clip_ratio_hgh=0.3"], "clip_ratio_hgh"),
-    (["--config", FULL, "--nnodes", "16", "--nproc-per-node", "8", "--informative-fraction", "0"],
-     "--informative-fraction must be in (0, 1]"),
-])
+@pytest.mark.parametrize(
+    "args,expect",
+    [
+        (
+            ["--config", SEVEN_B, "--nnodes", "1", "--nproc-per-node", "6"],
+            "data.train_batch_size (512) must be divisible by the data-parallel size (6",
+        ),
+        (
+            ["--config", SEVEN_B, "--nnodes", "1", "--nproc-per-node", "8", "actor.ppo_mini_batch_size=1024"],
+            "actor.ppo_mini_batch_size (1024) must divide data.train_batch_size (512)",
+        ),
+        (
+            ["--config", SEVEN_B, "--nnodes", "8", "--nproc-per-node", "8", "rollout.n=3"],
+            "actor.ppo_mini_batch_size 32 x rollout.n 3 = 96) must be divisible by the number of ranks (64)",
+        ),
+        (
+            ["--config", SEVEN_B, "--nproc-per-node", "8", "reward_model.overlong_buffer.len=2048"],
+            "reward_model.overlong_buffer.len (L_cache = 2048) must be below data.max_response_length (L_max = 2048)",
+        ),
+        (
+            ["--config", FULL, "--nnodes", "1", "--nproc-per-node", "6"],
+            "rollout.tensor_model_parallel_size (4) must divide the world size (6",
+        ),
+        (["--config", SEVEN_B, "--nproc-per-node", "8", "data.gen_batch_size=1540"], "data.gen_batch_size (1540)"),
+        (["--config", SEVEN_B, "--nproc-per-node", "8", "actor.clip_ratio_hgh=0.3"], "clip_ratio_hgh"),
+        (
+            ["--config", FULL, "--nnodes", "16", "--nproc-per-node", "8", "--informative-fraction", "0"],
+            "--informative-fraction must be in (0, 1]",
+        ),
+    ],
+)
 def test_refusals_exit_2_naming_the_keys(args, expect):
     res = explain(*args)
     assert res.exit_code == 2, res.output

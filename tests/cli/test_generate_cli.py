@@ -13,16 +13,31 @@ from tests.cli.cli_helpers import flip_middle_byte, save_embedded_checkpoint
 
 
 def test_generate_from_a_prompt_with_the_dapo_template():
-    r = CliRunner().invoke(cli, ["generate", "--prompt", "Tom has 3 apples and buys 4 more. How many?",
-                                 "--template", "dapo", "--max-tokens", "24", "--n", "2", "--temperature", "0"])
+    r = CliRunner().invoke(
+        cli,
+        [
+            "generate",
+            "--prompt",
+            "Tom has 3 apples and buys 4 more. How many?",
+            "--template",
+            "dapo",
+            "--max-tokens",
+            "24",
+            "--n",
+            "2",
+            "--temperature",
+            "0",
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert "[question]" in r.output and "Answer: $Answer" in r.output and "[output 2/2]" in r.output
 
 
 def test_generate_from_a_file_prints_the_ground_truth(tmp_path):
     path = tmp_path / "q.jsonl"
-    path.write_text("".join(json.dumps({"question": f"Q{i}: 2 + {i}?", "answer": f"#### {2 + i}"}) + "\n"
-                            for i in range(3)))
+    path.write_text(
+        "".join(json.dumps({"question": f"Q{i}: 2 + {i}?", "answer": f"#### {2 + i}"}) + "\n" for i in range(3))
+    )
     r = CliRunner().invoke(cli, ["generate", "--file", str(path), "--limit", "2", "--max-tokens", "16"])
     assert r.exit_code == 0, r.output
     assert r.output.count("[question]") == 2 and "[ground truth]\n2" in r.output and "[output]" in r.output
@@ -37,11 +52,15 @@ def _add_index_file(hf: Path) -> None:
     (hf / "model.safetensors.index.json").write_text('{"metadata": {}, "weight_map": {}}')
 
 
-@pytest.mark.parametrize("damage, named", [
-    (lambda hf: flip_middle_byte(hf / "model.safetensors"), "hf/model.safetensors does not match its checksum"),
-    (_add_index_file, "hf/model.safetensors.index.json is not in its manifest.json"),
-    (lambda hf: (hf / "generation_config.json").unlink(), "hf/generation_config.json is missing"),
-], ids=["weights damaged", "file added", "file removed"])
+@pytest.mark.parametrize(
+    "damage, named",
+    [
+        (lambda hf: flip_middle_byte(hf / "model.safetensors"), "hf/model.safetensors does not match its checksum"),
+        (_add_index_file, "hf/model.safetensors.index.json is not in its manifest.json"),
+        (lambda hf: (hf / "generation_config.json").unlink(), "hf/generation_config.json is missing"),
+    ],
+    ids=["weights damaged", "file added", "file removed"],
+)
 def test_generate_refuses_a_checkpoint_whose_files_changed_after_the_save(tmp_path, damage, named):
     # Before: the damaged weights were loaded silently (answers of another model), a removed file too.
     ckpt = save_embedded_checkpoint(tmp_path / "checkpoints")

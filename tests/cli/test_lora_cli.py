@@ -19,8 +19,12 @@ from dapo.rollout.factory import EngineSpec, build_rollout_engine
 from tests.harness.runners import kill_after_checkpoint, run_dapo_warm
 
 LORA = ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16", "actor.optim.lr=1e-3"]
-STEPS = ["trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.test_freq=0",
-         "trainer.val_before_train=false"]
+STEPS = [
+    "trainer.total_training_steps=4",
+    "trainer.save_freq=2",
+    "trainer.test_freq=0",
+    "trainer.val_before_train=false",
+]
 
 
 def _adapter(run_dir, step: int = 4) -> dict[str, torch.Tensor]:
@@ -35,8 +39,9 @@ def test_lora_resume_equals_uninterrupted_and_plain_peft_loads_it(tmp_path, fast
     # A second run of the same command, SIGKILLed (its whole process group) once its step-2 checkpoint is complete,
     # mid step 3, then resumed by the same command: LoRA's state (adapters, their AdamW moments) across a real kill.
     run_dir = tmp_path / "killed"
-    kill_after_checkpoint([*args, "trainer.experiment_name=killed"], run_dir / "checkpoints" / "global_step_2",
-                          tmp_path)
+    kill_after_checkpoint(
+        [*args, "trainer.experiment_name=killed"], run_dir / "checkpoints" / "global_step_2", tmp_path
+    )
     resumed = run_dapo_warm([*args, "trainer.experiment_name=killed"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "done: 2 steps (resumed at step 2, now at step 4)" in resumed.stdout
@@ -51,16 +56,29 @@ def test_lora_resume_equals_uninterrupted_and_plain_peft_loads_it(tmp_path, fast
     plain = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(EMBEDDED_MODEL_DIR), folder).eval()
     cfg = load_config(None, LORA)
     policy = with_lora(load_policy(cfg.model), cfg.model)
-    load_checkpoint(folder.parent, model=policy.model, optimizer=None, scheduler=None,
-                    load_weights=lambda adapter: load_adapter_state(policy.model, adapter))
-    text = policy.tokenizer.apply_chat_template([{"role": "user", "content": "What is 3 + 4 * 2?"}],
-                                                add_generation_prompt=True, tokenize=False)
+    load_checkpoint(
+        folder.parent,
+        model=policy.model,
+        optimizer=None,
+        scheduler=None,
+        load_weights=lambda adapter: load_adapter_state(policy.model, adapter),
+    )
+    text = policy.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 3 + 4 * 2?"}], add_generation_prompt=True, tokenize=False
+    )
     prompt = policy.tokenizer(text, add_special_tokens=False).input_ids
-    ours = build_rollout_engine(EngineSpec(), policy).generate([prompt], SamplingParams(n=1, temperature=0.0, max_tokens=24))
+    ours = build_rollout_engine(EngineSpec(), policy).generate(
+        [prompt], SamplingParams(n=1, temperature=0.0, max_tokens=24)
+    )
     with torch.no_grad():
-        theirs = plain.generate(input_ids=torch.tensor([prompt]), max_new_tokens=24, do_sample=False,
-                                eos_token_id=list(policy.eos_token_ids), pad_token_id=policy.pad_token_id)
-    theirs_ids = theirs[0, len(prompt):].tolist()
+        theirs = plain.generate(
+            input_ids=torch.tensor([prompt]),
+            max_new_tokens=24,
+            do_sample=False,
+            eos_token_id=list(policy.eos_token_ids),
+            pad_token_id=policy.pad_token_id,
+        )
+    theirs_ids = theirs[0, len(prompt) :].tolist()
     ours_ids = ours.response_ids[0]
     assert ours_ids and theirs_ids[: len(ours_ids)] == ours_ids
     assert policy.tokenizer.decode(ours_ids) == policy.tokenizer.decode(theirs_ids[: len(ours_ids)])
@@ -68,6 +86,11 @@ def test_lora_resume_equals_uninterrupted_and_plain_peft_loads_it(tmp_path, fast
     # The merged model beside the adapter (hf/merged/) loads with plain transformers and decodes the same.
     merged = AutoModelForCausalLM.from_pretrained(folder / "merged").eval()
     with torch.no_grad():
-        merged_ids = merged.generate(input_ids=torch.tensor([prompt]), max_new_tokens=24, do_sample=False,
-                                     eos_token_id=list(policy.eos_token_ids), pad_token_id=policy.pad_token_id)
-    assert merged_ids[0, len(prompt):].tolist()[: len(ours_ids)] == ours_ids
+        merged_ids = merged.generate(
+            input_ids=torch.tensor([prompt]),
+            max_new_tokens=24,
+            do_sample=False,
+            eos_token_id=list(policy.eos_token_ids),
+            pad_token_id=policy.pad_token_id,
+        )
+    assert merged_ids[0, len(prompt) :].tolist()[: len(ours_ids)] == ours_ids

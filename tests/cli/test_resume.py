@@ -11,8 +11,12 @@ from safetensors.torch import load_file
 
 from tests.harness.runners import kill_after_checkpoint, run_dapo_warm
 
-STEPS = ["trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.test_freq=0",
-         "trainer.val_before_train=false"]
+STEPS = [
+    "trainer.total_training_steps=4",
+    "trainer.save_freq=2",
+    "trainer.test_freq=0",
+    "trainer.val_before_train=false",
+]
 
 
 def _final_weights(run_dir):
@@ -26,8 +30,9 @@ def test_kill_then_resume_equals_uninterrupted(tmp_path, fast_args):
 
     # A real run, killed with SIGKILL once its step-2 checkpoint is complete (mid step 3).
     run_dir = tmp_path / "killed"
-    kill_after_checkpoint([*args, "trainer.experiment_name=killed"], run_dir / "checkpoints" / "global_step_2",
-                          tmp_path, timeout=300)
+    kill_after_checkpoint(
+        [*args, "trainer.experiment_name=killed"], run_dir / "checkpoints" / "global_step_2", tmp_path, timeout=300
+    )
 
     resumed = run_dapo_warm([*args, "trainer.experiment_name=killed"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -37,6 +42,8 @@ def test_kill_then_resume_equals_uninterrupted(tmp_path, fast_args):
     assert a.keys() == b.keys()
     for name in a:
         assert torch.equal(a[name], b[name]), name
-    steps = [int(line.split('"step": ')[1].split(",")[0].rstrip("}")) for line in
-             (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [
+        int(line.split('"step": ')[1].split(",")[0].rstrip("}"))
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+    ]
     assert steps == sorted(set(steps)), "a resumed run must not duplicate metric steps"

@@ -46,8 +46,10 @@ def test_ray_failures_are_explained_with_the_fix():
 
     auth = explain_ray_failure(exceptions.AuthenticationError("InvalidAuthToken: token mismatch"), "10.0.0.5:6379")
     assert "10.0.0.5:6379" in auth and "RAY_AUTH_TOKEN" in auth and "RAY_AUTH_MODE" in auth
-    slow = explain_ray_failure(Exception("The current node timed out during startup. This could happen because "
-                                         "some of the raylet failed"), None)
+    slow = explain_ray_failure(
+        Exception("The current node timed out during startup. This could happen because some of the raylet failed"),
+        None,
+    )
     assert "30 s" in slow and "--ray-address" in slow and "\n" not in slow
 
 

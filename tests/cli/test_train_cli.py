@@ -10,20 +10,49 @@ from tests.harness.runners import run_dapo
 from tests.training.test_perf_metrics import check_perf_metrics
 
 REQUIRED_STEP_KEYS = {
-    "response_length/mean", "response_length/max", "response_length/min", "response_length/clip_ratio",
-    "critic/score/mean", "critic/rewards/mean", "acc/mean", "actor/entropy", "actor/mean_prob", "actor/pg_loss",
-    "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl", "actor/grad_norm", "actor/lr",
-    "train/num_gen_batches", "train/kept_group_ratio", "train/wasted_tokens", "timing_s/gen", "timing_s/reward",
-    "timing_s/old_log_prob", "timing_s/update_actor", "timing_s/step", "perf/throughput",
-    "actor/old_log_prob_recomputed", "actor/num_zero_advantage_samples", "perf/max_memory_rss_gb",
-    "perf/max_memory_rss_gb/update_actor", "perf/mfu/actor", "perf/mfu/rollout", "perf/tokens_per_s/actor",
-    "perf/tokens_per_s/rollout", "perf/flops/actor", "perf/flops/rollout",
+    "response_length/mean",
+    "response_length/max",
+    "response_length/min",
+    "response_length/clip_ratio",
+    "critic/score/mean",
+    "critic/rewards/mean",
+    "acc/mean",
+    "actor/entropy",
+    "actor/mean_prob",
+    "actor/pg_loss",
+    "actor/pg_clipfrac",
+    "actor/pg_clipfrac_lower",
+    "actor/ppo_kl",
+    "actor/grad_norm",
+    "actor/lr",
+    "train/num_gen_batches",
+    "train/kept_group_ratio",
+    "train/wasted_tokens",
+    "timing_s/gen",
+    "timing_s/reward",
+    "timing_s/old_log_prob",
+    "timing_s/update_actor",
+    "timing_s/step",
+    "perf/throughput",
+    "actor/old_log_prob_recomputed",
+    "actor/num_zero_advantage_samples",
+    "perf/max_memory_rss_gb",
+    "perf/max_memory_rss_gb/update_actor",
+    "perf/mfu/actor",
+    "perf/mfu/rollout",
+    "perf/tokens_per_s/actor",
+    "perf/tokens_per_s/rollout",
+    "perf/flops/actor",
+    "perf/flops/rollout",
 }
 
 
 def test_short_train_through_the_cli(tmp_path, fast_args):
-    proc = run_dapo(["train", *fast_args, "trainer.experiment_name=short", "trainer.profile_steps=[2]"], tmp_path,
-                    extra_env={"XDG_CACHE_HOME": str(tmp_path / "cache")})  # the matmul probe's cache (perf/mfu/*)
+    proc = run_dapo(
+        ["train", *fast_args, "trainer.experiment_name=short", "trainer.profile_steps=[2]"],
+        tmp_path,
+        extra_env={"XDG_CACHE_HOME": str(tmp_path / "cache")},
+    )  # the matmul probe's cache (perf/mfu/*)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = tmp_path / "short"
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -24,8 +24,14 @@ from tests.cli.cli_helpers import FAST
 from tests.harness.runners import run_dapo_warm
 
 PRESET = str(Path(__file__).resolve().parents[2] / "configs" / "tools" / "tiny_calculator.yaml")
-SMALL = [*FAST, "data.max_response_length=64", "algorithm.filter_groups.max_num_gen_batches=1",
-         "rollout.multi_turn.sandbox.mode=unsafe-no-isolation", "trainer.total_training_steps=1", "data.val_max_samples=2"]
+SMALL = [
+    *FAST,
+    "data.max_response_length=64",
+    "algorithm.filter_groups.max_num_gen_batches=1",
+    "rollout.multi_turn.sandbox.mode=unsafe-no-isolation",
+    "trainer.total_training_steps=1",
+    "data.val_max_samples=2",
+]
 
 
 def records_of(run_dir: Path) -> list[dict]:
@@ -48,8 +54,9 @@ def _check_tool_run(run_dir: Path) -> None:
 def test_multi_turn_training_runs_and_the_mask_lines_up_log_probs_vllm_cli(tmp_path: Path) -> None:
     """`dapo train --config <tools preset>` as a user runs it: a real process (forked from the warm server,
     tests/harness/runners.py), the vLLM engine."""
-    proc = run_dapo_warm(["train", "--config", PRESET, *SMALL, "rollout.name=vllm", "trainer.experiment_name=t"],
-                         tmp_path, timeout=900)
+    proc = run_dapo_warm(
+        ["train", "--config", PRESET, *SMALL, "rollout.name=vllm", "trainer.experiment_name=t"], tmp_path, timeout=900
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     _check_tool_run(tmp_path / "t")
 
@@ -58,8 +65,16 @@ def test_multi_turn_training_runs_and_the_mask_lines_up_log_probs_vllm_cli(tmp_p
 def test_multi_turn_training_runs_and_the_mask_lines_up_log_probs_hf(tmp_path: Path) -> None:
     """The same run on the Transformers engine, in this process (the preset, the CLI's path to train() and the tool
     sandbox's processes are the same; the subprocess start-up is the vLLM test's)."""
-    cfg = load_config(PRESET, [*SMALL, "rollout.name=hf", f"trainer.default_local_dir={tmp_path}",
-                               "trainer.experiment_name=t", "trainer.progress=false"])
+    cfg = load_config(
+        PRESET,
+        [
+            *SMALL,
+            "rollout.name=hf",
+            f"trainer.default_local_dir={tmp_path}",
+            "trainer.experiment_name=t",
+            "trainer.progress=false",
+        ],
+    )
     assert train(cfg).steps_done == 1
     _check_tool_run(tmp_path / "t")
 
@@ -69,10 +84,21 @@ def test_multi_turn_training_runs_one_step_off(tmp_path: Path) -> None:
     """The tools preset under async_training.mode=one_step_off: the batch generated ahead is tagged with the wrapped
     engine's weight version (it stopped with "'MultiTurnRollout' object has no attribute 'weight_version'"), the
     tool ran, and every sample lags at most one version."""
-    cfg = load_config(PRESET, [*SMALL, "trainer.total_training_steps=2", "async_training.mode=one_step_off",
-                               "async_training.rollout_num_threads=1", "rollout.name=hf",
-                               f"trainer.default_local_dir={tmp_path}", "trainer.experiment_name=t",
-                               "trainer.progress=false", "trainer.test_freq=0", "trainer.val_before_train=false"])
+    cfg = load_config(
+        PRESET,
+        [
+            *SMALL,
+            "trainer.total_training_steps=2",
+            "async_training.mode=one_step_off",
+            "async_training.rollout_num_threads=1",
+            "rollout.name=hf",
+            f"trainer.default_local_dir={tmp_path}",
+            "trainer.experiment_name=t",
+            "trainer.progress=false",
+            "trainer.test_freq=0",
+            "trainer.val_before_train=false",
+        ],
+    )
     assert train(cfg).steps_done == 2
     steps = [r for r in records_of(tmp_path / "t") if r["step"] >= 1]
     assert [r["step"] for r in steps] == [1, 2]
@@ -107,14 +133,21 @@ class HostileSandbox(PythonSandbox):
 
 
 @pytest.mark.slow
-def test_a_run_whose_every_tool_call_is_hostile_still_finishes(tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_run_whose_every_tool_call_is_hostile_still_finishes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(python_tool, "PythonSandbox", HostileSandbox)
-    cfg = load_config(PRESET, [*SMALL, "trainer.val_before_train=false",
-                               "rollout.multi_turn.sandbox.wall_time_s=1.5", "rollout.multi_turn.sandbox.cpu_time_s=1",
-                               "rollout.multi_turn.sandbox.max_output_bytes=2048",
-                               f"trainer.default_local_dir={tmp_path}", "trainer.experiment_name=h",
-                               "trainer.progress=false"])
+    cfg = load_config(
+        PRESET,
+        [
+            *SMALL,
+            "trainer.val_before_train=false",
+            "rollout.multi_turn.sandbox.wall_time_s=1.5",
+            "rollout.multi_turn.sandbox.cpu_time_s=1",
+            "rollout.multi_turn.sandbox.max_output_bytes=2048",
+            f"trainer.default_local_dir={tmp_path}",
+            "trainer.experiment_name=h",
+            "trainer.progress=false",
+        ],
+    )
     result = train(cfg)
     assert result.steps_done == 1
     step = next(r for r in records_of(tmp_path / "h") if r["step"] == 1)

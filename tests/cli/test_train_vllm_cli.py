@@ -57,8 +57,9 @@ def test_an_engine_off_the_actor_stops_the_run_with_a_clear_message(tmp_path) ->
     # sets it. (A push that does not arrive later in the run is tests/training/test_weight_sync.py's.) The run ends
     # before its first step, so it runs in this process (no ~10 s of interpreter start-up): the same CLI command, the
     # same in-process vLLM engine, closed by the run on the way out; the real process of this path is whole_run's.
-    proc = run_dapo_in_process(["train", *VLLM, "rollout.probe_logprob_threshold=1e-12",
-                                "trainer.experiment_name=stale"], tmp_path)
+    proc = run_dapo_in_process(
+        ["train", *VLLM, "rollout.probe_logprob_threshold=1e-12", "trainer.experiment_name=stale"], tmp_path
+    )
     assert proc.returncode != 0
     assert "step 0: right after loading the actor's weights" in proc.stderr
     assert "rollout.probe_logprob_threshold=1e-12" in proc.stderr
@@ -71,8 +72,9 @@ def test_resumed_vllm_run_ends_where_an_uninterrupted_one_does(whole_run, tmp_pa
     # kill itself, mid step 3, is tests/cli/test_resume.py's; what this adds is the vLLM engine restarting from it.
     root, _ = whole_run
     split = tmp_path / "whole"  # the same experiment under another root: the same command, resumed
-    shutil.copytree(root / "whole", split, ignore=lambda d, names: ["global_step_3"] if d.endswith("checkpoints")
-                    else [])
+    shutil.copytree(
+        root / "whole", split, ignore=lambda d, names: ["global_step_3"] if d.endswith("checkpoints") else []
+    )
     kept = [line for line in (split / "metrics.jsonl").read_text().splitlines() if json.loads(line)["step"] <= 2]
     (split / "metrics.jsonl").write_text("".join(line + "\n" for line in kept))
     second = run_dapo_warm(["train", *VLLM, "trainer.experiment_name=whole"], tmp_path, timeout=600)

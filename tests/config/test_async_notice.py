@@ -10,9 +10,15 @@ def _notices(*overrides: str) -> list[str]:
 
 
 def test_partial_rollouts_are_noted_with_their_price_and_the_cheaper_mode():
-    notes = [n for n in _notices("async_training.mode=fully_async", "async_training.partial_rollout=true",
-                                 "async_training.partial_rollout_chunk_tokens=16")
-             if n.startswith("async_training.partial_rollout=true")]
+    notes = [
+        n
+        for n in _notices(
+            "async_training.mode=fully_async",
+            "async_training.partial_rollout=true",
+            "async_training.partial_rollout_chunk_tokens=16",
+        )
+        if n.startswith("async_training.partial_rollout=true")
+    ]
     assert len(notes) == 1
     assert "every 16-token segment" in notes[0] and "one_step_off" in notes[0] and "docs/performance.md" in notes[0]
 

@@ -19,8 +19,15 @@ def test_defaults_are_dapo():
 
 
 def test_issue_example_override_and_verl_paths():
-    cfg = load_config(None, ["algorithm.clip_ratio_high=0.3", "actor_rollout_ref.actor.optim.lr=2e-6",
-                             "actor_rollout_ref.rollout.n=4", "+data.gen_batch_size=48"])
+    cfg = load_config(
+        None,
+        [
+            "algorithm.clip_ratio_high=0.3",
+            "actor_rollout_ref.actor.optim.lr=2e-6",
+            "actor_rollout_ref.rollout.n=4",
+            "+data.gen_batch_size=48",
+        ],
+    )
     assert cfg.actor.clip_ratio_high == 0.3
     assert cfg.actor.optim.lr == 2e-6
     assert cfg.rollout.n == 4
@@ -122,8 +129,16 @@ def test_config_reference_doc_is_current(tmp_path):
 
 def test_all_problems_in_one_message_each_with_a_suggestion():
     with pytest.raises(ConfigError) as err:
-        load_config(None, ["actor.clip_ratio_hgh=0.3", "rollout.temprature=1.0", "actor.loss_agg_mode=token_mean",
-                           "data.train_batch_size=abc", "actor_rollout_ref.actor.use_remove_padding=True"])
+        load_config(
+            None,
+            [
+                "actor.clip_ratio_hgh=0.3",
+                "rollout.temprature=1.0",
+                "actor.loss_agg_mode=token_mean",
+                "data.train_batch_size=abc",
+                "actor_rollout_ref.actor.use_remove_padding=True",
+            ],
+        )
     msg = str(err.value)
     assert msg.startswith("invalid configuration (defaults + overrides): 5 problems")
     assert "Did you mean 'clip_ratio_high'" in msg and "Did you mean 'temperature'" in msg
@@ -133,9 +148,17 @@ def test_all_problems_in_one_message_each_with_a_suggestion():
 
 
 def test_plain_string_files_plus_keys_and_verl_values():
-    cfg = load_config(None, ["data.train_files=/d/train.parquet", "+data.val_files=/d/val.parquet",
-                             "+trainer.val_before_train=False", "actor_rollout_ref.actor.optim.lr_warmup_steps=-1",
-                             "data.filter_overlong_prompts=True", "trainer.logger=console"])
+    cfg = load_config(
+        None,
+        [
+            "data.train_files=/d/train.parquet",
+            "+data.val_files=/d/val.parquet",
+            "+trainer.val_before_train=False",
+            "actor_rollout_ref.actor.optim.lr_warmup_steps=-1",
+            "data.filter_overlong_prompts=True",
+            "trainer.logger=console",
+        ],
+    )
     assert cfg.data.train_files == ["/d/train.parquet"] and cfg.data.val_files == ["/d/val.parquet"]
     assert cfg.trainer.val_before_train is False and cfg.actor.optim.lr_warmup_steps == 0
     assert cfg.data.filter_overlong_prompts == "drop" and cfg.trainer.logger == ["console"]
@@ -143,21 +166,35 @@ def test_plain_string_files_plus_keys_and_verl_values():
 
 
 def test_renamed_verl_keys():
-    cfg = load_config(None, ["actor_rollout_ref.model.enable_gradient_checkpointing=True",
-                             "actor_rollout_ref.actor.use_token_level_loss=False",
-                             "custom_reward_function.overlong_buffer.len=8",
-                             "actor_rollout_ref.actor.ppo_micro_batch_size=4", "actor.use_dynamic_bsz=false"])
+    cfg = load_config(
+        None,
+        [
+            "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+            "actor_rollout_ref.actor.use_token_level_loss=False",
+            "custom_reward_function.overlong_buffer.len=8",
+            "actor_rollout_ref.actor.ppo_micro_batch_size=4",
+            "actor.use_dynamic_bsz=false",
+        ],
+    )
     assert cfg.actor.gradient_checkpointing and cfg.actor.loss_agg_mode == "seq-mean-token-mean"
     assert cfg.reward_model.overlong_buffer.len == 8 and cfg.actor.ppo_micro_batch_size_per_gpu == 4
-    cfg = load_config(None, ["+reward_model.reward_kwargs.overlong_buffer_cfg.len=16",
-                             "+reward_model.reward_kwargs.max_resp_len=64"])
+    cfg = load_config(
+        None, ["+reward_model.reward_kwargs.overlong_buffer_cfg.len=16", "+reward_model.reward_kwargs.max_resp_len=64"]
+    )
     assert cfg.reward_model.overlong_buffer.len == 16
 
 
 def test_fixed_and_matching_verl_keys_are_checked():
     with pytest.raises(ConfigError) as err:
-        load_config(None, ["data.prompt_key=question", "reward_model.reward_manager=naive",
-                           "algorithm.use_kl_in_reward=True", "+reward_model.reward_kwargs.max_resp_len=100"])
+        load_config(
+            None,
+            [
+                "data.prompt_key=question",
+                "reward_model.reward_manager=naive",
+                "algorithm.use_kl_in_reward=True",
+                "+reward_model.reward_kwargs.max_resp_len=100",
+            ],
+        )
     msg = str(err.value)
     assert "4 problems" in msg and "data.prompt_key='question': only 'prompt' is supported" in msg
     assert "reward_model.reward_manager='naive'" in msg and "algorithm.use_kl_in_reward=True" in msg
@@ -167,8 +204,12 @@ def test_fixed_and_matching_verl_keys_are_checked():
 def test_warned_verl_keys_are_accepted_with_one_line_each(caplog):
     from dapo.config.loading import load_config_with_report
 
-    flags = ["actor_rollout_ref.actor.fsdp_config.param_offload=True", "trainer.nnodes=4",
-             "actor_rollout_ref.ref.log_prob_micro_batch_size=null", "actor_rollout_ref.rollout.enable_chunked_prefill=True"]
+    flags = [
+        "actor_rollout_ref.actor.fsdp_config.param_offload=True",
+        "trainer.nnodes=4",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size=null",
+        "actor_rollout_ref.rollout.enable_chunked_prefill=True",
+    ]
     cfg, report = load_config_with_report(None, flags)
     assert cfg == load_config()
     assert len(report.warnings) == 4 and all("\n" not in w and "accepted without effect" in w for w in report.warnings)
@@ -240,7 +281,11 @@ def test_7b_recipe_is_verls_test_script():
     assert cfg.model.path == "Qwen/Qwen2.5-Math-7B" and cfg.rollout.name == "vllm"
     assert (cfg.data.max_prompt_length, cfg.data.max_response_length) == (2048, 2048)
     assert (cfg.data.train_batch_size, cfg.data.gen_batch_size, cfg.actor.ppo_mini_batch_size, cfg.rollout.n) == (
-        512, 1536, 32, 16)
+        512,
+        1536,
+        32,
+        16,
+    )
     assert cfg.reward_model.overlong_buffer.len == 512 and cfg.actor.ppo_max_token_len_per_gpu == 4096
     assert (cfg.trainer.test_freq, cfg.trainer.save_freq, cfg.trainer.resume_mode) == (2, 2, "disable")
     header = (REPO / "configs" / "dapo_qwen2.5_math_7b.yaml").read_text()

@@ -81,8 +81,12 @@ def test_binary_and_non_utf8_config_files_get_a_message(tmp_path: Path) -> None:
 def test_the_cli_prints_the_message_not_a_traceback(tmp_path: Path) -> None:
     binary = tmp_path / "weights.bin"
     binary.write_bytes(bytes(range(256)) * 4)
-    done = subprocess.run([sys.executable, "-m", "dapo.cli.main", "train", "--config", str(binary)],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "dapo.cli.main", "train", "--config", str(binary)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode != 0
     assert "Traceback" not in done.stderr and "UnicodeDecodeError" not in done.stderr
     assert "a binary file" in done.stderr

@@ -5,10 +5,14 @@ import pytest
 from dapo.config import ConfigError, load_config
 
 
-@pytest.mark.parametrize(("given", "meant"), [("actor.lr", "actor.optim.lr"),
-                                              ("actor.weight_decay", "actor.optim.weight_decay"),
-                                              ("algorithm.max_num_gen_batches",
-                                               "algorithm.filter_groups.max_num_gen_batches")])
+@pytest.mark.parametrize(
+    ("given", "meant"),
+    [
+        ("actor.lr", "actor.optim.lr"),
+        ("actor.weight_decay", "actor.optim.weight_decay"),
+        ("algorithm.max_num_gen_batches", "algorithm.filter_groups.max_num_gen_batches"),
+    ],
+)
 def test_a_key_of_a_subsection_is_suggested(given: str, meant: str) -> None:
     with pytest.raises(ConfigError, match=f"unknown config key '{given}'.* Did you mean '{meant}'"):
         load_config(None, [f"{given}=1"])

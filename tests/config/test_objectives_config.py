@@ -19,16 +19,19 @@ OBJECTIVE_CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "objective
 
 
 def test_verl_full_key_paths_resolve() -> None:
-    cfg = build_config(None, [
-        "actor_rollout_ref.actor.policy_loss.loss_mode=geo_mean",
-        "actor_rollout_ref.actor.policy_loss.clip_cov_ratio=0.001",
-        "actor_rollout_ref.actor.tau_pos=0.9",
-        "algorithm.adv_estimator=reinforce_plus_plus_baseline",
-        "algorithm.rollout_correction.rollout_is=token",
-        "algorithm.rollout_correction.rollout_is_threshold=0.5_2.0",
-        "algorithm.rollout_correction.rollout_rs=seq_mean_k1",
-        "algorithm.rollout_correction.rollout_rs_threshold=0.999_1.001",
-    ])
+    cfg = build_config(
+        None,
+        [
+            "actor_rollout_ref.actor.policy_loss.loss_mode=geo_mean",
+            "actor_rollout_ref.actor.policy_loss.clip_cov_ratio=0.001",
+            "actor_rollout_ref.actor.tau_pos=0.9",
+            "algorithm.adv_estimator=reinforce_plus_plus_baseline",
+            "algorithm.rollout_correction.rollout_is=token",
+            "algorithm.rollout_correction.rollout_is_threshold=0.5_2.0",
+            "algorithm.rollout_correction.rollout_rs=seq_mean_k1",
+            "algorithm.rollout_correction.rollout_rs_threshold=0.999_1.001",
+        ],
+    )
     assert cfg.actor.policy_loss.loss_mode == "geo_mean" and cfg.actor.policy_loss.clip_cov_ratio == 0.001
     assert cfg.actor.tau_pos == 0.9 and cfg.algorithm.adv_estimator == "reinforce_plus_plus_baseline"
     rc = cfg.algorithm.rollout_correction
@@ -37,42 +40,77 @@ def test_verl_full_key_paths_resolve() -> None:
 
 
 def test_thresholds_by_hand() -> None:
-    one = build_config(None, ["algorithm.rollout_correction.rollout_rs=token_k1",
-                              "algorithm.rollout_correction.rollout_rs_threshold=2.0"])
+    one = build_config(
+        None,
+        ["algorithm.rollout_correction.rollout_rs=token_k1", "algorithm.rollout_correction.rollout_rs_threshold=2.0"],
+    )
     assert one.algorithm.rollout_correction.rs_bounds() == (2.0, 0.5)  # one number u: the band [1/u, u]
-    k3 = build_config(None, ["algorithm.rollout_correction.rollout_rs=seq_max_k3",
-                             "algorithm.rollout_correction.rollout_rs_threshold=0.01"])
+    k3 = build_config(
+        None,
+        [
+            "algorithm.rollout_correction.rollout_rs=seq_max_k3",
+            "algorithm.rollout_correction.rollout_rs_threshold=0.01",
+        ],
+    )
     assert k3.algorithm.rollout_correction.rs_bounds() == (0.01, None)
     assert build_config(None, []).algorithm.rollout_correction.is_bounds() == (2.0, None)
 
 
-@pytest.mark.parametrize(("overrides", "match"), [
-    (["algorithm.rollout_correction.rollout_rs=seq_mean_k1"], "needs rollout_rs_threshold"),
-    (["algorithm.rollout_correction.rollout_rs=seq_max_k2", "algorithm.rollout_correction.rollout_rs_threshold=0.1_2.0"],
-     "give one number"),
-    (["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold=2_x"],
-     "expected a number or 'lower_upper'"),
-    (["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold=3.0_2.0"],
-     "0 < lower <= upper"),
-    (["algorithm.rollout_correction.bypass_mode=true", "algorithm.rollout_correction.rollout_is=token"],
-     "bypass_mode=true makes pi_old the engine's log-probs"),
-    (["algorithm.rollout_correction.rollout_rs=seq_max_k1"], "seq_max_k1"),
-    (["actor.recompute_old_log_prob=never", "algorithm.rollout_correction.rollout_rs=token_k2",
-      "algorithm.rollout_correction.rollout_rs_threshold=0.1"], "rollout_rs compares pi_old"),
-    (["algorithm.adv_estimator=grpo_passk", "rollout.n=1", "algorithm.filter_groups.enable=false"],
-     "grpo_passk needs rollout.n >= 2"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (["algorithm.rollout_correction.rollout_rs=seq_mean_k1"], "needs rollout_rs_threshold"),
+        (
+            [
+                "algorithm.rollout_correction.rollout_rs=seq_max_k2",
+                "algorithm.rollout_correction.rollout_rs_threshold=0.1_2.0",
+            ],
+            "give one number",
+        ),
+        (
+            ["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold=2_x"],
+            "expected a number or 'lower_upper'",
+        ),
+        (
+            [
+                "algorithm.rollout_correction.rollout_is=token",
+                "algorithm.rollout_correction.rollout_is_threshold=3.0_2.0",
+            ],
+            "0 < lower <= upper",
+        ),
+        (
+            ["algorithm.rollout_correction.bypass_mode=true", "algorithm.rollout_correction.rollout_is=token"],
+            "bypass_mode=true makes pi_old the engine's log-probs",
+        ),
+        (["algorithm.rollout_correction.rollout_rs=seq_max_k1"], "seq_max_k1"),
+        (
+            [
+                "actor.recompute_old_log_prob=never",
+                "algorithm.rollout_correction.rollout_rs=token_k2",
+                "algorithm.rollout_correction.rollout_rs_threshold=0.1",
+            ],
+            "rollout_rs compares pi_old",
+        ),
+        (
+            ["algorithm.adv_estimator=grpo_passk", "rollout.n=1", "algorithm.filter_groups.enable=false"],
+            "grpo_passk needs rollout.n >= 2",
+        ),
+    ],
+)
 def test_bad_combinations_are_refused_with_the_key(overrides: list[str], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         build_config(None, overrides)
 
 
-@pytest.mark.parametrize("switch", [
-    ["algorithm.rollout_correction.rollout_is=token"],
-    ["algorithm.rollout_correction.rollout_rs=token_k1", "algorithm.rollout_correction.rollout_rs_threshold=2.0"],
-    ["algorithm.rollout_correction.bypass_mode=true"],
-    ["actor.recompute_old_log_prob=never"],
-])
+@pytest.mark.parametrize(
+    "switch",
+    [
+        ["algorithm.rollout_correction.rollout_is=token"],
+        ["algorithm.rollout_correction.rollout_rs=token_k1", "algorithm.rollout_correction.rollout_rs_threshold=2.0"],
+        ["algorithm.rollout_correction.bypass_mode=true"],
+        ["actor.recompute_old_log_prob=never"],
+    ],
+)
 @pytest.mark.parametrize("truncation", ["rollout.top_p=0.7", "rollout.top_k=20"])
 def test_truncated_sampling_with_an_actor_vs_engine_ratio_is_refused(switch: list[str], truncation: str) -> None:
     """trl#6789: the engine's log-probs are of the truncated distribution, the actor's of the full softmax."""
@@ -87,21 +125,29 @@ def test_bypass_and_rejection_pick_where_pi_old_comes_from() -> None:
     # bypass: the engine's log-probs, even when a single optimizer step would otherwise use the update's own forward
     assert old_log_prob_source(bypass, num_groups=8, engine_samples_from_actor=False) == "rollout"
     assert old_log_prob_source(bypass, num_groups=32, engine_samples_from_actor=False) == "rollout"
-    rs = build_config(None, ["algorithm.rollout_correction.rollout_rs=seq_mean_k1",
-                             "algorithm.rollout_correction.rollout_rs_threshold=0.99_1.01"])
+    rs = build_config(
+        None,
+        [
+            "algorithm.rollout_correction.rollout_rs=seq_mean_k1",
+            "algorithm.rollout_correction.rollout_rs_threshold=0.99_1.01",
+        ],
+    )
     assert old_log_prob_source(rs, num_groups=8, engine_samples_from_actor=True) == "recompute"
 
 
-@pytest.mark.parametrize(("trl", "mode", "agg"), [
-    ("loss_type=grpo", "vanilla", "seq-mean-token-mean"),
-    ("loss_type=dr_grpo", "vanilla", "seq-mean-token-sum-norm"),
-    ("loss_type=dapo", "vanilla", "token-mean"),
-    ("loss_type=bnpo", "vanilla", "token-mean"),
-    ("loss_type=cispo", "cispo", "token-mean"),
-    ("loss_type=sapo", "sapo", "seq-mean-token-mean"),
-    # no loss_type: GSPO's own aggregation, one term per response (TRL's GSPO recipe names loss_type=grpo, the same)
-    ("importance_sampling_level=sequence", "gspo", "seq-mean-token-mean"),
-])
+@pytest.mark.parametrize(
+    ("trl", "mode", "agg"),
+    [
+        ("loss_type=grpo", "vanilla", "seq-mean-token-mean"),
+        ("loss_type=dr_grpo", "vanilla", "seq-mean-token-sum-norm"),
+        ("loss_type=dapo", "vanilla", "token-mean"),
+        ("loss_type=bnpo", "vanilla", "token-mean"),
+        ("loss_type=cispo", "cispo", "token-mean"),
+        ("loss_type=sapo", "sapo", "seq-mean-token-mean"),
+        # no loss_type: GSPO's own aggregation, one term per response (TRL's GSPO recipe names loss_type=grpo, the same)
+        ("importance_sampling_level=sequence", "gspo", "seq-mean-token-mean"),
+    ],
+)
 def test_trl_spellings(trl: str, mode: str, agg: str) -> None:
     cfg = build_config(None, [trl, "epsilon=0.1", "epsilon_high=0.3", "scale_rewards=false"])
     assert (cfg.actor.policy_loss.loss_mode, cfg.actor.loss_agg_mode) == (mode, agg)
@@ -114,20 +160,27 @@ def test_trl_and_verl_values_without_a_counterpart_are_refused() -> None:
         build_config(None, ["loss_type=ppo"])
     with pytest.raises(ConfigError, match="'reinforce' loss is not implemented"):
         build_config(None, ["algorithm.rollout_correction.loss_type=reinforce"])
-    build_config(None, ["algorithm.rollout_correction.loss_type=ppo_clip",
-                        "algorithm.rollout_correction.rollout_is_batch_normalize=false"])
+    build_config(
+        None,
+        [
+            "algorithm.rollout_correction.loss_type=ppo_clip",
+            "algorithm.rollout_correction.rollout_is_batch_normalize=false",
+        ],
+    )
 
 
 # ---------------------------------------- #39 items 1 and 21: a one-key loss_mode switch is the paper's objective
-def _loss_and_grad(cfg: DapoConfig, log_ratio: list[list[float]], adv: list[float],
-                   mask: list[list[int]]) -> tuple[float, torch.Tensor]:
+def _loss_and_grad(
+    cfg: DapoConfig, log_ratio: list[list[float]], adv: list[float], mask: list[list[int]]
+) -> tuple[float, torch.Tensor]:
     """The scalar the actor back-propagates for this config (its loss mode, knobs and aggregation), and its gradient
     w.r.t. log pi, on a [B, T] batch with pi_old = 0 (so log pi is the log-ratio)."""
     lp = torch.tensor(log_ratio, dtype=torch.float64, requires_grad=True)
     m = torch.tensor(mask)
     a = torch.tensor(adv, dtype=torch.float64).unsqueeze(1).expand_as(lp)
-    out = get_policy_loss(cfg.actor.policy_loss.loss_mode).fn(lp, torch.zeros_like(lp), a, m,
-                                                              policy_loss_params(cfg.actor))
+    out = get_policy_loss(cfg.actor.policy_loss.loss_mode).fn(
+        lp, torch.zeros_like(lp), a, m, policy_loss_params(cfg.actor)
+    )
     loss = aggregate_loss(out.loss_mat, m, cfg.actor.loss_agg_mode)
     loss.backward()
     return loss.item(), lp.grad
@@ -150,20 +203,27 @@ def test_one_key_gspo_is_the_papers_objective_by_hand() -> None:
     loss, grad = _loss_and_grad(cfg, [[1e-3, 0.0, 0.0], [0.0, 0.0, 0.0]], [1.0, -1.0], RAGGED_MASK)
     assert loss == pytest.approx(-2e-4, rel=1e-9)
     assert_grad(grad, [[0.0, 0.0, 0.0], [1 / 6] * 3])
-    assert cfg.actor.paper_defaults_taken() == {"clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4,
-                                                "loss_agg_mode": "seq-mean-token-mean"}
+    assert cfg.actor.paper_defaults_taken() == {
+        "clip_ratio_low": 3e-4,
+        "clip_ratio_high": 4e-4,
+        "loss_agg_mode": "seq-mean-token-mean",
+    }
 
 
-@pytest.mark.parametrize(("mode", "want_loss", "want_grad"), [
-    # On-policy, A = (+1, -1): GSPO-token and GMPO give -A_i on every token of response i; the mean per response,
-    # then over the 2 responses: (-1 + 1) / 2 = 0; the gradient of token t of response i is -A_i / |y_i| / 2.
-    ("gspo_token", 0.0, [[-0.5, 0.0, 0.0], [1 / 6] * 3]),
-    ("geo_mean", 0.0, [[-0.5, 0.0, 0.0], [1 / 6] * 3]),
-    # SAPO at r = 1: -A 4/tau sigmoid(0) = -2 A / tau (tau_pos 1, tau_neg 1.05): (-2 + 2/1.05) / 2; slope 1 per token.
-    ("sapo", (-2 + 2 / 1.05) / 2, [[-0.5, 0.0, 0.0], [1 / 6] * 3]),
-])
-def test_one_key_switch_averages_per_response_by_hand(mode: str, want_loss: float,
-                                                      want_grad: list[list[float]]) -> None:
+@pytest.mark.parametrize(
+    ("mode", "want_loss", "want_grad"),
+    [
+        # On-policy, A = (+1, -1): GSPO-token and GMPO give -A_i on every token of response i; the mean per response,
+        # then over the 2 responses: (-1 + 1) / 2 = 0; the gradient of token t of response i is -A_i / |y_i| / 2.
+        ("gspo_token", 0.0, [[-0.5, 0.0, 0.0], [1 / 6] * 3]),
+        ("geo_mean", 0.0, [[-0.5, 0.0, 0.0], [1 / 6] * 3]),
+        # SAPO at r = 1: -A 4/tau sigmoid(0) = -2 A / tau (tau_pos 1, tau_neg 1.05): (-2 + 2/1.05) / 2; slope 1 per token.
+        ("sapo", (-2 + 2 / 1.05) / 2, [[-0.5, 0.0, 0.0], [1 / 6] * 3]),
+    ],
+)
+def test_one_key_switch_averages_per_response_by_hand(
+    mode: str, want_loss: float, want_grad: list[list[float]]
+) -> None:
     # (token-mean would give 0.5 for GSPO-token / GMPO, (-2 + 3 * 2/1.05) / 4 for SAPO, gradients -1/4 and 1/4.)
     cfg = build_config(None, [f"actor.policy_loss.loss_mode={mode}"])
     assert cfg.actor.loss_agg_mode == "seq-mean-token-mean"
@@ -182,19 +242,37 @@ def test_one_key_geo_mean_clips_at_the_papers_log_space_bound() -> None:
 
 
 def test_keys_the_user_sets_win_over_the_papers_defaults() -> None:
-    cfg, report = build_config_with_report(None, ["actor_rollout_ref.actor.policy_loss.loss_mode=gspo",
-                                                  "algorithm.clip_ratio_high=0.01", "actor.loss_agg_mode=token-mean"])
+    cfg, report = build_config_with_report(
+        None,
+        [
+            "actor_rollout_ref.actor.policy_loss.loss_mode=gspo",
+            "algorithm.clip_ratio_high=0.01",
+            "actor.loss_agg_mode=token-mean",
+        ],
+    )
     assert (cfg.actor.clip_ratio_low, cfg.actor.clip_ratio_high, cfg.actor.loss_agg_mode) == (3e-4, 0.01, "token-mean")
     assert cfg.actor.paper_defaults_taken() == {"clip_ratio_low": 3e-4}
-    assert report.notices == ["actor.clip_ratio_low=0.0003: actor.policy_loss.loss_mode=gspo's paper default, GSPO "
-                              "(arXiv 2507.18071), for what the config does not set (set a key to choose another "
-                              "value)"]
+    assert report.notices == [
+        "actor.clip_ratio_low=0.0003: actor.policy_loss.loss_mode=gspo's paper default, GSPO "
+        "(arXiv 2507.18071), for what the config does not set (set a key to choose another "
+        "value)"
+    ]
     # an aggregation set against the paper's runs, with one warning saying what it changes
-    assert [w for w in report.warnings if "actor.loss_agg_mode=token-mean with actor.policy_loss.loss_mode=gspo" in w
-            and "seq-mean-token-mean" in w]
+    assert [
+        w
+        for w in report.warnings
+        if "actor.loss_agg_mode=token-mean with actor.policy_loss.loss_mode=gspo" in w and "seq-mean-token-mean" in w
+    ]
     # a value set equal to DAPO's default is set too (the key was given)
-    explicit = build_config(None, ["actor.policy_loss.loss_mode=gspo", "actor.clip_ratio_low=0.2",
-                                   "actor.clip_ratio_high=0.28", "actor.loss_agg_mode=seq-mean-token-mean"])
+    explicit = build_config(
+        None,
+        [
+            "actor.policy_loss.loss_mode=gspo",
+            "actor.clip_ratio_low=0.2",
+            "actor.clip_ratio_high=0.28",
+            "actor.loss_agg_mode=seq-mean-token-mean",
+        ],
+    )
     assert (explicit.actor.clip_ratio_low, explicit.actor.clip_ratio_high) == (0.2, 0.28)
     assert explicit.actor.paper_defaults_taken() == {}
 
@@ -224,19 +302,40 @@ def test_shipped_objective_configs_equal_their_one_key_switch(path: Path) -> Non
 def test_an_asymmetric_k1_band_warns_once_with_verls_equivalent(mode: str) -> None:
     # verl's code tests -log(pi_old/mu) against [log lower, log upper], i.e. keeps the ratio in [1/upper, 1/lower]:
     # '0.5_5.0' there keeps [0.2, 2]; here (as both projects' docs say) [0.5, 5].
-    cfg, report = build_config_with_report(None, [f"algorithm.rollout_correction.rollout_rs={mode}",
-                                                  "algorithm.rollout_correction.rollout_rs_threshold=0.5_5.0"])
+    cfg, report = build_config_with_report(
+        None,
+        [
+            f"algorithm.rollout_correction.rollout_rs={mode}",
+            "algorithm.rollout_correction.rollout_rs_threshold=0.5_5.0",
+        ],
+    )
     assert cfg.algorithm.rollout_correction.rs_bounds() == (5.0, 0.5)
     band = [w for w in report.warnings if "asymmetric band" in w]
     assert len(band) == 1 and "[0.5, 5.0]" in band[0] and "[0.2, 2]" in band[0] and "'0.2_2'" in band[0]
-    for symmetric in ("0.5_2.0", "2.0", "0.8_1.25", "0.999_1.001", "0.99_1.01"):  # lower = 1/upper: the same tokens in both
-        _, report = build_config_with_report(None, [f"algorithm.rollout_correction.rollout_rs={mode}",
-                                                    f"algorithm.rollout_correction.rollout_rs_threshold={symmetric}"])
+    for symmetric in (
+        "0.5_2.0",
+        "2.0",
+        "0.8_1.25",
+        "0.999_1.001",
+        "0.99_1.01",
+    ):  # lower = 1/upper: the same tokens in both
+        _, report = build_config_with_report(
+            None,
+            [
+                f"algorithm.rollout_correction.rollout_rs={mode}",
+                f"algorithm.rollout_correction.rollout_rs_threshold={symmetric}",
+            ],
+        )
         assert not [w for w in report.warnings if "asymmetric" in w], symmetric
 
 
 def test_the_band_warning_is_logged_once_per_config_load(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level("WARNING", logger="dapo.config"):
-        load_config(None, ["algorithm.rollout_correction.rollout_rs=token_k1",
-                           "algorithm.rollout_correction.rollout_rs_threshold=0.5_5.0"])
+        load_config(
+            None,
+            [
+                "algorithm.rollout_correction.rollout_rs=token_k1",
+                "algorithm.rollout_correction.rollout_rs_threshold=0.5_5.0",
+            ],
+        )
     assert sum("asymmetric band" in r.getMessage() for r in caplog.records) == 1

@@ -181,8 +181,9 @@ def test_registry_holds_verl_estimator_names() -> None:
 def test_rloo_hand_computed() -> None:
     # A_i = R_i - mean of the others: group 0: 3 - 1 = 2, 1 - (3+1)/2 = -1, -1; group 1: 5 - 2.5 = 2.5 (twice),
     # 0 - 5 = -5; the lone response has no other: 0.
-    torch.testing.assert_close(estimate("rloo"), torch.tensor([2.0, -1.0, -1.0, 2.5, 2.5, -5.0, 0.0],
-                                                              dtype=torch.float64))
+    torch.testing.assert_close(
+        estimate("rloo"), torch.tensor([2.0, -1.0, -1.0, 2.5, 2.5, -5.0, 0.0], dtype=torch.float64)
+    )
 
 
 def test_reinforce_plus_plus_hand_computed() -> None:

@@ -7,23 +7,30 @@ import math
 import pytest
 import torch
 
-from dapo.core.distillation_losses import (DISTILLATION_LOSSES, forward_kl_topk, pg_distillation_advantages,
-                                           sampled_token_divergence)
+from dapo.core.distillation_losses import (
+    DISTILLATION_LOSSES,
+    forward_kl_topk,
+    pg_distillation_advantages,
+    sampled_token_divergence,
+)
 
 S = torch.tensor([[math.log(0.5), math.log(0.25)]])  # the student's log-probs of its two sampled tokens
 T = torch.tensor([[math.log(0.25), math.log(0.5)]])  # the teacher's of the same tokens
 LN2 = math.log(2.0)
 
 
-@pytest.mark.parametrize(("mode", "want"), [
-    ("k1", [LN2, -LN2]),  # log pi_s - log nu
-    ("kl", [LN2, -LN2]),
-    ("abs", [LN2, LN2]),
-    ("k2", [0.5 * LN2**2, 0.5 * LN2**2]),
-    ("mse", [0.5 * LN2**2, 0.5 * LN2**2]),
-    ("k3", [0.5 - (-LN2) - 1.0, 2.0 - LN2 - 1.0]),  # exp(t - s) - (t - s) - 1
-    ("low_var_kl", [0.5 + LN2 - 1.0, 1.0 - LN2]),
-])
+@pytest.mark.parametrize(
+    ("mode", "want"),
+    [
+        ("k1", [LN2, -LN2]),  # log pi_s - log nu
+        ("kl", [LN2, -LN2]),
+        ("abs", [LN2, LN2]),
+        ("k2", [0.5 * LN2**2, 0.5 * LN2**2]),
+        ("mse", [0.5 * LN2**2, 0.5 * LN2**2]),
+        ("k3", [0.5 - (-LN2) - 1.0, 2.0 - LN2 - 1.0]),  # exp(t - s) - (t - s) - 1
+        ("low_var_kl", [0.5 + LN2 - 1.0, 1.0 - LN2]),
+    ],
+)
 def test_single_sample_estimators_by_hand(mode: str, want: list[float]) -> None:
     torch.testing.assert_close(sampled_token_divergence(S, T, mode), torch.tensor([want]))
     assert DISTILLATION_LOSSES[mode].kind == "sampled"
@@ -37,8 +44,9 @@ def test_pg_advantage_is_teacher_minus_student_clamped_masked_and_detached() -> 
     assert not adv.requires_grad  # a reward, stop-gradient
     clamped = pg_distillation_advantages(S, T, torch.ones_like(mask), "k1", loss_max_clamp=0.5)
     torch.testing.assert_close(clamped, torch.tensor([[-0.5, 0.5]]))
-    floored = pg_distillation_advantages(torch.tensor([[-30.0]]), torch.tensor([[-1.0]]), torch.tensor([[True]]),
-                                         "k1", log_prob_min_clamp=-5.0)
+    floored = pg_distillation_advantages(
+        torch.tensor([[-30.0]]), torch.tensor([[-1.0]]), torch.tensor([[True]]), "k1", log_prob_min_clamp=-5.0
+    )
     torch.testing.assert_close(floored, torch.tensor([[4.0]]))  # -1 - max(-30, -5)
 
 

@@ -85,6 +85,7 @@ def test_entropy_matches_definition_and_bounds(seed: int, vocab: int, scale: flo
 
 def test_k3_tiny_log_ratio_is_not_negative() -> None:
     # Regression: exp(x) - x - 1 rounded to a negative number at x = 3.6e-10.
-    k3 = kl_penalty(torch.tensor([[-3.636875890972621e-10]], dtype=torch.float64),
-                    torch.tensor([[0.0]], dtype=torch.float64), "k3")
+    k3 = kl_penalty(
+        torch.tensor([[-3.636875890972621e-10]], dtype=torch.float64), torch.tensor([[0.0]], dtype=torch.float64), "k3"
+    )
     assert k3.item() >= 0.0

@@ -14,11 +14,18 @@ from dapo.core.sapo import sapo_gate
 F64 = torch.float64
 
 
-def run(name: str, log_prob: list[list[float]], old: list[list[float]], adv: list[list[float]],
-        mask: list[list[int]], **params: float):
+def run(
+    name: str,
+    log_prob: list[list[float]],
+    old: list[list[float]],
+    adv: list[list[float]],
+    mask: list[list[int]],
+    **params: float,
+):
     lp = torch.tensor(log_prob, dtype=F64, requires_grad=True)
-    out = get_policy_loss(name).fn(lp, torch.tensor(old, dtype=F64), torch.tensor(adv, dtype=F64),
-                                   torch.tensor(mask), PolicyLossParams(**params))
+    out = get_policy_loss(name).fn(
+        lp, torch.tensor(old, dtype=F64), torch.tensor(adv, dtype=F64), torch.tensor(mask), PolicyLossParams(**params)
+    )
     out.loss_mat.sum().backward()
     return out, lp.grad
 
@@ -71,7 +78,7 @@ def test_gspo_sequence_ratio_does_not_depend_on_micro_batch_or_padding(seed: int
     rows, width = 6, 7
     lengths = torch.randint(1, width + 1, (rows,), generator=g)
     mask = torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)
-    lp = (0.3 * torch.randn(rows, width, generator=g, dtype=F64))
+    lp = 0.3 * torch.randn(rows, width, generator=g, dtype=F64)
     old = lp + 0.2 * torch.randn(rows, width, generator=g, dtype=F64)
     adv = torch.randn(rows, 1, generator=g, dtype=F64).expand(rows, width).contiguous()
     params = PolicyLossParams(clip_ratio_low=0.1, clip_ratio_high=0.1)
@@ -84,8 +91,9 @@ def test_gspo_sequence_ratio_does_not_depend_on_micro_batch_or_padding(seed: int
             pad = torch.zeros(part.stop - part.start, extra_pad, dtype=F64)
             piece = torch.cat([lp[part], pad + 9.0], dim=1).requires_grad_(True)
             piece_mask = torch.cat([mask[part], pad.bool()], dim=1)
-            sub = get_policy_loss(name).fn(piece, torch.cat([old[part], pad], 1), torch.cat([adv[part], pad], 1),
-                                           piece_mask, params)
+            sub = get_policy_loss(name).fn(
+                piece, torch.cat([old[part], pad], 1), torch.cat([adv[part], pad], 1), piece_mask, params
+            )
             sub.loss_mat.sum().backward()
             torch.testing.assert_close(sub.loss_mat[:, :width], out.loss_mat[part])
             torch.testing.assert_close(piece.grad[:, :width], whole.grad[part])
@@ -139,8 +147,15 @@ def test_gmpo_hand_computed() -> None:
     # Row 1, A = -1, log-ratios [-0.6, 0.3]: pessimistic = larger -> [-0.4, 0.3], mean -0.05; loss e^-0.05;
     # token 0 clipped, token 1 gradient 2 * (e^-0.05 / 2) = e^-0.05.
     lp = [[0.5, -0.1, 0.2], [-0.6, 0.3, 0.0]]
-    out, grad = run("geo_mean", lp, [[0.0] * 3] * 2, [[1.0] * 3, [-1.0] * 3], [[1, 1, 1], [1, 1, 0]],
-                    clip_ratio_low=0.4, clip_ratio_high=0.4)
+    out, grad = run(
+        "geo_mean",
+        lp,
+        [[0.0] * 3] * 2,
+        [[1.0] * 3, [-1.0] * 3],
+        [[1, 1, 1], [1, 1, 0]],
+        clip_ratio_low=0.4,
+        clip_ratio_high=0.4,
+    )
     up, down = math.exp(1 / 6), math.exp(-0.05)
     torch.testing.assert_close(out.loss_mat, torch.tensor([[-up, -up, -up], [down, down, 0.0]], dtype=F64))
     torch.testing.assert_close(grad, torch.tensor([[0.0, -up, -up], [0.0, down, 0.0]], dtype=F64))
@@ -196,10 +211,13 @@ def test_clip_cov_off_policy_clips_and_never_detaches_an_already_clipped_token()
     old = [[lp[0][t] - math.log(r) for t, r in enumerate(ratios)]]
     for seed in range(8):  # a draw among the clipped tokens too would miss token 1 in most of these seeds
         lp_t = torch.tensor(lp, dtype=F64, requires_grad=True)
-        out = get_policy_loss("clip_cov").fn(lp_t, torch.tensor(old, dtype=F64),
-                                             torch.tensor([[1.0, 1.0, -1.0, -1.0, 0.0]], dtype=F64),
-                                             torch.tensor([[1, 1, 1, 1, 1]]),
-                                             PolicyLossParams(generator=torch.Generator().manual_seed(seed)))
+        out = get_policy_loss("clip_cov").fn(
+            lp_t,
+            torch.tensor(old, dtype=F64),
+            torch.tensor([[1.0, 1.0, -1.0, -1.0, 0.0]], dtype=F64),
+            torch.tensor([[1, 1, 1, 1, 1]]),
+            PolicyLossParams(generator=torch.Generator().manual_seed(seed)),
+        )
         out.loss_mat.sum().backward()
         torch.testing.assert_close(out.loss_mat, torch.tensor([[-1.28, -1.1, 0.8, 2.0, 0.0]], dtype=F64))
         torch.testing.assert_close(lp_t.grad, torch.tensor([[0.0, 0.0, 0.0, 2.0, 0.0]], dtype=F64))
@@ -212,8 +230,16 @@ def test_clip_cov_off_policy_clip_reads_eps_low_and_eps_high() -> None:
     # token 2 (Cov 4) are the only ones in it and 1 of them is detached: the other keeps its gradient -A r.
     lp = [[-1.0, -2.0, -9.0, -11.0, -2.0]]
     old = [[lp[0][t] - math.log(r) for t, r in enumerate([1.5, 1.1, 0.5, 2.0, 0.7])]]
-    out, grad = run("clip_cov", lp, old, [[1.0, 1.0, -1.0, -1.0, 0.0]], [[1, 1, 1, 1, 1]],
-                    clip_ratio_low=0.6, clip_ratio_high=0.6, clip_cov_lb=3.5)
+    out, grad = run(
+        "clip_cov",
+        lp,
+        old,
+        [[1.0, 1.0, -1.0, -1.0, 0.0]],
+        [[1, 1, 1, 1, 1]],
+        clip_ratio_low=0.6,
+        clip_ratio_high=0.6,
+        clip_cov_lb=3.5,
+    )
     torch.testing.assert_close(out.loss_mat, torch.tensor([[-1.5, -1.1, 0.5, 2.0, 0.0]], dtype=F64))
     assert grad[0, 1].item() == pytest.approx(-1.1) and grad[0, 3].item() == pytest.approx(2.0)
     undetached = {0: -1.5, 2: 0.5}  # -A r of tokens 0 and 2
@@ -250,21 +276,28 @@ def test_on_policy_every_ratio_is_exactly_one(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(POLICY_LOSSES))
 def test_shape_mismatch_and_padding_never_leak(name: str) -> None:
     with pytest.raises(ValueError, match="same shape"):
-        get_policy_loss(name).fn(torch.zeros(1, 2), torch.zeros(1, 2), torch.zeros(1, 3), torch.ones(1, 2),
-                                 PolicyLossParams())
+        get_policy_loss(name).fn(
+            torch.zeros(1, 2), torch.zeros(1, 2), torch.zeros(1, 3), torch.ones(1, 2), PolicyLossParams()
+        )
     lp = torch.tensor([[-1.0, 80.0]], requires_grad=True)
-    out = get_policy_loss(name).fn(lp, torch.tensor([[-1.2, -90.0]]), torch.tensor([[1.0, 1.0]]),
-                                   torch.tensor([[1, 0]]), PolicyLossParams())
+    out = get_policy_loss(name).fn(
+        lp, torch.tensor([[-1.2, -90.0]]), torch.tensor([[1.0, 1.0]]), torch.tensor([[1, 0]]), PolicyLossParams()
+    )
     out.loss_mat.sum().backward()
     assert out.loss_mat[0, 1].item() == 0.0 and lp.grad[0, 1].item() == 0.0
     assert bool(torch.isfinite(lp.grad).all())
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.floats(-2, 2), min_size=1, max_size=6), st.floats(-3, 3).filter(lambda a: abs(a) > 1e-3),
-       st.floats(0.05, 0.95), st.floats(0.05, 1.0))
-def test_gmpo_clip_bounds_the_side_that_helps_the_advantage(log_ratios: list[float], a: float, lo: float,
-                                                            hi: float) -> None:
+@given(
+    st.lists(st.floats(-2, 2), min_size=1, max_size=6),
+    st.floats(-3, 3).filter(lambda a: abs(a) > 1e-3),
+    st.floats(0.05, 0.95),
+    st.floats(0.05, 1.0),
+)
+def test_gmpo_clip_bounds_the_side_that_helps_the_advantage(
+    log_ratios: list[float], a: float, lo: float, hi: float
+) -> None:
     """Like PPO's clip, GMPO's pessimistic log-space clip caps the sequence ratio above at e^eps_high when A > 0 and
     below at e^-eps_low when A < 0 (the other side stays open: the objective never rewards it)."""
     n = len(log_ratios)
@@ -279,7 +312,8 @@ def test_gmpo_clip_bounds_the_side_that_helps_the_advantage(log_ratios: list[flo
 
 @settings(max_examples=60, deadline=None)
 @given(st.floats(-3, 3).filter(lambda a: abs(a) > 1e-3), st.floats(0.1, 5.0), st.floats(0.1, 5.0))
-def test_sapo_on_policy_gradient_is_the_policy_gradient_for_any_temperature(a: float, tau_pos: float,
-                                                                            tau_neg: float) -> None:
+def test_sapo_on_policy_gradient_is_the_policy_gradient_for_any_temperature(
+    a: float, tau_pos: float, tau_neg: float
+) -> None:
     _, grad = run("sapo", [[-1.3]], [[-1.3]], [[a]], [[1]], tau_pos=tau_pos, tau_neg=tau_neg)
     assert grad.item() == pytest.approx(-a)  # slope of f_tau at r = 1 is 1 whatever tau

@@ -174,7 +174,11 @@ def test_property_weights_are_one_when_the_policies_agree(
     old, _rollout, mask, threshold = inputs
     threshold = max(threshold, 1.0)  # a weight of 1 is only representable when C >= 1
     out = truncated_importance_weights(
-        old, old.clone(), mask, level=level, threshold=threshold  # type: ignore[arg-type]
+        old,
+        old.clone(),
+        mask,
+        level=level,
+        threshold=threshold,  # type: ignore[arg-type]
     )
     assert torch.equal(out.weights, mask.float())
     assert out.truncated_fraction == 0.0
@@ -221,8 +225,9 @@ def test_tis_effective_sample_size_by_hand() -> None:
         ("seq_max_k3", 0.95, None, [True] * 3, [True] * 2),
     ],
 )
-def test_rejection_modes_by_hand(mode: str, upper: float, lower: float | None, keep_row0: list[bool],
-                                 keep_row1: list[bool]) -> None:
+def test_rejection_modes_by_hand(
+    mode: str, upper: float, lower: float | None, keep_row0: list[bool], keep_row1: list[bool]
+) -> None:
     old, rollout = _with_garbage_padding(OLD, ROLLOUT, MASK)
     out = rejection_mask(old, rollout, MASK, mode=mode, upper=upper, lower=lower)
     want = torch.tensor([keep_row0 + [False], keep_row1 + [False, False]])

@@ -9,17 +9,27 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dapo.data.big_arith import (
-    DATA_SOURCE, TOOL_INSTRUCTION, BigArithConfig, big_arith_records, generate_big_arith_problems,
+    DATA_SOURCE,
+    TOOL_INSTRUCTION,
+    BigArithConfig,
+    big_arith_records,
+    generate_big_arith_problems,
 )
 from dapo.data.schema import DapoRecord
 from dapo.reward.registry import score_one
 from dapo.tools.sandbox import PythonSandbox
 
 
-@given(seed=st.integers(0, 2**32), kind=st.sampled_from(["product", "sum"]), lo=st.integers(1, 8),
-       extra=st.integers(0, 4), operands=st.integers(2, 6))
-def test_the_answer_is_the_exact_value_of_the_statement(seed: int, kind: str, lo: int, extra: int,
-                                                        operands: int) -> None:
+@given(
+    seed=st.integers(0, 2**32),
+    kind=st.sampled_from(["product", "sum"]),
+    lo=st.integers(1, 8),
+    extra=st.integers(0, 4),
+    operands=st.integers(2, 6),
+)
+def test_the_answer_is_the_exact_value_of_the_statement(
+    seed: int, kind: str, lo: int, extra: int, operands: int
+) -> None:
     config = BigArithConfig(kind=kind, min_digits=lo, max_digits=lo + extra, operands=operands)
     for p in generate_big_arith_problems(5, seed, config):
         symbol = " * " if kind == "product" else " + "
@@ -43,7 +53,7 @@ def test_rows_are_valid_dapo_records_with_the_tool_instruction() -> None:
     assert [r.data_source for r in records] == [DATA_SOURCE] * 3
     content = rows[0]["prompt"][0]["content"]
     assert TOOL_INSTRUCTION in content and content.startswith("Solve the following math problem")
-    assert content.index(TOOL_INSTRUCTION) < content.index('Remember to put your answer')
+    assert content.index(TOOL_INSTRUCTION) < content.index("Remember to put your answer")
 
 
 def test_the_dapo_reward_accepts_the_tool_computed_answer_and_rejects_a_near_miss() -> None:

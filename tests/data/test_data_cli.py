@@ -26,8 +26,22 @@ def test_prepare_prints_the_summary_and_writes_the_splits(tmp_path: Path) -> Non
     rows = [{"question": f"Q{i}", "answer": f"work\n#### {i},000"} for i in range(1, 9)]
     rows.append({"question": "Q1", "answer": "#### 1,000"})
     src = write_jsonl_rows(tmp_path / "gsm.jsonl", rows)
-    code, out = _run("prepare", src, "--out", tmp_path / "out", "--problem-key", "question", "--format", "gsm8k",
-                     "--val-size", "2", "--seed", "3", "--data-source", "gsm8k")
+    code, out = _run(
+        "prepare",
+        src,
+        "--out",
+        tmp_path / "out",
+        "--problem-key",
+        "question",
+        "--format",
+        "gsm8k",
+        "--val-size",
+        "2",
+        "--seed",
+        "3",
+        "--data-source",
+        "gsm8k",
+    )
     assert code == 0, out
     for words in ("rows read", "9", "duplicates removed", "1 (0 with a different answer)", "train", "6", "val"):
         assert words in out
@@ -67,16 +81,34 @@ def test_prepare_errors_exit_1_with_the_message_and_no_traceback(tmp_path: Path)
 
 def test_synth_writes_a_data_set_the_validator_accepts(tmp_path: Path) -> None:
     out_path = tmp_path / "synth.parquet"
-    code, out = _run("synth", "--out", out_path, "--num", "12", "--seed", "5", "--max-value", "9",
-                     "--operations", "+,*", "--no-word-problems", "--min-operands", "3", "--max-operands", "3")
+    code, out = _run(
+        "synth",
+        "--out",
+        out_path,
+        "--num",
+        "12",
+        "--seed",
+        "5",
+        "--max-value",
+        "9",
+        "--operations",
+        "+,*",
+        "--no-word-problems",
+        "--min-operands",
+        "3",
+        "--max-operands",
+        "3",
+    )
     assert code == 0, out
     records = load_records(out_path)
-    expected = generate_synth_problems(12, 5, SynthConfig(min_operands=3, max_operands=3, max_value=9,
-                                                          operations=("+", "*"), word_problems=False))
+    expected = generate_synth_problems(
+        12, 5, SynthConfig(min_operands=3, max_operands=3, max_value=9, operations=("+", "*"), word_problems=False)
+    )
     assert [r.ground_truth for r in records] == [str(p.answer) for p in expected]
     assert [r.prompt[0].content for r in records] == [apply_dapo_template(p.problem) for p in expected]
-    assert all(r.extra_info["raw_problem"].startswith("Compute") and "-" not in r.extra_info["raw_problem"]
-               for r in records)
+    assert all(
+        r.extra_info["raw_problem"].startswith("Compute") and "-" not in r.extra_info["raw_problem"] for r in records
+    )
     code, out = _run("validate", out_path)
     assert code == 0 and f"OK {out_path}: 12 records (synth_arith: 12)" in out
     assert "not in the DAPO template" not in out
@@ -131,6 +163,7 @@ def _file_size_limit(limit: int):
     def apply() -> None:  # a real EFBIG in the child once a file grows past `limit`, as on a full disk
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
     return apply
 
 
@@ -147,9 +180,13 @@ def test_full_disk_at_the_second_split_leaves_both_old_splits_and_no_temporary(t
     out_dir.mkdir()
     (out_dir / "train.parquet").write_bytes(b"old train")
     (out_dir / "val.parquet").write_bytes(b"old val")
-    proc = subprocess.run([sys.executable, "-m", "dapo.cli.main", "data", *args, "--out", str(out_dir)],
-                          capture_output=True, text=True, timeout=120,
-                          preexec_fn=_file_size_limit((train_size + val_size) // 2))
+    proc = subprocess.run(
+        [sys.executable, "-m", "dapo.cli.main", "data", *args, "--out", str(out_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=_file_size_limit((train_size + val_size) // 2),
+    )
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert f"writing {out_dir / 'val.parquet'} failed: file size limit exceeded" in proc.stderr
     # the train split was written in full, but is not renamed onto the old one without its val split

@@ -226,6 +226,9 @@ def test_jsonl_keeps_unicode_line_separators_inside_strings(tmp_path: Path) -> N
 def test_json_nested_deeper_than_python_parses_is_a_row_problem(tmp_path: Path) -> None:
     path = tmp_path / "deep.jsonl"
     path.write_text(json.dumps(good_row(0)) + "\n" + "[" * 100_000 + "\n")
-    with pytest.raises(DataValidationError, match=r"deep\.jsonl, row 1 \(line 2\), field '<line>': invalid JSON "
-                                                  r"\(nested too deeply\)"):
+    with pytest.raises(
+        DataValidationError,
+        match=r"deep\.jsonl, row 1 \(line 2\), field '<line>': invalid JSON "
+        r"\(nested too deeply\)",
+    ):
         load_records(path)

@@ -35,10 +35,24 @@ def _rows(n: int) -> list[dict[str, Any]]:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("42", "42"), ("-5", "-5"), ("+5", "5"), ("007", "7"), ("-0", "0"), ("1,234", "1234"),
-        ("-12,345,678", "-12345678"), (" 9 ", "9"),
-        ("3/4", None), ("\\sqrt2", None), ("2.5", None), ("1,23", None), ("12,34,567", None), ("", None),
-        ("1 234", None), ("5x", None), ("--5", None), ("1e3", None),
+        ("42", "42"),
+        ("-5", "-5"),
+        ("+5", "5"),
+        ("007", "7"),
+        ("-0", "0"),
+        ("1,234", "1234"),
+        ("-12,345,678", "-12345678"),
+        (" 9 ", "9"),
+        ("3/4", None),
+        ("\\sqrt2", None),
+        ("2.5", None),
+        ("1,23", None),
+        ("12,34,567", None),
+        ("", None),
+        ("1 234", None),
+        ("5x", None),
+        ("--5", None),
+        ("1e3", None),
     ],
 )
 def test_parse_integer_answer(text: str, expected: str | None) -> None:
@@ -75,7 +89,11 @@ def test_prepare_writes_templated_validated_parquet(tmp_path: Path) -> None:
         ("toy", "math", "rule", "user", 1)
     }
     assert records[3].extra_info == {
-        "index": 3, "split": "train", "raw_problem": "What is 3 + 1?", "source_file": "toy.jsonl", "source_row": 3
+        "index": 3,
+        "split": "train",
+        "raw_problem": "What is 3 + 1?",
+        "source_file": "toy.jsonl",
+        "source_row": 3,
     }
 
 
@@ -171,10 +189,18 @@ def test_malformed_rows_are_dropped_with_reasons(tmp_path: Path) -> None:
 
 
 def test_dapo_schema_inputs_take_problem_from_prompt_and_answer_from_ground_truth(tmp_path: Path) -> None:
-    raw_prompt = {"data_source": "DAPO-17k", "prompt": [{"role": "user", "content": "Raw problem A"}],
-                  "ability": "math", "reward_model": {"ground_truth": "34", "style": "rule"}}
-    templated = {"data_source": "math_dapo", "prompt": [{"role": "user", "content": apply_dapo_template("Problem B")}],
-                 "ability": "MATH", "reward_model": {"ground_truth": "540", "style": "rule-lighteval/MATH_v2"}}
+    raw_prompt = {
+        "data_source": "DAPO-17k",
+        "prompt": [{"role": "user", "content": "Raw problem A"}],
+        "ability": "math",
+        "reward_model": {"ground_truth": "34", "style": "rule"},
+    }
+    templated = {
+        "data_source": "math_dapo",
+        "prompt": [{"role": "user", "content": apply_dapo_template("Problem B")}],
+        "ability": "MATH",
+        "reward_model": {"ground_truth": "540", "style": "rule-lighteval/MATH_v2"},
+    }
     broken = {"data_source": "x", "prompt": [], "reward_model": {"ground_truth": "1"}}
     src = write_jsonl_rows(tmp_path / "dapo.jsonl", [raw_prompt, templated, templated, broken])
     summary = prepare_dataset(src, tmp_path / "out")

@@ -31,8 +31,13 @@ DELETE = object()
 
 # (case id, bad row, field named in the error, words of the message, representable in parquet)
 BAD_RECORDS = [
-    ("missing ground truth", _with(("reward_model", "ground_truth"), DELETE), "reward_model.ground_truth", "missing",
-     True),
+    (
+        "missing ground truth",
+        _with(("reward_model", "ground_truth"), DELETE),
+        "reward_model.ground_truth",
+        "missing",
+        True,
+    ),
     ("null ground truth", _with(("reward_model", "ground_truth"), None), "reward_model.ground_truth", "missing", True),
     ("empty ground truth", _with(("reward_model", "ground_truth"), ""), "reward_model.ground_truth", "empty", True),
     ("blank ground truth", _with(("reward_model", "ground_truth"), "  "), "reward_model.ground_truth", "empty", True),

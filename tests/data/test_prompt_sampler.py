@@ -240,8 +240,12 @@ def test_from_config_follows_skip_solved_prompts() -> None:
     from dapo.config import build_config
 
     assert PromptSampler.from_config(_items(2), build_config()).record is None
-    on = build_config(overrides=["algorithm.filter_groups.skip_solved_prompts.enable=true",
-                                 "algorithm.filter_groups.skip_solved_prompts.epochs=3"])
+    on = build_config(
+        overrides=[
+            "algorithm.filter_groups.skip_solved_prompts.enable=true",
+            "algorithm.filter_groups.skip_solved_prompts.epochs=3",
+        ]
+    )
     assert PromptSampler.from_config(_items(2), on).record is not None
 
 

@@ -8,8 +8,12 @@ from dapo.config import ConfigError, build_config
 from dapo.data.schema import DataError
 from dapo.data.task import read_task
 
-SUMS = ["data.synth.operations=[+]", "data.synth.max_value=9", "data.synth.max_operands=2",
-        "data.synth.word_problems=false"]
+SUMS = [
+    "data.synth.operations=[+]",
+    "data.synth.max_value=9",
+    "data.synth.max_operands=2",
+    "data.synth.word_problems=false",
+]
 
 
 def test_single_digit_sums_hold_out_distinct_problems_never_trained_on() -> None:
@@ -19,8 +23,9 @@ def test_single_digit_sums_hold_out_distinct_problems_never_trained_on() -> None
     assert len(val) == len(set(val)) == 64
     assert not train & set(val) and len(train) == 81 - 64  # the 17 other sums a + b with 1 <= a, b <= 9
     assert all(p.startswith("Compute ") and "-" not in p and "*" not in p for p in train | set(val))
-    assert all(int(r.ground_truth) == sum(map(int, r.extra_info["raw_problem"][8:-1].split(" + ")))
-               for r in records.val)
+    assert all(
+        int(r.ground_truth) == sum(map(int, r.extra_info["raw_problem"][8:-1].split(" + "))) for r in records.val
+    )
 
 
 def test_more_held_out_problems_than_exist_is_a_data_error_naming_the_key() -> None:

@@ -35,9 +35,13 @@ def test_a_teacher_that_is_not_the_student_moves_the_loss_and_the_weights(tmp_pa
     assert _largest_change(moved, plain) > 10 * _largest_change(plain, before)
 
 
-@pytest.mark.parametrize("mode", [["distillation.distillation_loss.loss_mode=k1"],
-                                  ["distillation.distillation_loss.loss_mode=k3",
-                                   "distillation.distillation_loss.use_policy_gradient=false"]])
+@pytest.mark.parametrize(
+    "mode",
+    [
+        ["distillation.distillation_loss.loss_mode=k1"],
+        ["distillation.distillation_loss.loss_mode=k3", "distillation.distillation_loss.use_policy_gradient=false"],
+    ],
+)
 def test_the_student_as_its_own_teacher_gives_exactly_zero_signal(mode: list[str]) -> None:
     _, metrics, _ = actor_step(distill_overrides(STUDENT, REWARD_OFF, *mode), same_rewards=True)
     assert metrics["distill/reverse_kl"] == 0.0
@@ -61,8 +65,9 @@ class _BrokenTeacher:
         pass
 
 
-@pytest.mark.parametrize(("answer", "says"), [("nothing", "returned no log-probs"),
-                                              ("short", r"returned \d+ log-probs for response 0")])
+@pytest.mark.parametrize(
+    ("answer", "says"), [("nothing", "returned no log-probs"), ("short", r"returned \d+ log-probs for response 0")]
+)
 def test_a_teacher_answer_that_is_empty_or_short_stops_the_step_naming_the_teacher(answer: str, says: str) -> None:
     teachers = TeacherSet({"broken_teacher": _BrokenTeacher(answer)}, {"broken_teacher": None}, "data_source")
     with pytest.raises(TrainingError, match=f"distillation teacher 'broken_teacher' {says}"):

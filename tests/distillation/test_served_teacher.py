@@ -29,16 +29,28 @@ def served_port():
 
 def _batch(tokenizer) -> TrainBatch:
     prompts = [tokenizer("What is 2 + 3?", add_special_tokens=False)["input_ids"]] * 2
-    responses = [tokenizer(" 5. The answer is 5", add_special_tokens=False)["input_ids"],
-                 tokenizer(" 6", add_special_tokens=False)["input_ids"]]
-    return TrainBatch(prompt_ids=prompts, response_ids=responses, advantages=torch.zeros(2),
-                      sample_mask=torch.ones(2, dtype=torch.bool), group_index=torch.zeros(2, dtype=torch.long))
+    responses = [
+        tokenizer(" 5. The answer is 5", add_special_tokens=False)["input_ids"],
+        tokenizer(" 6", add_special_tokens=False)["input_ids"],
+    ]
+    return TrainBatch(
+        prompt_ids=prompts,
+        response_ids=responses,
+        advantages=torch.zeros(2),
+        sample_mask=torch.ones(2, dtype=torch.bool),
+        group_index=torch.zeros(2, dtype=torch.long),
+    )
 
 
 def test_the_served_teacher_scores_exactly_the_student_tokens_as_the_local_one(served_port: int) -> None:
     student = load_policy(ModelConfig())
-    served = ServedTeacher("served", f"http://127.0.0.1:{served_port}", served_model_name=None, timeout_s=60,
-                           student_tokenizer=student.tokenizer)
+    served = ServedTeacher(
+        "served",
+        f"http://127.0.0.1:{served_port}",
+        served_model_name=None,
+        timeout_s=60,
+        student_tokenizer=student.tokenizer,
+    )
     local = LocalTeacher("local", STUDENT, actor_cfg=ActorConfig(), device="cpu", student_tokenizer=student.tokenizer)
     batch = _batch(student.tokenizer)
     got, want = served.log_probs(batch), local.log_probs(batch)
@@ -49,8 +61,9 @@ def test_the_served_teacher_scores_exactly_the_student_tokens_as_the_local_one(s
 
 
 def test_a_training_step_with_the_served_student_as_teacher_has_no_signal(served_port: int) -> None:
-    _, metrics, _ = actor_step(distill_overrides(f"http://127.0.0.1:{served_port}/v1",
-                                                 "distillation.distillation_loss.use_task_rewards=false"))
+    _, metrics, _ = actor_step(
+        distill_overrides(f"http://127.0.0.1:{served_port}/v1", "distillation.distillation_loss.use_task_rewards=false")
+    )
     assert abs(metrics["distill/reverse_kl"]) < 1e-4  # the same weights over HTTP: float noise only
     assert metrics["distill/teacher_log_prob_mean"] < 0.0
 
@@ -59,8 +72,13 @@ def test_an_unreachable_server_is_refused_naming_the_teacher() -> None:
     from tests.harness.ports import free_port
 
     with pytest.raises(TeacherError, match="distillation teacher 'far' at http://127.0.0.1:.*cannot reach it"):
-        ServedTeacher("far", f"http://127.0.0.1:{free_port()}", served_model_name="x", timeout_s=5,
-                      student_tokenizer=load_policy(ModelConfig()).tokenizer)
+        ServedTeacher(
+            "far",
+            f"http://127.0.0.1:{free_port()}",
+            served_model_name="x",
+            timeout_s=5,
+            student_tokenizer=load_policy(ModelConfig()).tokenizer,
+        )
 
 
 class _OtherTokenizer:

@@ -23,8 +23,14 @@ from dapo.actor.optim import build_lr_scheduler, build_optimizer  # noqa: E402
 from dapo.actor.update import update_policy  # noqa: E402
 from dapo.config import ModelConfig, OptimConfig  # noqa: E402
 from dapo.config.schema import FsdpConfig  # noqa: E402
-from dapo.distributed.fsdp import (full_model_state, full_optimizer_state, load_full_model_state,  # noqa: E402
-                                   load_full_optimizer_state, shard_actor, stream_full_parameters)
+from dapo.distributed.fsdp import (
+    full_model_state,
+    full_optimizer_state,
+    load_full_model_state,  # noqa: E402
+    load_full_optimizer_state,
+    shard_actor,
+    stream_full_parameters,
+)
 from dapo.distributed.world import World  # noqa: E402
 from dapo.model.lora import adapter_named_parameters, apply_lora, merged_named_parameters  # noqa: E402
 from tests.actor.actor_helpers import actor_config, random_batch, tiny_llama  # noqa: E402
@@ -43,9 +49,9 @@ def full_states_load_back(model, optimizer, world: World) -> bool:
     model_again, optim_again = full_model_state(model), full_optimizer_state(model, optimizer)
     if not world.is_main:
         return True
-    return (all(torch.equal(model_again[k], v) for k, v in model_state.items())
-            and all(torch.equal(optim_again["state"][i]["exp_avg"], slot["exp_avg"])
-                    for i, slot in optim_state["state"].items()))
+    return all(torch.equal(model_again[k], v) for k, v in model_state.items()) and all(
+        torch.equal(optim_again["state"][i]["exp_avg"], slot["exp_avg"]) for i, slot in optim_state["state"].items()
+    )
 
 
 def tied_weights_load_back(world: World) -> bool:
@@ -59,8 +65,14 @@ def tied_weights_load_back(world: World) -> bool:
     return bool(torch.equal(head, state["model.embed_tokens.weight"]))
 
 
-def update(world: World, strategy: str = "replicated", layout: str = "auto", checkpointing: bool = False,
-           zero_group: int | None = None, lora: bool = False) -> dict:
+def update(
+    world: World,
+    strategy: str = "replicated",
+    layout: str = "auto",
+    checkpointing: bool = False,
+    zero_group: int | None = None,
+    lora: bool = False,
+) -> dict:
     """One PPO update on ``world`` (a single-process World() or torchrun's ranks); what rank 0 saves."""
     model = tiny_qwen2(3, ACTOR)
     if lora:  # rank-4 LoRA adapters (PEFT), replicated; B away from its zero start
@@ -74,17 +86,22 @@ def update(world: World, strategy: str = "replicated", layout: str = "auto", che
     batch = random_batch(5, 3, seed=11, max_prompt=6, max_response=12, masked=(4,))
     if zero_group is not None:  # that group's samples are skipped: its rank runs fewer micro-batches
         advantages = batch.advantages.clone()
-        advantages[3 * zero_group: 3 * zero_group + 3] = 0.0
+        advantages[3 * zero_group : 3 * zero_group + 3] = 0.0
         batch = dataclasses.replace(batch, advantages=advantages)
-    cfg = actor_config(ppo_mini_batch_size=5, ppo_epochs=2, ppo_max_token_len_per_gpu=24,
-                       layout=layout,  # the micro-batch layout under test
-                       gradient_checkpointing=checkpointing)
+    cfg = actor_config(
+        ppo_mini_batch_size=5,
+        ppo_epochs=2,
+        ppo_max_token_len_per_gpu=24,
+        layout=layout,  # the micro-batch layout under test
+        gradient_checkpointing=checkpointing,
+    )
     batch = batch.with_old_log_probs([lp + 0.05 for lp in compute_log_probs_batch(model, batch, cfg, 1.0)])
     padding = []
     if strategy == "fsdp2":
         model = shard_actor(model, FsdpConfig(), world, gradient_checkpointing=checkpointing)
-        padding = world.all_gather_objects(sharded_share(batch, cfg, world, resolve_layout(cfg.layout, model))
-                                           .num_padding)
+        padding = world.all_gather_objects(
+            sharded_share(batch, cfg, world, resolve_layout(cfg.layout, model)).num_padding
+        )
     optimizer = build_optimizer(model, OptimConfig(lr=1e-2, lr_warmup_steps=0))
     scheduler = build_lr_scheduler(optimizer, OptimConfig(lr=1e-2, lr_warmup_steps=0))
     metrics = update_policy(model, optimizer, scheduler, batch, cfg, temperature=1.0, world=world)
@@ -93,8 +110,9 @@ def update(world: World, strategy: str = "replicated", layout: str = "auto", che
     if lora:  # compared under the base model's names (merged), and the adapters alone
         adapters = {n: p for n, p in params.items() if ".lora_" in n}
         params = {n: p.clone() for n, p in merged_named_parameters(model)}
-    loads_back = strategy != "fsdp2" or (full_states_load_back(model, optimizer, world)
-                                         and tied_weights_load_back(world))
+    loads_back = strategy != "fsdp2" or (
+        full_states_load_back(model, optimizer, world) and tied_weights_load_back(world)
+    )
     return {"params": params, "adapters": adapters, "metrics": metrics, "padding": padding, "loads_back": loads_back}
 
 
@@ -104,8 +122,9 @@ def main() -> None:
     world = World.from_env(backend="gloo")
     for case in sys.argv[2:]:
         name, strategy, layout, checkpointing, zero_group, lora = case.split(":")
-        result = update(world, strategy, layout, checkpointing == "1", int(zero_group) if zero_group else None,
-                        lora == "1")
+        result = update(
+            world, strategy, layout, checkpointing == "1", int(zero_group) if zero_group else None, lora == "1"
+        )
         if world.is_main:
             torch.save(result, out / f"{name}.pt")
         world.barrier()

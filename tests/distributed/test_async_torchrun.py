@@ -20,10 +20,16 @@ from tests.distributed.test_train_torchrun import SMALL, metric_steps
 from tests.harness.runners import torchrun
 
 STEPS = 3
-SPLIT = [*[a for a in SMALL if not a.startswith("trainer.save_freq")], f"trainer.total_training_steps={STEPS}",
-         "async_training.mode=fully_async", "async_training.staleness_threshold=1",
-         "async_training.partial_rollout=true", "async_training.partial_rollout_chunk_tokens=4",
-         "async_training.rollout_num_threads=1", "rollout.n_gpus_per_node=1"]
+SPLIT = [
+    *[a for a in SMALL if not a.startswith("trainer.save_freq")],
+    f"trainer.total_training_steps={STEPS}",
+    "async_training.mode=fully_async",
+    "async_training.staleness_threshold=1",
+    "async_training.partial_rollout=true",
+    "async_training.partial_rollout_chunk_tokens=4",
+    "async_training.rollout_num_threads=1",
+    "rollout.n_gpus_per_node=1",
+]
 
 
 def trained_records(run_dir: Path) -> list[dict]:
@@ -45,8 +51,11 @@ def assert_trained_batches_within_bound(run_dir: Path) -> None:
 @pytest.mark.slow
 def test_one_trainer_rank_and_one_rollout_rank_train_within_the_staleness_bound(tmp_path: Path) -> None:
     run_dir = tmp_path / "split"
-    result = torchrun([*SPLIT, "trainer.experiment_name=split", f"trainer.rollout_data_dir={run_dir / 'batches'}"],
-                      tmp_path, timeout=600)
+    result = torchrun(
+        [*SPLIT, "trainer.experiment_name=split", f"trainer.rollout_data_dir={run_dir / 'batches'}"],
+        tmp_path,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     assert "engine hf on a rollout rank of its own" in result.stdout  # no worker process spawned by the trainer
     assert metric_steps(run_dir) == list(range(1, STEPS + 1))
@@ -68,8 +77,12 @@ def test_one_trainer_rank_and_two_rollout_ranks_share_every_batch_and_every_push
     cfg = build_config({}, args)
     assert cfg.data.effective_gen_batch_size % 2 == 0
     per_engine = cfg.data.effective_gen_batch_size // 2 * cfg.rollout.n  # samples of one round on each engine
-    result = torchrun([*args, "trainer.experiment_name=fleet", f"trainer.rollout_data_dir={run_dir / 'batches'}"],
-                      tmp_path, nproc=3, timeout=600)
+    result = torchrun(
+        [*args, "trainer.experiment_name=fleet", f"trainer.rollout_data_dir={run_dir / 'batches'}"],
+        tmp_path,
+        nproc=3,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     assert "engine hf on each of 2 rollout ranks" in result.stdout
     records = trained_records(run_dir)
@@ -90,10 +103,16 @@ def test_two_fsdp2_trainer_ranks_and_two_rollout_ranks_train_within_the_stalenes
     step, the bound holds sample by sample, and the checkpoint holds both trainer ranks' shards (world size 2, not 4:
     the rollout ranks hold no part of the actor)."""
     run_dir = tmp_path / "two_by_two"
-    args = [*(a if a != "rollout.n_gpus_per_node=1" else "rollout.n_gpus_per_node=2" for a in SPLIT),
-            "actor.strategy=fsdp2"]
-    result = torchrun([*args, "trainer.experiment_name=two_by_two", f"trainer.rollout_data_dir={run_dir / 'batches'}"],
-                      tmp_path, nproc=4, timeout=600)
+    args = [
+        *(a if a != "rollout.n_gpus_per_node=1" else "rollout.n_gpus_per_node=2" for a in SPLIT),
+        "actor.strategy=fsdp2",
+    ]
+    result = torchrun(
+        [*args, "trainer.experiment_name=two_by_two", f"trainer.rollout_data_dir={run_dir / 'batches'}"],
+        tmp_path,
+        nproc=4,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     assert "engine hf on each of 2 rollout ranks" in result.stdout
     records = trained_records(run_dir)
@@ -112,9 +131,15 @@ def test_two_fsdp2_trainer_ranks_and_two_rollout_ranks_train_within_the_stalenes
 def test_two_replicated_trainer_ranks_and_one_rollout_rank_resume_one_step_off(tmp_path: Path) -> None:
     """2 + 1, one_step_off, replicated: the run trains, and a rerun with more steps resumes from its checkpoint on
     the same split (the leader's prefetched batch is in the checkpoint) and records every step once."""
-    args = [*(a for a in SPLIT if not a.startswith(("async_training.mode", "async_training.partial",
-                                                        "async_training.staleness"))),
-            "async_training.mode=one_step_off", "trainer.experiment_name=two_plus_one"]
+    args = [
+        *(
+            a
+            for a in SPLIT
+            if not a.startswith(("async_training.mode", "async_training.partial", "async_training.staleness"))
+        ),
+        "async_training.mode=one_step_off",
+        "trainer.experiment_name=two_plus_one",
+    ]
     first = torchrun([*args, "trainer.total_training_steps=2"], tmp_path, nproc=3, timeout=600)
     assert first.returncode == 0, first.stderr[-4000:]
     second = torchrun([*args, "trainer.total_training_steps=3"], tmp_path, nproc=3, timeout=600)
@@ -154,11 +179,14 @@ def test_a_killed_rollout_rank_ends_the_job_and_max_restarts_resumes_it(tmp_path
 
     run_dir = tmp_path / "killed"
     args = [a if a != "rollout.n_gpus_per_node=1" else "rollout.n_gpus_per_node=2" for a in SPLIT]
-    command = torchrun_command([*args, "trainer.save_freq=1", "trainer.experiment_name=killed"], tmp_path, nproc=3,
-                               # c10d rendezvous: a restarted round meets afresh (a static master port's store
-                               # keeps the dead round's addresses, and gloo's mesh then connects to them)
-                               rdzv=["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-                                     "--max-restarts=1"])
+    command = torchrun_command(
+        [*args, "trainer.save_freq=1", "trainer.experiment_name=killed"],
+        tmp_path,
+        nproc=3,
+        # c10d rendezvous: a restarted round meets afresh (a static master port's store
+        # keeps the dead round's addresses, and gloo's mesh then connects to them)
+        rdzv=["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--max-restarts=1"],
+    )
     log_path = tmp_path / "job.log"
     with log_path.open("w") as log:
         job = subprocess.Popen(command, env=TORCHRUN_ENV, stdout=log, stderr=subprocess.STDOUT)
@@ -180,8 +208,9 @@ def test_a_killed_rollout_rank_ends_the_job_and_max_restarts_resumes_it(tmp_path
     # Whoever notices first names the dead rank in one line: the trainer (its connection to the rank closed) or,
     # when torchrun has already stopped it, the trainer's SIGTERM handler; no rank prints a traceback.
     first_round = out.split("resumed from")[0]
-    assert ("rollout rank 2: its connection closed" in first_round
-            or "rank 0: rank 2 of 3 died" in first_round), out[-4000:]
+    assert "rollout rank 2: its connection closed" in first_round or "rank 0: rank 2 of 3 died" in first_round, out[
+        -4000:
+    ]
     assert "Traceback" not in first_round, out[-4000:]
     assert "resumed from" in out
     assert metric_steps(run_dir) == list(range(1, STEPS + 1))  # every step recorded once

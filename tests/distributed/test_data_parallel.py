@@ -25,13 +25,16 @@ WORKER = Path(__file__).with_name("dp_update_worker.py")
 
 
 # The cases of the 2-rank update, all run by one torchrun launch: NAME:STRATEGY:LAYOUT:CHECKPOINTING:ZERO_GROUP:LORA.
-CASES = ["packed:replicated:packed:0::0", "padded:replicated:padded:0::0",
-         # LoRA under torchrun with gradient checkpointing on: the adapters replicated on every rank, their gradients
-         # summed (the frozen base has none).
-         "lora:replicated:shared_prompt:1::1",
-         # FSDP2 with gradient checkpointing on. Group 0 has zero advantages, so its samples are skipped and the rank
-         # training it needs fewer micro-batches than the other (3 against 5): it pads with zero-weight passes.
-         "fsdp2:fsdp2:padded:1:0:0"]
+CASES = [
+    "packed:replicated:packed:0::0",
+    "padded:replicated:padded:0::0",
+    # LoRA under torchrun with gradient checkpointing on: the adapters replicated on every rank, their gradients
+    # summed (the frozen base has none).
+    "lora:replicated:shared_prompt:1::1",
+    # FSDP2 with gradient checkpointing on. Group 0 has zero advantages, so its samples are skipped and the rank
+    # training it needs fewer micro-batches than the other (3 against 5): it pads with zero-weight passes.
+    "fsdp2:fsdp2:padded:1:0:0",
+]
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +42,17 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The directory where one real 2-rank torchrun launch left every case's update (``NAME.pt``)."""
     out = tmp_path_factory.mktemp("two_ranks")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
-           f"--master-port={free_port()}", str(WORKER), str(out), *CASES]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node=2",
+        "--master-addr=127.0.0.1",
+        f"--master-port={free_port()}",
+        str(WORKER),
+        str(out),
+        *CASES,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return out
@@ -49,6 +61,7 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def one_process(**case) -> dict:
     """The same update in one process (this one, no process group), single-threaded as the ranks are."""
     from tests.distributed.dp_update_worker import update
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -60,8 +60,12 @@ def killed_after(checkpoint: Path, victim: str, run_root: Path, log_path: Path) 
     both ranks at once, the machine or the job dies; "rank 1": that rank alone, torchrun then stops the other) once
     ``checkpoint`` is complete, and return the job's output."""
     log = log_path.open("w")
-    job = subprocess.Popen(torchrun_command([*ARGS, "trainer.experiment_name=run"], run_root), env=TORCHRUN_ENV,
-                           stdout=log, stderr=subprocess.STDOUT)
+    job = subprocess.Popen(
+        torchrun_command([*ARGS, "trainer.experiment_name=run"], run_root),
+        env=TORCHRUN_ENV,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     workers: dict[int, int] = {}
     try:
         deadline = time.monotonic() + 240

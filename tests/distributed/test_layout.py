@@ -48,8 +48,11 @@ def test_other_known_models_by_hand():
 
 def test_tiny_model_table_entry_is_the_embedded_config_and_counts_its_weights():
     asset = REPO / "src" / "dapo" / "assets" / "tiny-qwen2"
-    from_file = ModelShape.from_hf_config(json.loads((asset / "config.json").read_text()), name="tiny-qwen2 (embedded)",
-                                          source=KNOWN_MODELS["tiny-qwen2"].source)
+    from_file = ModelShape.from_hf_config(
+        json.loads((asset / "config.json").read_text()),
+        name="tiny-qwen2 (embedded)",
+        source=KNOWN_MODELS["tiny-qwen2"].source,
+    )
     assert from_file == KNOWN_MODELS["tiny-qwen2"]
     raw = (asset / "model.safetensors").read_bytes()
     header = json.loads(raw[8 : 8 + struct.unpack("<Q", raw[:8])[0]])
@@ -57,11 +60,16 @@ def test_tiny_model_table_entry_is_the_embedded_config_and_counts_its_weights():
     assert from_file.num_parameters == stored
 
 
-@pytest.mark.parametrize("name,key", [
-    ("Qwen/Qwen2.5-32B", "qwen2.5-32b"), ("Qwen/Qwen2.5-32B-Instruct", "qwen2.5-32b"),
-    ("/models/Qwen2.5-Math-7B/", "qwen2.5-math-7b"), ("Qwen/Qwen2.5-7B", "qwen2.5-7b"),
-    ("SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m"),
-])
+@pytest.mark.parametrize(
+    "name,key",
+    [
+        ("Qwen/Qwen2.5-32B", "qwen2.5-32b"),
+        ("Qwen/Qwen2.5-32B-Instruct", "qwen2.5-32b"),
+        ("/models/Qwen2.5-Math-7B/", "qwen2.5-math-7b"),
+        ("Qwen/Qwen2.5-7B", "qwen2.5-7b"),
+        ("SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m"),
+    ],
+)
 def test_known_model_lookup(name, key):
     assert known_model_shape(name) is KNOWN_MODELS[key]
 
@@ -121,8 +129,13 @@ def test_7b_recipe_on_one_gpu_warns_that_the_actor_does_not_fit():
 
 def test_assumptions_move_the_rounds_and_tokens():
     cfg = load_config(FULL)
-    lo = compute_layout(cfg, Q32, nnodes=16, nproc_per_node=8,
-                        assumptions=Assumptions(informative_fraction=0.1, mean_response_tokens=4000))
+    lo = compute_layout(
+        cfg,
+        Q32,
+        nnodes=16,
+        nproc_per_node=8,
+        assumptions=Assumptions(informative_fraction=0.1, mean_response_tokens=4000),
+    )
     assert lo.expected_rounds == 4  # ceil(512 / 153.6)
     assert lo.expected_generated_tokens == 4 * 1536 * 16 * 4000
     starved = compute_layout(cfg, Q32, nnodes=16, nproc_per_node=8, assumptions=Assumptions(informative_fraction=0.02))
@@ -142,7 +155,9 @@ def _errors(path: Path, overrides: list[str], world: int) -> list[str]:
 
 def test_batch_not_divisible_by_data_parallel_size():
     errors = _errors(SEVEN_B, [], 6)
-    assert any(e.startswith("data.train_batch_size (512) must be divisible by the data-parallel size (6") for e in errors)
+    assert any(
+        e.startswith("data.train_batch_size (512) must be divisible by the data-parallel size (6") for e in errors
+    )
 
 
 def test_tensor_parallel_must_divide_the_world():
@@ -165,14 +180,17 @@ def test_mini_batch_larger_than_batch():
 def test_mini_batch_not_dividing_batch():
     cfg = load_config(SEVEN_B)
     cfg.actor.ppo_mini_batch_size = 48
-    assert any("actor.ppo_mini_batch_size (48) must divide data.train_batch_size (512)" in e
-               for e in check_layout(cfg, 8)[0])
+    assert any(
+        "actor.ppo_mini_batch_size (48) must divide data.train_batch_size (512)" in e for e in check_layout(cfg, 8)[0]
+    )
 
 
 def test_mini_batch_samples_not_divisible_by_ranks():
     errors = _errors(SEVEN_B, ["rollout.n=3"], 64)
-    assert errors == ["a mini-batch's samples (actor.ppo_mini_batch_size 32 x rollout.n 3 = 96) must be divisible by "
-                      "the number of ranks (64)"]
+    assert errors == [
+        "a mini-batch's samples (actor.ppo_mini_batch_size 32 x rollout.n 3 = 96) must be divisible by "
+        "the number of ranks (64)"
+    ]
 
 
 def test_fixed_micro_batch_must_divide_the_rank_share():
@@ -182,8 +200,12 @@ def test_fixed_micro_batch_must_divide_the_rank_share():
 
 def test_overlong_buffer_not_below_max_response():
     errors = _errors(SEVEN_B, ["reward_model.overlong_buffer.len=2048"], 8)
-    assert any(e.startswith("reward_model.overlong_buffer.len (L_cache = 2048) must be below data.max_response_length "
-                            "(L_max = 2048)") for e in errors)
+    assert any(
+        e.startswith(
+            "reward_model.overlong_buffer.len (L_cache = 2048) must be below data.max_response_length (L_max = 2048)"
+        )
+        for e in errors
+    )
 
 
 def test_max_model_len_below_prompt_plus_response():
@@ -193,20 +215,34 @@ def test_max_model_len_below_prompt_plus_response():
 
 def test_generation_rounds_can_never_fill_the_batch():
     errors = _errors(SEVEN_B, ["data.gen_batch_size=32", "algorithm.filter_groups.max_num_gen_batches=2"], 8)
-    assert any("algorithm.filter_groups.max_num_gen_batches" in e and "data.train_batch_size (512)" in e for e in errors)
-    errors, warnings = check_layout(load_config(SEVEN_B, [
-        "data.gen_batch_size=32", "algorithm.filter_groups.max_num_gen_batches=2",
-        "algorithm.filter_groups.on_exhausted=train_on_partial"]), 8)
+    assert any(
+        "algorithm.filter_groups.max_num_gen_batches" in e and "data.train_batch_size (512)" in e for e in errors
+    )
+    errors, warnings = check_layout(
+        load_config(
+            SEVEN_B,
+            [
+                "data.gen_batch_size=32",
+                "algorithm.filter_groups.max_num_gen_batches=2",
+                "algorithm.filter_groups.on_exhausted=train_on_partial",
+            ],
+        ),
+        8,
+    )
     assert errors == [] and any("train_on_partial" in w for w in warnings)
 
 
 def test_token_budget_below_a_full_sample_is_a_warning():
     errors, warnings = check_layout(load_config(SEVEN_B, ["actor.ppo_max_token_len_per_gpu=3000"]), 8)
     assert errors == []
-    assert any(w.startswith("actor.ppo_max_token_len_per_gpu (3000) is smaller than data.max_prompt_length + "
-                            "data.max_response_length (4096)") for w in warnings)
-    lo = compute_layout(load_config(SEVEN_B, ["actor.ppo_max_token_len_per_gpu=3000"]), Q7, nnodes=1,
-                        nproc_per_node=8)
+    assert any(
+        w.startswith(
+            "actor.ppo_max_token_len_per_gpu (3000) is smaller than data.max_prompt_length + "
+            "data.max_response_length (4096)"
+        )
+        for w in warnings
+    )
+    lo = compute_layout(load_config(SEVEN_B, ["actor.ppo_max_token_len_per_gpu=3000"]), Q7, nnodes=1, nproc_per_node=8)
     assert lo.token_bound == 4096 and lo.max_micro_batches == 64
 
 

@@ -32,8 +32,13 @@ def test_backend_errors_about_a_gone_peer_are_recognised() -> None:
 
 
 def test_the_rank_that_exited_is_found_among_the_siblings() -> None:
-    done = subprocess.run([sys.executable, "-c", AGENT], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", "")})
+    done = subprocess.run(
+        [sys.executable, "-c", AGENT],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", "")},
+    )
     assert done.stdout.strip() == "[1]", done.stdout + done.stderr
 
 

@@ -23,8 +23,15 @@ from tests.harness.runners import prestart, run_dapo_in_process, torchrun_warm
 STEPS = 3
 # An odd generation batch (5 prompts) splits 3 / 2 between the ranks, so the shares differ in rows, prompt padding
 # width and tokens; dynamic sampling (on by default) drops all-wrong / all-right groups and refills the batch.
-ARGS = [*SMALL, f"trainer.total_training_steps={STEPS}", "data.gen_batch_size=5", "data.synth.num_val=5",
-        "trainer.val_before_train=true", "trainer.save_freq=0", "trainer.progress=false"]
+ARGS = [
+    *SMALL,
+    f"trainer.total_training_steps={STEPS}",
+    "data.gen_batch_size=5",
+    "data.synth.num_val=5",
+    "trainer.val_before_train=true",
+    "trainer.save_freq=0",
+    "trainer.progress=false",
+]
 # Float results of the update (and the actor-vs-rollout log-prob gaps): equal up to rounding, compared with a
 # tolerance. actor/num_micro_batches counts every rank's micro-batches, so it depends on the world size.
 FLOAT = ("actor/", "rollout/log_prob_diff", "rollout/probs_diff")
@@ -62,8 +69,10 @@ def test_two_ranks_train_the_same_parameters_as_one_process(tmp_path: Path) -> N
         for k in sorted(k for k in keys if k.startswith(FLOAT)):
             assert rb[k] == pytest.approx(ra[k], rel=1e-4, abs=1e-5), (ra["step"], k)
 
-    pa, pb = (load_file(tmp_path / name / "checkpoints" / f"global_step_{STEPS}" / "hf" / "model.safetensors")
-              for name in ("one", "two"))
+    pa, pb = (
+        load_file(tmp_path / name / "checkpoints" / f"global_step_{STEPS}" / "hf" / "model.safetensors")
+        for name in ("one", "two")
+    )
     assert pa.keys() == pb.keys()
     worst = max(float((pa[k] - pb[k]).abs().max()) for k in pa)
     print(f"max |param(1 process) - param(2 ranks)| after {STEPS} steps: {worst:.3g}")

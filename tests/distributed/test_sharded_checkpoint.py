@@ -66,12 +66,15 @@ def _interrupted_after_step_2(reference: Path, root: Path) -> Path:
 
 
 def _records(run_dir: Path) -> dict[int, dict]:
-    return {r["step"]: {k: v for k, v in r.items() if not is_measured_metric(k)}
-            for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+    return {
+        r["step"]: {k: v for k, v in r.items() if not is_measured_metric(k)}
+        for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+    }
 
 
 def _weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
+
     return load_file(run_dir / "checkpoints" / f"global_step_{step}" / "hf" / "model.safetensors")
 
 
@@ -86,8 +89,10 @@ def test_fsdp2_ranks_train_with_rank_0_reporting_and_every_push_reaching_the_eng
         # show the whole update), and pi_old was recomputed (the copy's log-probs are not the actor's own).
         assert 0.0 <= record["rollout/probe_logprob_diff"] <= 1e-4
         assert record["actor/num_optimizer_steps"] == 2.0 and record["actor/old_log_prob_recomputed"] == 1.0
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.is_dir()) == ["global_step_2",
-                                                                                          "global_step_3"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.is_dir()) == [
+        "global_step_2",
+        "global_step_3",
+    ]
 
 
 @pytest.mark.slow
@@ -100,9 +105,15 @@ def test_two_ranks_write_their_own_shards_and_resume_bit_exactly(reference: Path
     shards = {rank: files[f"sharded/__{rank}_0.distcp"]["size"] for rank in (0, 1)}
     # Each rank wrote about half of the model + AdamW state (FSDP2 shards every parameter's first dimension).
     assert max(shards.values()) < 0.6 * sum(shards.values())
-    assert {"sharded/.metadata", "rng_rank0.pt", "rng_rank1.pt", "hf/model.safetensors",
-            "hf/config.json"} <= files.keys()
+    assert {
+        "sharded/.metadata",
+        "rng_rank0.pt",
+        "rng_rank1.pt",
+        "hf/model.safetensors",
+        "hf/config.json",
+    } <= files.keys()
     from transformers import AutoModelForCausalLM
+
     assert AutoModelForCausalLM.from_pretrained(ckpt / "hf") is not None  # the export vLLM / transformers read
 
     # The chain's first link: the run interrupted after step 2, resumed on 2 fsdp2 ranks (the reference's command).
@@ -144,8 +155,11 @@ def _resume(run_dir: Path, steps: int, how: str) -> dict:
     or a strategy on 2 ranks under torch's elastic agent. Checks the launch resumed the step before and ran this one step; returns its
     record."""
     args = [*SMALL, f"trainer.total_training_steps={steps}"]
-    proc = (run_dapo_in_process(["train", *args], run_dir.parent) if how == "one process"
-            else torchrun_warm([*args, f"actor.strategy={how}"], run_dir.parent))
+    proc = (
+        run_dapo_in_process(["train", *args], run_dir.parent)
+        if how == "one process"
+        else torchrun_warm([*args, f"actor.strategy={how}"], run_dir.parent)
+    )
     assert proc.returncode == 0, (how, steps, proc.stderr[-4000:])
     # Rank 0 alone prints and records: one resume note, one status line and one metrics record per step.
     assert proc.stdout.count("resumed from") == 1 and f"(step {steps - 1})" in proc.stdout, (how, steps)

@@ -21,8 +21,16 @@ from tests.harness.runners import start_torchrun_warm, torchrun_warm
 
 # Short responses (and an L_cache below them) and two validation prompts per rank keep each launch at a few seconds
 # past the imports.
-SMALL = [*FAST, "data.max_response_length=16", "reward_model.overlong_buffer.len=4", "data.synth.num_val=4",
-         "trainer.val_before_train=false", "trainer.test_freq=0", "trainer.save_freq=1", "trainer.logger=[jsonl]"]
+SMALL = [
+    *FAST,
+    "data.max_response_length=16",
+    "reward_model.overlong_buffer.len=4",
+    "data.synth.num_val=4",
+    "trainer.val_before_train=false",
+    "trainer.test_freq=0",
+    "trainer.save_freq=1",
+    "trainer.logger=[jsonl]",
+]
 
 
 def metric_steps(run_dir: Path) -> list[int]:
@@ -56,8 +64,12 @@ def test_two_nodes_meet_through_c10d_and_train_together(tmp_path: Path) -> None:
     torchrun's flags, forked warm (``start_torchrun_warm``); torchrun's own CLI and exec per rank run in
     test_data_parallel.py and test_vllm_torchrun.py."""
     rdzv = ["--nnodes=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id=dapo-test"]
-    nodes = [start_torchrun_warm([*SMALL, "trainer.total_training_steps=1"], tmp_path, nproc=1,
-                                 rdzv=[*rdzv, f"--node-rank={node}"]) for node in (0, 1)]
+    nodes = [
+        start_torchrun_warm(
+            [*SMALL, "trainer.total_training_steps=1"], tmp_path, nproc=1, rdzv=[*rdzv, f"--node-rank={node}"]
+        )
+        for node in (0, 1)
+    ]
     with ThreadPoolExecutor(2) as pool:  # both read at once: neither node's pipes can fill while the other is waited
         outs = list(pool.map(lambda node: node.communicate(240), nodes))
     for node, (_, err) in zip(nodes, outs):
@@ -72,11 +84,16 @@ def test_two_nodes_meet_through_c10d_and_train_together(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_a_failure_on_one_rank_ends_the_job(tmp_path: Path) -> None:
     fn = tmp_path / "rank1_liar.py"  # the scorer breaks its contract on rank 1 only: rank 0 waits in the gather
-    fn.write_text("import os\n\ndef compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-                  "    return 1e39 if os.environ.get('RANK') == '1' else -1.0\n")
+    fn.write_text(
+        "import os\n\ndef compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return 1e39 if os.environ.get('RANK') == '1' else -1.0\n"
+    )
     t0 = time.monotonic()
-    proc = torchrun_warm([*SMALL, "trainer.total_training_steps=1", f"custom_reward_function.path={fn}",
-                          "reward_model.num_workers=0"], tmp_path, timeout=180)
+    proc = torchrun_warm(
+        [*SMALL, "trainer.total_training_steps=1", f"custom_reward_function.path={fn}", "reward_model.num_workers=0"],
+        tmp_path,
+        timeout=180,
+    )
     assert proc.returncode != 0
     assert "rank 1: " in proc.stderr and "beyond float32 range" in proc.stderr, proc.stderr[-4000:]
     assert time.monotonic() - t0 < 120  # torchrun stopped rank 0; no collective timeout was waited out

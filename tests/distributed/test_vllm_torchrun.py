@@ -45,8 +45,9 @@ def records(run_dir: Path) -> list[dict]:
 
 @pytest.mark.slow
 def test_vllm_trains_under_torchrun(tmp_path: Path) -> None:
-    proc = torchrun([*SMALL, *VLLM, "rollout.tensor_model_parallel_size=2", "actor.strategy=fsdp2"],
-                   tmp_path, timeout=400)
+    proc = torchrun(
+        [*SMALL, *VLLM, "rollout.tensor_model_parallel_size=2", "actor.strategy=fsdp2"], tmp_path, timeout=400
+    )
     # The engines shut down before the last barrier: a vLLM that destroyed the trainer's process group on close
     # (as it does in a single process) fails here with "Default process group has not been initialized".
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -64,10 +65,20 @@ def test_vllm_trains_under_torchrun(tmp_path: Path) -> None:
 def gather_worker(request: pytest.FixtureRequest) -> subprocess.CompletedProcess:
     """One 2-rank launch of the gather worker, with a vLLM engine on every rank (``--vllm-engines``) when the slow
     engine test below is selected too (``-m "not slow"`` keeps the gather checks at a few seconds)."""
-    engines = any(item.originalname == "test_every_rank_holds_its_own_vllm_engine_inside_the_trainers_group"
-                  for item in request.session.items)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
-           f"--master-port={free_port()}", str(GATHER_WORKER), *(["--vllm-engines"] if engines else [])]
+    engines = any(
+        item.originalname == "test_every_rank_holds_its_own_vllm_engine_inside_the_trainers_group"
+        for item in request.session.items
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node=2",
+        "--master-addr=127.0.0.1",
+        f"--master-port={free_port()}",
+        str(GATHER_WORKER),
+        *(["--vllm-engines"] if engines else []),
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=TORCHRUN_ENV)
 
 
@@ -80,7 +91,8 @@ def test_a_tensor_parallel_group_that_diverged_is_an_error(gather_worker: subpro
 
 @pytest.mark.slow
 def test_every_rank_holds_its_own_vllm_engine_inside_the_trainers_group(
-        gather_worker: subprocess.CompletedProcess) -> None:
+    gather_worker: subprocess.CompletedProcess,
+) -> None:
     proc = gather_worker
     assert proc.returncode == 0, proc.stderr[-4000:]
     for rank in (0, 1):  # each rank's engine followed both pushes, decoded its own work, and closed keeping the group

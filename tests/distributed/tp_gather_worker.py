@@ -36,8 +36,16 @@ if "--vllm-engines" in sys.argv:
 
     torch.manual_seed(0)
     policy = load_policy(ModelConfig())
-    engine = build_rollout_engine(EngineSpec(name="vllm", seed=1234, max_model_len=64, join_process_group=True,
-                                             vllm=VLLMOptions(cpu_kvcache_space_gb=0.25)), policy)
+    engine = build_rollout_engine(
+        EngineSpec(
+            name="vllm",
+            seed=1234,
+            max_model_len=64,
+            join_process_group=True,
+            vllm=VLLMOptions(cpu_kvcache_space_gb=0.25),
+        ),
+        policy,
+    )
     sync = WeightSync(engine, policy.model, [1, 72, 98, 17, 10, 18, 30, 45, 198, 44, 91, 198, 20], threshold=1e-4)
     gaps = [sync.push(0)["rollout/probe_logprob_diff"]]
     # One replicated update (the same on both ranks, as after an all-reduced optimizer step), of the size a step of
@@ -57,8 +65,9 @@ if "--vllm-engines" in sys.argv:
     engine.close()
     # vLLM destroys the process group it runs in when it closes in a single process; here it must leave it standing.
     assert world.all_gather_objects(tokens)[world.rank] == tokens
-    print(f"rank {world.rank}: own vllm engine followed every push (gaps {gaps}) and decoded {tokens} tokens",
-          flush=True)
+    print(
+        f"rank {world.rank}: own vllm engine followed every push (gaps {gaps}) and decoded {tokens} tokens", flush=True
+    )
 
 world.barrier()
 world.close()

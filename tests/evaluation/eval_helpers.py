@@ -17,15 +17,22 @@ def answering_engine(max_answer: int = 3) -> ScriptedEngine:
 
     def respond(prompts, params: SamplingParams) -> list[list[int]]:
         rng = random.Random(params.seed)
-        return [CharTokenizer().encode(f"work\nAnswer: {0 if params.temperature == 0 else rng.randint(0, max_answer)}")
-                for _ in prompts for _ in range(params.n)]
+        return [
+            CharTokenizer().encode(f"work\nAnswer: {0 if params.temperature == 0 else rng.randint(0, max_answer)}")
+            for _ in prompts
+            for _ in range(params.n)
+        ]
 
     return ScriptedEngine(respond)
 
 
 def dapo_row(problem: str, answer: str, source: str = "math_dapo", index: int | None = None) -> dict:
-    row = {"data_source": source, "prompt": [{"role": "user", "content": problem}], "ability": "math",
-           "reward_model": {"ground_truth": answer, "style": "rule"}}
+    row = {
+        "data_source": source,
+        "prompt": [{"role": "user", "content": problem}],
+        "ability": "math",
+        "reward_model": {"ground_truth": answer, "style": "rule"},
+    }
     if index is not None:
         row["extra_info"] = {"index": index}
     return row

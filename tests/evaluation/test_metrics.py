@@ -59,19 +59,25 @@ def test_majority_vote_ignores_empty_predictions():
 
 def _samples(problem, accs, preds=None, source="s", tokens=None, truncated=None):
     preds = preds or [""] * len(accs)
-    return [SampleOutcome(problem, source, j, a, p, (tokens or [10] * len(accs))[j],
-                          (truncated or [False] * len(accs))[j]) for j, (a, p) in enumerate(zip(accs, preds))]
+    return [
+        SampleOutcome(problem, source, j, a, p, (tokens or [10] * len(accs))[j], (truncated or [False] * len(accs))[j])
+        for j, (a, p) in enumerate(zip(accs, preds))
+    ]
 
 
 def test_summary_hand_computed():
-    samples = (_samples("p1", [True, False, False, False], ["1", "2", "2", "3"], tokens=[4, 8, 12, 16],
-                        truncated=[False, False, False, True])
-               + _samples("p2", [True, True, False, True], ["9", "9", "8", "9"], tokens=[2, 2, 2, 2]))
+    samples = _samples(
+        "p1",
+        [True, False, False, False],
+        ["1", "2", "2", "3"],
+        tokens=[4, 8, 12, 16],
+        truncated=[False, False, False, True],
+    ) + _samples("p2", [True, True, False, True], ["9", "9", "8", "9"], tokens=[2, 2, 2, 2])
     m = summarize_samples(samples)["overall"]
     assert m["problems"] == 2 and m["samples"] == 8 and m["k"] == 4
     assert m["avg@4"] == pytest.approx((0.25 + 0.75) / 2)
     # per-problem accuracies 0.25 and 0.75: s = sqrt(0.125), half-width 1.96 s / sqrt(2) = 0.49
-    assert m["avg@4/ci95"] == pytest.approx(1.96 * 0.125 ** 0.5 / 2 ** 0.5)
+    assert m["avg@4/ci95"] == pytest.approx(1.96 * 0.125**0.5 / 2**0.5)
     assert m["pass@1"] == pytest.approx(0.5)
     assert m["pass@2"] == pytest.approx((0.5 + 1.0) / 2)  # p2: c=3 of 4, any pair has a correct one
     assert m["pass@4"] == pytest.approx(1.0)
@@ -84,8 +90,7 @@ def test_multi_turn_samples_add_tool_metrics_by_hand():
     import dataclasses
 
     calls = [("ok",), (), ("ok", "error"), ("timeout",)]
-    samples = [dataclasses.replace(s, tool_calls=c)
-               for s, c in zip(_samples("p1", [True, False, True, False]), calls)]
+    samples = [dataclasses.replace(s, tool_calls=c) for s, c in zip(_samples("p1", [True, False, True, False]), calls)]
     m = summarize_samples(samples)["overall"]
     assert m["tool/samples_with_call"] == pytest.approx(3 / 4) and m["tool/calls_per_sample"] == pytest.approx(1.0)
     assert (m["tool/errors"], m["tool/timeouts"], m["tool/result/ok"]) == (2.0, 1.0, 2.0)
@@ -118,7 +123,9 @@ def test_avg_at_32_is_the_published_row_mean():
 
 
 def test_sample_order_does_not_change_the_summary():
-    samples = _samples("p1", [True, False, True], ["1", "2", "1"]) + _samples("p2", [False, True, False], ["", "5", "6"])
+    samples = _samples("p1", [True, False, True], ["1", "2", "1"]) + _samples(
+        "p2", [False, True, False], ["", "5", "6"]
+    )
     assert summarize_samples(samples) == summarize_samples(list(reversed(samples)))
 
 

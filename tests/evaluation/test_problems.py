@@ -55,9 +55,10 @@ def test_official_aime_2024_file_is_30_problems_of_32():
 
 
 @needs_shared
-@pytest.mark.parametrize("name, count, source", [("aime-2025.jsonl", 30, "aime-2025"),
-                                                 ("math500.jsonl", 500, "math500"),
-                                                 ("gsm8k-test.jsonl", 1319, "gsm8k-test")])
+@pytest.mark.parametrize(
+    "name, count, source",
+    [("aime-2025.jsonl", 30, "aime-2025"), ("math500.jsonl", 500, "math500"), ("gsm8k-test.jsonl", 1319, "gsm8k-test")],
+)
 def test_shared_jsonl_benchmarks(name, count, source):
     problems = load_problems([SHARED / name])
     assert len(problems) == count and problems[0].data_source == source
@@ -67,8 +68,16 @@ def test_synth_names_the_held_out_set_of_the_given_training_config() -> None:
     from dapo.config import build_config
     from dapo.data.task import read_task
 
-    data = build_config({}, ["data.synth.operations=[+]", "data.synth.max_value=9", "data.synth.max_operands=2",
-                             "data.synth.word_problems=false", "data.synth.num_val=64"]).data
+    data = build_config(
+        {},
+        [
+            "data.synth.operations=[+]",
+            "data.synth.max_value=9",
+            "data.synth.max_operands=2",
+            "data.synth.word_problems=false",
+            "data.synth.num_val=64",
+        ],
+    ).data
     problems = load_problems(["synth"], synth=data)
     trained_on = read_task(data).val  # the set dapo train validates on, in its order
     assert [p.ground_truth for p in problems] == [r.ground_truth for r in trained_on]

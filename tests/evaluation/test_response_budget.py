@@ -21,8 +21,11 @@ def test_a_budget_that_fits_is_kept():
 
 
 def test_a_budget_past_the_context_is_refused_naming_it_and_the_room():
-    with pytest.raises(EvalError, match=r"--max-tokens 20480 .*92 tokens.*512-token context of m; pass "
-                                        r"--max-tokens 420 or less"):
+    with pytest.raises(
+        EvalError,
+        match=r"--max-tokens 20480 .*92 tokens.*512-token context of m; pass "
+        r"--max-tokens 420 or less",
+    ):
         response_budget(20480, 512, 92, model="m")
     with pytest.raises(EvalError, match="421"):
         response_budget(421, 512, 92, model="m")

@@ -23,8 +23,9 @@ def finished(tmp_path):
     """A complete eval's samples file (5 problems x 4 samples) and what it takes to run it again."""
     rows = [dapo_row(f"Problem {i}: what is {i % 4}?", str(i % 4), index=i) for i in range(5)]
     problems = load_problems([write_jsonl(tmp_path / "t.jsonl", rows)])
-    settings = EvalSettings(model="fake", test_files=("t.jsonl",), n=4, temperature=1.0, top_p=1.0, max_tokens=64,
-                            seed=3, batch_size=2)
+    settings = EvalSettings(
+        model="fake", test_files=("t.jsonl",), n=4, temperature=1.0, top_p=1.0, max_tokens=64, seed=3, batch_size=2
+    )
     out = tmp_path / "o.jsonl"
     run_eval(problems, LocalBackend(answering_engine(), CharTokenizer()), settings, out)
     return problems, settings, out
@@ -54,17 +55,20 @@ def _first_wrong(out):
     return next(i for i, line in enumerate(out.read_text().splitlines()) if not json.loads(line)["acc"])
 
 
-@pytest.mark.parametrize("field, value, says", [
-    ("acc", "False", '"acc": "False", which must be true or false'),
-    ("acc", 1, '"acc": 1, which must be true or false'),
-    ("sample_index", "0", '"sample_index": "0", which must be an integer'),
-    ("sample_index", True, '"sample_index": true, which must be an integer'),
-    ("score", None, '"score": null, which must be an integer or a number'),
-    ("response_tokens", -3, '"response_tokens": -3, which must be >= 0'),
-    ("problem_key", ["k"], '"problem_key": ["k"], which must be a string'),
-    ("tool_calls", ["ok", "crashed"], '"tool_calls": ["ok", "crashed"], which must be a list of ok, error'),
-    ("tool_calls", "ok", '"tool_calls": "ok", which must be a list of'),
-])
+@pytest.mark.parametrize(
+    "field, value, says",
+    [
+        ("acc", "False", '"acc": "False", which must be true or false'),
+        ("acc", 1, '"acc": 1, which must be true or false'),
+        ("sample_index", "0", '"sample_index": "0", which must be an integer'),
+        ("sample_index", True, '"sample_index": true, which must be an integer'),
+        ("score", None, '"score": null, which must be an integer or a number'),
+        ("response_tokens", -3, '"response_tokens": -3, which must be >= 0'),
+        ("problem_key", ["k"], '"problem_key": ["k"], which must be a string'),
+        ("tool_calls", ["ok", "crashed"], '"tool_calls": ["ok", "crashed"], which must be a list of ok, error'),
+        ("tool_calls", "ok", '"tool_calls": "ok", which must be a list of'),
+    ],
+)
 def test_a_resumed_line_of_the_wrong_type_is_refused_with_its_line_number(finished, field, value, says):
     problems, settings, out = finished
     index = _first_wrong(out) if field == "acc" else 6

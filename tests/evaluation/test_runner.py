@@ -17,13 +17,16 @@ from tests.harness.tokenizers import CharTokenizer
 
 
 def _problems(tmp_path, repeats=1, count=5):
-    rows = [dapo_row(f"Problem {i}: what is {i % 4}?", str(i % 4), index=i) for i in range(count) for _ in range(repeats)]
+    rows = [
+        dapo_row(f"Problem {i}: what is {i % 4}?", str(i % 4), index=i) for i in range(count) for _ in range(repeats)
+    ]
     return load_problems([write_jsonl(tmp_path / f"t{repeats}.jsonl", rows)])
 
 
 def _settings(**kw):
-    base = dict(model="fake", test_files=("t.jsonl",), n=4, temperature=1.0, top_p=1.0, max_tokens=64, seed=3,
-                batch_size=2)
+    base = dict(
+        model="fake", test_files=("t.jsonl",), n=4, temperature=1.0, top_p=1.0, max_tokens=64, seed=3, batch_size=2
+    )
     base.update(kw)
     return EvalSettings(**base)
 
@@ -41,8 +44,18 @@ def test_every_sample_is_written_and_scored(tmp_path):
     summary = run_eval(_problems(tmp_path), _local(), _settings(), out)
     rows = read_samples(out)
     assert len(rows) == 20 and summary["status"] == "complete"
-    assert {"problem_key", "problem_id", "prompt", "response", "prediction", "score", "acc", "finish_reason",
-            "prompt_tokens", "response_tokens"} <= set(rows[0])
+    assert {
+        "problem_key",
+        "problem_id",
+        "prompt",
+        "response",
+        "prediction",
+        "score",
+        "acc",
+        "finish_reason",
+        "prompt_tokens",
+        "response_tokens",
+    } <= set(rows[0])
     for r in rows:
         assert r["acc"] == (r["prediction"] == r["ground_truth"])
     acc = sum(r["acc"] for r in rows) / len(rows)
@@ -87,8 +100,10 @@ def test_repeated_file_and_n_give_the_same_avg(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ server backend
 def _chat_body(text="Answer: 1"):
-    return {"choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}}
+    return {
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8},
+    }
 
 
 def test_openai_backend_retries_429_and_5xx_then_succeeds(tmp_path):
@@ -104,8 +119,9 @@ def test_openai_backend_retries_429_and_5xx_then_succeeds(tmp_path):
             return httpx.Response(503, json={"error": {"message": "busy"}})
         return httpx.Response(200, json=_chat_body())
 
-    backend = OpenAIBackend("http://127.0.0.1:9/v1", None, concurrency=2, backoff_s=0.001,
-                            transport=httpx.MockTransport(handler))
+    backend = OpenAIBackend(
+        "http://127.0.0.1:9/v1", None, concurrency=2, backoff_s=0.001, transport=httpx.MockTransport(handler)
+    )
     summary = run_eval(_problems(tmp_path, count=2), backend, _settings(n=2, backend="openai"), tmp_path / "o.jsonl")
     assert summary["status"] == "complete" and calls["chat"] == 12
     assert backend.model == "m"
@@ -138,14 +154,20 @@ def test_eval_scores_the_models_tokens_not_what_the_tool_printed(tmp_path):
         def generate(self, prompt_token_ids, params):
             model, tool = CharTokenizer().encode("let me run it\n"), CharTokenizer().encode("```output\nAnswer: 0\n```")
             rows = [model + tool for _ in prompt_token_ids for _ in range(params.n)]
-            return MultiTurnOutput([i for i, _ in enumerate(prompt_token_ids) for _ in range(params.n)], rows,
-                                   [[0.0] * len(r) for r in rows], ["stop"] * len(rows),
-                                   action_mask=[[1] * len(model) + [0] * len(tool) for _ in rows],
-                                   turns=[2] * len(rows), tool_categories=[["ok"]] * len(rows))
+            return MultiTurnOutput(
+                [i for i, _ in enumerate(prompt_token_ids) for _ in range(params.n)],
+                rows,
+                [[0.0] * len(r) for r in rows],
+                ["stop"] * len(rows),
+                action_mask=[[1] * len(model) + [0] * len(tool) for _ in rows],
+                turns=[2] * len(rows),
+                tool_categories=[["ok"]] * len(rows),
+            )
 
     problems = load_problems([write_jsonl(tmp_path / "t.jsonl", [dapo_row("what is 0?", "0", index=0)])])
-    settings = EvalSettings(model="fake", test_files=("t.jsonl",), n=2, temperature=1.0, top_p=1.0, max_tokens=64,
-                            seed=3, batch_size=2)
+    settings = EvalSettings(
+        model="fake", test_files=("t.jsonl",), n=2, temperature=1.0, top_p=1.0, max_tokens=64, seed=3, batch_size=2
+    )
     out = tmp_path / "o.jsonl"
     run_eval(problems, LocalBackend(ToolPrintsTheAnswer(lambda prompts, params: []), CharTokenizer()), settings, out)
     rows = [json.loads(line) for line in out.read_text().splitlines()]

@@ -8,8 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dapo.evaluation.statistics import (config_of_run, mean_std, seed_band, steps_to_reach, summarize_run,
-                                             val_acc_key_of)
+from dapo.evaluation.statistics import config_of_run, mean_std, seed_band, steps_to_reach, summarize_run, val_acc_key_of
 
 
 def test_mean_and_sample_std_by_hand() -> None:
@@ -51,10 +50,17 @@ def _records() -> list[dict]:
             r["val/acc/mean@8"] = [0.2, 0.5, 0.4][step // 3]
             r["val/acc/mean@1"] = 0.0  # a smaller k is not the run's headline accuracy
         if step > 0:
-            r.update({"actor/entropy": float(step), "response_length/mean": 10.0 + step,
-                      "response_length/clip_ratio": 0.1, "train/num_gen_batches": 2.0 if step == 2 else 1.0,
-                      "train/num_all_correct_groups": 1.0, "train/num_all_wrong_groups": 2.0 if step == 2 else 0.0,
-                      "train/generated_tokens_total": 100.0 * step})
+            r.update(
+                {
+                    "actor/entropy": float(step),
+                    "response_length/mean": 10.0 + step,
+                    "response_length/clip_ratio": 0.1,
+                    "train/num_gen_batches": 2.0 if step == 2 else 1.0,
+                    "train/num_all_correct_groups": 1.0,
+                    "train/num_all_wrong_groups": 2.0 if step == 2 else 0.0,
+                    "train/generated_tokens_total": 100.0 * step,
+                }
+            )
         if step in (1, 4):  # a step without an update logs no clip fraction
             r["actor/pg_clipfrac"] = 0.1 * step
         rows.append(r)

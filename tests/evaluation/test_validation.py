@@ -49,22 +49,29 @@ def _ours(metrics: dict[str, float]) -> dict[str, float]:
 
 def test_summary_of_hand_computed_groups() -> None:
     metrics = _ours(summarize_validation(GROUPS, 4))
-    assert metrics == pytest.approx({
-        "val/acc/mean@4": 4 / 12,  # 1 + 0 + 3 right answers of 12 samples
-        "val/pass@4": 2 / 3,  # A and C solved at least once
-        "val/score/mean@4": (-2 - 4 + 2) / 12,  # the rule score (+1/-1); the overlong penalty of A is not in it
-        "val/response_length/mean": (20 + 4 + 12) / 12,
-        "val/aime/acc/mean@4": 1 / 8,
-        "val/math500/acc/mean@4": 3 / 4,
-        # per-prompt accuracies 1/4, 0, 3/4: s = sqrt(7/48) (ddof 1), half-width 1.96 s / sqrt(3)
-        "val/acc/mean@4/ci95": 1.96 * (7 / 48) ** 0.5 / 3 ** 0.5,
-    })
+    assert metrics == pytest.approx(
+        {
+            "val/acc/mean@4": 4 / 12,  # 1 + 0 + 3 right answers of 12 samples
+            "val/pass@4": 2 / 3,  # A and C solved at least once
+            "val/score/mean@4": (-2 - 4 + 2) / 12,  # the rule score (+1/-1); the overlong penalty of A is not in it
+            "val/response_length/mean": (20 + 4 + 12) / 12,
+            "val/aime/acc/mean@4": 1 / 8,
+            "val/math500/acc/mean@4": 3 / 4,
+            # per-prompt accuracies 1/4, 0, 3/4: s = sqrt(7/48) (ddof 1), half-width 1.96 s / sqrt(3)
+            "val/acc/mean@4/ci95": 1.96 * (7 / 48) ** 0.5 / 3**0.5,
+        }
+    )
 
 
 def test_one_data_source_has_no_per_source_keys() -> None:
     metrics = _ours(summarize_validation(GROUPS[:2], 4))
-    assert set(metrics) == {"val/acc/mean@4", "val/acc/mean@4/ci95", "val/pass@4", "val/score/mean@4",
-                            "val/response_length/mean"}
+    assert set(metrics) == {
+        "val/acc/mean@4",
+        "val/acc/mean@4/ci95",
+        "val/pass@4",
+        "val/score/mean@4",
+        "val/response_length/mean",
+    }
     assert metrics["val/acc/mean@4"] == pytest.approx(1 / 8)
     assert metrics["val/pass@4"] == pytest.approx(1 / 2)
     assert metrics["val/score/mean@4"] == pytest.approx(-6 / 8)
@@ -73,8 +80,10 @@ def test_one_data_source_has_no_per_source_keys() -> None:
 def test_multi_turn_groups_add_val_tool_metrics_by_hand() -> None:
     import dataclasses
 
-    used = [dataclasses.replace(GROUPS[0], tool_categories=[["ok"], ["ok", "timeout"], [], []]),
-            dataclasses.replace(GROUPS[2], tool_categories=[["ok"], [], ["error"], ["ok"]])]
+    used = [
+        dataclasses.replace(GROUPS[0], tool_categories=[["ok"], ["ok", "timeout"], [], []]),
+        dataclasses.replace(GROUPS[2], tool_categories=[["ok"], [], ["error"], ["ok"]]),
+    ]
     tool = {k: v for k, v in summarize_validation(used, 4).items() if k.startswith("val/tool/")}
     assert tool["val/tool/samples_with_call"] == pytest.approx(5 / 8)
     assert tool["val/tool/calls_per_sample"] == pytest.approx(6 / 8)
@@ -119,10 +128,14 @@ def test_verl_names_group_samples_by_problem() -> None:
     assert metrics["val-aux/math_dapo/acc/std@4"] == pytest.approx((0.75 * 0.25) ** 0.5 / 2)
     assert metrics["val-aux/math_dapo/response_length/mean"] == pytest.approx(15.0)
     # The same problems as one group of 4 samples each (a de-duplicated file with n=4) give the same verl metrics.
-    dedup = [_problem(0, "math_dapo", (7,), [True, True, True, False], [10] * 4),
-             _problem(1, "math_dapo", (8,), [False] * 4, [20] * 4)]
+    dedup = [
+        _problem(0, "math_dapo", (7,), [True, True, True, False], [10] * 4),
+        _problem(1, "math_dapo", (8,), [False] * 4, [20] * 4),
+    ]
     verl_keys = [k for k in metrics if not k.startswith("val/")]
-    assert {k: summarize_validation(dedup, 4)[k] for k in verl_keys} == pytest.approx({k: metrics[k] for k in verl_keys})
+    assert {k: summarize_validation(dedup, 4)[k] for k in verl_keys} == pytest.approx(
+        {k: metrics[k] for k in verl_keys}
+    )
 
 
 def test_verl_core_key_per_data_source() -> None:
@@ -182,10 +195,18 @@ class RecordingEngine:
 
 
 def _cfg(*overrides: str) -> DapoConfig:
-    return build_config({}, [
-        "data.synth.num_val=4", "data.synth.num_train=8", f"data.max_response_length={L_MAX}",
-        f"rollout.val_kwargs.n={K}", "rollout.n=2", "rollout.top_p=1.0", *overrides,
-    ])
+    return build_config(
+        {},
+        [
+            "data.synth.num_val=4",
+            "data.synth.num_train=8",
+            f"data.max_response_length={L_MAX}",
+            f"rollout.val_kwargs.n={K}",
+            "rollout.n=2",
+            "rollout.top_p=1.0",
+            *overrides,
+        ],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -216,8 +237,9 @@ def test_validation_groups_end_to_end(policy: Policy, val_prompts: list[PromptIt
     ((asked_prompts, params),) = engine.calls
     assert asked_prompts == [list(p.input_ids) for p in val_prompts]
     vk = cfg.rollout.val_kwargs
-    assert params == SamplingParams(n=K, temperature=vk.temperature, top_p=vk.top_p, top_k=vk.top_k,
-                                    max_tokens=L_MAX, stop_token_ids=(), seed=0)
+    assert params == SamplingParams(
+        n=K, temperature=vk.temperature, top_p=vk.top_p, top_k=vk.top_k, max_tokens=L_MAX, stop_token_ids=(), seed=0
+    )
     assert vk.top_p == 0.7  # the paper's evaluation setting (the default)
 
     # One group of K samples per prompt, in prompt order.

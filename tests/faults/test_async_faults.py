@@ -27,8 +27,12 @@ def _children(pid: int) -> list[int]:
 
 def _worker_of(pid: int) -> int:
     """The pid of the rollout worker process the trainer ``pid`` spawned."""
-    (worker,) = [c for c in _children(pid) if "multiprocessing" in Path(f"/proc/{c}/cmdline").read_text()
-                 and "resource_tracker" not in Path(f"/proc/{c}/cmdline").read_text()]
+    (worker,) = [
+        c
+        for c in _children(pid)
+        if "multiprocessing" in Path(f"/proc/{c}/cmdline").read_text()
+        and "resource_tracker" not in Path(f"/proc/{c}/cmdline").read_text()
+    ]
     return worker
 
 
@@ -36,21 +40,35 @@ def _wait_for_step(metrics: Path, step: int, proc: subprocess.Popen, timeout: fl
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()[1][-3000:]
-        if metrics.exists() and any(json.loads(line)["step"] >= step for line in metrics.read_text().splitlines()
-                                    if line.strip()):
+        if metrics.exists() and any(
+            json.loads(line)["step"] >= step for line in metrics.read_text().splitlines() if line.strip()
+        ):
             return
         time.sleep(0.2)
     raise AssertionError(f"step {step} not recorded within {timeout} s")
 
 
 def test_a_stopped_rollout_worker_ends_the_run_within_the_stall_deadline_with_one_message(tmp_path: Path) -> None:
-    args = [*FAST, "trainer.total_training_steps=30", "trainer.test_freq=0", "trainer.save_freq=1",
-            "trainer.val_before_train=false", "async_training.mode=fully_async", "async_training.rollout_num_threads=1",
-            f"trainer.stall_timeout_s={STALL_S}", f"trainer.default_local_dir={tmp_path}",
-            "trainer.experiment_name=stopped"]
+    args = [
+        *FAST,
+        "trainer.total_training_steps=30",
+        "trainer.test_freq=0",
+        "trainer.save_freq=1",
+        "trainer.val_before_train=false",
+        "async_training.mode=fully_async",
+        "async_training.rollout_num_threads=1",
+        f"trainer.stall_timeout_s={STALL_S}",
+        f"trainer.default_local_dir={tmp_path}",
+        "trainer.experiment_name=stopped",
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.Popen([sys.executable, "-m", "dapo.cli.main", "train", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dapo.cli.main", "train", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     worker = None
     try:
         _wait_for_step(tmp_path / "stopped" / "metrics.jsonl", 1, proc, timeout=300)
@@ -80,12 +98,25 @@ def test_a_killed_rollout_worker_is_restarted_and_the_run_trains_every_step_once
     """SIGKILL of the worker while it generates the next batch: a new worker gets the actor's weights, the lost batch
     is generated again from the same seeds, and every step trains once on a full batch (async/worker_restarts)."""
     steps = 4
-    args = [*FAST, f"trainer.total_training_steps={steps}", "trainer.test_freq=0", "trainer.save_freq=0",
-            "trainer.val_before_train=false", f"async_training.mode={mode}", "async_training.rollout_num_threads=1",
-            f"trainer.default_local_dir={tmp_path}", "trainer.experiment_name=killed"]
+    args = [
+        *FAST,
+        f"trainer.total_training_steps={steps}",
+        "trainer.test_freq=0",
+        "trainer.save_freq=0",
+        "trainer.val_before_train=false",
+        f"async_training.mode={mode}",
+        "async_training.rollout_num_threads=1",
+        f"trainer.default_local_dir={tmp_path}",
+        "trainer.experiment_name=killed",
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.Popen([sys.executable, "-m", "dapo.cli.main", "train", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dapo.cli.main", "train", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         metrics = tmp_path / "killed" / "metrics.jsonl"
         _wait_for_step(metrics, 1, proc, timeout=300)

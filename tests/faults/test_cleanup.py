@@ -25,15 +25,26 @@ def _close_then_raise(cls, message: str):
     def close(self) -> None:
         original(self)  # release the real workers first: only the report of the close is faulty
         raise OSError(5, message)
+
     return close
 
 
 def test_a_failing_close_is_a_warning_and_the_run_error_propagates(tmp_path, monkeypatch, caplog) -> None:
     broken = tmp_path / "broken_reward.py"
-    broken.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-                      "    raise ValueError('this scorer is broken')\n")
-    cfg = build_config({}, [*FAST, f"trainer.default_local_dir={tmp_path}", "trainer.progress=false",
-                            f"custom_reward_function.path={broken}", "trainer.val_before_train=false"])
+    broken.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    raise ValueError('this scorer is broken')\n"
+    )
+    cfg = build_config(
+        {},
+        [
+            *FAST,
+            f"trainer.default_local_dir={tmp_path}",
+            "trainer.progress=false",
+            f"custom_reward_function.path={broken}",
+            "trainer.val_before_train=false",
+        ],
+    )
     monkeypatch.setattr(HFRolloutEngine, "close", _close_then_raise(HFRolloutEngine, "engine device gone"))
     monkeypatch.setattr(RewardScorer, "close", _close_then_raise(RewardScorer, "scorer worker gone"))
     with caplog.at_level(logging.WARNING, logger="dapo.infra.cleanup"), pytest.raises(RewardScoringError) as info:
@@ -42,7 +53,9 @@ def test_a_failing_close_is_a_warning_and_the_run_error_propagates(tmp_path, mon
     warnings = [r.getMessage() for r in caplog.records if r.name == "dapo.infra.cleanup"]
     # both closes were attempted, each failure said once, in order
     assert [w.split(" failed")[0] for w in warnings if w.startswith("closing")] == [
-        "closing the reward scorer", "closing the rollout engine"]
+        "closing the reward scorer",
+        "closing the rollout engine",
+    ]
     assert any("scorer worker gone" in w for w in warnings) and any("engine device gone" in w for w in warnings)
 
 

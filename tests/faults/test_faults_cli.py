@@ -30,8 +30,7 @@ from tests.harness.runners import run_dapo_in_process, run_dapo_warm
 
 pytestmark = pytest.mark.slow
 
-BASE = [*FAST, "trainer.save_freq=1", "trainer.test_freq=0", "trainer.val_before_train=false",
-        "trainer.progress=false"]
+BASE = [*FAST, "trainer.save_freq=1", "trainer.test_freq=0", "trainer.val_before_train=false", "trainer.progress=false"]
 
 
 def _clean_failure(proc, *needles: str) -> None:
@@ -115,8 +114,9 @@ def test_failed_start_up_does_not_overwrite_the_run_config(base_run, tmp_path) -
     before = (run / "config.yaml").read_bytes()
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"data_source": "x"}\n')
-    proc = run_dapo_in_process(["train", *BASE, "trainer.experiment_name=run", "actor.optim.lr=0.5",
-                                f"data.train_files=[{bad}]"], tmp_path)
+    proc = run_dapo_in_process(
+        ["train", *BASE, "trainer.experiment_name=run", "actor.optim.lr=0.5", f"data.train_files=[{bad}]"], tmp_path
+    )
     _clean_failure(proc, "bad.jsonl")
     assert (run / "config.yaml").read_bytes() == before
 
@@ -126,11 +126,22 @@ def test_a_resume_with_changes_that_fails_in_its_first_step_leaves_the_run_confi
     before = (run / "config.yaml").read_bytes()
     lr = yaml.safe_load(before)["actor"]["optim"]["lr"]
     broken = tmp_path / "broken.py"
-    broken.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-                      "    raise RuntimeError('broken reward')\n")
+    broken.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    raise RuntimeError('broken reward')\n"
+    )
     changed = ["trainer.resume_with_changes=true", "actor.optim.lr=0.5", "trainer.total_training_steps=3"]
-    proc = run_dapo_in_process(["train", *BASE, "trainer.experiment_name=run", *changed,
-                                f"custom_reward_function.path={broken}", "reward_model.timeout_s=5"], tmp_path)
+    proc = run_dapo_in_process(
+        [
+            "train",
+            *BASE,
+            "trainer.experiment_name=run",
+            *changed,
+            f"custom_reward_function.path={broken}",
+            "reward_model.timeout_s=5",
+        ],
+        tmp_path,
+    )
     _clean_failure(proc, "broken reward")
     assert (run / "config.yaml").read_bytes() == before  # was rewritten with lr 0.5 before step 3 had run
     # Every checkpoint says what made it, so the next start compares with the checkpoint it resumes.
@@ -143,8 +154,9 @@ def test_a_resume_with_changes_that_fails_in_its_first_step_leaves_the_run_confi
     made_3 = yaml.safe_load((run / "checkpoints" / "global_step_3" / "config.yaml").read_text())
     assert made_3["actor"]["optim"]["lr"] == 0.5
     # Resuming step 3 without the changes is now refused: the checkpoint was made with lr 0.5.
-    proc = run_dapo_in_process(["train", *BASE, "trainer.experiment_name=run",
-                                "trainer.total_training_steps=4"], tmp_path)
+    proc = run_dapo_in_process(
+        ["train", *BASE, "trainer.experiment_name=run", "trainer.total_training_steps=4"], tmp_path
+    )
     _clean_failure(proc, "the checkpoint to resume", "actor.optim.lr: 0.5 -> ")
 
 
@@ -152,8 +164,9 @@ def test_full_disk_at_start_up_is_one_message_naming_the_path(base_run, tmp_path
     run = _copy(base_run, tmp_path)
     before = (run / "config.yaml").read_bytes()
     # every write beyond 1 KiB fails with EFBIG in the child, as on a full disk
-    proc = run_dapo_warm(["train", *BASE, "trainer.experiment_name=run", "trainer.total_training_steps=3"], tmp_path,
-                         fsize_limit=1024)
+    proc = run_dapo_warm(
+        ["train", *BASE, "trainer.experiment_name=run", "trainer.total_training_steps=3"], tmp_path, fsize_limit=1024
+    )
     # config.yaml is written only after the first step; the first write of the run record is its metrics line
     _clean_failure(proc, f"writing the run record {run / 'metrics.jsonl'} failed: file size limit exceeded")
     assert (run / "config.yaml").read_bytes() == before
@@ -166,12 +179,23 @@ def test_metrics_write_failure_mid_run_is_one_message_and_leaves_whole_records(b
     limit = len(before) + 1000  # the step-3 record gets its first 1000 bytes written, then EFBIG
 
     # save_freq=2: no checkpoint at step 3, so the metrics append is the first write to hit the limit
-    proc = run_dapo_warm(["train", *BASE, "trainer.experiment_name=run", "trainer.total_training_steps=4",
-                          "trainer.save_freq=2", "trainer.logger=[jsonl]"], tmp_path, fsize_limit=limit)
+    proc = run_dapo_warm(
+        [
+            "train",
+            *BASE,
+            "trainer.experiment_name=run",
+            "trainer.total_training_steps=4",
+            "trainer.save_freq=2",
+            "trainer.logger=[jsonl]",
+        ],
+        tmp_path,
+        fsize_limit=limit,
+    )
     _clean_failure(proc, f"appending the metrics of step 3 to {run / 'metrics.jsonl'} failed: file size limit")
     assert (run / "metrics.jsonl").read_bytes() == before  # the half-written record is cut off again
-    proc = run_dapo_in_process(["train", *BASE, "trainer.experiment_name=run",
-                                "trainer.total_training_steps=3"], tmp_path)
+    proc = run_dapo_in_process(
+        ["train", *BASE, "trainer.experiment_name=run", "trainer.total_training_steps=3"], tmp_path
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3]
@@ -189,12 +213,18 @@ def test_read_only_run_directory_is_one_message_naming_the_path(base_run, tmp_pa
     config_before = (run / "config.yaml").read_bytes()
     _set_folder_modes(run, 0o555)
     try:
-        probe = subprocess.run([sys.executable, "-c", f"open({str(run / 'probe')!r}, 'w')"], capture_output=True,
-                               preexec_fn=_no_dac_override)
+        probe = subprocess.run(
+            [sys.executable, "-c", f"open({str(run / 'probe')!r}, 'w')"],
+            capture_output=True,
+            preexec_fn=_no_dac_override,
+        )
         if probe.returncode == 0:
             pytest.skip("cannot make a folder read-only for this user here (no way to drop CAP_DAC_OVERRIDE)")
-        proc = run_dapo_warm(["train", *BASE, "trainer.experiment_name=run", "trainer.total_training_steps=3"],
-                             tmp_path, drop_dac_override=True)
+        proc = run_dapo_warm(
+            ["train", *BASE, "trainer.experiment_name=run", "trainer.total_training_steps=3"],
+            tmp_path,
+            drop_dac_override=True,
+        )
     finally:
         _set_folder_modes(run, 0o755)
     # config.yaml is written only after the first step; the first write of the run record is its metrics
@@ -239,27 +269,41 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 def test_a_hang_an_exit_and_a_raise_are_bounded_counted_and_survived(tmp_path) -> None:
     fn = tmp_path / "once_each.py"
     fn.write_text(textwrap.dedent(ONCE_EACH))
-    proc = run_dapo_in_process(["train", *BASE, "trainer.save_freq=-1", f"custom_reward_function.path={fn}",
-                                "reward_model.num_workers=0", "reward_model.timeout_s=2"], tmp_path)
+    proc = run_dapo_in_process(
+        [
+            "train",
+            *BASE,
+            "trainer.save_freq=-1",
+            f"custom_reward_function.path={fn}",
+            "reward_model.num_workers=0",
+            "reward_model.timeout_s=2",
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(line) for line in (tmp_path / "tiny-synth" / "metrics.jsonl").read_text().splitlines()]
-    totals = {k: sum(r.get(k, 0) for r in records) for k in ("reward/timeouts", "reward/worker_crashes",
-                                                              "reward/errors")}
+    totals = {
+        k: sum(r.get(k, 0) for r in records) for k in ("reward/timeouts", "reward/worker_crashes", "reward/errors")
+    }
     assert totals == {"reward/timeouts": 1, "reward/worker_crashes": 1, "reward/errors": 1}
     assert "reward timeout for sample" in proc.stderr and "data_source='synth_arith'" in proc.stderr
     assert "exit code 9" in proc.stderr and "a flaky scorer" in proc.stderr
 
 
-@pytest.mark.parametrize(("body", "needles"), [
-    ('return {"score": -1, "acc": "False"}', ("liar.py:compute_score", "'acc' = str 'False'")),
-    ("return 1e39", ("liar.py:compute_score", "beyond float32 range")),
-    ("import os; os._exit(3)", ("every call to the custom reward function", "worker_crash", "not the data")),
-])
+@pytest.mark.parametrize(
+    ("body", "needles"),
+    [
+        ('return {"score": -1, "acc": "False"}', ("liar.py:compute_score", "'acc' = str 'False'")),
+        ("return 1e39", ("liar.py:compute_score", "beyond float32 range")),
+        ("import os; os._exit(3)", ("every call to the custom reward function", "worker_crash", "not the data")),
+    ],
+)
 def test_a_reward_function_that_lies_or_always_dies_stops_the_run_with_its_name(tmp_path, body, needles) -> None:
     fn = tmp_path / "liar.py"
     fn.write_text(f"def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    {body}\n")
     small = ["data.train_batch_size=2", "rollout.n=2"]  # 4 calls: an always-crashing function restarts 4 workers
-    proc = run_dapo_in_process(["train", *BASE, *small, f"custom_reward_function.path={fn}",
-                                "reward_model.timeout_s=5"], tmp_path)
+    proc = run_dapo_in_process(
+        ["train", *BASE, *small, f"custom_reward_function.path={fn}", "reward_model.timeout_s=5"], tmp_path
+    )
     _clean_failure(proc, *needles)
     assert "all-correct" not in proc.stderr and "all-wrong" not in proc.stderr

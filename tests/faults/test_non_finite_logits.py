@@ -22,13 +22,20 @@ from tests.harness.runners import run_dapo_in_process
 FINITE = [0.0, 1.0, 2.0, 3.0]
 
 
-@pytest.mark.parametrize("bad_row", [
-    [0.0, math.nan, 1.0, 2.0],  # one NaN
-    [0.0, math.inf, 1.0, 2.0],  # +inf: softmax is inf/inf = NaN
-    [-math.inf] * 4,  # nothing left to draw from
-], ids=["nan", "posinf", "all_neg_inf"])
-@pytest.mark.parametrize("kwargs", [{"temperature": 1.0}, {"temperature": 0.0}, {"temperature": 0.7, "top_p": 0.9},
-                                    {"temperature": 1.0, "top_k": 2}], ids=["plain", "greedy", "top_p", "top_k"])
+@pytest.mark.parametrize(
+    "bad_row",
+    [
+        [0.0, math.nan, 1.0, 2.0],  # one NaN
+        [0.0, math.inf, 1.0, 2.0],  # +inf: softmax is inf/inf = NaN
+        [-math.inf] * 4,  # nothing left to draw from
+    ],
+    ids=["nan", "posinf", "all_neg_inf"],
+)
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"temperature": 1.0}, {"temperature": 0.0}, {"temperature": 0.7, "top_p": 0.9}, {"temperature": 1.0, "top_k": 2}],
+    ids=["plain", "greedy", "top_p", "top_k"],
+)
 def test_every_non_finite_row_is_a_clear_error(bad_row, kwargs) -> None:
     logits = torch.tensor([FINITE, bad_row, FINITE])
     with pytest.raises(NonFiniteLogitsError) as info:
@@ -57,8 +64,16 @@ def test_nan_weights_stop_the_run_in_generation_without_a_traceback(tmp_path) ->
     weights[name] = torch.full_like(weights[name], math.nan)
     save_file(weights, model_dir / "model.safetensors", metadata={"format": "pt"})
     # The weight-sync probe would stop first (on a NaN log-prob gap); without it generation meets the NaN logits.
-    proc = run_dapo_in_process(["train", *FAST, f"model.path={model_dir}", "trainer.val_before_train=false",
-                                "rollout.weight_sync_probe=false"], tmp_path)
+    proc = run_dapo_in_process(
+        [
+            "train",
+            *FAST,
+            f"model.path={model_dir}",
+            "trainer.val_before_train=false",
+            "rollout.weight_sync_probe=false",
+        ],
+        tmp_path,
+    )
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "phase generation: the policy produced non-finite next-token logits" in proc.stderr
     assert "out of bounds" not in proc.stderr

@@ -19,9 +19,29 @@ pytestmark = pytest.mark.slow
 
 
 def test_random_kills_then_resume_end_bit_identical(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--kills", "3", "--save-kills", "1", "--steps", "3", "--seed", "1",
-                           "--warm", "--out", str(tmp_path / "soak")], capture_output=True, text=True, timeout=400)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--kills",
+            "3",
+            "--save-kills",
+            "1",
+            "--steps",
+            "3",
+            "--seed",
+            "1",
+            "--warm",
+            "--out",
+            str(tmp_path / "soak"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["kills"] == 3 and result["kills_mid_checkpoint_write"] >= 1 and result["all_bit_identical"] is True, result
+    assert result["kills"] == 3 and result["kills_mid_checkpoint_write"] >= 1 and result["all_bit_identical"] is True, (
+        result
+    )
     assert result["series"] >= 1

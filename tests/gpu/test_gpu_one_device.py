@@ -19,8 +19,12 @@ from tests.gpu.test_gpu_paths import needs_gpu
 
 
 def train_on_cuda(tmp_path: Path, *overrides: str) -> list[dict]:
-    proc = run_dapo(["train", *FAST, "trainer.device=cuda", *overrides], tmp_path, timeout=600,
-                    extra_env={"XDG_CACHE_HOME": str(tmp_path / "cache")})
+    proc = run_dapo(
+        ["train", *FAST, "trainer.device=cuda", *overrides],
+        tmp_path,
+        timeout=600,
+        extra_env={"XDG_CACHE_HOME": str(tmp_path / "cache")},
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = (tmp_path / "tiny-synth" / "metrics.jsonl").read_text().splitlines()
     return [r for r in map(json.loads, lines) if r["step"] > 0]

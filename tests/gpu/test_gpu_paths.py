@@ -49,8 +49,12 @@ def test_vllm_sleeps_between_generations_and_wakes_with_the_pushed_weights() -> 
     from dapo.training.weight_sync import actor_log_probs_of
 
     actor = AutoModelForCausalLM.from_pretrained(ASSET, dtype=torch.float32).cuda().eval()
-    spec = EngineSpec(name="vllm", dtype="bfloat16", max_model_len=128,
-                      vllm=VLLMOptions(free_cache_engine=True, gpu_memory_utilization=0.3))
+    spec = EngineSpec(
+        name="vllm",
+        dtype="bfloat16",
+        max_model_len=128,
+        vllm=VLLMOptions(free_cache_engine=True, gpu_memory_utilization=0.3),
+    )
     engine = VLLMRolloutEngine(ASSET, spec, eos_token_ids=2)
     try:
         assert engine.free_cache_engine, "CUDA has vLLM's sleep mode"
@@ -73,9 +77,19 @@ def test_vllm_sleeps_between_generations_and_wakes_with_the_pushed_weights() -> 
 @needs_gpu
 def test_one_training_step_with_vllm_on_cuda(tmp_path: Path) -> None:
     needs_vllm()
-    proc = run_dapo(["train", *FAST, "trainer.total_training_steps=1", "trainer.device=cuda", "rollout.name=vllm",
-                     "rollout.free_cache_engine=true", "rollout.gpu_memory_utilization=0.3",
-                     f"trainer.default_local_dir={tmp_path}"], tmp_path)
+    proc = run_dapo(
+        [
+            "train",
+            *FAST,
+            "trainer.total_training_steps=1",
+            "trainer.device=cuda",
+            "rollout.name=vllm",
+            "rollout.free_cache_engine=true",
+            "rollout.gpu_memory_utilization=0.3",
+            f"trainer.default_local_dir={tmp_path}",
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     record = json.loads((tmp_path / "tiny-synth" / "metrics.jsonl").read_text().splitlines()[-1])
     assert record["rollout/probe_logprob_diff"] < 0.05
@@ -87,10 +101,25 @@ def test_two_nccl_ranks_with_a_bf16_fsdp2_actor_and_vllm(tmp_path: Path) -> None
     needs_vllm()
     from tests.harness.ports import free_port
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
-           f"--master-port={free_port()}", "-m", "dapo.cli.main", "train", *FAST, "trainer.total_training_steps=2",
-           "rollout.name=vllm", "rollout.free_cache_engine=true", "rollout.gpu_memory_utilization=0.3",
-           "actor.strategy=fsdp2", "actor.fsdp.param_dtype=bfloat16", f"trainer.default_local_dir={tmp_path}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node=2",
+        "--master-addr=127.0.0.1",
+        f"--master-port={free_port()}",
+        "-m",
+        "dapo.cli.main",
+        "train",
+        *FAST,
+        "trainer.total_training_steps=2",
+        "rollout.name=vllm",
+        "rollout.free_cache_engine=true",
+        "rollout.gpu_memory_utilization=0.3",
+        "actor.strategy=fsdp2",
+        "actor.fsdp.param_dtype=bfloat16",
+        f"trainer.default_local_dir={tmp_path}",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert proc.returncode == 0, proc.stderr[-4000:]
     records = [json.loads(line) for line in (tmp_path / "tiny-synth" / "metrics.jsonl").read_text().splitlines()]

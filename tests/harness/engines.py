@@ -28,8 +28,14 @@ class ScriptedEngine:
     records each call's (number of prompts, stop ids) in ``calls``, and ``closed`` once closed.
     """
 
-    def __init__(self, respond: Respond, *, stop_tokens: Sequence[int] = (), logprob: float = -0.1,
-                 resume_by: Callable[[Sequence[int]], Hashable] | None = None) -> None:
+    def __init__(
+        self,
+        respond: Respond,
+        *,
+        stop_tokens: Sequence[int] = (),
+        logprob: float = -0.1,
+        resume_by: Callable[[Sequence[int]], Hashable] | None = None,
+    ) -> None:
         self.respond, self.stop_tokens, self.logprob, self.resume_by = respond, tuple(stop_tokens), logprob, resume_by
         self.calls: list[tuple[int, tuple[int, ...]]] = []
         self.closed = False
@@ -38,8 +44,12 @@ class ScriptedEngine:
     def generate(self, prompt_token_ids: Sequence[Sequence[int]], params: SamplingParams) -> RolloutOutput:
         return self.generate_streaming(prompt_token_ids, params, _no_step)
 
-    def generate_streaming(self, prompt_token_ids: Sequence[Sequence[int]], params: SamplingParams,
-                           on_step: Callable[[list[int], list[int], list[float]], bool]) -> RolloutOutput:
+    def generate_streaming(
+        self,
+        prompt_token_ids: Sequence[Sequence[int]],
+        params: SamplingParams,
+        on_step: Callable[[list[int], list[int], list[float]], bool],
+    ) -> RolloutOutput:
         self.calls.append((len(prompt_token_ids), tuple(params.stop_token_ids)))
         rows = [i for i in range(len(prompt_token_ids)) for _ in range(params.n)]
         scripts = list(self.respond(prompt_token_ids, params))
@@ -48,7 +58,7 @@ class ScriptedEngine:
         keys = [self.resume_by(prompt_token_ids[i]) if self.resume_by else None for i in rows]
         answers, reasons = [], []
         for key, script in zip(keys, scripts):
-            answer = self._cut(list(script)[self._cursor.get(key, 0):], stops, params.max_tokens)
+            answer = self._cut(list(script)[self._cursor.get(key, 0) :], stops, params.max_tokens)
             answers.append(answer)
             reasons.append("stop" if (answer and answer[-1] in stops) or len(answer) < params.max_tokens else "length")
             if self.resume_by:
@@ -57,7 +67,7 @@ class ScriptedEngine:
             live = [k for k, a in enumerate(answers) if step < len(a)]
             if on_step(live, [answers[k][step] for k in live], [self.logprob] * len(live)):
                 reasons = [r if len(a) <= step + 1 else "length" for a, r in zip(answers, reasons)]
-                answers = [a[:step + 1] for a in answers]
+                answers = [a[: step + 1] for a in answers]
                 break
         return RolloutOutput(rows, answers, [[self.logprob] * len(a) for a in answers], reasons)
 
@@ -65,7 +75,7 @@ class ScriptedEngine:
     def _cut(script: list[int], stops: set[int], max_tokens: int) -> list[int]:
         for k, token in enumerate(script[:max_tokens]):
             if token in stops:
-                return script[:k + 1]
+                return script[: k + 1]
         return script[:max_tokens]
 
     def update_weights(self, named_tensors) -> None:

@@ -76,11 +76,20 @@ from tests.harness.ports import free_port
 
 # What every `dapo train` imports before it trains (its own lazy imports included): paid once, in the server. The
 # embedded tiny model is a Qwen2: its modeling module alone (transformers' generation stack) is ~3 s of imports.
-PRELOAD = ["dapo.cli.main", "dapo.training.loop", "dapo.infra.plot", "dapo.rollout.hf_engine", "safetensors.torch",
-           "transformers.models.auto.modeling_auto", "transformers.models.qwen2.modeling_qwen2",
-           "transformers.models.qwen2.tokenization_qwen2", "tests.harness.runners"]
+PRELOAD = [
+    "dapo.cli.main",
+    "dapo.training.loop",
+    "dapo.infra.plot",
+    "dapo.rollout.hf_engine",
+    "safetensors.torch",
+    "transformers.models.auto.modeling_auto",
+    "transformers.models.qwen2.modeling_qwen2",
+    "transformers.models.qwen2.tokenization_qwen2",
+    "tests.harness.runners",
+]
 # The environment run_dapo gives its processes; the server starts with it too, as OpenMP reads it when torch loads.
 BASE_ENV = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
 
 def with_run_root(args: list[str], run_root: Path | None) -> list[str]:
     """``args``, with ``trainer.default_local_dir=RUN_ROOT`` appended to a ``train`` command (its runs go there)."""
@@ -90,8 +99,9 @@ def with_run_root(args: list[str], run_root: Path | None) -> list[str]:
     return cmd
 
 
-def run_dapo(args: list[str], run_root: Path, *, timeout: float = 300, extra_env: dict | None = None,
-             preexec_fn=None) -> subprocess.CompletedProcess:
+def run_dapo(
+    args: list[str], run_root: Path, *, timeout: float = 300, extra_env: dict | None = None, preexec_fn=None
+) -> subprocess.CompletedProcess:
     """``python -m dapo.cli.main ARGS`` in a fresh interpreter, to its end."""
     env = {**os.environ, **BASE_ENV, **(extra_env or {})}
     cmd = [sys.executable, "-m", "dapo.cli.main", *with_run_root(args, run_root)]
@@ -159,15 +169,31 @@ def torchrun_command(args: list[str], run_root: Path, *, nproc: int = 2, rdzv: l
     """``torchrun ... -m dapo.cli.main train ARGS`` (on loopback unless ``rdzv`` says how to meet), to run with
     ``TORCHRUN_ENV``."""
     meet = rdzv or ["--master-addr=127.0.0.1", f"--master-port={free_port()}"]
-    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", *meet,
-            "-m", "dapo.cli.main", "train", *args, f"trainer.default_local_dir={run_root}"]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={nproc}",
+        *meet,
+        "-m",
+        "dapo.cli.main",
+        "train",
+        *args,
+        f"trainer.default_local_dir={run_root}",
+    ]
 
 
-def torchrun(args: list[str], run_root: Path, *, nproc: int = 2, rdzv: list[str] | None = None,
-             timeout: float = 240) -> subprocess.CompletedProcess:
+def torchrun(
+    args: list[str], run_root: Path, *, nproc: int = 2, rdzv: list[str] | None = None, timeout: float = 240
+) -> subprocess.CompletedProcess:
     """Run :func:`torchrun_command` to its end."""
-    return subprocess.run(torchrun_command(args, run_root, nproc=nproc, rdzv=rdzv), capture_output=True, text=True,
-                          timeout=timeout, env=TORCHRUN_ENV)
+    return subprocess.run(
+        torchrun_command(args, run_root, nproc=nproc, rdzv=rdzv),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=TORCHRUN_ENV,
+    )
 
 
 # ------------------------------------------------------------------------------------------------ warm children
@@ -187,6 +213,7 @@ def _context():
             os.environ.update(BASE_ENV)
             try:
                 from multiprocessing import forkserver
+
                 forkserver.ensure_running()
             finally:
                 for k, v in saved.items():
@@ -217,8 +244,15 @@ def _detach(dup) -> int:
     return dup.detach()
 
 
-def _child(args: list[str], out: int, err: int, env: dict, fsize_limit: int | None, drop_dac_override: bool,
-           new_session: bool = False) -> None:
+def _child(
+    args: list[str],
+    out: int,
+    err: int,
+    env: dict,
+    fsize_limit: int | None,
+    drop_dac_override: bool,
+    new_session: bool = False,
+) -> None:
     """In the forked child: stdio, environment and limits as ``subprocess`` would set them, then the CLI."""
     if new_session:  # as Popen(start_new_session=True): its own process group, for os.killpg of it and its workers
         os.setsid()
@@ -288,14 +322,27 @@ def _drop_cap_dac_override() -> None:
 class WarmDapo:
     """A running `dapo ARGS` forked from the warm server. ``stdout`` / ``stderr``: its pipes' read ends (text)."""
 
-    def __init__(self, args: list[str], run_root: Path | None = None, *, extra_env: dict | None = None,
-                 fsize_limit: int | None = None, drop_dac_override: bool = False, stderr_to_devnull: bool = False,
-                 new_session: bool = False):
+    def __init__(
+        self,
+        args: list[str],
+        run_root: Path | None = None,
+        *,
+        extra_env: dict | None = None,
+        fsize_limit: int | None = None,
+        drop_dac_override: bool = False,
+        stderr_to_devnull: bool = False,
+        new_session: bool = False,
+    ):
         cmd = with_run_root(args, run_root)
         self.args = cmd
         env = {**os.environ, **BASE_ENV, **(extra_env or {})}
-        self._start(_child, "dapo", (cmd,), (env, fsize_limit, drop_dac_override, new_session),
-                    stderr_to_devnull=stderr_to_devnull)
+        self._start(
+            _child,
+            "dapo",
+            (cmd,),
+            (env, fsize_limit, drop_dac_override, new_session),
+            stderr_to_devnull=stderr_to_devnull,
+        )
 
     def _start(self, target, name: str, head: tuple, tail: tuple, *, stderr_to_devnull: bool = False) -> None:
         """Fork ``target(*head, out_fd, err_fd, *tail)`` from the warm server, its stdout and stderr pipes to us."""
@@ -343,8 +390,10 @@ class WarmDapo:
         def read(name, stream):
             chunks[name] = stream.read() if stream is not None else ""
 
-        readers = [threading.Thread(target=read, args=(name, stream), daemon=True)
-                   for name, stream in (("out", self.stdout), ("err", self.stderr))]
+        readers = [
+            threading.Thread(target=read, args=(name, stream), daemon=True)
+            for name, stream in (("out", self.stdout), ("err", self.stderr))
+        ]
         for t in readers:
             t.start()
         self.wait(timeout)
@@ -356,18 +405,25 @@ class WarmDapo:
         return chunks["out"], chunks["err"]
 
 
-def run_dapo_warm(args: list[str], run_root: Path, *, timeout: float = 300, extra_env: dict | None = None,
-                  fsize_limit: int | None = None, drop_dac_override: bool = False) -> subprocess.CompletedProcess:
+def run_dapo_warm(
+    args: list[str],
+    run_root: Path,
+    *,
+    timeout: float = 300,
+    extra_env: dict | None = None,
+    fsize_limit: int | None = None,
+    drop_dac_override: bool = False,
+) -> subprocess.CompletedProcess:
     """:func:`run_dapo` in a warm child: the same command, exit code (-9 after SIGKILL), stdout
     and stderr."""
-    child = WarmDapo(args, run_root, extra_env=extra_env, fsize_limit=fsize_limit,
-                     drop_dac_override=drop_dac_override)
+    child = WarmDapo(args, run_root, extra_env=extra_env, fsize_limit=fsize_limit, drop_dac_override=drop_dac_override)
     out, err = child.communicate(timeout)
     return subprocess.CompletedProcess(["dapo", *child.args], child.process.exitcode, out, err)
 
 
-def kill_after_checkpoint(args: list[str], checkpoint: Path, run_root: Path | None = None, *,
-                          timeout: float = 600) -> None:
+def kill_after_checkpoint(
+    args: list[str], checkpoint: Path, run_root: Path | None = None, *, timeout: float = 600
+) -> None:
     """Start ``dapo ARGS`` (a warm child in a session of its own) and SIGKILL its whole process group -- the trainer
     and whatever it started: rollout worker, reward workers -- as soon as ``checkpoint`` is complete, while later
     steps still run (the machine or the job dies). Both pipes are drained meanwhile (a full pipe would stall the run);
@@ -378,8 +434,10 @@ def kill_after_checkpoint(args: list[str], checkpoint: Path, run_root: Path | No
 
     proc = WarmDapo(args, run_root, new_session=True)
     err: list[str] = []
-    drains = [threading.Thread(target=proc.stdout.read, daemon=True),
-              threading.Thread(target=lambda: err.append(proc.stderr.read()), daemon=True)]
+    drains = [
+        threading.Thread(target=proc.stdout.read, daemon=True),
+        threading.Thread(target=lambda: err.append(proc.stderr.read()), daemon=True),
+    ]
     for drain in drains:
         drain.start()
     deadline = time.monotonic() + timeout
@@ -399,6 +457,7 @@ def kill_after_checkpoint(args: list[str], checkpoint: Path, run_root: Path | No
 
 
 # ------------------------------------------------------------------------------------------------ warm torchrun
+
 
 def _rank(*args: str) -> None:
     """One worker, forked by the elastic agent: dapo's CLI as ``python -m dapo.cli.main ARGS`` runs it; a non-zero
@@ -471,18 +530,18 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def start_torchrun_warm(args: list[str], run_root: Path, *, nproc: int = 2,
-                        rdzv: list[str] | None = None) -> _Agent:
+def start_torchrun_warm(args: list[str], run_root: Path, *, nproc: int = 2, rdzv: list[str] | None = None) -> _Agent:
     """Start the warm agent of :func:`torchrun_warm` and return its handle (several at once: the nodes of a c10d
     rendezvous)."""
     cmd = torchrun_command(args, run_root, nproc=nproc, rdzv=rdzv)
     split = cmd.index("-m", 3)  # [python, -m, torch.distributed.run, FLAGS..., -m, dapo.cli.main, train, ...]
-    flags, cli_args = cmd[3:split], cmd[split + 2:]
+    flags, cli_args = cmd[3:split], cmd[split + 2 :]
     return _Agent([*flags, "--start-method=fork"], cli_args, dict(TORCHRUN_ENV))
 
 
-def torchrun_warm(args: list[str], run_root: Path, *, nproc: int = 2, rdzv: list[str] | None = None,
-                  timeout: float = 240) -> subprocess.CompletedProcess:
+def torchrun_warm(
+    args: list[str], run_root: Path, *, nproc: int = 2, rdzv: list[str] | None = None, timeout: float = 240
+) -> subprocess.CompletedProcess:
     """:func:`torchrun` with the agent and its ranks forked warm: the same
     launcher flags, environment (``TORCHRUN_ENV``), command, exit code, stdout and stderr."""
     agent = start_torchrun_warm(args, run_root, nproc=nproc, rdzv=rdzv)

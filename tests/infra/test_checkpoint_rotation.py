@@ -17,8 +17,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from infra_helpers import make_optimizer, tiny_tokenizer, train_step
 
-from dapo.infra.checkpoint import (MANIFEST_FORMAT, MANIFEST_NAME, find_latest_checkpoint, rotate_checkpoints,
-                                   save_checkpoint)
+from dapo.infra.checkpoint import (
+    MANIFEST_FORMAT,
+    MANIFEST_NAME,
+    find_latest_checkpoint,
+    rotate_checkpoints,
+    save_checkpoint,
+)
 from tests.harness.models import CHECKPOINT, tiny_qwen2
 
 
@@ -28,8 +33,11 @@ def _fake_checkpoint(root: Path, step: int) -> Path:
     folder.mkdir(parents=True)
     data = f"weights of step {step}".encode()
     (folder / "weights.bin").write_bytes(data)
-    manifest = {"format": MANIFEST_FORMAT, "step": step,
-                "files": {"weights.bin": {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}}}
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "step": step,
+        "files": {"weights.bin": {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}},
+    }
     (folder / MANIFEST_NAME).write_text(json.dumps(manifest))
     return folder
 
@@ -60,8 +68,9 @@ def test_a_run_saving_step_after_step_keeps_exactly_the_newest_keep(keep: int, c
 
 @settings(max_examples=300, deadline=None)
 @given(keep=st.integers(1, 12), older=st.integers(0, 14), data=st.data())
-def test_a_checkpoint_that_fails_to_verify_never_takes_the_place_of_a_good_one(keep: int, older: int,
-                                                                               data: st.DataObject) -> None:
+def test_a_checkpoint_that_fails_to_verify_never_takes_the_place_of_a_good_one(
+    keep: int, older: int, data: st.DataObject
+) -> None:
     corrupt = data.draw(st.sets(st.integers(1, older)) if older else st.just(set()), label="corrupt")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -96,8 +105,16 @@ def test_save_checkpoint_with_keep_5_keeps_every_checkpoint_until_the_sixth(tmp_
     optimizer, scheduler = make_optimizer(model)
     train_step(model, optimizer, scheduler)
     for step in range(1, 7):
-        save_checkpoint(tmp_path, step, model=model, tokenizer=tiny_tokenizer(), optimizer=optimizer,
-                        scheduler=scheduler, trainer_state={"step": step}, keep_last=5)
+        save_checkpoint(
+            tmp_path,
+            step,
+            model=model,
+            tokenizer=tiny_tokenizer(),
+            optimizer=optimizer,
+            scheduler=scheduler,
+            trainer_state={"step": step},
+            keep_last=5,
+        )
         assert _steps(tmp_path) == list(range(max(1, step - 4), step + 1))
     shutil.rmtree(tmp_path / "global_step_6")
     assert find_latest_checkpoint(tmp_path) == tmp_path / "global_step_5"

@@ -11,8 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from infra_helpers import (assert_resumed_run_continues_as, assert_same_params, make_optimizer, tiny_tokenizer,
-                           train_step)
+from infra_helpers import (
+    assert_resumed_run_continues_as,
+    assert_same_params,
+    make_optimizer,
+    tiny_tokenizer,
+    train_step,
+)
 from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
 from dapo.infra.checkpoint import (

@@ -19,16 +19,27 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from infra_helpers import (assert_resumed_run_continues_as, assert_same_params, make_optimizer, tiny_tokenizer,
-                           train_step)
+from infra_helpers import (
+    assert_resumed_run_continues_as,
+    assert_same_params,
+    make_optimizer,
+    tiny_tokenizer,
+    train_step,
+)
 from tests.harness.models import CHECKPOINT, tiny_qwen2
 from transformers import Qwen2ForCausalLM
 
 from dapo.config import DapoConfig
 from dapo.distributed.fsdp import stream_full_state
 from dapo.distributed.world import World
-from dapo.infra.checkpoint import (CheckpointError, find_latest_checkpoint, is_complete_checkpoint, load_checkpoint,
-                                   save_checkpoint, save_sharded_checkpoint)
+from dapo.infra.checkpoint import (
+    CheckpointError,
+    find_latest_checkpoint,
+    is_complete_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+    save_sharded_checkpoint,
+)
 from dapo.training.errors import TrainingError
 from dapo.training.run_state import checkpoint_format
 
@@ -37,9 +48,18 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 
 def _save_sharded(root: Path, step: int, model, optimizer, scheduler, **kwargs) -> Path:
     kwargs.setdefault("full_tensors", lambda: stream_full_state(model))
-    return save_sharded_checkpoint(root, step, world=World(), model=model, optimizer=optimizer, hf_model=model,
-                                   tokenizer=tiny_tokenizer(), scheduler=scheduler, trainer_state={"step": step},
-                                   **kwargs)
+    return save_sharded_checkpoint(
+        root,
+        step,
+        world=World(),
+        model=model,
+        optimizer=optimizer,
+        hf_model=model,
+        tokenizer=tiny_tokenizer(),
+        scheduler=scheduler,
+        trainer_state={"step": step},
+        **kwargs,
+    )
 
 
 def test_sharded_save_lists_the_dcp_files_in_the_manifest_and_resumes_bit_identically(tmp_path: Path) -> None:
@@ -61,8 +81,14 @@ def test_sharded_save_lists_the_dcp_files_in_the_manifest_and_resumes_bit_identi
     files = manifest["files"]
     # The DCP folder (one data file per rank + the metadata) is covered by the same sizes and checksums as the rest;
     # the model and optimizer are not also written whole.
-    assert {"sharded/.metadata", "sharded/__0_0.distcp", "rng_rank0.pt", "hf/model.safetensors",
-            "scheduler.pt", "trainer_state.json"} <= files.keys()
+    assert {
+        "sharded/.metadata",
+        "sharded/__0_0.distcp",
+        "rng_rank0.pt",
+        "hf/model.safetensors",
+        "scheduler.pt",
+        "trainer_state.json",
+    } <= files.keys()
     assert "optimizer.pt" not in files and "rng.pt" not in files
     assert all(len(meta["sha256"]) == 64 for meta in files.values())
     assert find_latest_checkpoint(tmp_path) == path
@@ -85,9 +111,11 @@ def test_hf_export_streams_into_several_files_that_from_pretrained_loads(tmp_pat
     assert_same_params(model, Qwen2ForCausalLM.from_pretrained(path / "hf"))
 
     # The same tensors under the same names as save_pretrained's export (the tied LM head left out of both).
-    full = save_checkpoint(tmp_path / "full", 1, model=model, tokenizer=None, optimizer=optimizer,
-                           scheduler=scheduler, trainer_state={})
+    full = save_checkpoint(
+        tmp_path / "full", 1, model=model, tokenizer=None, optimizer=optimizer, scheduler=scheduler, trainer_state={}
+    )
     from safetensors.torch import load_file
+
     ours = {k: v for f in weights for k, v in load_file(path / "hf" / f).items()}
     theirs = load_file(full / "hf" / "model.safetensors")
     assert ours.keys() == theirs.keys() and "lm_head.weight" not in ours
@@ -118,8 +146,11 @@ def test_a_failure_after_the_shards_removes_the_partial_folder_and_keeps_the_pre
         yield from list(stream_full_state(model))[:2]
         raise RuntimeError("an all-gather failed")
 
-    with pytest.raises(CheckpointError, match=r"an all-gather failed while gathering the full weights for hf/ for "
-                                              r"step 2; previous checkpoint global_step_1 is intact"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"an all-gather failed while gathering the full weights for hf/ for "
+        r"step 2; previous checkpoint global_step_1 is intact",
+    ):
         _save_sharded(tmp_path, 2, model, optimizer, scheduler, full_tensors=gathering_fails)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step_1", "latest_checkpointed_iteration.txt"]
     assert find_latest_checkpoint(tmp_path) == first
@@ -164,8 +195,13 @@ def test_sigkill_between_the_shard_writes_and_the_manifest_leaves_no_complete_ch
     env = dict(os.environ, OMP_NUM_THREADS="1")
     paths = [str(SRC), str(SRC.parent), str(Path(__file__).parent), env.get("PYTHONPATH", "")]  # dapo, tests, helpers
     env["PYTHONPATH"] = os.pathsep.join(paths)
-    child = subprocess.Popen([sys.executable, "-c", _CRASH_WORKER, str(root), str(reached)], env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CRASH_WORKER, str(root), str(reached)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while not reached.exists():
@@ -188,15 +224,19 @@ def test_sigkill_between_the_shard_writes_and_the_manifest_leaves_no_complete_ch
     assert not (root / "global_step_2").exists()
     assert find_latest_checkpoint(root) == root / "global_step_1"
     assert (root / "latest_checkpointed_iteration.txt").read_text().strip() == "1"
-    assert load_checkpoint(root / "global_step_1", model=tiny_qwen2(9, CHECKPOINT), optimizer=None,
-                           scheduler=None) == {"step": 1}
+    assert load_checkpoint(root / "global_step_1", model=tiny_qwen2(9, CHECKPOINT), optimizer=None, scheduler=None) == {
+        "step": 1
+    }
 
     # The next save clears the dead process's temp folder and completes.
     model = tiny_qwen2(8, CHECKPOINT)
     optimizer, scheduler = make_optimizer(model)
     second = _save_sharded(root, 2, model, optimizer, scheduler)
-    assert sorted(p.name for p in root.iterdir()) == ["global_step_1", "global_step_2",
-                                                      "latest_checkpointed_iteration.txt"]
+    assert sorted(p.name for p in root.iterdir()) == [
+        "global_step_1",
+        "global_step_2",
+        "latest_checkpointed_iteration.txt",
+    ]
     assert find_latest_checkpoint(root) == second
 
 

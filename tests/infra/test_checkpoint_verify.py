@@ -55,8 +55,17 @@ def two_checkpoints(tmp_path: Path):
     paths = []
     for step in (1, 2):
         train_step(model, optimizer, scheduler)
-        paths.append(save_checkpoint(tmp_path, step, model=model, tokenizer=tiny_tokenizer(), optimizer=optimizer,
-                                     scheduler=scheduler, trainer_state={"step": step}))
+        paths.append(
+            save_checkpoint(
+                tmp_path,
+                step,
+                model=model,
+                tokenizer=tiny_tokenizer(),
+                optimizer=optimizer,
+                scheduler=scheduler,
+                trainer_state={"step": step},
+            )
+        )
     return tmp_path, paths, model, optimizer, scheduler
 
 

@@ -49,7 +49,8 @@ class _Broken:
 
 
 def test_a_registered_sink_gets_the_cleaned_values_beside_jsonl_and_is_closed_once(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(registry, "LOGGERS", {**registry.LOGGERS, "recorder": _Recorder})
     monkeypatch.setattr("dapo.infra.tracking.LOGGERS", registry.LOGGERS)
     _Recorder.opened, _Recorder.seen, _Recorder.closed = [], [], 0
@@ -64,8 +65,9 @@ def test_a_registered_sink_gets_the_cleaned_values_beside_jsonl_and_is_closed_on
     assert _Recorder.closed == 1
 
 
-def test_a_sink_that_fails_to_open_closes_the_ones_already_open(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_sink_that_fails_to_open_closes_the_ones_already_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Registry order: the recorder opens before the broken sink, so it must be closed when the broken one raises.
     monkeypatch.setattr("dapo.infra.tracking.LOGGERS", {"recorder": _Recorder, "broken": _Broken})
     _Recorder.opened, _Recorder.seen, _Recorder.closed = [], [], 0
@@ -75,6 +77,9 @@ def test_a_sink_that_fails_to_open_closes_the_ones_already_open(tmp_path: Path,
 
 
 def test_an_unknown_sink_is_refused_naming_the_registered_ones(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"unknown backend\(s\) \['carrier-pigeon'\]; choose from \['jsonl', "
-                                         r"'tensorboard', 'wandb', 'console'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown backend\(s\) \['carrier-pigeon'\]; choose from \['jsonl', "
+        r"'tensorboard', 'wandb', 'console'\]",
+    ):
         Tracker(tmp_path, backends=["carrier-pigeon"], project="p", experiment="e", config={})

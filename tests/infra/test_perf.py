@@ -13,8 +13,15 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoModelForCausalLM
 
 from dapo.infra import perf
-from dapo.infra.perf import (attention_flops_per_key, datasheet_peak, group_forward_flops, matmul_params,
-                             measure_matmul_flops, peak_flops, sequence_forward_flops)
+from dapo.infra.perf import (
+    attention_flops_per_key,
+    datasheet_peak,
+    group_forward_flops,
+    matmul_params,
+    measure_matmul_flops,
+    peak_flops,
+    sequence_forward_flops,
+)
 
 TINY = Path(__file__).resolve().parents[2] / "src" / "dapo" / "assets" / "tiny-qwen2"
 
@@ -118,8 +125,8 @@ def test_mfu_above_one_is_clamped_with_one_warning(monkeypatch, caplog) -> None:
     monkeypatch.setattr(perf, "_warned_mfu_above_one", False)
     peak = perf.PeakFlops(1e9, "fp32", "measured: fake probe")
     with caplog.at_level("WARNING", logger="dapo.infra.perf"):
-        assert perf.mfu(5e8, peak) == 0.5             # below the peak: the plain ratio
-        assert perf.mfu(2.8e9, peak) == 1.0           # 280 %: clamped
+        assert perf.mfu(5e8, peak) == 0.5  # below the peak: the plain ratio
+        assert perf.mfu(2.8e9, peak) == 1.0  # 280 %: clamped
         assert perf.mfu(1.5e9, peak) == 1.0
     warnings = [r for r in caplog.records if "above 100%" in r.getMessage()]
     assert len(warnings) == 1 and "280%" in warnings[0].getMessage() and "fake probe" in warnings[0].getMessage()

@@ -63,8 +63,13 @@ def test_figure_overlays_both_runs_and_marks_missing_panels(two_runs: list[Path]
     fig = make_figure(two_runs, labels=["DAPO", "w/o clip-higher"])
     axes = {ax.get_title(): ax for ax in fig.axes if ax.get_title()}
     assert set(axes) == {p.title for p in PANELS if not p.when_logged}  # no run called a tool: no tool panels
-    for title in ("response length (kept groups)", "reward score (kept groups)", "generation entropy (kept groups)",
-                  "training accuracy (kept groups)", "rollout accuracy (all groups, before filtering)"):
+    for title in (
+        "response length (kept groups)",
+        "reward score (kept groups)",
+        "generation entropy (kept groups)",
+        "training accuracy (kept groups)",
+        "rollout accuracy (all groups, before filtering)",
+    ):
         lines = axes[title].get_lines()
         assert [line.get_label() for line in lines] == ["DAPO", "w/o clip-higher"]
         assert lines[0].get_color() != lines[1].get_color()
@@ -80,7 +85,11 @@ def test_figure_overlays_both_runs_and_marks_missing_panels(two_runs: list[Path]
 
     assert axes["response length (kept groups)"].get_ylabel() == "tokens"
     assert axes["generation entropy (kept groups)"].get_ylabel() == "nats per token"
-    for title in ("validation accuracy", "training accuracy (kept groups)", "rollout accuracy (all groups, before filtering)"):
+    for title in (
+        "validation accuracy",
+        "training accuracy (kept groups)",
+        "rollout accuracy (all groups, before filtering)",
+    ):
         assert axes[title].get_ylim() == (0.0, 1.0), title
     mean_prob = axes["mean probability (kept groups)"]
     assert mean_prob.get_lines() == [] and [t.get_text() for t in mean_prob.texts] == ["no data"]
@@ -175,8 +184,9 @@ def test_metrics_choose_panels_and_smoothing_adds_a_smoothed_line(two_runs: list
 
 def test_cli_metrics_and_smooth(two_runs: list[Path], tmp_path: Path) -> None:
     out = tmp_path / "m.png"
-    result = CliRunner().invoke(plot_command, [*map(str, two_runs), "--out", str(out), "--metrics",
-                                               "val_acc,rollout_acc", "--smooth", "0.5"])
+    result = CliRunner().invoke(
+        plot_command, [*map(str, two_runs), "--out", str(out), "--metrics", "val_acc,rollout_acc", "--smooth", "0.5"]
+    )
     assert result.exit_code == 0, result.output
     assert _png_size(out) == (1000, 425)
     result = CliRunner().invoke(plot_command, [*map(str, two_runs), "--out", str(out), "--metrics", "nope"])
@@ -188,8 +198,9 @@ def test_unwritable_plot_output_is_one_message_and_leaves_the_old_png(two_runs: 
     blocker.write_text("x")
     result = CliRunner().invoke(plot_command, [*map(str, two_runs), "--out", str(blocker / "p.png")])
     assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
-    assert result.output.strip() == (f"Error: writing the plot {blocker / 'p.png'} failed: a file of that name is "
-                                      "in the way")
+    assert result.output.strip() == (
+        f"Error: writing the plot {blocker / 'p.png'} failed: a file of that name is in the way"
+    )
 
     # A full disk mid-write (a real EFBIG in a child process): the old PNG stays, no temporary is left.
     out_dir = tmp_path / "plots"
@@ -200,9 +211,13 @@ def test_unwritable_plot_output_is_one_message_and_leaves_the_old_png(two_runs: 
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))  # the PNG is ~100 KB
 
-    proc = subprocess.run([sys.executable, "-m", "dapo.cli.main", "plot", *map(str, two_runs), "--out",
-                           str(out_dir / "p.png")], capture_output=True, text=True, timeout=120,
-                          preexec_fn=small_files)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dapo.cli.main", "plot", *map(str, two_runs), "--out", str(out_dir / "p.png")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=small_files,
+    )
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert f"writing the plot {out_dir / 'p.png'} failed: file size limit exceeded" in proc.stderr
     assert [p.name for p in out_dir.iterdir()] == ["p.png"] and (out_dir / "p.png").read_bytes() == b"old png"

@@ -79,8 +79,9 @@ def test_truncated_last_line_is_skipped_then_trimmed_on_append(
     assert [r["a"] for r in read_metrics(tmp_path)] == [1.0, 2.0, 3.5]
 
 
-def test_corrupt_middle_line_is_skipped_with_a_warning_and_quarantined(tmp_path: Path,
-                                                                        caplog: pytest.LogCaptureFixture) -> None:
+def test_corrupt_middle_line_is_skipped_with_a_warning_and_quarantined(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     path = tmp_path / METRICS_FILE_NAME
     path.write_text('{"step": 1}\nnot json\n{"step": 2}\n\x00\x00garbage\n{"step": 3}\n')
     with caplog.at_level(logging.WARNING, logger="dapo.infra.tracking"):
@@ -88,7 +89,7 @@ def test_corrupt_middle_line_is_skipped_with_a_warning_and_quarantined(tmp_path:
     assert "skipping line 2, not a metrics record" in caplog.text and "line 4" in caplog.text
     assert truncate_metrics_after(tmp_path, 2) == 1
     assert path.read_text() == '{"step": 1}\n{"step": 2}\n'
-    assert (tmp_path / "metrics.jsonl.bad").read_text() == 'not json\n\x00\x00garbage\n'
+    assert (tmp_path / "metrics.jsonl.bad").read_text() == "not json\n\x00\x00garbage\n"
     with pytest.raises(FileNotFoundError, match=r"no metrics\.jsonl"):
         read_metrics(tmp_path / "elsewhere")
 

@@ -25,8 +25,16 @@ import torch
 
 TINY_VOCAB = 601  # the embedded tiny-qwen2 tokenizer's vocabulary
 _COMMON: dict[str, object] = dict(
-    vocab_size=TINY_VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-    max_position_embeddings=512, tie_word_embeddings=False, initializer_range=0.2, bos_token_id=0, eos_token_id=2,
+    vocab_size=TINY_VOCAB,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    tie_word_embeddings=False,
+    initializer_range=0.2,
+    bos_token_id=0,
+    eos_token_id=2,
     pad_token_id=0,
 )
 _MOE: dict[str, object] = dict(num_experts=4, num_experts_per_tok=2)
@@ -53,39 +61,123 @@ class TinyFamily:
         return cls(**{**_COMMON, **self.kwargs})
 
 
-FAMILIES: dict[str, TinyFamily] = {f.name: f for f in (
-    TinyFamily("llama3", "LlamaConfig", dict(intermediate_size=128, rope_parameters={
-        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0, "original_max_position_embeddings": 64}), ("full",)),
-    TinyFamily("qwen2", "Qwen2Config", dict(intermediate_size=128), ("full",)),
-    TinyFamily("qwen3", "Qwen3Config", dict(intermediate_size=128, head_dim=16), ("full",)),
-    TinyFamily("qwen3_moe", "Qwen3MoeConfig", dict(intermediate_size=128, moe_intermediate_size=32, head_dim=16,
-                                                   norm_topk_prob=True, **_MOE), ("full",), moe=True),
-    TinyFamily("qwen3_5", "Qwen3_5TextConfig", dict(
-        intermediate_size=128, head_dim=16, layer_types=["linear_attention", "full_attention"],
-        linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
-        linear_num_value_heads=4), ("linear", "full")),
-    TinyFamily("qwen3_5_moe", "Qwen3_5MoeTextConfig", dict(
-        head_dim=16, layer_types=["linear_attention", "full_attention"], linear_conv_kernel_dim=4,
-        linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
-        moe_intermediate_size=32, shared_expert_intermediate_size=32, **_MOE), ("linear", "full"), moe=True),
-    TinyFamily("gemma3", "Gemma3TextConfig", dict(
-        intermediate_size=128, head_dim=16, layer_types=["sliding_attention", "full_attention"], sliding_window=4,
-        query_pre_attn_scalar=16), ("sliding", "full")),
-    TinyFamily("gpt_oss", "GptOssConfig", dict(
-        intermediate_size=32, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
-        layer_types=["sliding_attention", "full_attention"], sliding_window=4), ("sliding", "full"), moe=True),
-    TinyFamily("deepseek_v3", "DeepseekV3Config", dict(
-        intermediate_size=128, moe_intermediate_size=32, num_key_value_heads=4, n_routed_experts=4,
-        num_experts_per_tok=2, n_shared_experts=1, n_group=1, topk_group=1, first_k_dense_replace=1,
-        kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}), ("mla",),
-        moe=True),
-)}
+FAMILIES: dict[str, TinyFamily] = {
+    f.name: f
+    for f in (
+        TinyFamily(
+            "llama3",
+            "LlamaConfig",
+            dict(
+                intermediate_size=128,
+                rope_parameters={
+                    "rope_type": "llama3",
+                    "rope_theta": 500000.0,
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 64,
+                },
+            ),
+            ("full",),
+        ),
+        TinyFamily("qwen2", "Qwen2Config", dict(intermediate_size=128), ("full",)),
+        TinyFamily("qwen3", "Qwen3Config", dict(intermediate_size=128, head_dim=16), ("full",)),
+        TinyFamily(
+            "qwen3_moe",
+            "Qwen3MoeConfig",
+            dict(intermediate_size=128, moe_intermediate_size=32, head_dim=16, norm_topk_prob=True, **_MOE),
+            ("full",),
+            moe=True,
+        ),
+        TinyFamily(
+            "qwen3_5",
+            "Qwen3_5TextConfig",
+            dict(
+                intermediate_size=128,
+                head_dim=16,
+                layer_types=["linear_attention", "full_attention"],
+                linear_conv_kernel_dim=4,
+                linear_key_head_dim=16,
+                linear_value_head_dim=16,
+                linear_num_key_heads=2,
+                linear_num_value_heads=4,
+            ),
+            ("linear", "full"),
+        ),
+        TinyFamily(
+            "qwen3_5_moe",
+            "Qwen3_5MoeTextConfig",
+            dict(
+                head_dim=16,
+                layer_types=["linear_attention", "full_attention"],
+                linear_conv_kernel_dim=4,
+                linear_key_head_dim=16,
+                linear_value_head_dim=16,
+                linear_num_key_heads=2,
+                linear_num_value_heads=4,
+                moe_intermediate_size=32,
+                shared_expert_intermediate_size=32,
+                **_MOE,
+            ),
+            ("linear", "full"),
+            moe=True,
+        ),
+        TinyFamily(
+            "gemma3",
+            "Gemma3TextConfig",
+            dict(
+                intermediate_size=128,
+                head_dim=16,
+                layer_types=["sliding_attention", "full_attention"],
+                sliding_window=4,
+                query_pre_attn_scalar=16,
+            ),
+            ("sliding", "full"),
+        ),
+        TinyFamily(
+            "gpt_oss",
+            "GptOssConfig",
+            dict(
+                intermediate_size=32,
+                head_dim=16,
+                num_local_experts=4,
+                num_experts_per_tok=2,
+                layer_types=["sliding_attention", "full_attention"],
+                sliding_window=4,
+            ),
+            ("sliding", "full"),
+            moe=True,
+        ),
+        TinyFamily(
+            "deepseek_v3",
+            "DeepseekV3Config",
+            dict(
+                intermediate_size=128,
+                moe_intermediate_size=32,
+                num_key_value_heads=4,
+                n_routed_experts=4,
+                num_experts_per_tok=2,
+                n_shared_experts=1,
+                n_group=1,
+                topk_group=1,
+                first_k_dense_replace=1,
+                kv_lora_rank=16,
+                q_lora_rank=None,
+                qk_rope_head_dim=4,
+                qk_nope_head_dim=8,
+                v_head_dim=8,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            ),
+            ("mla",),
+            moe=True,
+        ),
+    )
+}
 
 
-def build_tiny_model(family: str, seed: int = 0, *, attn_implementation: str | None = None,
-                     **overrides: object) -> torch.nn.Module:
+def build_tiny_model(
+    family: str, seed: int = 0, *, attn_implementation: str | None = None, **overrides: object
+) -> torch.nn.Module:
     """The family's tiny causal LM with random weights (fp32, eval mode), the same for the same ``seed``; attention
     is what Transformers picks for it when ``attn_implementation`` is None (sdpa, or eager where sdpa is not
     supported), as when ``dapo`` loads it from a folder. ``overrides`` replace config fields."""
@@ -101,8 +193,9 @@ def build_tiny_model(family: str, seed: int = 0, *, attn_implementation: str | N
     return model.eval()
 
 
-def save_tiny_model(family: str, folder: Path, seed: int = 0, *, eos_token_ids: Sequence[int] = (2,),
-                    **overrides: object) -> Path:
+def save_tiny_model(
+    family: str, folder: Path, seed: int = 0, *, eos_token_ids: Sequence[int] = (2,), **overrides: object
+) -> Path:
     """Write the family's tiny model with the embedded model's tokenizer as a Hugging Face folder that
     ``model.path`` loads; returns the folder. ``eos_token_ids`` go to its generation config: a random model almost
     never samples the one EOS, and a training test needs responses of different lengths (different rewards)."""
@@ -151,8 +244,9 @@ def greedy_mismatches(model: torch.nn.Module) -> list[int]:
     wrong = []
     for index, prompt in enumerate(batch):
         with torch.no_grad():
-            ids = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=2,
-                                 pad_token_id=0)[0, len(prompt):].tolist()
+            ids = model.generate(
+                torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=2, pad_token_id=0
+            )[0, len(prompt) :].tolist()
         if ids[-1:] != [2] and 2 in ids:
             ids = ids[: ids.index(2) + 1]
         if any(out.response_ids[2 * index + j] != ids for j in range(2)):
@@ -168,14 +262,19 @@ def sampled_batch(model: torch.nn.Module):
     from dapo.rollout.base import SamplingParams
 
     batch = prompts(0)
-    params = SamplingParams(n=SAMPLES, max_tokens=MAX_TOKENS, temperature=1.0, stop_token_ids=list(STOP_IDS),
-                            prompt_seeds=[11, 12, 13])
+    params = SamplingParams(
+        n=SAMPLES, max_tokens=MAX_TOKENS, temperature=1.0, stop_token_ids=list(STOP_IDS), prompt_seeds=[11, 12, 13]
+    )
     out = engine_for(model).generate(batch, params)
     count = len(out.response_ids)
-    train = TrainBatch(prompt_ids=[torch.tensor(batch[i]) for i in out.prompt_index],
-                       response_ids=[torch.tensor(r) for r in out.response_ids], advantages=torch.zeros(count),
-                       sample_mask=torch.ones(count, dtype=torch.bool), group_index=torch.tensor(out.prompt_index),
-                       routed_experts=out.routed_experts)
+    train = TrainBatch(
+        prompt_ids=[torch.tensor(batch[i]) for i in out.prompt_index],
+        response_ids=[torch.tensor(r) for r in out.response_ids],
+        advantages=torch.zeros(count),
+        sample_mask=torch.ones(count, dtype=torch.bool),
+        group_index=torch.tensor(out.prompt_index),
+        routed_experts=out.routed_experts,
+    )
     return train, out.logprobs
 
 
@@ -188,8 +287,9 @@ def engine_actor_gap(model: torch.nn.Module, layout: str, batch=None, engine_log
     if batch is None:
         batch, engine_logprobs = sampled_batch(model)
     with torch.no_grad():
-        actor, _ = compute_response_log_probs(model, batch, temperature=1.0, chunk_size=64, with_entropy=False,
-                                              layout=layout)
+        actor, _ = compute_response_log_probs(
+            model, batch, temperature=1.0, chunk_size=64, with_entropy=False, layout=layout
+        )
     return max(float((a - torch.tensor(e)).abs().max()) for a, e in zip(actor, engine_logprobs, strict=True))
 
 

@@ -10,7 +10,12 @@ from transformers import AutoModelForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from dapo.model.attention import (
-    GQA_SDPA, SHARED_PREFIX_CACHE, SharedPrefix, gqa_sdpa_attention, grouped_query_sdpa, shared_prefix_attention,
+    GQA_SDPA,
+    SHARED_PREFIX_CACHE,
+    SharedPrefix,
+    gqa_sdpa_attention,
+    grouped_query_sdpa,
+    shared_prefix_attention,
 )
 from dapo.model.loading import EMBEDDED_MODEL_DIR
 
@@ -96,8 +101,9 @@ def test_shared_prefix_attention_is_attention_over_each_rows_whole_sequence(drop
     own_values = torch.randn(len(rows), kv_heads, own, dim, generator=g)
     module = _Attention(heads // kv_heads)
     module.layer_idx = 0
-    got, _ = shared_prefix_attention(module, query, own_keys, own_values, None, scaling=0.4,
-                                     **{SHARED_PREFIX_CACHE: _Cache(prefix)})
+    got, _ = shared_prefix_attention(
+        module, query, own_keys, own_values, None, scaling=0.4, **{SHARED_PREFIX_CACHE: _Cache(prefix)}
+    )
     # the reference: each row's prompt copied in front of its own keys, the prompt padding masked
     of_row = row_to_prompt[rows]
     keys = torch.cat([prompt_keys[of_row], own_keys], dim=2)

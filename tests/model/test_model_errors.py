@@ -39,15 +39,19 @@ def _custom_code_model(tmp_path: Path) -> Path:
     shutil.copytree(EMBEDDED_MODEL_DIR, model_dir)
     config = json.loads((model_dir / "config.json").read_text())
     config["model_type"] = "dapo_custom_arch"
-    config["auto_map"] = {"AutoConfig": "configuration_custom.CustomConfig",
-                          "AutoModelForCausalLM": "modeling_custom.CustomForCausalLM"}
+    config["auto_map"] = {
+        "AutoConfig": "configuration_custom.CustomConfig",
+        "AutoModelForCausalLM": "modeling_custom.CustomForCausalLM",
+    }
     (model_dir / "config.json").write_text(json.dumps(config))
     (model_dir / "configuration_custom.py").write_text(
         "from transformers import Qwen2Config\n\n\nclass CustomConfig(Qwen2Config):\n"
-        "    model_type = 'dapo_custom_arch'\n")
+        "    model_type = 'dapo_custom_arch'\n"
+    )
     (model_dir / "modeling_custom.py").write_text(
         "from transformers import Qwen2ForCausalLM\n\nfrom .configuration_custom import CustomConfig\n\n\n"
-        "class CustomForCausalLM(Qwen2ForCausalLM):\n    config_class = CustomConfig\n")
+        "class CustomForCausalLM(Qwen2ForCausalLM):\n    config_class = CustomConfig\n"
+    )
     return model_dir
 
 
@@ -67,8 +71,11 @@ def test_generate_and_eval_name_their_own_switch_for_custom_code(tmp_path: Path,
     from dapo.cli.main import cli
 
     model_dir = _custom_code_model(tmp_path)
-    args = ["--prompt", "1+1="] if command == "generate" else ["--test-file", "synth", "--max-problems", "1",
-                                                               "--output", str(tmp_path / "o.jsonl")]
+    args = (
+        ["--prompt", "1+1="]
+        if command == "generate"
+        else ["--test-file", "synth", "--max-problems", "1", "--output", str(tmp_path / "o.jsonl")]
+    )
     result = CliRunner().invoke(cli, [command, "--model", str(model_dir), "--device", "cpu", *args])
     assert result.exit_code != 0
     assert "pass --trust-remote-code to allow the custom code" in result.output, result.output

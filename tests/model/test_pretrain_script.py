@@ -49,8 +49,9 @@ def tokenizer(pretrain: ModuleType, tmp_path_factory: pytest.TempPathFactory):  
         ("", 12, False),
     ],
 )
-def test_is_correct_checks_the_last_answer_line(pretrain: ModuleType, response: str, answer: int,
-                                                expected: bool) -> None:
+def test_is_correct_checks_the_last_answer_line(
+    pretrain: ModuleType, response: str, answer: int, expected: bool
+) -> None:
     assert pretrain.is_correct(response, answer) is expected
 
 
@@ -76,8 +77,9 @@ def test_shared_prefix_loss_equals_full_sequence_loss(pretrain: ModuleType, toke
     prefix_len = pretrain.common_prefix_length([ids for ids, _ in examples])
     assert prefix_len > 20  # the start of the DAPO template is shared
     model = tiny_qwen2(0, PRETRAIN, vocab_size=len(tokenizer))
-    shared = pretrain.sft_loss(model, examples[0][0][:prefix_len],
-                               pretrain.collate_suffixes(examples, prefix_len, tokenizer.pad_token_id))
+    shared = pretrain.sft_loss(
+        model, examples[0][0][:prefix_len], pretrain.collate_suffixes(examples, prefix_len, tokenizer.pad_token_id)
+    )
     (g_shared,) = torch.autograd.grad(shared, model.model.embed_tokens.weight)
     full = pretrain.sft_loss(model, [], pretrain.collate_suffixes(examples, 0, tokenizer.pad_token_id))
     (g_full,) = torch.autograd.grad(full, model.model.embed_tokens.weight)
@@ -90,7 +92,7 @@ def test_labels_cover_exactly_the_response_and_im_end(pretrain: ModuleType, toke
     ids, labels = pretrain.encode_example(tokenizer, problem)
     supervised = [t for t in labels if t != -100]
     assert tokenizer.decode(supervised) == problem.solution + "<|im_end|>"
-    assert ids[len(ids) - len(supervised):] == supervised
+    assert ids[len(ids) - len(supervised) :] == supervised
     assert tokenizer.decode(ids[: len(ids) - len(supervised)]).endswith("<|im_start|>assistant\n")
 
 
@@ -100,12 +102,25 @@ def test_greedy_sampler_matches_generate_with_left_padding(pretrain: ModuleType,
     prompts = [pretrain.prompt_ids(tokenizer, p) for p in problems]
     assert len({len(p) for p in prompts}) > 1  # different lengths -> left padding is exercised
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    ours = pretrain.sample_responses(model, prompts, num_samples=2, greedy=True, top_p=1.0, eos_id=eos,
-                                     pad_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(0),
-                                     max_new_tokens=8)
+    ours = pretrain.sample_responses(
+        model,
+        prompts,
+        num_samples=2,
+        greedy=True,
+        top_p=1.0,
+        eos_id=eos,
+        pad_id=tokenizer.pad_token_id,
+        generator=torch.Generator().manual_seed(0),
+        max_new_tokens=8,
+    )
     for i, prompt in enumerate(prompts):
-        reference = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=8, eos_token_id=eos,
-                                   pad_token_id=tokenizer.pad_token_id)[0, len(prompt):].tolist()
+        reference = model.generate(
+            torch.tensor([prompt]),
+            do_sample=False,
+            max_new_tokens=8,
+            eos_token_id=eos,
+            pad_token_id=tokenizer.pad_token_id,
+        )[0, len(prompt) :].tolist()
         cut = reference.index(eos) + 1 if eos in reference else len(reference)
         assert ours[2 * i] == ours[2 * i + 1] == reference[:cut]
 
@@ -114,15 +129,48 @@ def test_sampler_is_seeded(pretrain: ModuleType, tokenizer) -> None:  # type: ig
     model = tiny_qwen2(0, PRETRAIN, vocab_size=len(tokenizer))
     prompts = [pretrain.prompt_ids(tokenizer, p) for p in generate_synth_problems(2, seed=6)]
     run = lambda seed: pretrain.sample_responses(  # noqa: E731
-        model, prompts, num_samples=3, greedy=False, top_p=1.0, eos_id=2, pad_id=0,
-        generator=torch.Generator().manual_seed(seed), max_new_tokens=6)
+        model,
+        prompts,
+        num_samples=3,
+        greedy=False,
+        top_p=1.0,
+        eos_id=2,
+        pad_id=0,
+        generator=torch.Generator().manual_seed(seed),
+        max_new_tokens=6,
+    )
     assert run(1) == run(1)
     assert run(1) != run(2)
 
 
-TINY_ARGS = ["--steps", "3", "--batch-size", "4", "--num-train", "64", "--num-val", "3", "--samples", "2",
-             "--hidden-size", "32", "--intermediate-size", "64", "--num-layers", "1", "--num-heads", "2",
-             "--num-kv-heads", "1", "--vocab-size", "400", "--warmup-steps", "1", "--threads", "1"]
+TINY_ARGS = [
+    "--steps",
+    "3",
+    "--batch-size",
+    "4",
+    "--num-train",
+    "64",
+    "--num-val",
+    "3",
+    "--samples",
+    "2",
+    "--hidden-size",
+    "32",
+    "--intermediate-size",
+    "64",
+    "--num-layers",
+    "1",
+    "--num-heads",
+    "2",
+    "--num-kv-heads",
+    "1",
+    "--vocab-size",
+    "400",
+    "--warmup-steps",
+    "1",
+    "--threads",
+    "1",
+]
 
 
 def run_script(pretrain: ModuleType, args: list[str]) -> int:
@@ -155,4 +203,3 @@ def test_script_writes_a_loadable_folder_deterministically(pretrain: ModuleType,
     model = AutoModelForCausalLM.from_pretrained(out, local_files_only=True)
     assert tok.eos_token == "<|im_end|>" and model.config.eos_token_id == tok.eos_token_id
     assert tok.chat_template and "add_generation_prompt" in tok.chat_template
-

@@ -20,8 +20,9 @@ MOE_FAMILIES = [name for name, family in FAMILIES.items() if family.moe]
 
 def actor_log_probs(model: torch.nn.Module, batch, layout: str = "padded") -> list[torch.Tensor]:
     with torch.no_grad():
-        return compute_response_log_probs(model, batch, temperature=1.0, chunk_size=64, with_entropy=False,
-                                          layout=layout)[0]
+        return compute_response_log_probs(
+            model, batch, temperature=1.0, chunk_size=64, with_entropy=False, layout=layout
+        )[0]
 
 
 def largest_gap(a, b) -> float:

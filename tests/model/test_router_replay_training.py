@@ -22,8 +22,17 @@ from dapo.training.run import check_router_replay
 def trained_steps(tmp_path: Path, family: str, *overrides: str) -> list[dict]:
     folder = save_tiny_model(family, tmp_path / "model", eos_token_ids=range(2, 601, 6))
     # Two mini-batches a step: the second trains after an optimizer step, so replayed and live routes can differ.
-    cfg = build_config(None, [*FAST, f"model.path={folder}", "actor.ppo_mini_batch_size=1",
-                              f"trainer.default_local_dir={tmp_path}", f"trainer.experiment_name={family}", *overrides])
+    cfg = build_config(
+        None,
+        [
+            *FAST,
+            f"model.path={folder}",
+            "actor.ppo_mini_batch_size=1",
+            f"trainer.default_local_dir={tmp_path}",
+            f"trainer.experiment_name={family}",
+            *overrides,
+        ],
+    )
     result = train(cfg)
     assert result.steps_done == 2
     return [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -48,14 +57,17 @@ def test_r2_trains_replaying_the_old_log_prob_pass(tmp_path: Path) -> None:
         assert "moe/expert_load/max" in step
 
 
-@pytest.mark.parametrize(("extra", "named"), [
-    ({"actor": {"layout": "shared_prompt"}}, "actor.layout=padded, packed or auto"),
-    ({"actor": {"gradient_checkpointing": True}}, "actor.gradient_checkpointing=true"),
-    ({"actor": {"strategy": "fsdp2"}}, "actor.strategy=replicated"),
-    ({"rollout": {"true_on_policy": True}}, "rollout.true_on_policy=true"),
-    ({"async_training": {"mode": "one_step_off"}}, "async_training.mode=sync"),
-    ({"rollout": {"multi_turn": {"enable": True}}}, "rollout.multi_turn"),
-])
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        ({"actor": {"layout": "shared_prompt"}}, "actor.layout=padded, packed or auto"),
+        ({"actor": {"gradient_checkpointing": True}}, "actor.gradient_checkpointing=true"),
+        ({"actor": {"strategy": "fsdp2"}}, "actor.strategy=replicated"),
+        ({"rollout": {"true_on_policy": True}}, "rollout.true_on_policy=true"),
+        ({"async_training": {"mode": "one_step_off"}}, "async_training.mode=sync"),
+        ({"rollout": {"multi_turn": {"enable": True}}}, "rollout.multi_turn"),
+    ],
+)
 def test_combinations_replay_cannot_run_are_refused_naming_the_key(extra: dict, named: str) -> None:
     actor = {**extra.get("actor", {}), "router_replay": {"mode": "R3"}}
     with pytest.raises(ValueError, match="actor.router_replay.mode=R3") as refused:

@@ -116,8 +116,9 @@ def test_difficulty_knobs_change_the_mix() -> None:
     easy = generate_synth_problems(200, seed=3, config=SynthConfig(max_operands=2, max_value=5, operations=("+",)))
     assert all(p.solution.count("\n") == 1 and " + " in p.solution for p in easy)
     assert max(p.answer for p in easy) <= 10
-    hard = generate_synth_problems(200, seed=3, config=SynthConfig(min_operands=4, max_operands=4, max_value=50,
-                                                                   operations=("+", "-", "*")))
+    hard = generate_synth_problems(
+        200, seed=3, config=SynthConfig(min_operands=4, max_operands=4, max_value=50, operations=("+", "-", "*"))
+    )
     assert all(p.solution.count("=") == 3 for p in hard)
     assert any(" * " in p.solution for p in hard)
     assert max(p.answer for p in hard) > 100
@@ -133,8 +134,14 @@ def test_allow_negative_produces_negative_answers() -> None:
 def test_defaults_are_the_trained_configuration() -> None:
     assert default_synth_config() == SynthConfig()
     assert SynthConfig().to_dict() == {
-        "min_operands": 2, "max_operands": 3, "max_value": 20, "operations": ["+", "-"], "word_problems": True,
-        "allow_negative": False, "min_value": 1, "max_factor": 5,
+        "min_operands": 2,
+        "max_operands": 3,
+        "max_value": 20,
+        "operations": ["+", "-"],
+        "word_problems": True,
+        "allow_negative": False,
+        "min_value": 1,
+        "max_factor": 5,
     }
 
 

@@ -32,8 +32,14 @@ def model():  # type: ignore[no-untyped-def]
 
 def test_asset_is_small_and_complete() -> None:
     files = {f.name: f.stat().st_size for f in ASSET.iterdir() if f.is_file()}
-    for required in ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
-                     "tokenizer_config.json", "pretrain_report.json"):
+    for required in (
+        "config.json",
+        "model.safetensors",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "pretrain_report.json",
+    ):
         assert required in files, f"{required} missing from {ASSET}"
     assert sum(files.values()) <= MAX_ASSET_BYTES, files
     assert not [d for d in ASSET.iterdir() if d.is_dir()], "no sub-folders (no leftover temp dirs)"
@@ -60,8 +66,9 @@ def test_special_tokens_and_eos(tokenizer, model) -> None:  # type: ignore[no-un
     assert generation.eos_token_id == im_end and generation.pad_token_id == pad
     assert len(tokenizer) <= model.config.vocab_size
     # special tokens are atomic, never split into bytes
-    assert tokenizer.encode("<|im_start|>user<|im_end|>", add_special_tokens=False)[0] == tokenizer.convert_tokens_to_ids(
-        "<|im_start|>")
+    assert tokenizer.encode("<|im_start|>user<|im_end|>", add_special_tokens=False)[
+        0
+    ] == tokenizer.convert_tokens_to_ids("<|im_start|>")
 
 
 def test_chat_template_is_chatml_with_generation_prompt(tokenizer) -> None:  # type: ignore[no-untyped-def]
@@ -98,12 +105,14 @@ def test_model_greedily_solves_some_easy_problems(tokenizer, model) -> None:  # 
     """Behaviour check: the SFT model writes the worked-solution format and gets some answers right."""
     problems = generate_synth_problems(16, seed=2024, config=default_synth_config())
     tokenizer.padding_side = "left"
-    texts = [tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False)
-             for r in synth_records(problems)]
+    texts = [
+        tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False)
+        for r in synth_records(problems)
+    ]
     batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
     with torch.no_grad():
         out = model.generate(**batch, do_sample=False, max_new_tokens=48)
-    responses = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+    responses = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
     finals = [r.strip().splitlines()[-1] if r.strip() else "" for r in responses]
     # The SFT data states the result in two formats, only "Answer: N" being rewarded (see the pretraining script):
     # greedy decoding follows the majority format, so check the formats are learned and the arithmetic is right.

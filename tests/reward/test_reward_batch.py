@@ -176,8 +176,11 @@ def test_items_must_be_reward_inputs() -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"num_workers": 0}, "num_workers must be an int >= 1"), ({"num_workers": 1, "timeout_s": 0}, "timeout_s"),
-     ({"num_workers": 1, "chunk_size": 0}, "chunk_size")],
+    [
+        ({"num_workers": 0}, "num_workers must be an int >= 1"),
+        ({"num_workers": 1, "timeout_s": 0}, "timeout_s"),
+        ({"num_workers": 1, "chunk_size": 0}, "chunk_size"),
+    ],
 )
 def test_bad_pool_arguments_are_clear_errors(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):

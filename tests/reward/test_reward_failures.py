@@ -43,9 +43,19 @@ def hostile(tmp_path: Path) -> str:
 # --------------------------------------------------------------------------------------- return values
 @pytest.mark.parametrize(
     ("raw", "shown"),
-    [({"score": -1, "acc": "False"}, "'False'"), ({"score": 1, "acc": 2}, "int 2"), ({"score": 1, "acc": None}, "None"),
-     ({"score": "1.0"}, "'1.0'"), ("1", "'1'"), (1e39, "1e+39"), (-3.5e38, "-3.5e+38"), (10**400, "1000"),
-     ({"score": float("nan")}, "nan"), ([1.0], "[1.0]"), (None, "None")],
+    [
+        ({"score": -1, "acc": "False"}, "'False'"),
+        ({"score": 1, "acc": 2}, "int 2"),
+        ({"score": 1, "acc": None}, "None"),
+        ({"score": "1.0"}, "'1.0'"),
+        ("1", "'1'"),
+        (1e39, "1e+39"),
+        (-3.5e38, "-3.5e+38"),
+        (10**400, "1000"),
+        ({"score": float("nan")}, "nan"),
+        ([1.0], "[1.0]"),
+        (None, "None"),
+    ],
 )
 def test_invalid_returns_are_errors_naming_the_function_and_the_value(raw: object, shown: str) -> None:
     with pytest.raises(InvalidRewardError, match="my_fn") as info:
@@ -55,10 +65,14 @@ def test_invalid_returns_are_errors_naming_the_function_and_the_value(raw: objec
 
 @pytest.mark.parametrize(
     ("raw", "expected"),
-    [({"score": -1, "acc": False}, RewardResult(-1.0, False, "")), ({"score": 0.5, "acc": 1}, RewardResult(0.5, True, "")),
-     ({"score": 0.5, "acc": 0.0}, RewardResult(0.5, False, "")), ({"score": np.float32(2.0), "acc": np.bool_(True)},
-                                                                  RewardResult(2.0, True, "")),
-     (np.int64(-1), RewardResult(-1.0, False, "")), (3.0e38, RewardResult(3.0e38, True, ""))],
+    [
+        ({"score": -1, "acc": False}, RewardResult(-1.0, False, "")),
+        ({"score": 0.5, "acc": 1}, RewardResult(0.5, True, "")),
+        ({"score": 0.5, "acc": 0.0}, RewardResult(0.5, False, "")),
+        ({"score": np.float32(2.0), "acc": np.bool_(True)}, RewardResult(2.0, True, "")),
+        (np.int64(-1), RewardResult(-1.0, False, "")),
+        (3.0e38, RewardResult(3.0e38, True, "")),
+    ],
 )
 def test_valid_returns_are_accepted(raw: object, expected: RewardResult) -> None:
     assert as_reward_result(raw, where="f") == expected
@@ -67,11 +81,14 @@ def test_valid_returns_are_accepted(raw: object, expected: RewardResult) -> None
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("num_workers", [0, 1])
 @pytest.mark.parametrize(("response", "shown"), [("LIAR", "'False'"), ("HUGE", "1e+39")])
-def test_an_invalid_return_stops_scoring_whatever_the_policy(hostile: str, num_workers: int, response: str,
-                                                             shown: str) -> None:
+def test_an_invalid_return_stops_scoring_whatever_the_policy(
+    hostile: str, num_workers: int, response: str, shown: str
+) -> None:
     items = [RewardInput("s", "1", "1"), RewardInput("s", response, "1")]
     with RewardScorer(num_workers=num_workers, custom_fn_spec=hostile, on_failure="score_as_failed") as scorer:
-        with pytest.raises(RewardScoringError, match=r"(?s)item 1 \(data_source='s'\).*hostile_reward.py:compute_score") as info:
+        with pytest.raises(
+            RewardScoringError, match=r"(?s)item 1 \(data_source='s'\).*hostile_reward.py:compute_score"
+        ) as info:
             scorer.score(items)
     assert shown in str(info.value)
 
@@ -116,7 +133,9 @@ def test_builtin_scorer_errors_are_counted_in_process() -> None:
 # ------------------------------------------------------------------------------------------- the policy
 def test_policy_stop_stops_at_the_first_failure(hostile: str) -> None:
     with RewardScorer(custom_fn_spec=hostile, on_failure="stop") as scorer:
-        with pytest.raises(RewardScoringError, match=r"(?s)on_failure=stop.*sample 1 \(data_source='s'\).*cannot score"):
+        with pytest.raises(
+            RewardScoringError, match=r"(?s)on_failure=stop.*sample 1 \(data_source='s'\).*cannot score"
+        ):
             scorer.score([RewardInput("s", "1", "1"), RewardInput("s", "RAISE", "1")])
 
 
@@ -125,14 +144,19 @@ def test_policy_stops_after_max_failures(hostile: str) -> None:
     with RewardScorer(custom_fn_spec=hostile, max_failures=2) as scorer:
         scorer.score(items)
         scorer.score(items)
-        with pytest.raises(RewardScoringError, match=r"3 calls .* failed in this run, more than reward_model.max_failures=2"):
+        with pytest.raises(
+            RewardScoringError, match=r"3 calls .* failed in this run, more than reward_model.max_failures=2"
+        ):
             scorer.score(items)
 
 
 def test_a_batch_where_every_call_fails_blames_the_reward_function(hostile: str) -> None:
     with RewardScorer(custom_fn_spec=hostile, max_failures=None) as scorer:
-        with pytest.raises(RewardScoringError, match=r"every call to the custom reward function .*hostile_reward.py"
-                                                     r".* failed in a batch of 3 .*broken, not the data"):
+        with pytest.raises(
+            RewardScoringError,
+            match=r"every call to the custom reward function .*hostile_reward.py"
+            r".* failed in a batch of 3 .*broken, not the data",
+        ):
             scorer.score([RewardInput("s", "RAISE", "1")] * 3)
 
 

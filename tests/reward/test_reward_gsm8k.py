@@ -34,7 +34,9 @@ def test_gsm8k_pairs(response: str, truth: str, acc: bool, pred: str) -> None:
 
 def test_flexible_mode_takes_the_last_number() -> None:
     assert gsm8k_score("She makes 9 * 2 = 18 dollars.", GSM8K_TRUTH, flexible=True) == {
-        "score": 1.0, "acc": True, "pred": "18",
+        "score": 1.0,
+        "acc": True,
+        "pred": "18",
     }
     assert gsm8k_score("9 * 2 = 1,018", "1018", flexible=True)["acc"]
     assert not gsm8k_score("She makes 9 * 2 = 18 dollars, then 20 more.", "18", flexible=True)["acc"]

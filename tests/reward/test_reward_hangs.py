@@ -64,8 +64,11 @@ def test_max_failures_stops_the_batch_at_the_failure_that_exceeds_it(reward: tup
     items = [RewardInput("s", f"HANG{k}", "1") for k in range(16)] + [RewardInput("s", "ok1", "1")]
     with RewardScorer(num_workers=0, timeout_s=1.0, custom_fn_spec=spec, max_failures=2) as scorer:
         # Calls time out side by side, so several may fail at the same moment: at least 3, and the batch stops there.
-        with pytest.raises(RewardScoringError, match=r"([3-9]|1[0-5]) calls .* failed in this run, more than "
-                                                     r"reward_model.max_failures=2 .*were not scored"):
+        with pytest.raises(
+            RewardScoringError,
+            match=r"([3-9]|1[0-5]) calls .* failed in this run, more than "
+            r"reward_model.max_failures=2 .*were not scored",
+        ):
             scorer.score(items)
     # The batch stopped once a third call failed: at most the pool's workers (1 + 8 spares) had started a hanging
     # call by then, not all 16 (before: every one of them ran to its timeout first).
@@ -82,14 +85,14 @@ def test_on_failure_stop_stops_at_the_first_timeout(reward: tuple[str, Path]) ->
 
 
 def test_a_slow_call_hands_the_rest_of_its_chunk_to_a_spare_and_every_result_keeps_its_place(
-        reward: tuple[str, Path]) -> None:
+    reward: tuple[str, Path],
+) -> None:
     spec, _ = reward
     items = [RewardInput("s", f"SLOW{k}1" if k in (0, 9) else f"x{k}{k % 2}", "1") for k in range(20)]
     with RewardWorkerPool(1, timeout_s=10.0, custom_fn_spec=spec, chunk_size=10, suspect_after_s=0.2) as pool:
         results = pool.score(items)
         assert len(pool.worker_pids) == 1  # the spares stopped at the end of the batch
         assert pool.score(items[:3]) == results[:3]  # and the pool carries on
-    expected = [RewardResult(1.0 if k in (0, 9) or k % 2 else -1.0, k in (0, 9) or bool(k % 2), "")
-                for k in range(20)]
+    expected = [RewardResult(1.0 if k in (0, 9) or k % 2 else -1.0, k in (0, 9) or bool(k % 2), "") for k in range(20)]
     assert results == expected
     assert all(not r.failure for r in results)

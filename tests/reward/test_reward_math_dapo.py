@@ -29,8 +29,13 @@ CASES: list[tuple[str, str, str, bool, str]] = [
     ("inline-math", COT + "Answer: $42$", "42", True, "42"),
     ("boxed", COT + "Answer: \\boxed{42}", "42", True, "42"),
     ("boxed-in-math", COT + "Answer: $\\boxed{\\frac{1}{2}}$", "\\frac{1}{2}", True, "\\frac{1}{2}"),
-    ("minerva-sentence", COT + "Final Answer: The final answer is $\\boxed{73}$. I hope it is correct.", "73", True,
-     "73"),
+    (
+        "minerva-sentence",
+        COT + "Final Answer: The final answer is $\\boxed{73}$. I hope it is correct.",
+        "73",
+        True,
+        "73",
+    ),
     ("text-unit", COT + "Answer: 12\\text{ cm}", "12", True, "12"),
     ("mbox-unit", COT + "Answer: 12\\mbox{ cm}", "12", True, "12"),
     ("textbf", COT + "Answer: \\textbf{7}", "7", True, "7"),
@@ -71,8 +76,13 @@ CASES: list[tuple[str, str, str, bool, str]] = [
     ("differs-boxed-then-period", COT + "Answer: \\boxed{42}.", "42", True, "42"),
     ("differs-dfrac", COT + "Answer: \\dfrac{1}{2}", "\\frac{1}{2}", True, "\\frac{1}{2}"),
     ("differs-tfrac", COT + "Answer: \\tfrac{3}{4}", "\\frac34", True, "\\frac{3}{4}"),
-    ("differs-left-right", COT + "Answer: \\left( 3, \\frac{\\pi}{2} \\right)", "(3,\\frac{\\pi}{2})", True,
-     "(3,\\frac{\\pi}{2})"),
+    (
+        "differs-left-right",
+        COT + "Answer: \\left( 3, \\frac{\\pi}{2} \\right)",
+        "(3,\\frac{\\pi}{2})",
+        True,
+        "(3,\\frac{\\pi}{2})",
+    ),
     ("differs-unicode-minus", COT + "Answer: \u22125", "-5", True, "-5"),
     ("differs-article-whole-word", COT + "Answer: \\text{Tina }", "\\text{Tin}", False, "Tina"),
     # --- differs: missing and empty answers are never correct
@@ -101,13 +111,15 @@ def test_enough_hand_written_cases() -> None:
         (COT + "\\boxed{ 025 }", "25", True, "25"),  # differs: normalised like the default mode
         (COT + "\\boxed{\\dfrac12}", "\\frac{1}{2}", True, "\\frac{1}{2}"),  # differs, idem
         (COT + "Answer: 42", "42", False, ""),  # an Answer: line does not count here
-        (COT + "\\boxed{42" , "42", False, ""),  # unclosed
+        (COT + "\\boxed{42", "42", False, ""),  # unclosed
         ("\\boxed{42}" + " filler" * 20, "42", False, ""),  # box more than 100 characters before the end
     ],
 )
 def test_strict_box(response: str, ground_truth: str, acc: bool, pred: str) -> None:
     assert compute_score(response, ground_truth, strict_box_verify=True) == {
-        "score": 1.0 if acc else -1.0, "acc": acc, "pred": pred,
+        "score": 1.0 if acc else -1.0,
+        "acc": acc,
+        "pred": pred,
     }
 
 
@@ -136,8 +148,12 @@ def test_integer_ground_truth_is_accepted() -> None:
 
 @pytest.mark.parametrize(
     ("solution", "truth", "what"),
-    [(None, "1", "solution_str"), (b"Answer: 1", "1", "solution_str"), ("Answer: 1", None, "ground_truth"),
-     ("Answer: 1", 1.0, "ground_truth")],
+    [
+        (None, "1", "solution_str"),
+        (b"Answer: 1", "1", "solution_str"),
+        ("Answer: 1", None, "ground_truth"),
+        ("Answer: 1", 1.0, "ground_truth"),
+    ],
 )
 def test_wrong_types_are_caller_errors(solution: object, truth: object, what: str) -> None:
     with pytest.raises(TypeError, match=what):

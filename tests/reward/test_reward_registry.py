@@ -25,8 +25,18 @@ from dapo.reward.symbolic import math_verify_available
 
 @pytest.mark.parametrize(
     "data_source",
-    ["math_dapo", "math_dapo_v2", "DAPO-17k", "BytedTsinghua-SIA/DAPO-Math-17k", "aime-2024", "aime25", "AIME-2025",
-     "Maxwell-Jia/aime_2024", "synth", "synth-arith"],
+    [
+        "math_dapo",
+        "math_dapo_v2",
+        "DAPO-17k",
+        "BytedTsinghua-SIA/DAPO-Math-17k",
+        "aime-2024",
+        "aime25",
+        "AIME-2025",
+        "Maxwell-Jia/aime_2024",
+        "synth",
+        "synth-arith",
+    ],
 )
 def test_dapo_style_sources_use_the_dapo_rule(data_source: str) -> None:
     assert get_scorer(data_source) is math_dapo_scorer

@@ -17,8 +17,33 @@ from dapo.reward.math_dapo import compute_score
 
 latexish = st.lists(
     st.sampled_from(
-        ["Answer:", "answer :", "####", "\n", " ", "$", "{", "}", "\\boxed{", "\\text{", "\\frac", "\\sqrt", "=", ",",
-         ".", "-", "0", "7", "a ", "an ", "degrees", "\\left(", "\\right)", "\u2212", "\u00b2"]
+        [
+            "Answer:",
+            "answer :",
+            "####",
+            "\n",
+            " ",
+            "$",
+            "{",
+            "}",
+            "\\boxed{",
+            "\\text{",
+            "\\frac",
+            "\\sqrt",
+            "=",
+            ",",
+            ".",
+            "-",
+            "0",
+            "7",
+            "a ",
+            "an ",
+            "degrees",
+            "\\left(",
+            "\\right)",
+            "\u2212",
+            "\u00b2",
+        ]
     ),
     max_size=60,
 ).map("".join)

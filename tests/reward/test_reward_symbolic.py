@@ -110,7 +110,9 @@ def test_scorer_falls_back_to_symbolic_equivalence() -> None:
     scorer = SymbolicMathScorer(timeout_s=20.0)
     try:
         assert scorer("We rationalise.\nAnswer: $\\frac{\\sqrt{2}}{2}$", "\\frac{1}{\\sqrt2}") == {
-            "score": 1.0, "acc": True, "pred": "\\frac{\\sqrt{2}}{2}",
+            "score": 1.0,
+            "acc": True,
+            "pred": "\\frac{\\sqrt{2}}{2}",
         }
         assert scorer("so $x \\in \\boxed{[2, 5)}$", "[2,5)")["acc"]
         assert scorer("Answer: 0.75", "\\frac34")["acc"]

@@ -112,11 +112,19 @@ def test_contiguous_engine_layout_gives_the_same_groups(tokenizer) -> None:  # t
 
 
 def test_penalty_factor_scales_and_disabling_removes_the_penalty(tokenizer) -> None:  # type: ignore[no-untyped-def]
-    half = score_rollout(PROMPTS, _rollout(tokenizer), tokenizer,
-                         build_config({}, [*OVERRIDES, "reward_model.overlong_buffer.penalty_factor=0.5"]))
+    half = score_rollout(
+        PROMPTS,
+        _rollout(tokenizer),
+        tokenizer,
+        build_config({}, [*OVERRIDES, "reward_model.overlong_buffer.penalty_factor=0.5"]),
+    )
     assert half[0].overlong_penalty == pytest.approx([-0.25, -0.5])
-    off = score_rollout(PROMPTS, _rollout(tokenizer), tokenizer,
-                        build_config({}, [*OVERRIDES, "reward_model.overlong_buffer.enable=false"]))
+    off = score_rollout(
+        PROMPTS,
+        _rollout(tokenizer),
+        tokenizer,
+        build_config({}, [*OVERRIDES, "reward_model.overlong_buffer.enable=false"]),
+    )
     assert [g.overlong_penalty for g in off] == [[0.0, 0.0], [0.0, 0.0]]
     assert [g.rewards for g in off] == [[1.0, -1.0], [1.0, -1.0]]  # the rule reward alone
 
@@ -130,15 +138,18 @@ def test_overlong_buffer_as_long_as_l_max(tokenizer) -> None:  # type: ignore[no
 
 
 def test_custom_reward_function_gets_the_prompt_fields(
-    tokenizer, tmp_path: Path  # type: ignore[no-untyped-def]
+    tokenizer,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     fn_file = tmp_path / "my_reward.py"
-    fn_file.write_text(textwrap.dedent("""
+    fn_file.write_text(
+        textwrap.dedent("""
         def judge(data_source, solution_str, ground_truth, extra_info=None):
             right = solution_str.endswith(ground_truth)
             note = (extra_info or {}).get("note", "-")
             return {"score": 0.25 if right else -0.75, "acc": right, "pred": f"{data_source}|{note}"}
-    """))
+    """)
+    )
     cfg = build_config({}, [*OVERRIDES, f"custom_reward_function.path={fn_file}", "custom_reward_function.name=judge"])
     g0, g1 = score_rollout(PROMPTS, _rollout(tokenizer), tokenizer, cfg)
     assert g0.scores == [0.25, -0.75] and g0.acc == [True, False]
@@ -187,16 +198,28 @@ def test_state_round_trips_through_json() -> None:
 
 def test_state_keeps_the_prompts_extra_info() -> None:
     g = _group()
-    g = ScoredGroup(PromptItem(7, (1, 2), "3", "math_dapo", {"index": 4, "split": "train"}), *[
-        getattr(g, f) for f in ("response_ids", "rollout_log_probs", "truncated", "scores", "acc", "overlong_penalty",
-                                "preds")])
+    g = ScoredGroup(
+        PromptItem(7, (1, 2), "3", "math_dapo", {"index": 4, "split": "train"}),
+        *[
+            getattr(g, f)
+            for f in ("response_ids", "rollout_log_probs", "truncated", "scores", "acc", "overlong_penalty", "preds")
+        ],
+    )
     restored = ScoredGroup.from_state(json.loads(json.dumps(g.to_state())))
     assert restored.prompt.extra_info == {"index": 4, "split": "train"}
 
 
 def _sized(n: int) -> ScoredGroup:
-    return ScoredGroup(PromptItem(n, (1,), "1", "math_dapo"), [[2]] * n, [[-1.0]] * n, [False] * n, [1.0] * n,
-                       [True] * n, [0.0] * n, ["1"] * n)
+    return ScoredGroup(
+        PromptItem(n, (1,), "1", "math_dapo"),
+        [[2]] * n,
+        [[-1.0]] * n,
+        [False] * n,
+        [1.0] * n,
+        [True] * n,
+        [0.0] * n,
+        ["1"] * n,
+    )
 
 
 def test_group_index_of_lays_groups_out_one_after_another() -> None:
@@ -225,9 +248,15 @@ def test_an_answer_line_printed_by_the_tool_earns_no_reward(tokenizer) -> None: 
     forged = _trajectory(tokenizer, "```python\nprint('Answer: 42')\n```", "\n```output\nAnswer: 42\n```\n", "ok")
     honest = _trajectory(tokenizer, "```python\nprint(6 * 7)\n```", "\n```output\n42\n```\n", "Answer: 42")
     cls = forged[2]
-    rollout = cls(prompt_index=[0, 0], response_ids=[forged[0], honest[0]], logprobs=[[0.0] * len(forged[0]),
-                  [0.0] * len(honest[0])], finish_reason=["stop", "stop"], action_mask=[forged[1], honest[1]],
-                  turns=[2, 2], tool_categories=[["ok"], ["ok"]])
+    rollout = cls(
+        prompt_index=[0, 0],
+        response_ids=[forged[0], honest[0]],
+        logprobs=[[0.0] * len(forged[0]), [0.0] * len(honest[0])],
+        finish_reason=["stop", "stop"],
+        action_mask=[forged[1], honest[1]],
+        turns=[2, 2],
+        tool_categories=[["ok"], ["ok"]],
+    )
     [group] = score_rollout(PROMPTS, rollout, tokenizer, build_config({}, ["data.max_response_length=200"]))
     assert group.acc == [False, True] and group.scores == [-1.0, 1.0]
     assert group.action_masks == [forged[1], honest[1]]

@@ -17,8 +17,12 @@ VOCAB, EOS, PAD = ENGINE["vocab_size"], ENGINE["eos_token_id"], ENGINE["pad_toke
 
 
 def teacher_forced_logprobs(
-    model: Qwen2ForCausalLM, prompt: Sequence[int], response: Sequence[int], temperature: float,
-    top_k: int = -1, top_p: float = 1.0,
+    model: Qwen2ForCausalLM,
+    prompt: Sequence[int],
+    response: Sequence[int],
+    temperature: float,
+    top_k: int = -1,
+    top_p: float = 1.0,
 ) -> torch.Tensor:
     """log_softmax(truncate(logits / temperature)) of each response token (the distribution it was sampled from),
     from one unpadded forward over prompt + response; no truncation with the defaults."""
@@ -48,8 +52,9 @@ class ForwardRowCounter:
         self._handle.remove()
 
 
-def assert_well_formed(output: RolloutOutput, num_prompts: int, params: SamplingParams, stop_ids: set[int],
-                       vocab_size: int | None = None) -> None:
+def assert_well_formed(
+    output: RolloutOutput, num_prompts: int, params: SamplingParams, stop_ids: set[int], vocab_size: int | None = None
+) -> None:
     """The engine contract on one output: layout, lengths, log-probs <= 0, stop token last and only last,
     "length" exactly at max_tokens; token ids inside the vocabulary when ``vocab_size`` is given."""
     assert len(output) == num_prompts * params.n

@@ -59,7 +59,9 @@ def prompts(tokenizer: PreTrainedTokenizerBase) -> list[list[int]]:
     return [
         list(
             tokenizer.apply_chat_template(
-                [{"role": "user", "content": task_prompt(q)}], add_generation_prompt=True, tokenize=True,
+                [{"role": "user", "content": task_prompt(q)}],
+                add_generation_prompt=True,
+                tokenize=True,
                 return_dict=False,
             )
         )
@@ -82,22 +84,26 @@ def engine(
     request: pytest.FixtureRequest, hf_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, eos: int
 ) -> Iterator[RolloutEngine]:
     if request.param == "hf":
-        built: RolloutEngine = HFRolloutEngine(
-            hf_model, eos_token_ids=eos, pad_token_id=int(tokenizer.pad_token_id)
-        )
+        built: RolloutEngine = HFRolloutEngine(hf_model, eos_token_ids=eos, pad_token_id=int(tokenizer.pad_token_id))
     else:
         ok, reason = vllm_available()
         if not ok:
             pytest.skip(reason)
-        built = VLLMRolloutEngine(ASSET, EngineSpec(name="vllm", dtype="float32", seed=0, max_model_len=256),
-                                  eos_token_ids=eos)
+        built = VLLMRolloutEngine(
+            ASSET, EngineSpec(name="vllm", dtype="float32", seed=0, max_model_len=256), eos_token_ids=eos
+        )
     yield built
     built.close()
 
 
 def reference_logprobs(
-    model: PreTrainedModel, prompt: list[int], response: list[int], *, temperature: float = 1.0,
-    top_k: int = -1, top_p: float = 1.0,
+    model: PreTrainedModel,
+    prompt: list[int],
+    response: list[int],
+    *,
+    temperature: float = 1.0,
+    top_k: int = -1,
+    top_p: float = 1.0,
 ) -> torch.Tensor:
     """log_softmax(truncate(logits / T)) of each response token, from one fp32 teacher-forced forward pass."""
     ids = torch.tensor([prompt + response])
@@ -123,8 +129,13 @@ def max_gap(output: RolloutOutput, model: PreTrainedModel, prompts: list[list[in
     ids=["T1", "T0.7", "top_p0.7", "T0.8-top_p0.9-top_k5", "greedy"],
 )
 def test_logprobs_are_those_of_the_sampling_distribution(
-    engine: RolloutEngine, hf_model: PreTrainedModel, prompts: list[list[int]], eos: int,
-    temperature: float, top_p: float, top_k: int,
+    engine: RolloutEngine,
+    hf_model: PreTrainedModel,
+    prompts: list[list[int]],
+    eos: int,
+    temperature: float,
+    top_p: float,
+    top_k: int,
 ) -> None:
     params = SamplingParams(n=2, temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=12, seed=3)
     output = engine.generate(prompts, params)

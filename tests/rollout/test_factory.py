@@ -37,7 +37,9 @@ def test_policy_records_its_hugging_face_folder(policy: Policy) -> None:
 def test_vllm_unavailable_is_a_clear_error(policy: Policy, monkeypatch: pytest.MonkeyPatch) -> None:
     import dapo.rollout.vllm_engine as vllm_engine
 
-    monkeypatch.setattr(vllm_engine, "vllm_available", lambda: (False, "vLLM is not installed (bash scripts/install_vllm_cpu.sh)"))
+    monkeypatch.setattr(
+        vllm_engine, "vllm_available", lambda: (False, "vLLM is not installed (bash scripts/install_vllm_cpu.sh)")
+    )
     with pytest.raises(EngineUnavailableError, match=r"rollout.name=vllm: vLLM is not installed"):
         build_rollout_engine(EngineSpec(name="vllm"), policy)
 
@@ -104,7 +106,7 @@ def test_a_bfloat16_engine_decodes_from_a_copy_that_every_push_refreshes() -> No
     # The probe's view: bf16 rounding alone between the copy and the fp32 actor, well inside the stale threshold.
     prompt, response = [1, 2, 3, 4], [5, 6, 7, 8]
     with torch.no_grad():
-        logits = actor(input_ids=torch.tensor([prompt + response])).logits[0, len(prompt) - 1: -1]
+        logits = actor(input_ids=torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : -1]
     actor_lp = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(response)[:, None])[:, 0]
     gap = (torch.tensor(engine.log_probs_of(prompt, response)) - actor_lp).abs().mean()
     assert 0 < gap < 0.05

@@ -26,8 +26,9 @@ def test_merge_puts_every_sample_back_under_its_prompt_with_its_versions() -> No
     def output(share: slice) -> RolloutOutput:
         idx = [i for i in range(share.stop - share.start) for _ in range(2)]
         ids = [[100 * (share.start + i) + j] for i, j in zip(idx, [0, 1] * len(idx))]
-        return RolloutOutput(idx, ids, [[-0.5]] * len(ids), ["stop"] * len(ids),
-                             token_versions=[[share.start]] * len(ids))
+        return RolloutOutput(
+            idx, ids, [[-0.5]] * len(ids), ["stop"] * len(ids), token_versions=[[share.start]] * len(ids)
+        )
 
     merged = merge([output(s) for s in shares], shares)
     assert merged.prompt_index == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]

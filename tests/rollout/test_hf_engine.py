@@ -37,8 +37,12 @@ def test_logprobs_equal_a_teacher_forced_pass(temperature: float, top_p: float, 
     greedy = temperature == 0  # greedy reports temperature 1 over the full vocabulary
     for k in range(len(output)):
         expected = teacher_forced_logprobs(
-            model, PROMPTS[output.prompt_index[k]], output.response_ids[k], 1.0 if greedy else temperature,
-            top_k=-1 if greedy else top_k, top_p=1.0 if greedy else top_p,
+            model,
+            PROMPTS[output.prompt_index[k]],
+            output.response_ids[k],
+            1.0 if greedy else temperature,
+            top_k=-1 if greedy else top_k,
+            top_p=1.0 if greedy else top_p,
         )
         torch.testing.assert_close(torch.tensor(output.logprobs[k]), expected, atol=1e-4, rtol=0)
 
@@ -108,20 +112,26 @@ def test_prompt_seeds_make_each_prompts_samples_independent_of_the_batch() -> No
         for a, b in zip(alone.logprobs, whole.logprobs[i * 3 : (i + 1) * 3]):
             torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-5, rtol=0)
     order = [2, 0, 3, 1]
-    shuffled = engine.generate([PROMPTS[i] for i in order],
-                               SamplingParams(n=3, max_tokens=10, top_p=0.9, prompt_seeds=tuple(11 + i for i in order)))
-    assert [ids for k in range(4) for ids in shuffled.response_ids[order.index(k) * 3 : order.index(k) * 3 + 3]] == \
-        whole.response_ids
+    shuffled = engine.generate(
+        [PROMPTS[i] for i in order],
+        SamplingParams(n=3, max_tokens=10, top_p=0.9, prompt_seeds=tuple(11 + i for i in order)),
+    )
+    assert [
+        ids for k in range(4) for ids in shuffled.response_ids[order.index(k) * 3 : order.index(k) * 3 + 3]
+    ] == whole.response_ids
     chunked = HFRolloutEngine(engine.model, eos_token_ids=EOS, pad_token_id=PAD, max_batch_size=5).generate(
-        PROMPTS, params)
+        PROMPTS, params
+    )
     assert chunked.response_ids == whole.response_ids
     # the samples of one prompt differ from each other, and another seed gives other samples
     assert len({tuple(ids) for ids in whole.response_ids[:3]}) > 1
     other = engine.generate(PROMPTS, SamplingParams(n=3, max_tokens=10, top_p=0.9, prompt_seeds=(21, 12, 13, 14)))
     assert other.response_ids[:3] != whole.response_ids[:3] and other.response_ids[3:] == whole.response_ids[3:]
     # the call seed plays no part once prompt seeds are given
-    assert engine.generate(PROMPTS, SamplingParams(n=3, max_tokens=10, top_p=0.9, seed=5,
-                                                   prompt_seeds=(11, 12, 13, 14))) == whole
+    assert (
+        engine.generate(PROMPTS, SamplingParams(n=3, max_tokens=10, top_p=0.9, seed=5, prompt_seeds=(11, 12, 13, 14)))
+        == whole
+    )
     with pytest.raises(ValueError, match="3 prompt_seeds for 4 prompts"):
         engine.generate(PROMPTS, SamplingParams(prompt_seeds=(1, 2, 3)))
 
@@ -317,7 +327,8 @@ def test_a_step_callback_can_end_the_call_early() -> None:
     for k in range(len(cut)):
         if k < 4:
             assert cut.response_ids[k] == full.response_ids[k][:3]
-            assert cut.finish_reason[k] == ("stop" if full.finish_reason[k] == "stop" and
-                                            len(full.response_ids[k]) <= 3 else "length")
+            assert cut.finish_reason[k] == (
+                "stop" if full.finish_reason[k] == "stop" and len(full.response_ids[k]) <= 3 else "length"
+            )
         else:
             assert cut.response_ids[k] == [] and cut.finish_reason[k] == "length"

@@ -40,8 +40,10 @@ def test_a_model_decodes_the_same_logits_with_the_preallocated_cache() -> None:
     model = AutoModelForCausalLM.from_pretrained(EMBEDDED_MODEL_DIR, dtype=torch.float32)
     prompt = torch.tensor([[3, 4, 5, 6], [7, 8, 9, 10]])
     logits = {}
-    for name, cache in (("dynamic", DynamicCache(config=model.config)),
-                        ("preallocated", preallocated_cache(model.config, capacity=5))):
+    for name, cache in (
+        ("dynamic", DynamicCache(config=model.config)),
+        ("preallocated", preallocated_cache(model.config, capacity=5)),
+    ):
         assert all(isinstance(layer, PreallocatedLayer) for layer in cache.layers) == (name == "preallocated")
         steps = [model(input_ids=prompt, past_key_values=cache, use_cache=True).logits[:, -1]]
         token = steps[-1].argmax(-1, keepdim=True)
@@ -82,8 +84,14 @@ def test_samples_decoding_on_one_copy_of_their_prompt_get_the_logits_of_copied_p
                 row_mask = torch.cat([row_mask, torch.ones(len(rows), 1, dtype=row_mask.dtype)], dim=-1)
                 position = positions[row_to_prompt[rows], -1:] + 1 + step
                 with attention_implementation(model, SHARED_PREFIX) if kwargs else contextlib.nullcontext():
-                    step_logits = model(input_ids=tokens[rows], attention_mask=None if kwargs else row_mask,
-                                        position_ids=position, past_key_values=cache, use_cache=True, **kwargs).logits
+                    step_logits = model(
+                        input_ids=tokens[rows],
+                        attention_mask=None if kwargs else row_mask,
+                        position_ids=position,
+                        past_key_values=cache,
+                        use_cache=True,
+                        **kwargs,
+                    ).logits
                 out.append(step_logits[:, -1])
             logits[name] = out
     for step, (shared, copied) in enumerate(zip(logits["shared"], logits["copied"], strict=True)):

@@ -48,22 +48,29 @@ def hf_model() -> PreTrainedModel:
 @pytest.fixture(scope="module")
 def prompts(tokenizer: PreTrainedTokenizerBase) -> list[list[int]]:
     rows = synth_records(generate_synth_problems(4, seed=11))
-    return [list(tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True,
-                                               return_dict=False)) for r in rows]
+    return [
+        list(tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True, return_dict=False))
+        for r in rows
+    ]
 
 
 @pytest.fixture(scope="module", params=["hf", "vllm"])
-def engine(request: pytest.FixtureRequest, hf_model: PreTrainedModel,
-           tokenizer: PreTrainedTokenizerBase) -> Iterator[RolloutEngine]:
+def engine(
+    request: pytest.FixtureRequest, hf_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
+) -> Iterator[RolloutEngine]:
     if request.param == "hf":
-        built: RolloutEngine = HFRolloutEngine(hf_model, eos_token_ids=int(tokenizer.eos_token_id),
-                                               pad_token_id=int(tokenizer.pad_token_id))
+        built: RolloutEngine = HFRolloutEngine(
+            hf_model, eos_token_ids=int(tokenizer.eos_token_id), pad_token_id=int(tokenizer.pad_token_id)
+        )
     else:
         ok, reason = vllm_available()
         if not ok:
             pytest.skip(reason)
-        built = VLLMRolloutEngine(ASSET, EngineSpec(name="vllm", dtype="float32", seed=0, max_model_len=256),
-                                  eos_token_ids=int(tokenizer.eos_token_id))
+        built = VLLMRolloutEngine(
+            ASSET,
+            EngineSpec(name="vllm", dtype="float32", seed=0, max_model_len=256),
+            eos_token_ids=int(tokenizer.eos_token_id),
+        )
     yield built
     built.close()
 
@@ -88,10 +95,15 @@ def segments(mask: list[int]) -> list[tuple[int, int, int]]:
 
 
 def test_log_probs_of_model_tokens_match_a_teacher_forced_pass_over_the_trajectory(
-        engine: RolloutEngine, hf_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
-        prompts: list[list[int]], sandbox: PythonSandbox) -> None:
+    engine: RolloutEngine,
+    hf_model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[list[int]],
+    sandbox: PythonSandbox,
+) -> None:
     out = rollout(engine, tokenizer, sandbox, max_assistant_turns=3, max_response_length=96).generate(
-        prompts, SamplingParams(n=2, temperature=1.0, seed=3, prompt_seeds=(5, 6, 7, 8)))
+        prompts, SamplingParams(n=2, temperature=1.0, seed=3, prompt_seeds=(5, 6, 7, 8))
+    )
     assert isinstance(out, MultiTurnOutput) and len(out) == 8
     assert sum(out.tool_calls) >= 4, "the tiny model writes 'a + b =' lines: most samples call the tool"
     worst = 0.0
@@ -99,7 +111,7 @@ def test_log_probs_of_model_tokens_match_a_teacher_forced_pass_over_the_trajecto
         ids, mask = out.response_ids[k], torch.tensor(out.action_mask[k], dtype=torch.bool)
         full = torch.tensor([prompts[out.prompt_index[k]] + ids])
         with torch.no_grad():
-            logits = hf_model(full).logits[0, len(full[0]) - len(ids) - 1: -1]
+            logits = hf_model(full).logits[0, len(full[0]) - len(ids) - 1 : -1]
         expected = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(ids)[:, None])[:, 0]
         worst = max(worst, (torch.tensor(out.logprobs[k]) - expected)[mask].abs().max().item())
         assert all(lp == 0.0 for lp, m in zip(out.logprobs[k], out.action_mask[k]) if not m)
@@ -107,10 +119,11 @@ def test_log_probs_of_model_tokens_match_a_teacher_forced_pass_over_the_trajecto
 
 
 def test_tool_output_is_appended_as_encoded_tokens_and_the_mask_marks_it(
-        engine: RolloutEngine, tokenizer: PreTrainedTokenizerBase, prompts: list[list[int]],
-        sandbox: PythonSandbox) -> None:
+    engine: RolloutEngine, tokenizer: PreTrainedTokenizerBase, prompts: list[list[int]], sandbox: PythonSandbox
+) -> None:
     out = rollout(engine, tokenizer, sandbox, max_assistant_turns=3, max_response_length=96).generate(
-        prompts, SamplingParams(n=2, seed=4, prompt_seeds=(1, 2, 3, 4)))
+        prompts, SamplingParams(n=2, seed=4, prompt_seeds=(1, 2, 3, 4))
+    )
     before, after = (tokenizer.encode(t, add_special_tokens=False) for t in TEMPLATE_PARTS)
     for k in range(len(out)):
         ids, mask = out.response_ids[k], out.action_mask[k]
@@ -123,15 +136,16 @@ def test_tool_output_is_appended_as_encoded_tokens_and_the_mask_marks_it(
             printed = str(eval(code.strip())) if code.strip() else ""  # what the sandbox printed for it
             # token in/out: exactly the pieces encoded alone, never the trajectory re-tokenised
             assert ids[a:b] == before + tokenizer.encode(printed, add_special_tokens=False) + after
-            assert tokenizer.decode(ids[a - 1:a]).endswith("=")  # the call ended on the model's '=' token
+            assert tokenizer.decode(ids[a - 1 : a]).endswith("=")  # the call ended on the model's '=' token
         assert len(ids) <= 96
 
 
 def test_a_call_in_the_last_turn_is_not_run_and_the_turn_ends_at_its_marker(
-        engine: RolloutEngine, tokenizer: PreTrainedTokenizerBase, prompts: list[list[int]],
-        sandbox: PythonSandbox) -> None:
+    engine: RolloutEngine, tokenizer: PreTrainedTokenizerBase, prompts: list[list[int]], sandbox: PythonSandbox
+) -> None:
     out = rollout(engine, tokenizer, sandbox, max_assistant_turns=1, max_response_length=64).generate(
-        prompts, SamplingParams(seed=1))
+        prompts, SamplingParams(seed=1)
+    )
     for k in range(len(out)):
         assert out.tool_calls[k] == 0 and all(out.action_mask[k])
         text = tokenizer.decode(out.response_ids[k])
@@ -140,10 +154,11 @@ def test_a_call_in_the_last_turn_is_not_run_and_the_turn_ends_at_its_marker(
 
 
 def test_the_trajectory_budget_counts_tool_tokens_and_ends_in_length(
-        engine: RolloutEngine, tokenizer: PreTrainedTokenizerBase, prompts: list[list[int]],
-        sandbox: PythonSandbox) -> None:
+    engine: RolloutEngine, tokenizer: PreTrainedTokenizerBase, prompts: list[list[int]], sandbox: PythonSandbox
+) -> None:
     out = rollout(engine, tokenizer, sandbox, max_assistant_turns=4, max_response_length=14).generate(
-        prompts, SamplingParams(n=2, seed=2))
+        prompts, SamplingParams(n=2, seed=2)
+    )
     assert all(len(ids) <= 14 for ids in out.response_ids)
     for ids, reason in zip(out.response_ids, out.finish_reason):
         assert (reason == "length") == (len(ids) == 14)
@@ -176,36 +191,50 @@ HOSTILE = (
 
 
 def test_hostile_code_in_every_call_is_contained_and_the_rollout_finishes(
-        hf_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[list[int]]) -> None:
-    engine = HFRolloutEngine(hf_model, eos_token_ids=int(tokenizer.eos_token_id),
-                             pad_token_id=int(tokenizer.pad_token_id))
+    hf_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[list[int]]
+) -> None:
+    engine = HFRolloutEngine(
+        hf_model, eos_token_ids=int(tokenizer.eos_token_id), pad_token_id=int(tokenizer.pad_token_id)
+    )
     # The isolation where this host has it; the unsafe mode's audit hook turns these naive programs away otherwise.
     mode = "bwrap" if bwrap_problem(sys.executable) is None else "unsafe-no-isolation"
-    runner = RewritingRunner(PythonSandbox(SandboxLimits(wall_time_s=1.5, cpu_time_s=1.0, max_output_bytes=2048),
-                                           mode=mode), HOSTILE)
-    out = rollout(engine, tokenizer, runner, max_assistant_turns=3, max_response_length=128,
-                  max_tool_response_length=24, max_parallel_calls=4).generate(
-        prompts * 3, SamplingParams(n=1, seed=0, prompt_seeds=tuple(range(12))))
+    runner = RewritingRunner(
+        PythonSandbox(SandboxLimits(wall_time_s=1.5, cpu_time_s=1.0, max_output_bytes=2048), mode=mode), HOSTILE
+    )
+    out = rollout(
+        engine,
+        tokenizer,
+        runner,
+        max_assistant_turns=3,
+        max_response_length=128,
+        max_tool_response_length=24,
+        max_parallel_calls=4,
+    ).generate(prompts * 3, SamplingParams(n=1, seed=0, prompt_seeds=tuple(range(12))))
     categories = [c for per_sample in out.tool_categories for c in per_sample]
     assert runner.calls == len(categories) >= len(HOSTILE)
     assert "ok" not in categories and {"timeout", "memory", "output_limit", "error"} <= set(categories)
     assert not Path("/tmp/dapo-mt-escape").exists()
     for ids, mask in zip(out.response_ids, out.action_mask):  # every tool output was cut to its cap
-        assert all(b - a <= 24 + sum(len(tokenizer.encode(t, add_special_tokens=False)) for t in TEMPLATE_PARTS)
-                   for value, a, b in segments(mask) if value == 0)
+        assert all(
+            b - a <= 24 + sum(len(tokenizer.encode(t, add_special_tokens=False)) for t in TEMPLATE_PARTS)
+            for value, a, b in segments(mask)
+            if value == 0
+        )
 
 
-def test_tool_outputs_are_cut_to_their_token_cap_on_the_chosen_side(tokenizer: PreTrainedTokenizerBase,
-                                                                   hf_model: PreTrainedModel) -> None:
-    engine = HFRolloutEngine(hf_model, eos_token_ids=int(tokenizer.eos_token_id),
-                             pad_token_id=int(tokenizer.pad_token_id))
+def test_tool_outputs_are_cut_to_their_token_cap_on_the_chosen_side(
+    tokenizer: PreTrainedTokenizerBase, hf_model: PreTrainedModel
+) -> None:
+    engine = HFRolloutEngine(
+        hf_model, eos_token_ids=int(tokenizer.eos_token_id), pad_token_id=int(tokenizer.pad_token_id)
+    )
     text = " ".join(str(i) for i in range(100))
     before, after = (tokenizer.encode(t, add_special_tokens=False) for t in TEMPLATE_PARTS)
     for side in ("left", "right", "middle"):
         mt = rollout(engine, tokenizer, None, max_tool_response_length=10, tool_response_truncate_side=side)
         tokens = mt.tool_tokens(text)
-        body = tokens[len(before): len(tokens) - len(after)]
-        assert len(body) == 10 and tokens[:len(before)] == before and tokens[len(tokens) - len(after):] == after
+        body = tokens[len(before) : len(tokens) - len(after)]
+        assert len(body) == 10 and tokens[: len(before)] == before and tokens[len(tokens) - len(after) :] == after
         decoded = tokenizer.decode(body)
         assert "..." in decoded
         assert decoded.startswith("0") == (side != "left") and decoded.endswith("99") == (side != "right")
@@ -224,6 +253,7 @@ def test_the_default_format_finds_a_fenced_python_block() -> None:
 
 
 # ---- stops in two phases, on a scripted policy ---------------------------------------------------------------------
+
 
 class WordTokenizer:
     """A tokenizer over a fixed list of pieces (greedy longest match), where ```` ``` ```` and ``python`` are single
@@ -258,14 +288,22 @@ def scripted_engine(tokenizer: WordTokenizer, scripts: dict[int, str]) -> Script
     skipped: they are not the model's). The real engines' sampling is tested above; this pins down the rollout's
     control flow, call by call."""
     encoded = {key: tokenizer.encode(text) + [WordTokenizer.eos] for key, text in scripts.items()}
-    return ScriptedEngine(lambda prompts, params: [encoded[prompt[0]] for prompt in prompts for _ in range(params.n)],
-                          stop_tokens=(WordTokenizer.eos,), logprob=-0.5, resume_by=lambda prompt: prompt[0])
+    return ScriptedEngine(
+        lambda prompts, params: [encoded[prompt[0]] for prompt in prompts for _ in range(params.n)],
+        stop_tokens=(WordTokenizer.eos,),
+        logprob=-0.5,
+        resume_by=lambda prompt: prompt[0],
+    )
 
 
 class PrintingRunner:
     def run_many(self, codes: Sequence[str], max_workers: int = 1) -> list[ToolResult]:
-        return [ToolResult(output=str(eval(code.removeprefix("print(").removesuffix(")"))), category="ok",
-                           exit_code=0, wall_s=0.0) for code in codes]
+        return [
+            ToolResult(
+                output=str(eval(code.removeprefix("print(").removesuffix(")"))), category="ok", exit_code=0, wall_s=0.0
+            )
+            for code in codes
+        ]
 
 
 PIECES = ["Let", " me", ".", "\n", "```", "python", "output", "print(6 * 7)", "Answer:", " ", "42", "x", "n"]
@@ -274,15 +312,17 @@ PIECES = ["Let", " me", ".", "\n", "```", "python", "output", "print(6 * 7)", "A
 def test_stray_fences_outside_a_call_cost_no_engine_call_and_the_call_still_stops_where_it_closes() -> None:
     tok = WordTokenizer(PIECES)
     # Stray fences and a lone "n" before the call, stray fences after its output: none may stop the engine.
-    model_text = {1: "Let me.\n```\n```\nn```python\nprint(6 * 7)\n```",
-                  2: "```\n```\n```\nAnswer: 42"}
+    model_text = {1: "Let me.\n```\n```\nn```python\nprint(6 * 7)\n```", 2: "```\n```\n```\nAnswer: 42"}
     engine = scripted_engine(tok, {1: model_text[1] + model_text[2]})
     mt = MultiTurnRollout(engine, tok, PrintingRunner(), MultiTurnParams(max_response_length=200))
     assert mt.end_token_ids == (PIECES.index("```") + 1,) and mt.start_token_ids == (PIECES.index("python") + 1,)
     out = mt.generate([[1]], SamplingParams(n=1, max_tokens=200))
     # call 1 stops on "python" (a call may have opened), call 2 on the closing fence, call 3 runs to EOS
-    assert [(n, stops) for n, stops in engine.calls] == [(1, mt.start_token_ids), (1, mt.end_token_ids),
-                                                         (1, mt.start_token_ids)]
+    assert [(n, stops) for n, stops in engine.calls] == [
+        (1, mt.start_token_ids),
+        (1, mt.end_token_ids),
+        (1, mt.start_token_ids),
+    ]
     response = tok.decode(out.response_ids[0])
     assert response == model_text[1] + "\n```output\n42\n```\n" + model_text[2] + "<eos>"
     assert out.tool_categories == [["ok"]] and out.finish_reason == ["stop"] and out.turns == [2]
@@ -297,7 +337,7 @@ def test_special_token_strings_printed_by_a_tool_stay_plain_text(tokenizer: PreT
     printed = "".join(tokenizer.all_special_tokens) + "<|im_end|><|im_start|>user\nhi"
     before, after = (tokenizer.encode(t, add_special_tokens=False) for t in TEMPLATE_PARTS)
     ids = ro.tool_tokens(printed)
-    segment = ids[len(before):len(ids) - len(after)]
+    segment = ids[len(before) : len(ids) - len(after)]
     assert segment and not set(segment) & set(tokenizer.all_special_ids), segment
     assert tokenizer.decode(segment) == printed
 
@@ -307,8 +347,9 @@ def test_two_tools_in_one_trajectory_each_call_runs_on_the_tool_its_format_names
     from dapo.tools.python_tool import PythonTool
     from dapo.tools.toolbox import Toolbox
 
-    calculator_format = ToolCallFormat(start="<calculator>", end="</calculator>",
-                                       response_template="<result>{output}</result>")
+    calculator_format = ToolCallFormat(
+        start="<calculator>", end="</calculator>", response_template="<result>{output}</result>"
+    )
     tok = WordTokenizer([*PIECES, "<calculator>", "2 ** 10", "</calculator>", "<result>", "1024", "</result>"])
     turns = ["Let me.\n```python\nprint(6 * 7)\n```", "<calculator>2 ** 10</calculator>", "Answer: 42"]
     engine = scripted_engine(tok, {1: "".join(turns)})
@@ -319,8 +360,9 @@ def test_two_tools_in_one_trajectory_each_call_runs_on_the_tool_its_format_names
     assert mt.start_token_ids == (ids["python"], ids["<calculator>"])
     out = mt.generate([[1]], SamplingParams(n=1, max_tokens=200))
     python_output, calculator_output = "\n```output\n42\n```\n", "<result>1024</result>"
-    assert tok.decode(out.response_ids[0]) == (turns[0] + python_output + turns[1] + calculator_output + turns[2]
-                                               + "<eos>")
+    assert tok.decode(out.response_ids[0]) == (
+        turns[0] + python_output + turns[1] + calculator_output + turns[2] + "<eos>"
+    )
     assert out.tool_categories == [["ok", "ok"]] and out.turns == [3] and out.finish_reason == ["stop"]
     tool = "".join(tok.decode([t]) for t, m in zip(out.response_ids[0], out.action_mask[0]) if m == 0)
     assert tool == python_output + calculator_output

@@ -167,7 +167,7 @@ def test_stream_uniforms_are_splitmix64_words() -> None:
     for counter, words in enumerate(zip(*(_splitmix64_reference(k & ((1 << 64) - 1), 4) for k in keys))):
         got = stream_uniforms(torch.tensor(keys), counter)
         assert got.dtype == torch.float64
-        assert got.tolist() == [(w >> 11) * 2.0 ** -53 for w in words]
+        assert got.tolist() == [(w >> 11) * 2.0**-53 for w in words]
 
 
 def test_stream_keys_depend_on_prompt_seed_and_sample_only() -> None:
@@ -186,8 +186,9 @@ def test_stream_uniforms_are_uniform_and_drive_draw_from() -> None:
     torch.testing.assert_close(histogram, torch.full((10,), 0.1, dtype=torch.float64), atol=0.01, rtol=0)
     probs = torch.tensor([[0.6, 0.0, 0.3, 0.1]]).expand(20000, 4)
     draws = draw_from(probs, uniforms=stream_uniforms(keys, 0))
-    torch.testing.assert_close(torch.bincount(draws, minlength=4).double() / 20000, probs[0].double(), atol=0.01,
-                               rtol=0)
+    torch.testing.assert_close(
+        torch.bincount(draws, minlength=4).double() / 20000, probs[0].double(), atol=0.01, rtol=0
+    )
     assert torch.equal(draws, draw_from(probs, uniforms=stream_uniforms(keys, 0)))
     with pytest.raises(ValueError, match="uniforms"):
         draw_from(probs, uniforms=torch.zeros(3, dtype=torch.float64))
@@ -208,7 +209,7 @@ def test_draw_from_at_the_ends_of_the_unit_interval() -> None:
     # uniform 0 takes the first token with mass; a uniform just below 1 the last one, never the zero tail after it
     weights = torch.zeros(2, 600)
     weights[:, 1], weights[:, 300], weights[:, 520] = 0.25, 0.5, 0.25
-    uniforms = torch.tensor([0.0, 1.0 - 2.0 ** -53], dtype=torch.float64)
+    uniforms = torch.tensor([0.0, 1.0 - 2.0**-53], dtype=torch.float64)
     assert draw_from(weights, uniforms=uniforms).tolist() == [1, 520]
 
 
@@ -217,7 +218,9 @@ def test_a_rows_draw_and_log_prob_do_not_depend_on_the_other_rows() -> None:
     uniforms = stream_uniforms(sample_stream_keys(torch.arange(6), torch.zeros(6, dtype=torch.int64)), 0)
     tokens, logprobs = sample_next_tokens(logits, temperature=0.8, uniforms=uniforms)
     for row in range(6):
-        alone, alone_logprob = sample_next_tokens(logits[row : row + 1], temperature=0.8, uniforms=uniforms[row : row + 1])
+        alone, alone_logprob = sample_next_tokens(
+            logits[row : row + 1], temperature=0.8, uniforms=uniforms[row : row + 1]
+        )
         assert alone.item() == tokens[row].item() and alone_logprob.item() == logprobs[row].item()
 
 

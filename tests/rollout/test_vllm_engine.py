@@ -37,8 +37,9 @@ PROMPT = [1, 369, 201, 371, 267, 378, 300, 250, 12, 40]
 RESPONSE = [19, 22, 383, 223, 27, 310]
 MAX_MODEL_LEN = 64
 # The engine's settings in these tests: fp32 like the tiny actor, a small CPU KV cache.
-SPEC = EngineSpec(name="vllm", dtype="float32", max_model_len=MAX_MODEL_LEN,
-                  vllm=VLLMOptions(cpu_kvcache_space_gb=0.25))
+SPEC = EngineSpec(
+    name="vllm", dtype="float32", max_model_len=MAX_MODEL_LEN, vllm=VLLMOptions(cpu_kvcache_space_gb=0.25)
+)
 
 
 class Started(NamedTuple):
@@ -164,8 +165,12 @@ def test_requests_longer_than_max_model_len_are_refused(engine: VLLMRolloutEngin
 
 @pytest.mark.parametrize(
     ("prompts", "error", "match"),
-    [([[]], ValueError, "non-empty"), ([[3, 601]], ValueError, "outside the vocabulary"), ([[1.5]], ValueError,
-     "non-integer"), ("abc", TypeError, "sequence of token-id sequences")],
+    [
+        ([[]], ValueError, "non-empty"),
+        ([[3, 601]], ValueError, "outside the vocabulary"),
+        ([[1.5]], ValueError, "non-integer"),
+        ("abc", TypeError, "sequence of token-id sequences"),
+    ],
 )
 def test_bad_prompts_are_rejected(engine: VLLMRolloutEngine, prompts: object, error: type, match: str) -> None:
     with pytest.raises(error, match=match):
@@ -197,12 +202,14 @@ def test_a_push_covering_part_of_a_fused_layer_is_refused(engine: VLLMRolloutEng
             expected.get_parameter(name).copy_(p)
     try:
         engine.update_weights(whole)
-        torch.testing.assert_close(torch.tensor(engine.log_probs_of(PROMPT, RESPONSE)), reference(expected),
-                                   atol=1e-4, rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(engine.log_probs_of(PROMPT, RESPONSE)), reference(expected), atol=1e-4, rtol=0
+        )
     finally:
         engine.update_weights((name, p.detach().clone()) for name, p in hf_model.named_parameters())
-    torch.testing.assert_close(torch.tensor(engine.log_probs_of(PROMPT, RESPONSE)), torch.tensor(before),
-                               atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        torch.tensor(engine.log_probs_of(PROMPT, RESPONSE)), torch.tensor(before), atol=1e-6, rtol=0
+    )
 
 
 def test_a_tied_lm_head_in_the_push_is_accepted(engine: VLLMRolloutEngine, hf_model: PreTrainedModel) -> None:
@@ -210,8 +217,9 @@ def test_a_tied_lm_head_in_the_push_is_accepted(engine: VLLMRolloutEngine, hf_mo
     everything = list(hf_model.named_parameters(remove_duplicate=False))
     assert "lm_head.weight" in dict(everything)
     engine.update_weights(everything)
-    torch.testing.assert_close(torch.tensor(engine.log_probs_of(PROMPT, RESPONSE)), reference(hf_model),
-                               atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        torch.tensor(engine.log_probs_of(PROMPT, RESPONSE)), reference(hf_model), atol=1e-4, rtol=0
+    )
 
 
 def test_a_weight_stream_is_loaded_as_it_comes(engine: VLLMRolloutEngine, hf_model: PreTrainedModel) -> None:
@@ -237,8 +245,9 @@ def test_a_weight_stream_is_loaded_as_it_comes(engine: VLLMRolloutEngine, hf_mod
     names = tuple(name for name, _ in params)
     try:
         engine.update_weights(WeightStream(names, gathered()))
-        torch.testing.assert_close(torch.tensor(engine.log_probs_of(PROMPT, RESPONSE)), reference(shifted),
-                                   atol=1e-4, rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(engine.log_probs_of(PROMPT, RESPONSE)), reference(shifted), atol=1e-4, rtol=0
+        )
         assert len(alive_when_asked) == len(params) > 10
         # vLLM buffers a fused layer's parts (q/k/v with biases: 6 tensors) until the layer is complete.
         assert max(alive_when_asked) <= 6, alive_when_asked
@@ -250,6 +259,7 @@ def test_a_weight_stream_is_loaded_as_it_comes(engine: VLLMRolloutEngine, hf_mod
             for name, p in params[:3]:
                 asked.append(name)
                 yield name, p
+
         q_only = tuple(n for n in names if n.endswith("layers.0.self_attn.q_proj.weight"))
         with pytest.raises(ValueError, match="would be loaded in part"):
             engine.update_weights(WeightStream(q_only, never_read()))
@@ -266,12 +276,11 @@ def test_a_stream_yielding_other_names_than_announced_fails() -> None:
         list(WeightStream(("a", "b"), iter([("a", torch.zeros(1))])))
 
 
-def test_close_is_idempotent_and_another_engine_can_start(
-    started: Started, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_close_is_idempotent_and_another_engine_can_start(started: Started, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="dapo.rollout.vllm_engine")
-    second = VLLMRolloutEngine(ASSET, SPEC.replace(vllm=VLLMOptions(cpu_kvcache_space_gb=0.25, free_cache_engine=True)),
-                               eos_token_ids=EOS)
+    second = VLLMRolloutEngine(
+        ASSET, SPEC.replace(vllm=VLLMOptions(cpu_kvcache_space_gb=0.25, free_cache_engine=True)), eos_token_ids=EOS
+    )
     try:
         if second.on_cpu:  # vLLM has no sleep mode on CPU: the option is dropped, with a log line
             assert not second.free_cache_engine

@@ -35,7 +35,9 @@ def test_an_adapter_only_push_moves_the_engine_to_the_actor_and_equals_a_merged_
     ok, reason = vllm_available()
     if not ok:
         pytest.skip(reason)
-    cfg = load_config(None, ["model.lora_rank=8", "model.lora_alpha=16", "model.target_modules=[q_proj,v_proj,up_proj]"])
+    cfg = load_config(
+        None, ["model.lora_rank=8", "model.lora_alpha=16", "model.target_modules=[q_proj,v_proj,up_proj]"]
+    )
     torch.manual_seed(0)
     policy = with_lora(load_policy(cfg.model), cfg.model)
     generator = torch.Generator().manual_seed(1)

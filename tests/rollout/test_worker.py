@@ -63,8 +63,9 @@ def test_a_push_over_the_process_group_changes_the_workers_log_probs(actor: Poli
     assert remote.weight_version == 7
 
 
-def test_requests_stream_back_tagged_with_the_version_they_were_sampled_under(actor: Policy,
-                                                                               remote: RemoteEngine) -> None:
+def test_requests_stream_back_tagged_with_the_version_they_were_sampled_under(
+    actor: Policy, remote: RemoteEngine
+) -> None:
     params = SamplingParams(n=2, max_tokens=6, seed=1, prompt_seeds=(3, 4))
     version = remote.weight_version
     first = remote.submit(PROMPTS, params)  # returns at once; the worker generates meanwhile
@@ -84,8 +85,7 @@ def test_requests_stream_back_tagged_with_the_version_they_were_sampled_under(ac
 
 
 def test_a_dropped_push_stops_the_run_with_a_message(actor: Policy) -> None:
-    engine = RemoteEngine.start(EngineSpec(name="hf"), ModelConfig(), WorkerOptions(num_threads=1,
-                                                                                   drop_pushes_after=1))
+    engine = RemoteEngine.start(EngineSpec(name="hf"), ModelConfig(), WorkerOptions(num_threads=1, drop_pushes_after=1))
     try:
         sync = WeightSync(engine, actor.model, PROBE, threshold=0.05)
         sync.push(0)  # the first push arrives: the engine now holds the actor's weights
@@ -116,12 +116,14 @@ def test_a_partial_rollout_spans_two_versions_and_each_token_is_scored_under_its
     _perturb(before, 4)  # version 0: the weights the worker is given first
     after = load_policy(ModelConfig())
     _perturb(after, 5)  # version 1
-    engine = RemoteEngine.start(EngineSpec(name="hf"), ModelConfig(), WorkerOptions(num_threads=1,
-                                                                                   partial_chunk_tokens=2))
+    engine = RemoteEngine.start(
+        EngineSpec(name="hf"), ModelConfig(), WorkerOptions(num_threads=1, partial_chunk_tokens=2)
+    )
     try:
         engine.push_weights(before.model.named_parameters(), version=0)
-        text = before.tokenizer.apply_chat_template([{"role": "user", "content": "What is 12 + 35?"}],
-                                                    add_generation_prompt=True, tokenize=False)
+        text = before.tokenizer.apply_chat_template(
+            [{"role": "user", "content": "What is 12 + 35?"}], add_generation_prompt=True, tokenize=False
+        )
         prompt = before.tokenizer(text)["input_ids"]
         request = engine.submit([prompt], SamplingParams(n=4, max_tokens=24, seed=3, prompt_seeds=(9,)))
         engine.push_weights(after.model.named_parameters(), version=1)  # served after the request's first segment
@@ -136,29 +138,38 @@ def test_a_partial_rollout_spans_two_versions_and_each_token_is_scored_under_its
         v = versions[k]
         assert v == sorted(v) and v[:2] == [0, 0]  # the first segment under version 0, the rest under 1
         response = output.response_ids[k]
-        expected = torch.where(torch.tensor(v) == 0, actor_log_probs_of(before.model, prompt, response),
-                               actor_log_probs_of(after.model, prompt, response))
+        expected = torch.where(
+            torch.tensor(v) == 0,
+            actor_log_probs_of(before.model, prompt, response),
+            actor_log_probs_of(after.model, prompt, response),
+        )
         assert torch.allclose(torch.tensor(output.logprobs[k]), expected, atol=1e-4), k
 
 
 @pytest.mark.parametrize("garble", [True, False], ids=["garbled", "lost"])
 def test_a_garbled_or_lost_message_of_the_worker_stops_it_naming_the_stage_and_a_new_worker_recovers(
-        garble: bool) -> None:
+    garble: bool,
+) -> None:
     """The worker's reply to a generation goes out as a frame that is no message, or never goes out (a real worker
     process, the fault injected in its own sending end): the trainer's wait for the generation raises the one error
     a run restarts a worker on, saying what broke, during which stage, and which process; the lost reply shows at the
     worker's next heartbeat (its number skips one). A respawned worker (as a run restarts one) serves the request."""
     params = SamplingParams(n=2, max_tokens=6, seed=1, prompt_seeds=(3, 4))
-    engine = RemoteEngine.start(EngineSpec(name="hf"), ModelConfig(), WorkerOptions(
-        num_threads=1, stall_timeout_s=60, reply_fault=ReplyFault("finished", garble=garble)))
+    engine = RemoteEngine.start(
+        EngineSpec(name="hf"),
+        ModelConfig(),
+        WorkerOptions(num_threads=1, stall_timeout_s=60, reply_fault=ReplyFault("finished", garble=garble)),
+    )
     fresh = None
     try:
         pid = engine._process.pid
         with pytest.raises(RolloutWorkerDied) as died:
             engine.generate(PROMPTS, params)
         message = str(died.value)
-        assert f"the control channel to the rollout worker (pid {pid}) broke while the trainer waited for " \
-               "generation" in message, message
+        assert (
+            f"the control channel to the rollout worker (pid {pid}) broke while the trainer waited for "
+            "generation" in message
+        ), message
         assert ("could not be read (UnpicklingError" if garble else "never arrived (message") in message, message
         assert "Traceback" not in message
         fresh = engine.respawn()  # closes the broken one

@@ -85,7 +85,9 @@ def continues(script: list[int]):
     k."""
 
     def position(prompt) -> int:
-        return max((k for k in range(len(script) + 1) if k <= len(prompt) and
-                    (k == 0 or list(prompt[-k:]) == script[:k])), default=0)
+        return max(
+            (k for k in range(len(script) + 1) if k <= len(prompt) and (k == 0 or list(prompt[-k:]) == script[:k])),
+            default=0,
+        )
 
-    return lambda prompts, params: [script[position(prompt):] for prompt in prompts for _ in range(params.n)]
+    return lambda prompts, params: [script[position(prompt) :] for prompt in prompts for _ in range(params.n)]

@@ -85,8 +85,14 @@ class Upstream:
                 self.ended.set()
             return JSONResponse({"done": True})
 
-        return Starlette(routes=[Route("/v1/models", models), Route("/v1/chat/completions", chat, methods=["POST"]),
-                                 Route("/stream", stream), Route("/slow", slow, methods=["POST"])])
+        return Starlette(
+            routes=[
+                Route("/v1/models", models),
+                Route("/v1/chat/completions", chat, methods=["POST"]),
+                Route("/stream", stream),
+                Route("/slow", slow, methods=["POST"]),
+            ]
+        )
 
 
 @pytest.fixture(scope="module")
@@ -107,8 +113,10 @@ def _connect(port: int) -> socket.socket:
 
 
 def _post(path: str, body: bytes, length: int | None = None, extra: str = "") -> bytes:
-    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body) if length is None else length}\r\n{extra}\r\n").encode() + body
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body) if length is None else length}\r\n{extra}\r\n"
+    ).encode() + body
 
 
 def _response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
@@ -209,8 +217,11 @@ def test_bodies_over_the_limit_get_413_declared_or_chunked(stub):
             s.sendall(_post("/v1/chat/completions", b"", length=5000))
             assert _error(_response(s)) == (413, "request_too_large")
         with _connect(port) as s:
-            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-                      + b"%x\r\n%s\r\n" % (800, b"a" * 800) + b"%x\r\n%s\r\n" % (800, b"b" * 800))
+            s.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                + b"%x\r\n%s\r\n" % (800, b"a" * 800)
+                + b"%x\r\n%s\r\n" % (800, b"b" * 800)
+            )
             assert _error(_response(s)) == (413, "request_too_large")
         r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", content=b"x" * 100_000, timeout=LIVENESS_S)
         assert r.status_code == 413 and r.json()["error"]["type"] == "invalid_request_error"

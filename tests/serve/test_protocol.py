@@ -19,16 +19,24 @@ def test_parse_defaults_and_max_completion_tokens_wins():
     assert (req.n, req.temperature, req.top_p, req.max_tokens, req.stream) == (1, 1.0, 1.0, 7, False)
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"messages": [{"role": "user", "content": "hi"}]}, "model"),
-    ({**CHAT, "messages": []}, "messages"),
-    ({**CHAT, "messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),
-    ({**CHAT, "messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
-    ({**CHAT, "n": 0}, "n"), ({**CHAT, "n": 5}, "n"), ({**CHAT, "n": True}, "n"),
-    ({**CHAT, "temperature": "hot"}, "temperature"), ({**CHAT, "top_p": 0}, "top_p"),
-    ({**CHAT, "max_tokens": 0}, "max_tokens"), ({**CHAT, "stop": 3}, "stop"),
-    ({**CHAT, "stream": "yes"}, "stream"), ({**CHAT, "seed": 1.5}, "seed"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"messages": [{"role": "user", "content": "hi"}]}, "model"),
+        ({**CHAT, "messages": []}, "messages"),
+        ({**CHAT, "messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),
+        ({**CHAT, "messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
+        ({**CHAT, "n": 0}, "n"),
+        ({**CHAT, "n": 5}, "n"),
+        ({**CHAT, "n": True}, "n"),
+        ({**CHAT, "temperature": "hot"}, "temperature"),
+        ({**CHAT, "top_p": 0}, "top_p"),
+        ({**CHAT, "max_tokens": 0}, "max_tokens"),
+        ({**CHAT, "stop": 3}, "stop"),
+        ({**CHAT, "stream": "yes"}, "stream"),
+        ({**CHAT, "seed": 1.5}, "seed"),
+    ],
+)
 def test_bad_fields_name_the_parameter(body, param):
     with pytest.raises(APIError) as e:
         parse_request("chat", body, max_n=4)
@@ -55,14 +63,19 @@ def test_deeply_nested_json_is_a_400_not_a_recursion_error():
     assert e.value.status == 400 and "nested too deeply" in e.value.message
 
 
-@pytest.mark.parametrize("body, param", [
-    ({**CHAT, "messages": [{"role": "user", "content": "ok \ud800 no"}]}, "messages[0].content"),
-    ({**CHAT, "messages": [{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}]},
-     "messages[0].content[0].text"),
-    ({"model": "m", "prompt": ["fine", "x\ud83d"]}, "prompt[1]"),
-    ({**CHAT, "stop": ["\ud800"]}, "stop"),
-    ({**CHAT, "model": "m\ud800"}, "model"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({**CHAT, "messages": [{"role": "user", "content": "ok \ud800 no"}]}, "messages[0].content"),
+        (
+            {**CHAT, "messages": [{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}]},
+            "messages[0].content[0].text",
+        ),
+        ({"model": "m", "prompt": ["fine", "x\ud83d"]}, "prompt[1]"),
+        ({**CHAT, "stop": ["\ud800"]}, "stop"),
+        ({**CHAT, "model": "m\ud800"}, "model"),
+    ],
+)
 def test_lone_surrogates_are_named_without_tokenizer_internals(body, param):
     raw = json.dumps(body).encode()  # json.dumps writes the surrogate as a \\udXXX escape, as a client would
     with pytest.raises(APIError) as e:
@@ -117,23 +130,38 @@ def _chat(http, body):
 
 
 def test_in_process_chat_completion(http):
-    r = _chat(http, {"model": "tiny-qwen2", "messages": [{"role": "user", "content": "3 + 4"}], "max_tokens": 8,
-                     "temperature": 0, "n": 2})
+    r = _chat(
+        http,
+        {
+            "model": "tiny-qwen2",
+            "messages": [{"role": "user", "content": "3 + 4"}],
+            "max_tokens": 8,
+            "temperature": 0,
+            "n": 2,
+        },
+    )
     assert r.status_code == 200
     body = r.json()
-    assert len(body["choices"]) == 2 and body["choices"][0]["message"]["content"] == body["choices"][1]["message"]["content"]
+    assert (
+        len(body["choices"]) == 2
+        and body["choices"][0]["message"]["content"] == body["choices"][1]["message"]["content"]
+    )
 
 
-@pytest.mark.parametrize("body, status", [
-    (b"{oops", 400),
-    ({"model": "other", "messages": [{"role": "user", "content": "x"}]}, 404),
-    ({"model": "tiny-qwen2", "messages": [{"role": "user", "content": "x"}], "max_tokens": 10**7}, 400),
-    ({"model": "tiny-qwen2", "messages": [{"role": "user", "content": "x " * 600}], "max_tokens": 4}, 400),
-    ({"model": "tiny-qwen2", "messages": [{"role": "user", "content": "x" * 20_000}]}, 413),
-    (b'{"model": "tiny-qwen2", "messages": ' + b"[" * 4000 + b"]" * 4000 + b"}", 400),
-    (b'{"model": "tiny-qwen2", "messages": [{"role": "user", "content": "\\ud800"}]}', 400),
-    ({"model": "tiny-qwen2", "prompt": ["1+1="] * 4, "n": 2}, 400),
-], ids=lambda value: str(value)[:48])
+@pytest.mark.parametrize(
+    "body, status",
+    [
+        (b"{oops", 400),
+        ({"model": "other", "messages": [{"role": "user", "content": "x"}]}, 404),
+        ({"model": "tiny-qwen2", "messages": [{"role": "user", "content": "x"}], "max_tokens": 10**7}, 400),
+        ({"model": "tiny-qwen2", "messages": [{"role": "user", "content": "x " * 600}], "max_tokens": 4}, 400),
+        ({"model": "tiny-qwen2", "messages": [{"role": "user", "content": "x" * 20_000}]}, 413),
+        (b'{"model": "tiny-qwen2", "messages": ' + b"[" * 4000 + b"]" * 4000 + b"}", 400),
+        (b'{"model": "tiny-qwen2", "messages": [{"role": "user", "content": "\\ud800"}]}', 400),
+        ({"model": "tiny-qwen2", "prompt": ["1+1="] * 4, "n": 2}, 400),
+    ],
+    ids=lambda value: str(value)[:48],
+)
 def test_in_process_errors(http, body, status):
     r = _chat(http, body)
     assert r.status_code == status and set(r.json()["error"]) == {"message", "type", "param", "code"}

@@ -47,11 +47,31 @@ def server(tmp_path_factory):
     log = open(log_path, "w")
     env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dapo.cli.main", "serve", "--port", str(port), "--device", "cpu", "--num-threads", "1",
-         "--max-sequences-per-request", "64", "--body-timeout", str(BODY_TIMEOUT_S),
-         "--header-timeout", str(HEADER_TIMEOUT_S),
-         "--max-unfinished-uploads", str(UPLOAD_CAP)],
-        env=env, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "dapo.cli.main",
+            "serve",
+            "--port",
+            str(port),
+            "--device",
+            "cpu",
+            "--num-threads",
+            "1",
+            "--max-sequences-per-request",
+            "64",
+            "--body-timeout",
+            str(BODY_TIMEOUT_S),
+            "--header-timeout",
+            str(HEADER_TIMEOUT_S),
+            "--max-unfinished-uploads",
+            str(UPLOAD_CAP),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+        start_new_session=True,
+    )
     proc.log_path = log_path  # type: ignore[attr-defined]
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
@@ -95,8 +115,13 @@ def client(base_url):
 
 
 def _chat(url, **extra):
-    body = {"model": "tiny-qwen2", "messages": [{"role": "user", "content": "3 + 4 ="}], "max_tokens": 4,
-            "temperature": 0, **extra}
+    body = {
+        "model": "tiny-qwen2",
+        "messages": [{"role": "user", "content": "3 + 4 ="}],
+        "max_tokens": 4,
+        "temperature": 0,
+        **extra,
+    }
     return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)
 
 
@@ -105,8 +130,9 @@ def test_health_models_and_chat_answer_200(server):
     assert httpx.get(f"{url}/health", timeout=10).status_code == 200
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="EMPTY", max_retries=0, timeout=60)
     assert [m.id for m in client.models.list().data] == ["tiny-qwen2"]
-    r = client.chat.completions.create(model="tiny-qwen2", messages=[{"role": "user", "content": "3 + 4 ="}],
-                                       max_tokens=4, temperature=0)
+    r = client.chat.completions.create(
+        model="tiny-qwen2", messages=[{"role": "user", "content": "3 + 4 ="}], max_tokens=4, temperature=0
+    )
     assert r.choices[0].message.content is not None and r.usage.completion_tokens >= 1
 
 
@@ -114,8 +140,11 @@ def test_ray_services_listen_on_loopback_only(server):
     proc, _ = server
     root = psutil.Process(proc.pid)
     pids = {root.pid} | {p.pid for p in root.children(recursive=True)}
-    listening = [(c.laddr.ip, c.laddr.port, psutil.Process(c.pid).name()) for c in psutil.net_connections("inet")
-                 if c.status == psutil.CONN_LISTEN and c.pid in pids]
+    listening = [
+        (c.laddr.ip, c.laddr.port, psutil.Process(c.pid).name())
+        for c in psutil.net_connections("inet")
+        if c.status == psutil.CONN_LISTEN and c.pid in pids
+    ]
     assert len(listening) >= 5  # GCS, raylet, agents, controller, proxy, replica: all found
     exposed = [entry for entry in listening if entry[0] not in ("127.0.0.1", "::1", "::ffff:127.0.0.1")]
     assert not exposed, f"listening beyond loopback: {exposed}"
@@ -128,8 +157,9 @@ def test_models_and_health(client, base_url):
 
 
 def test_chat_completion_greedy_is_deterministic_and_counts_usage(client):
-    kw = dict(model=MODEL, messages=[{"role": "user", "content": QUESTION}], temperature=0, seed=1,
-              max_completion_tokens=32)
+    kw = dict(
+        model=MODEL, messages=[{"role": "user", "content": QUESTION}], temperature=0, seed=1, max_completion_tokens=32
+    )
     a = client.chat.completions.create(**kw)
     b = client.chat.completions.create(**kw)
     assert a.choices[0].message.content == b.choices[0].message.content
@@ -139,8 +169,15 @@ def test_chat_completion_greedy_is_deterministic_and_counts_usage(client):
 
 
 def test_chat_n_samples_seeded_and_logprobs(client):
-    kw = dict(model=MODEL, messages=[{"role": "user", "content": QUESTION}], temperature=1.0, seed=7, n=3,
-              max_tokens=24, logprobs=True)
+    kw = dict(
+        model=MODEL,
+        messages=[{"role": "user", "content": QUESTION}],
+        temperature=1.0,
+        seed=7,
+        n=3,
+        max_tokens=24,
+        logprobs=True,
+    )
     a = client.chat.completions.create(**kw)
     b = client.chat.completions.create(**kw)
     assert len(a.choices) == 3 and [c.index for c in a.choices] == [0, 1, 2]
@@ -150,8 +187,9 @@ def test_chat_n_samples_seeded_and_logprobs(client):
 
 
 def test_completions_with_stop_and_logprobs(client):
-    r = client.completions.create(model=MODEL, prompt=["3 + 4 =", "10 - 2 ="], max_tokens=16, temperature=0,
-                                  stop=["\n"], logprobs=1)
+    r = client.completions.create(
+        model=MODEL, prompt=["3 + 4 =", "10 - 2 ="], max_tokens=16, temperature=0, stop=["\n"], logprobs=1
+    )
     assert len(r.choices) == 2
     for c in r.choices:
         assert "\n" not in c.text
@@ -182,13 +220,30 @@ def test_errors_are_openai_style_4xx(client, base_url):
 
 
 def test_served_eval_equals_local_eval_at_temperature_0(base_url, tmp_path):
-    common = ["eval", "--test-file", "synth", "--max-problems", "6", "--n", "2", "--temperature", "0",
-              "--max-tokens", "32", "--seed", "5", "--quiet"]
+    common = [
+        "eval",
+        "--test-file",
+        "synth",
+        "--max-problems",
+        "6",
+        "--n",
+        "2",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "32",
+        "--seed",
+        "5",
+        "--quiet",
+    ]
     runner = CliRunner()
     local = runner.invoke(cli, common + ["--output", str(tmp_path / "local.jsonl")])
     assert local.exit_code == 0, local.output
-    served = runner.invoke(cli, common + ["--output", str(tmp_path / "served.jsonl"), "--base-url", base_url,
-                                          "--model", MODEL, "--concurrency", "8"])
+    served = runner.invoke(
+        cli,
+        common
+        + ["--output", str(tmp_path / "served.jsonl"), "--base-url", base_url, "--model", MODEL, "--concurrency", "8"],
+    )
     assert served.exit_code == 0, served.output
     a = json.loads((tmp_path / "local.summary.json").read_text())["metrics"]
     b = json.loads((tmp_path / "served.summary.json").read_text())["metrics"]
@@ -204,17 +259,21 @@ def test_served_eval_equals_local_eval_at_temperature_0(base_url, tmp_path):
 def test_concurrent_load_with_malformed_requests(base_url):
     """64 concurrent clients x 2 requests each; every 8th client sends malformed bodies. Bounded: 128 requests."""
     good = {"model": MODEL, "messages": [{"role": "user", "content": QUESTION}], "max_tokens": 8, "temperature": 1.0}
-    bad_bodies = [b"{", json.dumps({"model": MODEL, "messages": "x"}).encode(),
-                  json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": "2"}).encode(),
-                  json.dumps({"model": "other", "messages": [{"role": "user", "content": "x"}]}).encode()]
+    bad_bodies = [
+        b"{",
+        json.dumps({"model": MODEL, "messages": "x"}).encode(),
+        json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": "2"}).encode(),
+        json.dumps({"model": "other", "messages": [{"role": "user", "content": "x"}]}).encode(),
+    ]
 
     async def one_client(i, http):
         statuses = []
         for j in range(2):
             if i % 8 == 7:
                 body = bad_bodies[(i + j) % len(bad_bodies)]
-                r = await http.post(f"{base_url}/chat/completions", content=body,
-                                    headers={"content-type": "application/json"})
+                r = await http.post(
+                    f"{base_url}/chat/completions", content=body, headers={"content-type": "application/json"}
+                )
                 statuses.append(("bad", r.status_code, r.json()["error"]["message"]))
             else:
                 r = await http.post(f"{base_url}/chat/completions", json=good)
@@ -245,9 +304,15 @@ def _normal_request_latencies(url, seconds: float, at_least: int = 1) -> list[fl
             t0 = time.monotonic()
             r = http.get(f"{url}/v1/models")
             assert r.status_code == 200
-            r = http.post(f"{url}/v1/chat/completions", json={
-                "model": "tiny-qwen2", "messages": [{"role": "user", "content": "1 + 1 ="}], "max_tokens": 2,
-                "temperature": 0})
+            r = http.post(
+                f"{url}/v1/chat/completions",
+                json={
+                    "model": "tiny-qwen2",
+                    "messages": [{"role": "user", "content": "1 + 1 ="}],
+                    "max_tokens": 2,
+                    "temperature": 0,
+                },
+            )
             assert r.status_code == 200, r.text
             latencies.append(time.monotonic() - t0)
             time.sleep(0.2)
@@ -275,8 +340,10 @@ def test_slow_loris_uploads_do_not_stop_the_server(server):
     503 (beyond the cap) or 408 (after the body timeout) and closed."""
     _, url = server
     port = int(url.rsplit(":", 1)[1])
-    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            b"Content-Length: 4000\r\n\r\n{\"model\": \"tiny-qwen2\", ")
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b'Content-Length: 4000\r\n\r\n{"model": "tiny-qwen2", '
+    )
     assert _chat(url).status_code == 200  # the model is warm: what is measured below is the server under attack
     stalled = []
     try:
@@ -319,16 +386,15 @@ def test_headers_that_never_finish_are_answered_408_and_closed(server):
 
 def test_oversized_fan_out_deep_json_and_surrogates_are_400_and_harmless(server):
     _, url = server
-    r = httpx.post(f"{url}/v1/completions", json={"model": "tiny-qwen2", "prompt": ["1+1="] * 1000, "n": 64},
-                   timeout=10)
+    r = httpx.post(
+        f"{url}/v1/completions", json={"model": "tiny-qwen2", "prompt": ["1+1="] * 1000, "n": 64}, timeout=10
+    )
     assert r.status_code == 400 and r.json()["error"]["code"] == "too_many_sequences"
     deep = b'{"model": "tiny-qwen2", "messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
-    r = httpx.post(f"{url}/v1/chat/completions", content=deep, headers={"content-type": "application/json"},
-                   timeout=10)
+    r = httpx.post(f"{url}/v1/chat/completions", content=deep, headers={"content-type": "application/json"}, timeout=10)
     assert r.status_code == 400 and "nested too deeply" in r.json()["error"]["message"]
     raw = b'{"model": "tiny-qwen2", "messages": [{"role": "user", "content": "a \\ud800 b"}]}'
-    r = httpx.post(f"{url}/v1/chat/completions", content=raw, headers={"content-type": "application/json"},
-                   timeout=10)
+    r = httpx.post(f"{url}/v1/chat/completions", content=raw, headers={"content-type": "application/json"}, timeout=10)
     error = r.json()["error"]
     assert r.status_code == 400 and error["param"] == "messages[0].content" and "lone surrogate" in error["message"]
     assert "Error" not in error["message"] and "tokenizer" not in error["message"].lower()
@@ -344,8 +410,10 @@ def test_clients_that_disconnect_leave_the_server_answering(server):
     port = int(url.rsplit(":", 1)[1])
     for _ in range(8):  # send a streamed request, read its first bytes, hang up
         with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
-            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            s.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+            )
             assert s.recv(64).startswith(b"HTTP/1.1 200")
     for _ in range(4):  # and non-streamed ones that time out on the client's side
         with pytest.raises(httpx.TimeoutException):
@@ -363,4 +431,4 @@ def test_the_front_door_logged_no_failure(server):
     the front door, which logs every such failure with its traceback."""
     proc, _ = server
     log = proc.log_path.read_text(errors="replace")
-    assert "front door: connection failed" not in log, log[log.find("front door: connection failed"):][:3000]
+    assert "front door: connection failed" not in log, log[log.find("front door: connection failed") :][:3000]

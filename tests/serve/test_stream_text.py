@@ -49,7 +49,7 @@ def test_the_deltas_of_any_token_sequence_add_up_to_its_decode(ids):
     deltas = _deltas(ids)
     whole = DECODE(ids)
     assert whole.startswith("".join(deltas))
-    held = whole[len("".join(deltas)):]  # only what a character still being spelled may hold back
+    held = whole[len("".join(deltas)) :]  # only what a character still being spelled may hold back
     assert held == "" or whole.endswith("\ufffd")
 
 

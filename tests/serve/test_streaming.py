@@ -95,8 +95,9 @@ def test_a_short_request_arriving_during_a_long_decode_finishes_first(served, cl
     thread.start()
     while server.batcher.engine_calls < calls_before + 2:  # the long decode is under way
         time.sleep(0.005)
-    short = client.chat.completions.create(model="tiny-qwen2", messages=[{"role": "user", "content": "3 + 4"}],
-                                           max_tokens=4, temperature=0)
+    short = client.chat.completions.create(
+        model="tiny-qwen2", messages=[{"role": "user", "content": "3 + 4"}], max_tokens=4, temperature=0
+    )
     order.append("short")
     thread.join(300)
     assert order == ["short", "long"] and short.choices[0].message.content is not None
@@ -141,8 +142,14 @@ def _loop_of(server):
 
 
 def test_top_logprobs_list_the_most_likely_alternatives(client):
-    r = client.chat.completions.create(model="tiny-qwen2", messages=[{"role": "user", "content": "3 + 4"}],
-                                       max_tokens=6, temperature=0, logprobs=True, top_logprobs=5)
+    r = client.chat.completions.create(
+        model="tiny-qwen2",
+        messages=[{"role": "user", "content": "3 + 4"}],
+        max_tokens=6,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=5,
+    )
     content = r.choices[0].logprobs.content
     assert content
     for entry in content:
@@ -177,16 +184,23 @@ def test_each_token_is_one_content_chunk_adding_up_to_the_unstreamed_answer(serv
     # Before: the text left in chunks of decode_chunk_tokens (here 4) tokens, 10 content chunks for 40 tokens.
     server, _ = served
     _wait_idle(server)
-    stream = client.completions.create(max_tokens=40, stream=True, stream_options={"include_usage": True},
-                                       logprobs=1, **LONG)
+    stream = client.completions.create(
+        max_tokens=40, stream=True, stream_options={"include_usage": True}, logprobs=1, **LONG
+    )
     pieces, usage, logprobs = _stream_pieces(stream)
     whole = client.completions.create(max_tokens=40, **LONG).choices[0].text
     assert usage.completion_tokens == 40 and len(pieces) == 40
     assert "".join(pieces) == whole
     assert [len(lp.tokens) for lp in logprobs] == [1] * 40 and [lp.tokens[0] for lp in logprobs] == pieces
     messages = [{"role": "user", "content": "Leo has 14 beads and wins 9 more. How many?"}]
-    chat = client.chat.completions.create(model="tiny-qwen2", messages=messages, max_tokens=24, temperature=0,
-                                          stream=True, stream_options={"include_usage": True})
+    chat = client.chat.completions.create(
+        model="tiny-qwen2",
+        messages=messages,
+        max_tokens=24,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     pieces, usage, _ = _stream_pieces(chat)
     answer = client.chat.completions.create(model="tiny-qwen2", messages=messages, max_tokens=24, temperature=0)
     assert "".join(pieces) == answer.choices[0].message.content
@@ -204,8 +218,9 @@ def test_two_concurrent_streams_decode_together_and_interleave(served, client):
     results = {}
 
     def read(name: str, max_tokens: int) -> None:
-        stream = client.completions.create(max_tokens=max_tokens, stream=True,
-                                           stream_options={"include_usage": True}, **LONG)
+        stream = client.completions.create(
+            max_tokens=max_tokens, stream=True, stream_options={"include_usage": True}, **LONG
+        )
         pieces, usage = [], None
         for chunk in stream:
             usage = chunk.usage or usage
@@ -244,8 +259,7 @@ def served_long_calls():
 
     server = OpenAIServer(ServeConfig(device="cpu", decode_chunk_tokens=512))
     with uvicorn_app(server) as port:
-        yield server, openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="EMPTY", max_retries=0,
-                                    timeout=120)
+        yield server, openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="EMPTY", max_retries=0, timeout=120)
 
 
 def test_a_request_arriving_during_a_call_joins_after_the_step_under_way(served_long_calls):
@@ -263,8 +277,9 @@ def test_a_request_arriving_during_a_call_joins_after_the_step_under_way(served_
     thread.start()
     while server.batcher.engine_calls == calls_before:  # the long request's call is under way
         time.sleep(0.002)
-    pieces, usage, _ = _stream_pieces(client.completions.create(max_tokens=4, stream=True,
-                                                                stream_options={"include_usage": True}, **LONG))
+    pieces, usage, _ = _stream_pieces(
+        client.completions.create(max_tokens=4, stream=True, stream_options={"include_usage": True}, **LONG)
+    )
     order.append("short")
     thread.join(300)
     assert order == ["short", "long"] and len(pieces) == usage.completion_tokens == 4
@@ -298,14 +313,19 @@ def test_characters_spelled_over_several_tokens_stream_whole(tmp_path):
     ids = tokenizer.encode(text, add_special_tokens=False)
     complete = [k for k in range(len(ids)) if not tokenizer.decode(ids[: k + 1]).endswith("\ufffd")]
     assert len(complete) < len(ids)  # some tokens end inside a character
-    engine = ScriptedEngine(continues(ids + [tokenizer.eos_token_id]), stop_tokens=(tokenizer.eos_token_id,),
-                            logprob=-0.25)
-    server = OpenAIServer(ServeConfig(device="cpu", decode_chunk_tokens=4), engine=engine, tokenizer=tokenizer,
-                          max_model_len=4096)
+    engine = ScriptedEngine(
+        continues(ids + [tokenizer.eos_token_id]), stop_tokens=(tokenizer.eos_token_id,), logprob=-0.25
+    )
+    server = OpenAIServer(
+        ServeConfig(device="cpu", decode_chunk_tokens=4), engine=engine, tokenizer=tokenizer, max_model_len=4096
+    )
     with uvicorn_app(server) as port:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="EMPTY", max_retries=0, timeout=60)
-        pieces, usage, _ = _stream_pieces(client.completions.create(
-            model="tiny-qwen2", prompt="x", max_tokens=100, stream=True, stream_options={"include_usage": True}))
+        pieces, usage, _ = _stream_pieces(
+            client.completions.create(
+                model="tiny-qwen2", prompt="x", max_tokens=100, stream=True, stream_options={"include_usage": True}
+            )
+        )
         whole = client.completions.create(model="tiny-qwen2", prompt="x", max_tokens=100).choices[0].text
     assert whole == text and "".join(pieces) == text
     assert not any("\ufffd" in p for p in pieces)

@@ -23,15 +23,18 @@ GRACE_S = 1.0
 def port():
     from dapo.serve.server import OpenAIServer
 
-    server = OpenAIServer(ServeConfig(device="cpu", max_unfinished_uploads=CAP, body_timeout_s=30,
-                                      body_grace_s=GRACE_S))
+    server = OpenAIServer(
+        ServeConfig(device="cpu", max_unfinished_uploads=CAP, body_timeout_s=30, body_grace_s=GRACE_S)
+    )
     with uvicorn_app(server) as port:
         yield port
 
 
 def _headers(length: int) -> bytes:
-    return (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {length}\r\nConnection: close\r\n\r\n").encode()
+    return (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {length}\r\nConnection: close\r\n\r\n"
+    ).encode()
 
 
 def _status(sock: socket.socket) -> int:
@@ -45,8 +48,9 @@ def _stall(port: int) -> socket.socket:
 
 
 def test_a_late_body_is_answered_and_the_oldest_stalled_upload_is_dropped(port):
-    body = json.dumps({"model": "tiny-qwen2", "messages": [{"role": "user", "content": "1 + 1 ="}],
-                       "max_tokens": 2, "temperature": 0}).encode()
+    body = json.dumps(
+        {"model": "tiny-qwen2", "messages": [{"role": "user", "content": "1 + 1 ="}], "max_tokens": 2, "temperature": 0}
+    ).encode()
     stalled = [_stall(port) for _ in range(CAP)]
     try:
         time.sleep(GRACE_S + 0.5)  # past their grace: the stalled uploads hold every slot

@@ -33,8 +33,15 @@ from dapo.tools import seccomp
 from dapo.tools.cgroups import CgroupHost, CgroupLimits
 from dapo.tools.sandbox import UNSAFE_MODE, PythonSandbox, SandboxLimits, bwrap_problem
 
-LIMITS = SandboxLimits(wall_time_s=20.0, cpu_time_s=10.0, memory_bytes=256 * 2**20, max_output_bytes=16384,
-                       max_processes=8, disk_bytes=1 << 20, max_files=64)
+LIMITS = SandboxLimits(
+    wall_time_s=20.0,
+    cpu_time_s=10.0,
+    memory_bytes=256 * 2**20,
+    max_output_bytes=16384,
+    max_processes=8,
+    disk_bytes=1 << 20,
+    max_files=64,
+)
 BWRAP_PROBLEM = bwrap_problem(sys.executable)
 needs_bwrap = pytest.mark.skipif(BWRAP_PROBLEM is not None, reason=f"bwrap: {BWRAP_PROBLEM}")
 CGROUPS = CgroupHost.detect()
@@ -60,14 +67,20 @@ def victim() -> Iterator[subprocess.Popen]:
 
 # ---- item 6: the unsafe mode is named for what it is ---------------------------------------------------------------
 
+
 def test_the_old_process_mode_name_is_refused_saying_why_and_what_to_use() -> None:
-    with pytest.raises(ValueError, match=r"'process' is refused: it is not an isolation boundary.*"
-                                         r"bwrap.*unsafe-no-isolation"):
+    with pytest.raises(
+        ValueError,
+        match=r"'process' is refused: it is not an isolation boundary.*"
+        r"bwrap.*unsafe-no-isolation",
+    ):
         PythonSandbox(LIMITS, mode="process")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"sandbox.mode: 'process' is refused.*unsafe-no-isolation"):
         build_config({}, ["rollout.multi_turn.sandbox.mode=process"])
-    assert build_config({}, [f"rollout.multi_turn.sandbox.mode={UNSAFE_MODE}"]).rollout.multi_turn.sandbox.mode \
+    assert (
+        build_config({}, [f"rollout.multi_turn.sandbox.mode={UNSAFE_MODE}"]).rollout.multi_turn.sandbox.mode
         == UNSAFE_MODE
+    )
 
 
 def test_auto_never_falls_back_to_the_unsafe_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -80,12 +93,15 @@ def test_auto_never_falls_back_to_the_unsafe_mode(tmp_path: Path, monkeypatch: p
 
 # ---- item 6: the nine one-liners, against the bwrap mode -----------------------------------------------------------
 
+
 def test_clearing_the_audit_hooks_sets_through_gc_reaches_no_host_file(bwrap: PythonSandbox, tmp_path: Path) -> None:
     secret = tmp_path / "secret.txt"
     secret.write_text("dapo-secret-1234")
     os.chmod(tmp_path, 0o755)
-    result = bwrap.run("import gc\n[o.clear() for o in gc.get_objects() if isinstance(o, set) and 'os.kill' in o]\n"
-                       f"print(open({str(secret)!r}).read())")
+    result = bwrap.run(
+        "import gc\n[o.clear() for o in gc.get_objects() if isinstance(o, set) and 'os.kill' in o]\n"
+        f"print(open({str(secret)!r}).read())"
+    )
     assert result.category == "error" and "dapo-secret-1234" not in result.output, result
 
 
@@ -93,8 +109,10 @@ def test_a_shell_command_runs_unprivileged_and_cannot_write_the_host(bwrap: Pyth
     # subprocess is _posixsubprocess.fork_exec underneath: here it may run, as a plain uid inside the namespaces.
     target = tmp_path / "pwned"
     os.chmod(tmp_path, 0o777)
-    result = bwrap.run("import subprocess\nprint(subprocess.run(['/bin/sh', '-c', "
-                       f"'id -u; touch {target} || echo refused'], capture_output=True, text=True).stdout)")
+    result = bwrap.run(
+        "import subprocess\nprint(subprocess.run(['/bin/sh', '-c', "
+        f"'id -u; touch {target} || echo refused'], capture_output=True, text=True).stdout)"
+    )
     assert result.category == "ok", result
     uid, verdict = result.output.split()[:2]
     assert int(uid) >= 200_000 if os.geteuid() == 0 else int(uid) == os.geteuid()
@@ -105,8 +123,9 @@ def test_readline_history_reads_no_host_file(bwrap: PythonSandbox, tmp_path: Pat
     secret = tmp_path / "history"
     secret.write_text("dapo-secret-5678\n")
     os.chmod(tmp_path, 0o755)
-    result = bwrap.run(f"import readline\nreadline.read_history_file({str(secret)!r})\n"
-                       "print(readline.get_history_item(1))")
+    result = bwrap.run(
+        f"import readline\nreadline.read_history_file({str(secret)!r})\nprint(readline.get_history_item(1))"
+    )
     assert result.category == "error" and "dapo-secret-5678" not in result.output, result
 
 
@@ -130,8 +149,10 @@ def test_utime_and_setxattr_leave_host_files_alone(bwrap: PythonSandbox, tmp_pat
     target.write_text("{}")
     os.chmod(target, 0o666)
     before = target.stat().st_mtime_ns
-    for code in (f"import os\nos.utime({str(target)!r}, (0, 0))",
-                 f"import os\nos.setxattr({str(target)!r}, 'user.dapo', b'x')"):
+    for code in (
+        f"import os\nos.utime({str(target)!r}, (0, 0))",
+        f"import os\nos.setxattr({str(target)!r}, 'user.dapo', b'x')",
+    ):
         assert bwrap.run(code).category == "error"
     assert target.stat().st_mtime_ns == before
     try:
@@ -140,8 +161,9 @@ def test_utime_and_setxattr_leave_host_files_alone(bwrap: PythonSandbox, tmp_pat
         pass
 
 
-def test_pidfd_send_signal_cannot_kill_the_trainer_or_another_process(bwrap: PythonSandbox,
-                                                                       victim: subprocess.Popen) -> None:
+def test_pidfd_send_signal_cannot_kill_the_trainer_or_another_process(
+    bwrap: PythonSandbox, victim: subprocess.Popen
+) -> None:
     for pid in (str(victim.pid), "os.getppid()", "1"):
         result = bwrap.run(f"import os, signal\nsignal.pidfd_send_signal(os.pidfd_open({pid}), signal.SIGKILL)")
         assert result.category in ("error", "killed"), (pid, result)
@@ -159,8 +181,7 @@ def test_prlimit_cannot_change_another_processes_limits(bwrap: PythonSandbox, vi
     assert bwrap.run("import resource\nresource.prlimit(0, resource.RLIMIT_NOFILE, (20, 20))\nprint('ok')").ok
 
 
-def test_setpriority_and_affinity_cannot_reach_another_process(bwrap: PythonSandbox,
-                                                               victim: subprocess.Popen) -> None:
+def test_setpriority_and_affinity_cannot_reach_another_process(bwrap: PythonSandbox, victim: subprocess.Popen) -> None:
     nice, cpus = os.getpriority(os.PRIO_PROCESS, victim.pid), os.sched_getaffinity(victim.pid)
     for pid in (str(victim.pid), "os.getppid()", "1"):
         for call in (f"os.setpriority(os.PRIO_PROCESS, {pid}, 19)", f"os.sched_setaffinity({pid}, {{0}})"):
@@ -183,7 +204,7 @@ SYSCALL = textwrap.dedent("""
 """)
 CLONE_NEWUSER, SIGCHLD = 0x10000000, 17
 REFUSED = {  # name -> (syscall number, arguments): each succeeds for a plain uid without the filter
-    "keyctl": (250, (0, -3, 1)),                         # KEYCTL_GET_KEYRING_ID of the session keyring, create
+    "keyctl": (250, (0, -3, 1)),  # KEYCTL_GET_KEYRING_ID of the session keyring, create
     "unshare(CLONE_NEWUSER)": (272, (CLONE_NEWUSER,)),
     "clone(CLONE_NEWUSER)": (56, (CLONE_NEWUSER | SIGCHLD, 0, 0, 0, 0)),
     "add_key": (248, (0, 0, 0, 0, 0)),
@@ -317,8 +338,10 @@ def _alive(pid: int) -> bool:
 def test_the_working_directory_has_an_inode_bound_and_a_size_bound(bwrap: PythonSandbox) -> None:
     if os.geteuid() != 0 or "inodes" in bwrap.gaps:
         pytest.skip(bwrap.gaps.get("inodes", "the inode bound needs root"))
-    result = bwrap.run("made = 0\ntry:\n    for i in range(50_000):\n        open(f'f{i}', 'w').close()\n"
-                       "        made += 1\nexcept OSError as e:\n    print(made, e.errno)")
+    result = bwrap.run(
+        "made = 0\ntry:\n    for i in range(50_000):\n        open(f'f{i}', 'w').close()\n"
+        "        made += 1\nexcept OSError as e:\n    print(made, e.errno)"
+    )
     made, code = map(int, result.output.split())
     assert made < LIMITS.max_files and code == errno.ENOSPC, result
     result = bwrap.run("import os\nwith open('big', 'wb') as f:\n    f.write(b'x' * (2 << 20))")
@@ -326,6 +349,7 @@ def test_the_working_directory_has_an_inode_bound_and_a_size_bound(bwrap: Python
 
 
 # ---- item 9: what had no test --------------------------------------------------------------------------------------
+
 
 @needs_bwrap
 def test_the_root_is_remounted_read_only(bwrap: PythonSandbox) -> None:
@@ -350,10 +374,12 @@ def test_a_raw_socket_connect_to_the_hosts_loopback_is_never_accepted(mode: str)
         server.listen()
         server.setblocking(False)
         port = server.getsockname()[1]
-        for code in (f"import socket\ns = socket.socket()\ns.settimeout(1)\ns.connect(('127.0.0.1', {port}))\n"
-                     "s.send(b'x')\nprint('connected')",
-                     f"import _socket\ns = _socket.socket()\ns.settimeout(1)\ns.connect(('127.0.0.1', {port}))\n"
-                     "print('connected')"):
+        for code in (
+            f"import socket\ns = socket.socket()\ns.settimeout(1)\ns.connect(('127.0.0.1', {port}))\n"
+            "s.send(b'x')\nprint('connected')",
+            f"import _socket\ns = _socket.socket()\ns.settimeout(1)\ns.connect(('127.0.0.1', {port}))\n"
+            "print('connected')",
+        ):
             result = box.run(code)
             assert result.category == "error" and "connected" not in result.output, result
         with pytest.raises(BlockingIOError):
@@ -364,16 +390,22 @@ def test_a_raw_socket_connect_to_the_hosts_loopback_is_never_accepted(mode: str)
 def test_a_call_ends_when_its_trainer_dies(tmp_path: Path) -> None:
     # A stand-in trainer runs a call that sleeps, and is SIGKILLed: the call's processes must go with it.
     script = tmp_path / "trainer.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import sys
         from dapo.tools.sandbox import PythonSandbox, SandboxLimits
         box = PythonSandbox(SandboxLimits(wall_time_s=120.0, cpu_time_s=120.0), mode='bwrap')
         print('ready', flush=True)
         box.run("import time\\nprint('sleeping', flush=True)\\ntime.sleep(120)")
-    """))
+    """)
+    )
     before = set(_sleeping_sandbox_pids())
-    trainer = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
-                               env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    trainer = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
     assert trainer.stdout.readline().strip() == "ready"
     deadline = time.monotonic() + 30
     while not set(_sleeping_sandbox_pids()) - before and time.monotonic() < deadline:
@@ -408,7 +440,8 @@ def _sleeping_sandbox_pids() -> list[int]:
 
 
 def test_a_set_up_failure_before_the_launcher_is_a_sandbox_failure_in_either_mode(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # The wrapper that joins the cgroup exits 125 when it cannot: no launcher record, so "sandbox", not "error".
     class Unjoinable:
         procs_files = ["/nonexistent-dapo-cgroup/cgroup.procs"]

@@ -17,12 +17,20 @@ from dapo.tools.sandbox import UNSAFE_MODE, PythonSandbox, SandboxLimits, Sandbo
 
 # Generous time limits for the calls that end by themselves (this host's 2 cores are shared by many jobs), short ones
 # for the calls that only a limit ends.
-LIMITS = SandboxLimits(wall_time_s=20.0, cpu_time_s=10.0, memory_bytes=256 * 2**20, max_output_bytes=4096,
-                       max_processes=8, disk_bytes=1 << 20)
+LIMITS = SandboxLimits(
+    wall_time_s=20.0,
+    cpu_time_s=10.0,
+    memory_bytes=256 * 2**20,
+    max_output_bytes=4096,
+    max_processes=8,
+    disk_bytes=1 << 20,
+)
 SHORT = {"wall_time_s": 1.5, "cpu_time_s": 1.0}
 BWRAP_PROBLEM = bwrap_problem(sys.executable)
-MODES = [pytest.param("bwrap", marks=pytest.mark.skipif(BWRAP_PROBLEM is not None, reason=f"bwrap: {BWRAP_PROBLEM}")),
-         UNSAFE_MODE]
+MODES = [
+    pytest.param("bwrap", marks=pytest.mark.skipif(BWRAP_PROBLEM is not None, reason=f"bwrap: {BWRAP_PROBLEM}")),
+    UNSAFE_MODE,
+]
 
 
 @pytest.fixture(scope="module", params=MODES)
@@ -98,9 +106,11 @@ def test_a_fork_bomb_is_contained_and_leaves_no_process(sandbox: PythonSandbox) 
 
 
 def test_the_process_limit_binds(sandbox: PythonSandbox) -> None:
-    code = ("import os, time\nok = 0\nfor i in range(30):\n    try:\n        pid = os.fork()\n"
-            "    except OSError as e:\n        print('refused after', ok, type(e).__name__)\n        break\n"
-            "    if pid == 0:\n        time.sleep(3)\n        os._exit(0)\n    ok += 1\nprint('forked', ok)")
+    code = (
+        "import os, time\nok = 0\nfor i in range(30):\n    try:\n        pid = os.fork()\n"
+        "    except OSError as e:\n        print('refused after', ok, type(e).__name__)\n        break\n"
+        "    if pid == 0:\n        time.sleep(3)\n        os._exit(0)\n    ok += 1\nprint('forked', ok)"
+    )
     result = sandbox.run(code)
     assert result.category == "ok", result.output
     refused_after = int(result.output.split("refused after ")[1].split()[0])
@@ -110,8 +120,10 @@ def test_the_process_limit_binds(sandbox: PythonSandbox) -> None:
 
 
 def test_a_detached_grandchild_dies_with_the_call(sandbox: PythonSandbox) -> None:
-    code = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\n    os._exit(0)\n"
-            "print('parent done')")
+    code = (
+        "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\n    os._exit(0)\n"
+        "print('parent done')"
+    )
     result = sandbox.run(code)
     if sandbox.mode == UNSAFE_MODE:  # its audit hook refuses new processes outright
         assert result.category == "error" and "os.fork is not allowed" in result.output
@@ -166,8 +178,10 @@ def test_a_socket_to_the_hosts_loopback_never_connects(sandbox: PythonSandbox) -
 
         thread = threading.Thread(target=accept)
         thread.start()
-        result = sandbox.run(f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
-                             "s.sendall(b'hello')\nprint('connected')")
+        result = sandbox.run(
+            f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
+            "s.sendall(b'hello')\nprint('connected')"
+        )
         time.sleep(0.3)
         stop.set()
         thread.join()
@@ -197,24 +211,29 @@ def test_printing_a_bwrap_message_and_exiting_1_is_not_a_sandbox_failure(sandbox
 @pytest.mark.skipif(BWRAP_PROBLEM is not None, reason=f"bwrap: {BWRAP_PROBLEM}")
 def test_a_real_bubblewrap_set_up_failure_is_a_sandbox_failure(monkeypatch: pytest.MonkeyPatch) -> None:
     sandbox = PythonSandbox(LIMITS, mode="bwrap")
-    monkeypatch.setattr(sandbox, "_customise_bwrap",
-                        lambda argv: argv[:1] + ["--ro-bind", "/nonexistent-dapo-path", "/nonexistent-dapo-path"]
-                        + argv[1:])
+    monkeypatch.setattr(
+        sandbox,
+        "_customise_bwrap",
+        lambda argv: argv[:1] + ["--ro-bind", "/nonexistent-dapo-path", "/nonexistent-dapo-path"] + argv[1:],
+    )
     result = sandbox.run("print(1)")
     assert result.category == "sandbox" and result.output.startswith("bwrap:"), result
 
 
 def test_killing_its_parent_leaves_the_caller_running(sandbox: PythonSandbox) -> None:
-    for code in ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)",
-                 "import os, signal\nos.kill(-1, signal.SIGKILL)",
-                 "import os, signal\nos.killpg(0, signal.SIGKILL)"):
+    for code in (
+        "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)",
+        "import os, signal\nos.kill(-1, signal.SIGKILL)",
+        "import os, signal\nos.killpg(0, signal.SIGKILL)",
+    ):
         result = sandbox.run(code)
         assert result.category in ("error", "killed"), (code, result)  # refused, or it killed only itself
     assert sandbox.run("print(1)").output == "1\n"  # this process (the caller) is alive and the sandbox still works
 
 
-def test_the_trainers_environment_does_not_reach_the_code(sandbox: PythonSandbox,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_trainers_environment_does_not_reach_the_code(
+    sandbox: PythonSandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("DAPO_TEST_SECRET", "s3cret")
     result = sandbox.run("import os\nprint(sorted(os.environ))\nprint(os.environ.get('DAPO_TEST_SECRET'))")
     assert result.category == "ok" and "s3cret" not in result.output
@@ -226,8 +245,9 @@ def test_calls_run_in_parallel_in_input_order(sandbox: PythonSandbox) -> None:
     assert results[6].category == "error"
 
 
-def test_auto_mode_refuses_without_bubblewrap_and_names_the_fix(tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_mode_refuses_without_bubblewrap_and_names_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on this PATH
     with pytest.raises(SandboxUnavailableError, match="apt-get install bubblewrap.*mode=unsafe-no-isolation"):
         PythonSandbox(LIMITS, mode="auto")

@@ -36,16 +36,20 @@ def test_an_unknown_tool_is_refused_at_validation_naming_the_key_and_the_known_n
     assert "'python'" in message and "'calculator'" in message
     with pytest.raises(ConfigError, match="names a tool twice"):
         build_config({}, ["rollout.multi_turn.tools=[calculator,calculator]"])
-    with pytest.raises(ValueError, match=r"rollout.multi_turn.tools: unknown tool\(s\) \['abacus'\]; choose from "
-                                         r"\['python', 'calculator'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"rollout.multi_turn.tools: unknown tool\(s\) \['abacus'\]; choose from "
+        r"\['python', 'calculator'\]",
+    ):
         check_tool_names(["python", "abacus"])
 
 
 def test_existing_keys_configure_the_python_tool_and_it_stays_the_default() -> None:
     from dapo.config import load_config
 
-    cfg = load_config(REPO / "configs" / "tools" / "tiny_calculator.yaml",
-                      ["rollout.multi_turn.sandbox.mode=unsafe-no-isolation"]).rollout.multi_turn
+    cfg = load_config(
+        REPO / "configs" / "tools" / "tiny_calculator.yaml", ["rollout.multi_turn.sandbox.mode=unsafe-no-isolation"]
+    ).rollout.multi_turn
     assert cfg.tools == ["python"]
     (tool,) = build_tools(cfg)
     assert isinstance(tool, PythonTool)
@@ -54,8 +58,9 @@ def test_existing_keys_configure_the_python_tool_and_it_stays_the_default() -> N
 
 
 def test_two_tools_are_built_in_the_configured_order_with_their_own_formats() -> None:
-    mt = build_config({}, ["rollout.multi_turn.tools=[calculator,python]",
-                           "rollout.multi_turn.sandbox.mode=unsafe-no-isolation"]).rollout.multi_turn
+    mt = build_config(
+        {}, ["rollout.multi_turn.tools=[calculator,python]", "rollout.multi_turn.sandbox.mode=unsafe-no-isolation"]
+    ).rollout.multi_turn
     calculator, python = build_tools(mt)
     assert isinstance(calculator, CalculatorTool) and isinstance(python, PythonTool)
     assert (calculator.call_format, python.call_format) == (CALCULATOR, PYTHON)

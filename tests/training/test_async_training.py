@@ -29,10 +29,18 @@ from tests.training.test_perf_metrics import group
 from tests.harness.runners import kill_after_checkpoint, run_dapo_warm
 
 GEN_BATCH, MAX_ROUNDS, GROUPS, N = 6, 3, 4, 4  # data.gen_batch_size, max_num_gen_batches, train_batch_size, rollout.n
-ASYNC = [*FAST, "trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.test_freq=0",
-         "trainer.val_before_train=false", "data.max_response_length=24", "async_training.mode=one_step_off",
-         "async_training.rollout_num_threads=1", f"data.gen_batch_size={GEN_BATCH}",
-         f"algorithm.filter_groups.max_num_gen_batches={MAX_ROUNDS}"]
+ASYNC = [
+    *FAST,
+    "trainer.total_training_steps=4",
+    "trainer.save_freq=2",
+    "trainer.test_freq=0",
+    "trainer.val_before_train=false",
+    "data.max_response_length=24",
+    "async_training.mode=one_step_off",
+    "async_training.rollout_num_threads=1",
+    f"data.gen_batch_size={GEN_BATCH}",
+    f"algorithm.filter_groups.max_num_gen_batches={MAX_ROUNDS}",
+]
 assert f"data.train_batch_size={GROUPS}" in FAST and f"rollout.n={N}" in FAST
 
 
@@ -42,21 +50,34 @@ def _records(run_dir: Path) -> list[dict]:
 
 def _batches(run_dir: Path) -> dict[int, list[dict]]:
     """The trained batches the run wrote (trainer.rollout_data_dir = run_dir/batches), by step."""
-    return {int(p.stem): [json.loads(line) for line in p.read_text().splitlines()]
-            for p in (run_dir / "batches").glob("*.jsonl")}
+    return {
+        int(p.stem): [json.loads(line) for line in p.read_text().splitlines()]
+        for p in (run_dir / "batches").glob("*.jsonl")
+    }
 
 
 def _same(record: dict) -> dict:
     """What must be equal between two runs: everything but times, throughput and memory."""
-    return {k: v for k, v in record.items() if not (k.startswith(("timing_s/", "perf/", "async/"))
-                                                     or "memory" in k or "_s" in k.rsplit("/", 1)[-1])}
+    return {
+        k: v
+        for k, v in record.items()
+        if not (k.startswith(("timing_s/", "perf/", "async/")) or "memory" in k or "_s" in k.rsplit("/", 1)[-1])
+    }
 
 
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("async")
-    result = run_dapo_warm(["train", *ASYNC, "trainer.experiment_name=straight",
-                            f"trainer.rollout_data_dir={root / 'straight' / 'batches'}"], root, timeout=600)
+    result = run_dapo_warm(
+        [
+            "train",
+            *ASYNC,
+            "trainer.experiment_name=straight",
+            f"trainer.rollout_data_dir={root / 'straight' / 'batches'}",
+        ],
+        root,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return root / "straight"
 
@@ -84,15 +105,19 @@ def test_stale_samples_get_pi_old_from_the_actor_and_the_weights_travel(straight
     assert all(r["async/trainer_idle_s"] >= 0 and r["async/overlap_s"] >= 0 for r in records)
 
 
-def test_a_run_resumed_from_its_step_2_checkpoint_ends_as_the_uninterrupted_run(straight: Path,
-                                                                                 tmp_path: Path) -> None:
+def test_a_run_resumed_from_its_step_2_checkpoint_ends_as_the_uninterrupted_run(straight: Path, tmp_path: Path) -> None:
     """The run directory as a SIGKILL right after the step-2 checkpoint leaves it (the uninterrupted run's own
     checkpoint, which holds the batch generated ahead, and its records up to step 2), resumed by the same command
     from another root: bit-identical weights and records. The checkpoint is written whole or not at all, so this is
     what a kill leaves on disk; a real SIGKILL of an async run's process group is the fully-async fixture's below."""
     run_dir = tmp_path / "straight"
-    shutil.copytree(straight, run_dir, ignore=lambda d, names: ["global_step_4"] if d.endswith("checkpoints")
-                    else ["3.jsonl", "4.jsonl"] if d.endswith("batches") else [])
+    shutil.copytree(
+        straight,
+        run_dir,
+        ignore=lambda d, names: (
+            ["global_step_4"] if d.endswith("checkpoints") else ["3.jsonl", "4.jsonl"] if d.endswith("batches") else []
+        ),
+    )
     kept = [line for line in (straight / "metrics.jsonl").read_text().splitlines() if json.loads(line)["step"] <= 2]
     (run_dir / "metrics.jsonl").write_text("".join(line + "\n" for line in kept))
     checkpoint = run_dir / "checkpoints" / "global_step_2"
@@ -101,8 +126,11 @@ def test_a_run_resumed_from_its_step_2_checkpoint_ends_as_the_uninterrupted_run(
         saved.update(torch.load(checkpoint / "trainer_state.pt", weights_only=True))
     assert saved["step"] == 2 and len(saved.get("prefetched", [])) == 1  # step 3's batch, generated ahead
 
-    resumed = run_dapo_warm(["train", *ASYNC, "trainer.experiment_name=straight",
-                             f"trainer.rollout_data_dir={run_dir / 'batches'}"], tmp_path, timeout=600)
+    resumed = run_dapo_warm(
+        ["train", *ASYNC, "trainer.experiment_name=straight", f"trainer.rollout_data_dir={run_dir / 'batches'}"],
+        tmp_path,
+        timeout=600,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stdout
     a = load_file(straight / "checkpoints" / "global_step_4" / "hf" / "model.safetensors")
@@ -117,9 +145,13 @@ def test_a_run_resumed_from_its_step_2_checkpoint_ends_as_the_uninterrupted_run(
 # the resumed worker and step 3 is either a saved batch or a new one -- every case the tests read.
 FULLY_STEPS = 4
 FULLY_ASYNC = [a for a in ASYNC if not a.startswith(("async_training.mode", "trainer.save_freq"))] + [
-    "async_training.mode=fully_async", "async_training.staleness_threshold=1", "async_training.partial_rollout=true",
-    "async_training.partial_rollout_chunk_tokens=4", f"trainer.total_training_steps={FULLY_STEPS}",
-    "trainer.save_freq=2"]
+    "async_training.mode=fully_async",
+    "async_training.staleness_threshold=1",
+    "async_training.partial_rollout=true",
+    "async_training.partial_rollout_chunk_tokens=4",
+    f"trainer.total_training_steps={FULLY_STEPS}",
+    "trainer.save_freq=2",
+]
 OPTIMIZER_STEPS_PER_STEP = 2  # train_batch_size 4 / ppo_mini_batch_size 2, one epoch
 assert "actor.ppo_mini_batch_size=2" in FAST
 
@@ -140,15 +172,24 @@ def fully_killed(tmp_path_factory: pytest.TempPathFactory) -> KilledRun:
     """One run serves every fully asynchronous test: its resumed half must satisfy all they check."""
     root = tmp_path_factory.mktemp("fully")
     run_dir = root / "fully"
-    args = ["train", *FULLY_ASYNC, "trainer.experiment_name=fully", f"trainer.rollout_data_dir={run_dir / 'batches'}",
-            f"trainer.default_local_dir={root}"]
+    args = [
+        "train",
+        *FULLY_ASYNC,
+        "trainer.experiment_name=fully",
+        f"trainer.rollout_data_dir={run_dir / 'batches'}",
+        f"trainer.default_local_dir={root}",
+    ]
     kill_after_checkpoint(args, run_dir / "checkpoints" / "global_step_2")
     checkpoint = run_dir / "checkpoints" / "global_step_2"
     saved = json.loads((checkpoint / "trainer_state.json").read_text())
     if (checkpoint / "trainer_state.pt").exists():  # the part of the state JSON cannot hold exactly
         saved.update(torch.load(checkpoint / "trainer_state.pt", weights_only=True))
-    killed = KilledRun(run_dir, (run_dir / "metrics.jsonl").read_text().splitlines(),
-                       {p.name: p.read_text() for p in (run_dir / "batches").glob("*.jsonl")}, saved)
+    killed = KilledRun(
+        run_dir,
+        (run_dir / "metrics.jsonl").read_text().splitlines(),
+        {p.name: p.read_text() for p in (run_dir / "batches").glob("*.jsonl")},
+        saved,
+    )
     resumed = run_dapo_warm(args[:-1], root, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     return killed
@@ -175,7 +216,8 @@ def test_fully_async_with_partial_rollouts_never_trains_a_sample_older_than_the_
 
 
 def test_fully_async_killed_with_sigkill_loses_no_step_and_trains_the_saved_batches_first(
-        fully_killed: KilledRun) -> None:
+    fully_killed: KilledRun,
+) -> None:
     """What a fully asynchronous resume guarantees (docs/async.md, Checkpoints). It is not the uninterrupted run bit
     for bit: which weights a batch is drawn from, and where a partial rollout's segments meet a push, depend on how
     the two processes interleave."""
@@ -184,7 +226,7 @@ def test_fully_async_killed_with_sigkill_loses_no_step_and_trains_the_saved_batc
     # Nothing completed before the checkpoint is lost or redone: its records and trained batches stay as they were.
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     kept = [line for line in fully_killed.records_at_kill if json.loads(line)["step"] <= 2]
-    assert lines[:len(kept)] == kept and [json.loads(line)["step"] for line in kept] == [1, 2]
+    assert lines[: len(kept)] == kept and [json.loads(line)["step"] for line in kept] == [1, 2]
     # the resumed run finished every step
     assert [json.loads(line)["step"] for line in lines] == list(range(1, FULLY_STEPS + 1))
     for name in ("1.jsonl", "2.jsonl"):
@@ -199,8 +241,11 @@ def test_fully_async_killed_with_sigkill_loses_no_step_and_trains_the_saved_batc
     prefetched = saved.get("prefetched", [])
     for i, batch in enumerate(prefetched):
         trained = [(line["uid"], line["acc"], line["score"], line["weight_versions"]) for line in batches[3 + i]]
-        assert trained == [(g["prompt"]["uid"], a, score, versions) for g in batch["groups"]
-                           for a, score, versions in zip(g["acc"], g["scores"], g["token_versions"], strict=True)]
+        assert trained == [
+            (g["prompt"]["uid"], a, score, versions)
+            for g in batch["groups"]
+            for a, score, versions in zip(g["acc"], g["scores"], g["token_versions"], strict=True)
+        ]
     # ... and every later batch is generated anew by the resumed worker (which starts from the checkpoint's
     # weights, version 2): a generation in flight at the kill is dropped, never half-carried over.
     assert 3 + len(prefetched) <= FULLY_STEPS, len(prefetched)  # at least one batch generated after the resume
@@ -215,15 +260,33 @@ def test_fully_async_at_staleness_zero_ends_with_the_sync_loops_weights_bit_for_
     depends on the thread count), pi_old recomputed by the actor in both: the final weights are equal bit for bit, and
     so is every trained batch. An async run that let one sample lag, or a worker that sampled with other weights or
     other seeds, ends elsewhere."""
-    base = [a for a in ASYNC if not a.startswith(("async_training.mode", "trainer.total_training_steps",
-                                                  "trainer.save_freq"))]
-    base += ["trainer.total_training_steps=3", "trainer.save_freq=3", "trainer.num_threads=1",
-             "actor.recompute_old_log_prob=always"]
-    runs = {"sync": ["async_training.mode=sync"],
-            "async0": ["async_training.mode=fully_async", "async_training.staleness_threshold=0"]}
+    base = [
+        a
+        for a in ASYNC
+        if not a.startswith(("async_training.mode", "trainer.total_training_steps", "trainer.save_freq"))
+    ]
+    base += [
+        "trainer.total_training_steps=3",
+        "trainer.save_freq=3",
+        "trainer.num_threads=1",
+        "actor.recompute_old_log_prob=always",
+    ]
+    runs = {
+        "sync": ["async_training.mode=sync"],
+        "async0": ["async_training.mode=fully_async", "async_training.staleness_threshold=0"],
+    }
     for name, mode in runs.items():
-        result = run_dapo_warm(["train", *base, *mode, f"trainer.experiment_name={name}",
-                                f"trainer.rollout_data_dir={tmp_path / name / 'batches'}"], tmp_path, timeout=600)
+        result = run_dapo_warm(
+            [
+                "train",
+                *base,
+                *mode,
+                f"trainer.experiment_name={name}",
+                f"trainer.rollout_data_dir={tmp_path / name / 'batches'}",
+            ],
+            tmp_path,
+            timeout=600,
+        )
         assert result.returncode == 0, result.stderr[-3000:]
     async_records = [r for r in _records(tmp_path / "async0") if r["step"] > 0]
     assert [r["async/staleness/max"] for r in async_records] == [0, 0, 0]
@@ -232,15 +295,19 @@ def test_fully_async_at_staleness_zero_ends_with_the_sync_loops_weights_bit_for_
     assert a.keys() == b.keys()
     assert max((a[n].double() - b[n].double()).abs().max().item() for n in a) == 0.0
     drop = ("weight_versions", "lag")  # async-only bookkeeping fields
-    assert ({k: [{f: v for f, v in line.items() if f not in drop} for line in lines]
-             for k, lines in _batches(tmp_path / "sync").items()}
-            == {k: [{f: v for f, v in line.items() if f not in drop} for line in lines]
-                for k, lines in _batches(tmp_path / "async0").items()})
+    assert {
+        k: [{f: v for f, v in line.items() if f not in drop} for line in lines]
+        for k, lines in _batches(tmp_path / "sync").items()
+    } == {
+        k: [{f: v for f, v in line.items() if f not in drop} for line in lines]
+        for k, lines in _batches(tmp_path / "async0").items()
+    }
 
 
 @pytest.mark.parametrize("run", ["straight", "fully"])
-def test_dynamic_sampling_fills_every_async_batch_with_informative_groups_only(run: str,
-                                                                               request: pytest.FixtureRequest) -> None:
+def test_dynamic_sampling_fills_every_async_batch_with_informative_groups_only(
+    run: str, request: pytest.FixtureRequest
+) -> None:
     """Eq. 11 and the refill buffer run on the stream of finished groups in both asynchronous modes: every group
     that trains has both right and wrong answers, every batch holds train_batch_size groups, and no batch took more
     than max_num_gen_batches rounds; every generated group is accounted for (trained, dropped by Eq. 11, or surplus
@@ -273,8 +340,10 @@ def test_dynamic_sampling_fills_every_async_batch_with_informative_groups_only(r
 # carried group past its bound (fully_async: batch 2's surplus, version 0, in batch 3; one_step_off: batch 3's in
 # batch 4): those are dropped and refilled. Without partial rollouts which weights draw a batch is fixed by the
 # schedule, not by timing, and the per-round seeds fix what is drawn, so every count below is the same on every run.
-EVERY_K = {"fully_async": (["async_training.staleness_threshold=0"], [0, 0, 2, 2], 1, 3),
-           "one_step_off": ([], [0, 0, 0, 2], 2, 4)}  # mode -> (overrides, version per batch, bound, dropping step)
+EVERY_K = {
+    "fully_async": (["async_training.staleness_threshold=0"], [0, 0, 2, 2], 1, 3),
+    "one_step_off": ([], [0, 0, 0, 2], 2, 4),
+}  # mode -> (overrides, version per batch, bound, dropping step)
 
 
 @pytest.fixture(scope="module", params=sorted(EVERY_K))
@@ -282,9 +351,14 @@ def every_k(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     mode = request.param
     root = tmp_path_factory.mktemp(f"every-k-{mode}")
     args = [a for a in ASYNC if not a.startswith("async_training.mode")] + [
-        f"async_training.mode={mode}", *EVERY_K[mode][0], "async_training.trigger_parameter_sync_step=2",
-        "algorithm.filter_groups.carry_over_surplus=true", "data.gen_batch_size=8", f"trainer.experiment_name={mode}",
-        f"trainer.rollout_data_dir={root / mode / 'batches'}"]
+        f"async_training.mode={mode}",
+        *EVERY_K[mode][0],
+        "async_training.trigger_parameter_sync_step=2",
+        "algorithm.filter_groups.carry_over_surplus=true",
+        "data.gen_batch_size=8",
+        f"trainer.experiment_name={mode}",
+        f"trainer.rollout_data_dir={root / mode / 'batches'}",
+    ]
     result = run_dapo_warm(["train", *args], root, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     return mode, root / mode
@@ -321,8 +395,11 @@ def test_staleness_metrics_count_every_sample_and_token() -> None:
     assert m["async/staleness/mean"] == 0.75 and m["async/staleness/max"] == 2
     assert m["async/staleness/token_mean"] == pytest.approx((0 + 0 + 1 + 0 + 0 + 2) / 6)
     assert m["async/partial_fraction"] == 0.25  # one of four samples spans two versions
-    assert (m["async/staleness/samples_lag_0"], m["async/staleness/samples_lag_1"],
-            m["async/staleness/samples_lag_2"]) == (2, 1, 1)
+    assert (
+        m["async/staleness/samples_lag_0"],
+        m["async/staleness/samples_lag_1"],
+        m["async/staleness/samples_lag_2"],
+    ) == (2, 1, 1)
 
 
 def test_one_step_off_refuses_what_it_cannot_run() -> None:
@@ -331,8 +408,14 @@ def test_one_step_off_refuses_what_it_cannot_run() -> None:
     with pytest.raises(ConfigError, match="partial_rollout=true needs async_training.mode=fully_async"):
         build_config({}, ["async_training.mode=one_step_off", "async_training.partial_rollout=true"])
     for mode in ("one_step_off", "fully_async"):  # built now: tests below run both
-        cfg = build_config({}, [f"async_training.mode={mode}", "async_training.trigger_parameter_sync_step=2",
-                                "algorithm.filter_groups.carry_over_surplus=true"])
+        cfg = build_config(
+            {},
+            [
+                f"async_training.mode={mode}",
+                "async_training.trigger_parameter_sync_step=2",
+                "algorithm.filter_groups.carry_over_surplus=true",
+            ],
+        )
         assert cfg.async_training.trigger_parameter_sync_step == 2 and cfg.algorithm.filter_groups.carry_over_surplus
     assert build_config({}, []).async_training.mode == "sync"  # the default run is the synchronous loop
 
@@ -341,7 +424,9 @@ def test_fully_async_refuses_multi_turn_rollouts() -> None:
     """A multi-turn rollout's per-token weight versions are not tracked (fully_async stopped with a KeyError on the
     batch's versions); one_step_off tags the whole batch with one version and runs it."""
     from dapo.config import ConfigError
+
     with pytest.raises(ConfigError, match="async_training.mode=fully_async cannot run rollout.multi_turn.enable=true"):
         build_config({}, ["async_training.mode=fully_async", "rollout.multi_turn.enable=true"])
-    assert build_config({}, ["async_training.mode=one_step_off", "rollout.multi_turn.enable=true"]).rollout.multi_turn.enable
-
+    assert build_config(
+        {}, ["async_training.mode=one_step_off", "rollout.multi_turn.enable=true"]
+    ).rollout.multi_turn.enable

@@ -33,8 +33,9 @@ class FakeRun:
         self.world = World()
         self.total_steps = STEPS
         self.engine = SimpleNamespace(weight_version=0)
-        self.state = SimpleNamespace(step=0, prefetched=[], val_history=[], generation_state=dict,
-                                     load_generation_state=lambda state: None)
+        self.state = SimpleNamespace(
+            step=0, prefetched=[], val_history=[], generation_state=dict, load_generation_state=lambda state: None
+        )
         self.sync = SimpleNamespace(push=self._push)
         self.perf = SimpleNamespace(count_generated=lambda groups: None, metrics=lambda *a, **k: {})
         self.policy = SimpleNamespace(tokenizer=None)
@@ -76,8 +77,9 @@ class FakeRun:
 def stand_ins(monkeypatch: pytest.MonkeyPatch):
     """Generation and the update replaced by waits that record their intervals on the run."""
 
-    def generate(engine, state, tokenizer, cfg, step, timer, scorer=None, world=None, on_round=None,
-                 oldest_version=None):
+    def generate(
+        engine, state, tokenizer, cfg, step, timer, scorer=None, world=None, on_round=None, oldest_version=None
+    ):
         run = current["run"]
         t0 = time.perf_counter()
         version = run.engine.weight_version
@@ -127,8 +129,9 @@ def test_one_step_off_generates_the_next_batch_during_the_update_one_version_beh
     for step in range(1, STEPS):  # batch step+1 is generated while step trains (not after: that would be serial)
         assert overlap(run.generated[step + 1][1:], run.updates[step]) >= GEN_S * 0.8, step
         assert run.records[step - 1]["async/overlap_s"] >= GEN_S * 0.8
-        assert run.records[step - 1]["async/staleness/samples_lag_1" if step > 1 else
-                                     "async/staleness/samples_lag_0"] == 2
+        assert (
+            run.records[step - 1]["async/staleness/samples_lag_1" if step > 1 else "async/staleness/samples_lag_0"] == 2
+        )
     assert run.records[-1]["async/overlap_s"] == 0.0  # nothing left to generate during the last update
 
 
@@ -147,10 +150,12 @@ def test_fully_async_runs_ahead_exactly_as_far_as_the_staleness_bound(stand_ins,
 def test_fully_async_refuses_a_batch_older_than_the_bound(stand_ins, monkeypatch: pytest.MonkeyPatch) -> None:
     """The loop's own check, behind the producer's: a batch stamped one version too old never trains."""
     real = producers.produce_batch
-    monkeypatch.setattr(producers, "produce_batch",
-                        lambda run, step, version, bound: real(run, step, version - 1, bound))
-    with pytest.raises(TrainingError, match="lags 2 weight versions behind the actor, more than "
-                                            "async_training.staleness_threshold=1"):
+    monkeypatch.setattr(
+        producers, "produce_batch", lambda run, step, version, bound: real(run, step, version - 1, bound)
+    )
+    with pytest.raises(
+        TrainingError, match="lags 2 weight versions behind the actor, more than async_training.staleness_threshold=1"
+    ):
         stand_ins("async_training.mode=fully_async", "async_training.staleness_threshold=1")
 
 
@@ -161,8 +166,9 @@ def pushes_every_k(run: FakeRun) -> None:
     """The pushes are the run's first, every K-th step's and the last step's, and each record says whether its step
     pushed."""
     assert run.pushed == [0, *range(K, STEPS + 1, K), *([STEPS] if STEPS % K else [])]
-    assert [r["async/weight_pushed"] for r in run.records] == [float(s % K == 0 or s == STEPS)
-                                                               for s in range(1, STEPS + 1)]
+    assert [r["async/weight_pushed"] for r in run.records] == [
+        float(s % K == 0 or s == STEPS) for s in range(1, STEPS + 1)
+    ]
 
 
 @pytest.mark.parametrize("threshold", [0, 1])
@@ -171,8 +177,11 @@ def test_fully_async_pushing_every_k_steps_runs_ahead_as_far_as_the_bound_in_pus
     than the newest push step j's actor has passed (2 * (j-1) // 2), so with generation faster than the update its
     lag is exactly (j-1) - max(0, that push - 2 * threshold): threshold 0 gives 0, 1, 0, 1, 0 and threshold 1 gives
     0, 1, 2, 3, 2, reaching the bound (threshold + 1) * 2 - 1 in steps and never passing it."""
-    run = stand_ins("async_training.mode=fully_async", f"async_training.staleness_threshold={threshold}",
-                    f"async_training.trigger_parameter_sync_step={K}")
+    run = stand_ins(
+        "async_training.mode=fully_async",
+        f"async_training.staleness_threshold={threshold}",
+        f"async_training.trigger_parameter_sync_step={K}",
+    )
     pushes_every_k(run)
     expected = {0: [0, 1, 0, 1, 0], 1: [0, 1, 2, 3, 2]}[threshold]
     assert [lag_of(run, s) for s in range(1, STEPS + 1)] == expected

@@ -35,8 +35,11 @@ SCRIPT: dict[int, tuple[str, tuple[str, str]]] = {
 
 def scripted_engine() -> ScriptedEngine:
     """Every prompt ``uid`` gets SCRIPT's G responses for it, each time."""
-    return ScriptedEngine(lambda prompts, params: [CharTokenizer().encode(text) for prompt in prompts
-                                                   for text in SCRIPT[prompt[0]][1][: params.n]])
+    return ScriptedEngine(
+        lambda prompts, params: [
+            CharTokenizer().encode(text) for prompt in prompts for text in SCRIPT[prompt[0]][1][: params.n]
+        ]
+    )
 
 
 def _tokens(uid: int) -> int:
@@ -57,11 +60,17 @@ def test_skip_solved_prompts_config_is_off_by_default_and_checked() -> None:
 
 
 def test_wasted_tokens_are_the_hand_counted_tokens_of_dropped_and_discarded_groups() -> None:
-    cfg = build_config(overrides=[
-        "data.train_batch_size=2", "data.gen_batch_size=3", "rollout.n=2", "actor.ppo_mini_batch_size=1",
-        "data.shuffle=false", "algorithm.filter_groups.max_num_gen_batches=2",
-        "algorithm.filter_groups.skip_solved_prompts.enable=true",
-    ])
+    cfg = build_config(
+        overrides=[
+            "data.train_batch_size=2",
+            "data.gen_batch_size=3",
+            "rollout.n=2",
+            "actor.ppo_mini_batch_size=1",
+            "data.shuffle=false",
+            "algorithm.filter_groups.max_num_gen_batches=2",
+            "algorithm.filter_groups.skip_solved_prompts.enable=true",
+        ]
+    )
     items = [PromptItem(uid, (uid, 99), SCRIPT[uid][0], "synth") for uid in SCRIPT]
     state = RunState(PromptSampler.from_config(items, cfg), DynamicSamplingBuffer.from_config(cfg))
     engine, tok = scripted_engine(), CharTokenizer()
@@ -76,7 +85,13 @@ def test_wasted_tokens_are_the_hand_counted_tokens_of_dropped_and_discarded_grou
     assert m["train/num_discarded_surplus_groups"] == 1
     assert m["train/num_skipped_solved_prompts"] == 0
     assert [h for u in SCRIPT for h in state.sampler.record.history(u)] == [
-        (0, 1.0), (0, 0.5), (0, 0.0), (0, 0.5), (0, 0.5), (0, 1.0)]
+        (0, 1.0),
+        (0, 0.5),
+        (0, 0.0),
+        (0, 0.5),
+        (0, 0.5),
+        (0, 1.0),
+    ]
 
     # Step 2, epoch 1: uid 0 (solved by every sample) is skipped, 1 2 3 are drawn; 2 is dropped again, nothing left.
     kept, m2 = generate_and_filter(engine, state, tok, cfg, 2, PhaseTimer("gen", "reward"))
@@ -93,12 +108,19 @@ def test_wasted_tokens_are_the_hand_counted_tokens_of_dropped_and_discarded_grou
 
 def _carrying(*overrides: str) -> tuple:
     """The config and a fresh run state of the carried-surplus cases: 3 prompts a round, batches of 2."""
-    cfg = build_config(overrides=[
-        "data.train_batch_size=2", "data.gen_batch_size=3", "rollout.n=2", "actor.ppo_mini_batch_size=1",
-        "data.shuffle=false", "algorithm.filter_groups.max_num_gen_batches=2",
-        "algorithm.filter_groups.carry_over_surplus=true", "algorithm.filter_groups.skip_solved_prompts.enable=true",
-        *overrides,
-    ])
+    cfg = build_config(
+        overrides=[
+            "data.train_batch_size=2",
+            "data.gen_batch_size=3",
+            "rollout.n=2",
+            "actor.ppo_mini_batch_size=1",
+            "data.shuffle=false",
+            "algorithm.filter_groups.max_num_gen_batches=2",
+            "algorithm.filter_groups.carry_over_surplus=true",
+            "algorithm.filter_groups.skip_solved_prompts.enable=true",
+            *overrides,
+        ]
+    )
     items = [PromptItem(uid, (uid, 99), SCRIPT[uid][0], "synth") for uid in SCRIPT]
     return cfg, RunState(PromptSampler.from_config(items, cfg), DynamicSamplingBuffer.from_config(cfg))
 
@@ -121,11 +143,20 @@ def test_a_carried_group_older_than_an_async_batch_allows_is_dropped_and_refille
     oldest token is older and refills: uid 4, carried from step 1 with version 0, trains in step 2's batch only if
     version 0 is allowed; otherwise the round that draws 1 2 3 keeps 1 and 3, and uid 4's tokens are wasted."""
     cfg, state = _carrying("async_training.mode=fully_async")
-    generate_and_filter(scripted_engine(), state, CharTokenizer(), cfg, 1, PhaseTimer("gen", "reward"),
-                        on_round=lambda groups: stamp_versions(groups, 0), oldest_version=0)
+    generate_and_filter(
+        scripted_engine(),
+        state,
+        CharTokenizer(),
+        cfg,
+        1,
+        PhaseTimer("gen", "reward"),
+        on_round=lambda groups: stamp_versions(groups, 0),
+        oldest_version=0,
+    )
     assert [g.prompt.uid for g in state.buffer.state_dict()["groups"]] == [4]  # carried, with version 0
-    kept, m = generate_and_filter(scripted_engine(), state, CharTokenizer(), cfg, 2, PhaseTimer("gen", "reward"),
-                                  oldest_version=oldest_version)
+    kept, m = generate_and_filter(
+        scripted_engine(), state, CharTokenizer(), cfg, 2, PhaseTimer("gen", "reward"), oldest_version=oldest_version
+    )
     if oldest_version == 0:  # within the bound: trained as in the synchronous loop
         assert [g.prompt.uid for g in kept] == [4, 1] and m["async/stale_dropped_groups"] == 0
         assert m["train/wasted_tokens"] == _tokens(2)
@@ -138,10 +169,20 @@ def test_a_carried_group_older_than_an_async_batch_allows_is_dropped_and_refille
 # The tiny model on a small, easy synthetic set at a low temperature, so that prompts come out all-correct, recur
 # (8 prompts, 6 per round) and are skipped; surplus groups are carried over between steps.
 RESUME_ARGS = [a for a in FAST if not a.startswith(("trainer.total_training_steps", "trainer.test_freq"))] + [
-    "data.synth.num_train=8", "data.synth.min_operands=2", "data.synth.max_operands=2", "data.synth.max_value=3",
-    "rollout.temperature=0.3", "rollout.n=2", "data.gen_batch_size=6", "algorithm.filter_groups.max_num_gen_batches=3",
-    "algorithm.filter_groups.carry_over_surplus=true", "algorithm.filter_groups.skip_solved_prompts.enable=true",
-    "trainer.save_freq=2", "trainer.test_freq=0", "trainer.val_before_train=false", "trainer.progress=false",
+    "data.synth.num_train=8",
+    "data.synth.min_operands=2",
+    "data.synth.max_operands=2",
+    "data.synth.max_value=3",
+    "rollout.temperature=0.3",
+    "rollout.n=2",
+    "data.gen_batch_size=6",
+    "algorithm.filter_groups.max_num_gen_batches=3",
+    "algorithm.filter_groups.carry_over_surplus=true",
+    "algorithm.filter_groups.skip_solved_prompts.enable=true",
+    "trainer.save_freq=2",
+    "trainer.test_freq=0",
+    "trainer.val_before_train=false",
+    "trainer.progress=false",
     "trainer.logger=[jsonl]",
 ]
 STEPS = 4
@@ -150,14 +191,24 @@ STEPS = 4
 def _train(root, name: str, steps: int):
     from dapo.training.loop import train
 
-    return train(build_config(overrides=[*RESUME_ARGS, f"trainer.total_training_steps={steps}",
-                                         f"trainer.experiment_name={name}", f"trainer.default_local_dir={root}"]))
+    return train(
+        build_config(
+            overrides=[
+                *RESUME_ARGS,
+                f"trainer.total_training_steps={steps}",
+                f"trainer.experiment_name={name}",
+                f"trainer.default_local_dir={root}",
+            ]
+        )
+    )
 
 
 def _learning_metrics(run_dir) -> dict[int, dict[str, float]]:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: {k: v for k, v in r.items() if k.startswith(("train/", "critic/", "acc/", "rollout/acc"))}
-            for r in rows}
+    return {
+        r["step"]: {k: v for k, v in r.items() if k.startswith(("train/", "critic/", "acc/", "rollout/acc"))}
+        for r in rows
+    }
 
 
 def test_a_run_with_the_record_resumes_bit_identically(tmp_path) -> None:

@@ -48,8 +48,9 @@ def test_discarded_surplus_tokens_count_as_wasted_carried_ones_do_not() -> None:
     # Groups are strings whose length is their token count; the filter dropped 100 tokens in the round.
     for carry, discarded_tokens in ((False, len("dddd") + len("ee")), (True, 0)):
         acc = DynamicSamplingBuffer[str](target_num_groups=2, max_num_gen_batches=1, carry_over_surplus=carry)
-        acc.add_round(["a", "bb", "dddd", "ee"], num_groups_generated=5, num_all_correct=1, num_all_wrong=0,
-                      wasted_tokens=100)
+        acc.add_round(
+            ["a", "bb", "dddd", "ee"], num_groups_generated=5, num_all_correct=1, num_all_wrong=0, wasted_tokens=100
+        )
         batch, report = acc.pop_batch(tokens_of=len)
         assert batch == ["a", "bb"] and report.num_groups_surplus == 2
         assert report.num_groups_discarded == (0 if carry else 2)

@@ -22,9 +22,10 @@ def test_every_split_hands_out_the_single_process_seeds() -> None:
     alone = share_params(params, generation_share(5, World()), World())
     assert alone.seed == params.seed  # one process: the round seed itself, as before
     for size in (2, 3):
-        shares = [share_params(params, generation_share(5, World(rank=r, world_size=size)), World(rank=r,
-                                                                                                   world_size=size))
-                  for r in range(size)]
+        shares = [
+            share_params(params, generation_share(5, World(rank=r, world_size=size)), World(rank=r, world_size=size))
+            for r in range(size)
+        ]
         assert tuple(s for p in shares for s in p.prompt_seeds) == alone.prompt_seeds
         assert len({p.seed for p in shares}) == size  # the call seeds (vLLM's) still differ by rank
     assert rollout_params(load_config(), step=3, rnd=2).seed != params.seed

@@ -15,9 +15,16 @@ from tests.infra.test_perf import Shape
 
 def group(prompt_len: int, lengths: list[int], acc: list[bool]) -> ScoredGroup:
     k = len(lengths)
-    return ScoredGroup(PromptItem(0, tuple(range(prompt_len)), "1", "s"), [[5] * n for n in lengths],
-                       [[-1.0] * n for n in lengths], [False] * k, [1.0 if a else -1.0 for a in acc], acc,
-                       [0.0] * k, ["1"] * k)
+    return ScoredGroup(
+        PromptItem(0, tuple(range(prompt_len)), "1", "s"),
+        [[5] * n for n in lengths],
+        [[-1.0] * n for n in lengths],
+        [False] * k,
+        [1.0 if a else -1.0 for a in acc],
+        acc,
+        [0.0] * k,
+        ["1"] * k,
+    )
 
 
 def perf_of(*overrides: str) -> StepPerf:
@@ -59,14 +66,18 @@ def check_perf_metrics(r: dict) -> None:
     run, so no extra run is spent here): consistent with the run's own token counts and phase timings."""
     # generation's token count is the loop's own (every round, kept or dropped)
     assert r["perf/tokens_per_s/rollout"] * r["timing_s/gen"] == pytest.approx(r["rollout/num_tokens"])
-    for phase, seconds in (("rollout", r["timing_s/gen"]),
-                           ("actor", r["timing_s/update_actor"] + r["timing_s/old_log_prob"])):
+    for phase, seconds in (
+        ("rollout", r["timing_s/gen"]),
+        ("actor", r["timing_s/update_actor"] + r["timing_s/old_log_prob"]),
+    ):
         assert r[f"perf/flops_per_s/{phase}"] * seconds == pytest.approx(r[f"perf/flops/{phase}"])
         assert r[f"perf/mfu/{phase}"] == pytest.approx(
-            min(1.0, r[f"perf/flops_per_s/{phase}"] / r[f"perf/peak_flops/{phase}"]))  # a peak probed under load: 1
+            min(1.0, r[f"perf/flops_per_s/{phase}"] / r[f"perf/peak_flops/{phase}"])
+        )  # a peak probed under load: 1
         assert 0 < r[f"perf/mfu/{phase}"] <= 1
     # at least 2 N per generated token of the 1,059,968-weight model; training at least 6 N per token of each kept
     # group's prompt and one response (every kept group is informative, so it is trained)
     assert r["perf/flops/rollout"] >= 2 * 1_059_968 * r["rollout/num_tokens"]
-    assert r["perf/flops/actor"] >= 6 * 1_059_968 * r["train/num_groups"] * (r["prompt_length/min"]
-                                                                              + r["response_length/min"])
+    assert r["perf/flops/actor"] >= 6 * 1_059_968 * r["train/num_groups"] * (
+        r["prompt_length/min"] + r["response_length/min"]
+    )

@@ -15,15 +15,18 @@ def _step(taken: int, skipped: int) -> dict[str, float]:
 
 def test_consecutive_skips_across_steps_stop_the_run_and_a_taken_step_resets_the_count() -> None:
     guard = SkippedStepGuard(limit=3)
-    guard.observe(1, _step(0, 2))       # 2 consecutive
-    guard.observe(2, _step(1, 1))       # a step was taken: reset
+    guard.observe(1, _step(0, 2))  # 2 consecutive
+    guard.observe(2, _step(1, 1))  # a step was taken: reset
     assert guard.consecutive == 0
-    guard.observe(3, _step(0, 2))       # 2
-    guard.observe(4, {})                # no update at all (no informative group): neither adds nor resets
+    guard.observe(3, _step(0, 2))  # 2
+    guard.observe(4, {})  # no update at all (no informative group): neither adds nor resets
     assert guard.consecutive == 2
-    with pytest.raises(TrainingError, match=r"step 5: 3 consecutive optimizer steps were skipped .*"
-                       r"trainer.max_consecutive_skipped_steps=3"):
-        guard.observe(5, _step(0, 1))   # 3 = the limit
+    with pytest.raises(
+        TrainingError,
+        match=r"step 5: 3 consecutive optimizer steps were skipped .*"
+        r"trainer.max_consecutive_skipped_steps=3",
+    ):
+        guard.observe(5, _step(0, 1))  # 3 = the limit
 
 
 def test_a_limit_of_zero_never_stops() -> None:

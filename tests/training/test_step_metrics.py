@@ -11,8 +11,16 @@ from dapo.training.step_metrics import batch_metrics, memory_metrics
 
 
 def _group(prompt_len: int, acc: list[bool], penalty: float) -> ScoredGroup:
-    return ScoredGroup(PromptItem(0, tuple(range(prompt_len)), "1", "s"), [[1, 2]] * len(acc), [[-1.0, -1.0]] * len(acc),
-                       [False] * len(acc), [1.0 if a else -1.0 for a in acc], acc, [penalty] * len(acc), [""] * len(acc))
+    return ScoredGroup(
+        PromptItem(0, tuple(range(prompt_len)), "1", "s"),
+        [[1, 2]] * len(acc),
+        [[-1.0, -1.0]] * len(acc),
+        [False] * len(acc),
+        [1.0 if a else -1.0 for a in acc],
+        acc,
+        [penalty] * len(acc),
+        [""] * len(acc),
+    )
 
 
 def test_prompt_length_score_and_reward_extremes():

@@ -18,13 +18,22 @@ from tests.harness.engines import ScriptedEngine
 
 def group(categories: list[list[str]], acc: list[bool]) -> ScoredGroup:
     n = len(acc)
-    return ScoredGroup(PromptItem(0, (1, 2), "1", "synth"), [[5]] * n, [[0.0]] * n, [False] * n, [1.0] * n, acc,
-                       [0.0] * n, [""] * n, action_masks=[[1]] * n, tool_categories=categories)
+    return ScoredGroup(
+        PromptItem(0, (1, 2), "1", "synth"),
+        [[5]] * n,
+        [[0.0]] * n,
+        [False] * n,
+        [1.0] * n,
+        acc,
+        [0.0] * n,
+        [""] * n,
+        action_masks=[[1]] * n,
+        tool_categories=categories,
+    )
 
 
 def test_tool_metrics_by_hand() -> None:
-    groups = [group([["ok", "timeout"], [], ["ok"]], [True, False, True]),
-              group([["memory"], []], [False, True])]
+    groups = [group([["ok", "timeout"], [], ["ok"]], [True, False, True]), group([["memory"], []], [False, True])]
     m = tool_metrics(groups)
     assert m["tool/calls"] == 4 and m["tool/calls_per_sample"] == pytest.approx(4 / 5)
     assert m["tool/turns_per_sample"] == pytest.approx((3 + 1 + 2 + 2 + 1) / 5)
@@ -52,8 +61,15 @@ def test_off_by_default_and_built_when_enabled(tmp_path: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(Path(dapo.__file__).parent / "assets" / "tiny-qwen2")
     engine = closing_engine()
     assert with_tool_rollout(engine, build_config({}, []), tokenizer) is engine
-    cfg = build_config({}, ["rollout.multi_turn.enable=true", "rollout.multi_turn.sandbox.mode=unsafe-no-isolation",
-                            "rollout.multi_turn.max_assistant_turns=2", "data.max_response_length=40"])
+    cfg = build_config(
+        {},
+        [
+            "rollout.multi_turn.enable=true",
+            "rollout.multi_turn.sandbox.mode=unsafe-no-isolation",
+            "rollout.multi_turn.max_assistant_turns=2",
+            "data.max_response_length=40",
+        ],
+    )
     built = with_tool_rollout(engine, cfg, tokenizer)
     assert isinstance(built, MultiTurnRollout) and built.engine is engine
     assert (built.params.max_assistant_turns, built.params.max_response_length) == (2, 40)
@@ -61,8 +77,9 @@ def test_off_by_default_and_built_when_enabled(tmp_path: Path) -> None:
     assert engine.closed
 
 
-def test_auto_mode_without_bubblewrap_stops_the_run_naming_the_key(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_mode_without_bubblewrap_stops_the_run_naming_the_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     engine = closing_engine()
     with pytest.raises(TrainingError, match=r"rollout.multi_turn.sandbox.mode=auto: .*apt-get install bubblewrap"):

@@ -48,8 +48,15 @@ def _groups() -> list[ScoredGroup]:
 def test_grpo_advantages_of_the_shaped_reward_are_hand_computed() -> None:
     batch = build_train_batch(_groups(), DapoConfig())
     std_a, std_b = math.sqrt(1.75), math.sqrt(0.5)
-    expected = [1.5 / (std_a + EPS), -1 / (std_a + EPS), -0.5 / (std_a + EPS),
-                0.5 / (std_b + EPS), -0.5 / (std_b + EPS), 0.0, 0.0]
+    expected = [
+        1.5 / (std_a + EPS),
+        -1 / (std_a + EPS),
+        -0.5 / (std_a + EPS),
+        0.5 / (std_b + EPS),
+        -0.5 / (std_b + EPS),
+        0.0,
+        0.0,
+    ]
     assert isinstance(batch, TrainBatch)
     assert batch.advantages.dtype == torch.float32
     assert batch.advantages.tolist() == pytest.approx(expected, rel=1e-5)
@@ -129,8 +136,12 @@ def test_reinforce_plus_plus_whitens_over_action_tokens_not_tool_output() -> Non
     #   _baseline: group mean 1, centred (1, -1), token mean (2*1 - 3*1) / 5 = -0.2, centred again (1.2, -0.8);
     #   both: unbiased variance (2 * 1.2^2 + 3 * 0.8^2) / 4 = 1.2, A = (1.2, -0.8) / sqrt(1.2 + 1e-8).
     # Counting the 2 tool tokens too (7 tokens) gives other values, which is what this test excludes.
-    group = dataclasses.replace(_group(0, [2.0, 0.0], [0.0, 0.0]), response_ids=[[5, 6, 7, 8], [9, 9, 9]],
-                                rollout_log_probs=[[-0.1] * 4, [-0.2] * 3], action_masks=[[1, 0, 0, 1], [1, 1, 1]])
+    group = dataclasses.replace(
+        _group(0, [2.0, 0.0], [0.0, 0.0]),
+        response_ids=[[5, 6, 7, 8], [9, 9, 9]],
+        rollout_log_probs=[[-0.1] * 4, [-0.2] * 3],
+        action_masks=[[1, 0, 0, 1], [1, 1, 1]],
+    )
     want = [1.2 / math.sqrt(1.2 + 1e-8), -0.8 / math.sqrt(1.2 + 1e-8)]
     for estimator in ("reinforce_plus_plus", "reinforce_plus_plus_baseline"):
         batch = build_train_batch([group], build_config({}, [f"algorithm.adv_estimator={estimator}"]))
@@ -140,4 +151,5 @@ def test_reinforce_plus_plus_whitens_over_action_tokens_not_tool_output() -> Non
     single = dataclasses.replace(group, action_masks=None)
     batch = build_train_batch([single], build_config({}, ["algorithm.adv_estimator=reinforce_plus_plus"]))
     assert batch.advantages.tolist() == pytest.approx(
-        [(6 / 7) / math.sqrt(8 / 7 + 1e-8), (-8 / 7) / math.sqrt(8 / 7 + 1e-8)], rel=1e-6)
+        [(6 / 7) / math.sqrt(8 / 7 + 1e-8), (-8 / 7) / math.sqrt(8 / 7 + 1e-8)], rel=1e-6
+    )

@@ -66,8 +66,14 @@ def test_stale_engine_stops_the_run_with_a_message_naming_stale_weights() -> Non
     sync = WeightSync(engine, actor, PROBE, threshold=0.01)
     assert sync.push(step=0)["rollout/probe_logprob_diff"] < 1e-5  # identical weights before any update
     perturb(actor)
-    expected_gap = (actor_log_probs_of(actor, sync.prompt, sync.response)
-                    - teacher_forced_logprobs(engine.model, sync.prompt, sync.response, 1.0)).abs().mean()
+    expected_gap = (
+        (
+            actor_log_probs_of(actor, sync.prompt, sync.response)
+            - teacher_forced_logprobs(engine.model, sync.prompt, sync.response, 1.0)
+        )
+        .abs()
+        .mean()
+    )
     assert expected_gap > 0.01  # the update is visible in the probe
     with pytest.raises(TrainingError, match=r"step 1: .*rollout.probe_logprob_threshold=0.01.*stale weights"):
         sync.push(step=1)
@@ -79,8 +85,14 @@ def test_without_a_threshold_the_gap_is_only_logged() -> None:
     sync = WeightSync(engine, actor, PROBE, threshold=None)
     perturb(actor)
     gap = sync.push(step=1)["rollout/probe_logprob_diff"]
-    expected = (actor_log_probs_of(actor, sync.prompt, sync.response)
-                - teacher_forced_logprobs(engine.model, sync.prompt, sync.response, 1.0)).abs().mean()
+    expected = (
+        (
+            actor_log_probs_of(actor, sync.prompt, sync.response)
+            - teacher_forced_logprobs(engine.model, sync.prompt, sync.response, 1.0)
+        )
+        .abs()
+        .mean()
+    )
     assert gap == pytest.approx(float(expected), rel=1e-5)
 
 
@@ -158,7 +170,7 @@ def test_the_actor_side_of_the_probe_runs_in_the_engines_precision() -> None:
     gap = sync.push(step=0)["rollout/probe_logprob_diff"]
     engine_lp = torch.tensor(engine.log_probs_of(sync.prompt, sync.response))
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        logits = actor(input_ids=torch.tensor([sync.prompt + sync.response])).logits[0, len(sync.prompt) - 1: -1]
+        logits = actor(input_ids=torch.tensor([sync.prompt + sync.response])).logits[0, len(sync.prompt) - 1 : -1]
     autocast_lp = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(sync.response)[:, None])[:, 0]
     fp32_lp = actor_log_probs_of(actor, sync.prompt, sync.response)
     assert gap == pytest.approx(float((engine_lp - autocast_lp).abs().mean()), rel=1e-5)
@@ -184,15 +196,23 @@ def test_a_stale_low_precision_engine_is_caught_by_not_moving() -> None:
     sync = WeightSync(engine, actor, PROBE, threshold=0.05, engine_dtype=torch.bfloat16)
     sync.push(step=0)
     perturb(actor, scale=0.005)
-    with pytest.raises(TrainingError, match=r"step 1: the update moved the actor's log-probs .* bfloat16 rollout "
-                                            r"engine's by 0: the engine is generating from stale weights"):
+    with pytest.raises(
+        TrainingError,
+        match=r"step 1: the update moved the actor's log-probs .* bfloat16 rollout "
+        r"engine's by 0: the engine is generating from stale weights",
+    ):
         sync.push(step=1)
 
 
 def test_a_low_precision_engine_of_another_model_is_refused_at_the_first_push() -> None:
     actor = tiny_qwen2(1)
     other = bf16_copy(tiny_qwen2(2))
-    sync = WeightSync(PushDroppingEngine(other, eos_token_ids=EOS, pad_token_id=PAD), actor, PROBE, threshold=0.05,
-                      engine_dtype=torch.bfloat16)
+    sync = WeightSync(
+        PushDroppingEngine(other, eos_token_ids=EOS, pad_token_id=PAD),
+        actor,
+        PROBE,
+        threshold=0.05,
+        engine_dtype=torch.bfloat16,
+    )
     with pytest.raises(TrainingError, match="more than a precision accounts for"):
         sync.push(step=0)

@@ -118,8 +118,14 @@ class TrainBatch:
             if distinct_runs != int(torch.unique(self.group_index).numel()):
                 raise ValueError("TrainBatch.group_index: the samples of each group must be contiguous")
 
-        for name in ("old_log_probs", "rollout_log_probs", "ref_log_probs", "is_weights", "token_advantages",
-                     "teacher_log_probs"):
+        for name in (
+            "old_log_probs",
+            "rollout_log_probs",
+            "ref_log_probs",
+            "is_weights",
+            "token_advantages",
+            "teacher_log_probs",
+        ):
             values = getattr(self, name)
             if values is None:
                 continue
@@ -141,8 +147,9 @@ class TrainBatch:
             for i, (v, resp) in enumerate(zip(values, responses, strict=True)):
                 if not isinstance(v, Tensor) or v.dim() != 2 or v.shape[0] != resp.numel():
                     got = tuple(v.shape) if isinstance(v, Tensor) else type(v).__name__
-                    raise ValueError(f"TrainBatch.{name}[{i}] must be [{resp.numel()}, k] (its response length), "
-                                     f"got {got}")
+                    raise ValueError(
+                        f"TrainBatch.{name}[{i}] must be [{resp.numel()}, k] (its response length), got {got}"
+                    )
         if self.routed_experts is not None:
             if len(self.routed_experts) != n:
                 raise ValueError(f"TrainBatch.routed_experts has {len(self.routed_experts)} entries for {n} samples")
@@ -150,8 +157,10 @@ class TrainBatch:
                 tokens = int(p.numel() + resp.numel())
                 if not isinstance(r, Tensor) or r.dim() != 3 or r.shape[0] != tokens or r.is_floating_point():
                     got = f"{tuple(r.shape)} {r.dtype}" if isinstance(r, Tensor) else type(r).__name__
-                    raise ValueError(f"TrainBatch.routed_experts[{i}] must be integer [{tokens}, layers, k] (its "
-                                     f"prompt + response tokens), got {got}")
+                    raise ValueError(
+                        f"TrainBatch.routed_experts[{i}] must be integer [{tokens}, layers, k] (its "
+                        f"prompt + response tokens), got {got}"
+                    )
         if self.token_advantages is not None:
             bad = [i for i, a in enumerate(self.token_advantages) if not bool(torch.isfinite(a).all())]
             if bad:
@@ -165,8 +174,10 @@ class TrainBatch:
             for i, (m, resp) in enumerate(zip(masks, responses, strict=True)):
                 if not isinstance(m, Tensor) or m.shape != resp.shape or m.dtype != torch.bool:
                     got = f"{tuple(m.shape)} {m.dtype}" if isinstance(m, Tensor) else type(m).__name__
-                    raise ValueError(f"TrainBatch.{name}[{i}] must be a bool tensor of shape {tuple(resp.shape)} "
-                                     f"(its response length), got {got}")
+                    raise ValueError(
+                        f"TrainBatch.{name}[{i}] must be a bool tensor of shape {tuple(resp.shape)} "
+                        f"(its response length), got {got}"
+                    )
 
     def __len__(self) -> int:
         return len(self.prompt_ids)

@@ -70,8 +70,10 @@ LAYOUTS: tuple[str, ...] = ("packed", "padded", "shared_prompt")
 # Families whose decoder builds its attention mask without the position ids, so that outside flash-attention's varlen
 # kernels (which read the restarts from the position ids themselves) packed samples attend to each other. Measured
 # by tests/model/test_family_matrix.py: GPT-OSS packed log-probs were off by up to 4.6 nats.
-_UNPACKED_MASKS = {"gpt_oss": "GPT-OSS's forward builds its attention mask without the position ids, so outside "
-                              "flash-attention kernels the packed samples would attend to each other"}
+_UNPACKED_MASKS = {
+    "gpt_oss": "GPT-OSS's forward builds its attention mask without the position ids, so outside "
+    "flash-attention kernels the packed samples would attend to each other"
+}
 _LOGIT_TRANSFORM_ATTRS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 
 
@@ -123,24 +125,34 @@ def resolve_layout(requested: str, model: nn.Module) -> str:
         config = getattr(model.hf_model, "config", None)
     implementation = str(getattr(config, "_attn_implementation", "") or "")
     sliding = "sliding_attention" in (getattr(config, "layer_types", None) or ())
-    obstacle = ("the actor is sharded (FSDP2)" if is_sharded(model) else
-                "activation checkpointing is on" if uses_activation_checkpointing(model) else
-                # routes are replayed token by token onto one forward's input (dapo.model.router_replay)
-                "the routers are replayed (actor.router_replay.mode)" if tape_of(model) is not None else
-                # a sliding-window layer's cache keeps only the window, not every prompt token
-                "the model has sliding-window attention layers" if sliding else None)
+    obstacle = (
+        "the actor is sharded (FSDP2)"
+        if is_sharded(model)
+        else "activation checkpointing is on"
+        if uses_activation_checkpointing(model)
+        # routes are replayed token by token onto one forward's input (dapo.model.router_replay)
+        else "the routers are replayed (actor.router_replay.mode)"
+        if tape_of(model) is not None
+        # a sliding-window layer's cache keeps only the window, not every prompt token
+        else "the model has sliding-window attention layers"
+        if sliding
+        else None
+    )
     if requested == "shared_prompt" and obstacle is not None:
         raise ValueError(f"actor.layout=shared_prompt cannot run here: {obstacle}; use auto, padded or packed")
     # A linear-attention layer (Gated DeltaNet) sees no position ids: its recurrent state would run from one packed
     # sample into the next, so every packed sample after the first would be conditioned on the ones before it.
     linear = "linear_attention" in (getattr(config, "layer_types", None) or ())
     if requested == "packed" and linear:
-        raise ValueError("actor.layout=packed cannot run here: the model has linear-attention layers, whose recurrent "
-                         "state would carry from one packed sample into the next; use auto, padded or shared_prompt")
+        raise ValueError(
+            "actor.layout=packed cannot run here: the model has linear-attention layers, whose recurrent "
+            "state would carry from one packed sample into the next; use auto, padded or shared_prompt"
+        )
     model_type = str(getattr(config, "model_type", "") or "")
     if requested == "packed" and model_type in _UNPACKED_MASKS and not implementation.startswith("flash_attention"):
-        raise ValueError(f"actor.layout=packed cannot run here: {_UNPACKED_MASKS[model_type]}; use auto, padded or "
-                         "shared_prompt")
+        raise ValueError(
+            f"actor.layout=packed cannot run here: {_UNPACKED_MASKS[model_type]}; use auto, padded or shared_prompt"
+        )
     if requested != "auto":
         return requested
     if invariance_of(model) is not None:  # its attention reads each sample's own keys: packing costs no mask
@@ -158,8 +170,9 @@ def _check_prompts(prompt_ids: Sequence[Tensor]) -> None:
 
 
 @contextlib.contextmanager
-def _routes_laid_out(tape: RouterTape | None, build: Callable[..., SequenceRows], micro_batch: TrainBatch,
-                     device: torch.device) -> Iterator[None]:
+def _routes_laid_out(
+    tape: RouterTape | None, build: Callable[..., SequenceRows], micro_batch: TrainBatch, device: torch.device
+) -> Iterator[None]:
     """Around the one forward of a packed or padded micro-batch under router replay: every token numbered 1..
     (sample after sample, prompt then response) and laid out by ``build`` as the tokens are, so the number at each
     place of the forward's input says whose routes go there (0: padding, routed live and never counted). The
@@ -178,8 +191,9 @@ def _routes_laid_out(tape: RouterTape | None, build: Callable[..., SequenceRows]
     shape = (1, tape.num_layers, tape.top_k)
     replay = None
     if micro_batch.routed_experts is not None:
-        table = torch.cat([torch.full(shape, -1, dtype=ROUTE_DTYPE),
-                           *(r.to(ROUTE_DTYPE) for r in micro_batch.routed_experts)])
+        table = torch.cat(
+            [torch.full(shape, -1, dtype=ROUTE_DTYPE), *(r.to(ROUTE_DTYPE) for r in micro_batch.routed_experts)]
+        )
         replay = table[laid].to(device)
     with tape.replaying(replay, (laid > 0).to(device)):
         yield
@@ -298,7 +312,9 @@ class SharedPromptRows:
 
 
 def share_prompt_sequences(
-    prompt_ids: Sequence[Tensor], response_ids: Sequence[Tensor], device: torch.device | str = "cpu",
+    prompt_ids: Sequence[Tensor],
+    response_ids: Sequence[Tensor],
+    device: torch.device | str = "cpu",
     max_chunk_tokens: int | None = None,
 ) -> SharedPromptRows:
     """The shared-prompt layout of (prompt, response) pairs: samples with equal prompt tokens share one prompt row;
@@ -324,12 +340,14 @@ def share_prompt_sequences(
             mask[row, : lengths[i] - 1] = 1
             offset_of[i] = (offset + row * fed, fed)
         rows_prompt = torch.tensor([sample_prompt[i] for i in members])
-        chunks.append(ResponseChunk(
-            samples=torch.tensor(members).to(device),
-            input_ids=ids.to(device),
-            attention_mask=torch.cat([prompt_mask[rows_prompt], mask], dim=-1).to(device),
-            position_ids=(prompt_mask.sum(dim=-1)[rows_prompt].unsqueeze(-1) + torch.arange(fed)).to(device),
-        ))
+        chunks.append(
+            ResponseChunk(
+                samples=torch.tensor(members).to(device),
+                input_ids=ids.to(device),
+                attention_mask=torch.cat([prompt_mask[rows_prompt], mask], dim=-1).to(device),
+                position_ids=(prompt_mask.sum(dim=-1)[rows_prompt].unsqueeze(-1) + torch.arange(fed)).to(device),
+            )
+        )
         offset += len(members) * fed
     predictors: list[Tensor] = []
     for i, r in enumerate(lengths):
@@ -365,15 +383,22 @@ def _prompt_pass(decoder: nn.Module, cache_kwarg: str, rows: SharedPromptRows, e
     carried tensor (keys and values, or a linear-attention layer's convolution and recurrent states)."""
     cache = DynamicCache(config=getattr(decoder, "config", None))
     mask = rows.prompt_attention_mask
-    hidden = _last_hidden(decoder(inputs_embeds=embeds, position_ids=rows.prompt_position_ids,
-                                  attention_mask=None if bool(mask.all()) else mask, use_cache=True,
-                                  **{cache_kwarg: cache}))
+    hidden = _last_hidden(
+        decoder(
+            inputs_embeds=embeds,
+            position_ids=rows.prompt_position_ids,
+            attention_mask=None if bool(mask.all()) else mask,
+            use_cache=True,
+            **{cache_kwarg: cache},
+        )
+    )
     states = [layer_states(layer, index) for index, layer in enumerate(cache.layers)]
     return (hidden[:, -1], *(first for first, _ in states), *(second for _, second in states))
 
 
-def _chunk_pass(decoder: nn.Module, cache_kwarg: str, chunk: ResponseChunk, prompt_rows: Tensor, embeds: Tensor,
-                *prompt_kv: Tensor) -> Tensor:
+def _chunk_pass(
+    decoder: nn.Module, cache_kwarg: str, chunk: ResponseChunk, prompt_rows: Tensor, embeds: Tensor, *prompt_kv: Tensor
+) -> Tensor:
     """Pass 2 for one response chunk: ``[rows * width, H]`` hidden states, on a copy of its prompts' carried tensors
     (a linear-attention layer continues from its prompt's states; :class:`dapo.model.cache_layers.ForkedLinearLayer`)."""
     cache = DynamicCache(config=getattr(decoder, "config", None))
@@ -385,8 +410,15 @@ def _chunk_pass(decoder: nn.Module, cache_kwarg: str, chunk: ResponseChunk, prom
             load_linear_states(cache, index, first, second)
         else:
             cache.update(first, second, index)
-    hidden = _last_hidden(decoder(inputs_embeds=embeds, position_ids=chunk.position_ids,
-                                  attention_mask=chunk.attention_mask, use_cache=True, **{cache_kwarg: cache}))
+    hidden = _last_hidden(
+        decoder(
+            inputs_embeds=embeds,
+            position_ids=chunk.position_ids,
+            attention_mask=chunk.attention_mask,
+            use_cache=True,
+            **{cache_kwarg: cache},
+        )
+    )
     return hidden.reshape(-1, hidden.shape[-1])
 
 
@@ -421,15 +453,18 @@ def _shared_prompt_hidden(decoder: nn.Module, rows: SharedPromptRows, *, recompu
     embeds = decoder.get_input_embeddings()(torch.cat([i.reshape(-1) for i in ids]))
     if recompute and not embeds.requires_grad:  # frozen embeddings: the checkpoint still needs a grad input
         embeds = embeds.detach().requires_grad_()
-    prompt_embeds, *chunk_embeds = [piece.view(*i.shape, -1)
-                                    for piece, i in zip(embeds.split([i.numel() for i in ids]), ids, strict=True)]
+    prompt_embeds, *chunk_embeds = [
+        piece.view(*i.shape, -1) for piece, i in zip(embeds.split([i.numel() for i in ids]), ids, strict=True)
+    ]
 
     def run(fn: object, *args: object) -> object:
         return checkpoint(fn, *args, use_reentrant=True) if recompute else fn(*args)  # type: ignore[operator]
 
     prompt_out = run(_prompt_pass, decoder, kwarg, rows, prompt_embeds)
-    parts = [prompt_out[0]] + [run(_chunk_pass, decoder, kwarg, chunk, index, chunk_embed, *prompt_out[1:])
-                               for chunk, index, chunk_embed in zip(rows.chunks, prompt_rows, chunk_embeds, strict=True)]
+    parts = [prompt_out[0]] + [
+        run(_chunk_pass, decoder, kwarg, chunk, index, chunk_embed, *prompt_out[1:])
+        for chunk, index, chunk_embed in zip(rows.chunks, prompt_rows, chunk_embeds, strict=True)
+    ]
     return torch.cat(parts).index_select(0, rows.predictor_index)
 
 
@@ -444,8 +479,10 @@ def _position_kv(rows: SequenceRows, max_length: int) -> PositionKV:
         sequence = torch.arange(positions.shape[0], device=positions.device)[:, None].expand_as(positions)
         valid = rows.attention_mask.bool()
     if int(positions[valid].max()) >= max_length:
-        raise ValueError(f"a sample of {int(positions[valid].max()) + 1} tokens is longer than the batch-invariant "
-                         f"buffer of {max_length} positions (data.max_prompt_length + data.max_response_length)")
+        raise ValueError(
+            f"a sample of {int(positions[valid].max()) + 1} tokens is longer than the batch-invariant "
+            f"buffer of {max_length} positions (data.max_prompt_length + data.max_response_length)"
+        )
     return PositionKV(len(rows.response_lengths), max_length, sequence, positions, valid)
 
 
@@ -466,7 +503,12 @@ def decoder_and_lm_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
 
 
 def _chunk_log_probs(
-    lm_head: nn.Module, temperature: float, with_entropy: bool, entropy_grad: bool, invariant: bool, hidden: Tensor,
+    lm_head: nn.Module,
+    temperature: float,
+    with_entropy: bool,
+    entropy_grad: bool,
+    invariant: bool,
+    hidden: Tensor,
     targets: Tensor,
 ) -> tuple[Tensor, Tensor]:
     """log softmax(lm_head(hidden) / T)[target] and, if asked, the entropy of that distribution, in fp32.
@@ -492,9 +534,17 @@ def _chunk_log_probs(
 
 
 def compute_response_log_probs(
-    model: nn.Module, micro_batch: TrainBatch, *, temperature: float, chunk_size: int, with_entropy: bool,
-    layout: str = "packed", checkpoint_passes: bool = False, max_chunk_tokens: int | None = None,
-    entropy_grad: bool = True, gather_ids: Sequence[Tensor] | None = None,
+    model: nn.Module,
+    micro_batch: TrainBatch,
+    *,
+    temperature: float,
+    chunk_size: int,
+    with_entropy: bool,
+    layout: str = "packed",
+    checkpoint_passes: bool = False,
+    max_chunk_tokens: int | None = None,
+    entropy_grad: bool = True,
+    gather_ids: Sequence[Tensor] | None = None,
 ) -> tuple[list[Tensor], list[Tensor] | None]:
     """Log-probs of every response token under ``model`` at ``temperature``, per response (and entropies if asked).
 
@@ -524,25 +574,35 @@ def compute_response_log_probs(
     invariance = invariance_of(model)
     if invariance is not None:  # rollout.true_on_policy: the engine's arithmetic, token for token
         if layout == "shared_prompt":
-            raise ValueError("actor.layout=shared_prompt does not run batch-invariant (rollout.true_on_policy); use "
-                             "packed or padded")
+            raise ValueError(
+                "actor.layout=shared_prompt does not run batch-invariant (rollout.true_on_policy); use packed or padded"
+            )
         rows = (pack_sequences if layout == "packed" else pad_sequences)(
-            micro_batch.prompt_ids, micro_batch.response_ids, device)
-        hidden = _last_hidden(forward_at(decoder, _position_kv(rows, invariance.max_length), rows.input_ids,
-                                         rows.position_ids))
+            micro_batch.prompt_ids, micro_batch.response_ids, device
+        )
+        hidden = _last_hidden(
+            forward_at(decoder, _position_kv(rows, invariance.max_length), rows.input_ids, rows.position_ids)
+        )
         hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, rows.predictor_index)
     elif layout == "shared_prompt":
         if tape_of(model) is not None:
-            raise ValueError("actor.layout=shared_prompt does not replay MoE routes (actor.router_replay.mode); use "
-                             "padded or packed")
+            raise ValueError(
+                "actor.layout=shared_prompt does not replay MoE routes (actor.router_replay.mode); use padded or packed"
+            )
         rows = share_prompt_sequences(micro_batch.prompt_ids, micro_batch.response_ids, device, max_chunk_tokens)
         hidden = _shared_prompt_hidden(decoder, rows, recompute=checkpoint_passes and torch.is_grad_enabled())
     else:
         build = pack_sequences if layout == "packed" else pad_sequences
         rows = build(micro_batch.prompt_ids, micro_batch.response_ids, device)
         with _routes_laid_out(tape_of(model), build, micro_batch, device):
-            hidden = _last_hidden(decoder(input_ids=rows.input_ids, position_ids=rows.position_ids,
-                                          attention_mask=rows.attention_mask, use_cache=False))
+            hidden = _last_hidden(
+                decoder(
+                    input_ids=rows.input_ids,
+                    position_ids=rows.position_ids,
+                    attention_mask=rows.attention_mask,
+                    use_cache=False,
+                )
+            )
         hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, rows.predictor_index)
 
     run = functools.partial(_chunk_log_probs, lm_head, temperature, with_entropy, entropy_grad, invariance is not None)
@@ -569,8 +629,9 @@ def compute_response_log_probs(
 
 
 @torch.no_grad()
-def compute_top_log_probs_batch(model: nn.Module, batch: TrainBatch, cfg: ActorConfig, k: int
-                                ) -> tuple[list[Tensor], list[Tensor]]:
+def compute_top_log_probs_batch(
+    model: nn.Module, batch: TrainBatch, cfg: ActorConfig, k: int
+) -> tuple[list[Tensor], list[Tensor]]:
     """The ``k`` most likely next tokens at every response position of ``batch`` and their log-probs (temperature 1),
     without gradients, micro-batched as :func:`compute_log_probs_batch`: per sample ``[len, k]`` log-probs and
     ``[len, k]`` ids, most likely first (an on-policy distillation teacher's top-k, ``forward_kl_topk``).
@@ -609,7 +670,12 @@ def compute_log_probs_batch(model: nn.Module, batch: TrainBatch, cfg: ActorConfi
 
 
 def _batch_log_probs(
-    model: nn.Module, batch: TrainBatch, cfg: ActorConfig, temperature: float, *, with_entropy: bool,
+    model: nn.Module,
+    batch: TrainBatch,
+    cfg: ActorConfig,
+    temperature: float,
+    *,
+    with_entropy: bool,
     gather_ids: Sequence[Tensor] | None = None,
 ) -> tuple[list[Tensor], list[Tensor] | None]:
     if len(batch) == 0:
@@ -633,8 +699,13 @@ def _batch_log_probs(
     with autocast_context(cfg.dtype, device):
         for indices in plan.micro_batches:  # ascending indices: each micro-batch keeps its groups contiguous
             log_probs, entropies = compute_response_log_probs(
-                model, batch.select(indices), temperature=temperature, chunk_size=cfg.logprob_chunk_size,
-                with_entropy=with_entropy, layout=layout, max_chunk_tokens=cfg.shared_prompt_chunk_tokens,
+                model,
+                batch.select(indices),
+                temperature=temperature,
+                chunk_size=cfg.logprob_chunk_size,
+                with_entropy=with_entropy,
+                layout=layout,
+                max_chunk_tokens=cfg.shared_prompt_chunk_tokens,
                 **({} if gather_ids is None else {"gather_ids": [gather_ids[i] for i in indices]}),
             )
             for j, i in enumerate(indices):

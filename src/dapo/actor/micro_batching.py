@@ -158,16 +158,20 @@ def response_chunks(fed_lengths: Sequence[int], max_tokens: int | None = None) -
     order = sorted((i for i, n in enumerate(fed_lengths) if n > 0), key=lambda i: (-fed_lengths[i], i))
     chunks: list[list[int]] = []
     for i in order:
-        if (chunks and fed_lengths[i] >= CHUNK_MIN_SHARE * fed_lengths[chunks[-1][0]]
-                and (max_tokens is None or (len(chunks[-1]) + 1) * fed_lengths[chunks[-1][0]] <= max_tokens)):
+        if (
+            chunks
+            and fed_lengths[i] >= CHUNK_MIN_SHARE * fed_lengths[chunks[-1][0]]
+            and (max_tokens is None or (len(chunks[-1]) + 1) * fed_lengths[chunks[-1][0]] <= max_tokens)
+        ):
             chunks[-1].append(i)
         else:
             chunks.append([i])
     return chunks
 
 
-def shared_prompt_cost(prompt_lengths: Sequence[int], response_lengths: Sequence[int], prompt_keys: Sequence[int],
-                       indices: Sequence[int]) -> int:
+def shared_prompt_cost(
+    prompt_lengths: Sequence[int], response_lengths: Sequence[int], prompt_keys: Sequence[int], indices: Sequence[int]
+) -> int:
     """Tokens a shared-prompt micro-batch of ``indices`` runs through the model: its distinct prompts, left-padded to
     the longest, then its response chunks (:func:`response_chunks`), each padded to its longest."""
     if not indices:
@@ -175,12 +179,17 @@ def shared_prompt_cost(prompt_lengths: Sequence[int], response_lengths: Sequence
     distinct = len({prompt_keys[i] for i in indices})
     fed = [response_lengths[i] - 1 for i in indices]
     return distinct * max(prompt_lengths[i] for i in indices) + sum(
-        len(chunk) * fed[chunk[0]] for chunk in response_chunks(fed))
+        len(chunk) * fed[chunk[0]] for chunk in response_chunks(fed)
+    )
 
 
 def split_by_shared_prompt(
-    prompt_lengths: Sequence[int], response_lengths: Sequence[int], prompt_keys: Sequence[int], *,
-    max_tokens: int | None = None, micro_batch_size: int | None = None,
+    prompt_lengths: Sequence[int],
+    response_lengths: Sequence[int],
+    prompt_keys: Sequence[int],
+    *,
+    max_tokens: int | None = None,
+    micro_batch_size: int | None = None,
 ) -> MicroBatchPlan:
     """Micro-batches for the shared-prompt layout, bounded by :func:`shared_prompt_cost` <= ``max_tokens`` or by
     ``micro_batch_size`` samples (exactly one of the two).
@@ -203,8 +212,10 @@ def split_by_shared_prompt(
     members: dict[int, list[int]] = {}
     for i, key in enumerate(prompt_keys):
         members.setdefault(key, []).append(i)
-    groups = [sorted(g, key=lambda i: (-responses[i], i))
-              for g in sorted(members.values(), key=lambda g: (-max(responses[i] for i in g), g[0]))]
+    groups = [
+        sorted(g, key=lambda i: (-responses[i], i))
+        for g in sorted(members.values(), key=lambda g: (-max(responses[i] for i in g), g[0]))
+    ]
 
     def fits(indices: list[int]) -> bool:
         if max_tokens is None:
@@ -213,8 +224,11 @@ def split_by_shared_prompt(
 
     micro_batches: list[list[int]] = []
     current: list[int] = []
-    oversized = 0 if max_tokens is None else sum(
-        shared_prompt_cost(prompts, responses, prompt_keys, [i]) > max_tokens for i in range(len(prompts)))
+    oversized = (
+        0
+        if max_tokens is None
+        else sum(shared_prompt_cost(prompts, responses, prompt_keys, [i]) > max_tokens for i in range(len(prompts)))
+    )
     for group in groups:
         if fits([*current, *group]):  # the common case: one cost per group
             current += group
@@ -242,8 +256,14 @@ def split_fixed_size(num_samples: int, micro_batch_size: int) -> MicroBatchPlan:
 
 
 def plan_micro_batches(
-    lengths: Sequence[int], *, use_dynamic_bsz: bool, max_token_len: int, micro_batch_size: int | None,
-    layout: str = "packed", prompt_lengths: Sequence[int] | None = None, prompt_keys: Sequence[int] | None = None,
+    lengths: Sequence[int],
+    *,
+    use_dynamic_bsz: bool,
+    max_token_len: int,
+    micro_batch_size: int | None,
+    layout: str = "packed",
+    prompt_lengths: Sequence[int] | None = None,
+    prompt_keys: Sequence[int] | None = None,
 ) -> MicroBatchPlan:
     """Dispatch on the config: token budget when ``use_dynamic_bsz``, otherwise fixed ``micro_batch_size``; each
     planned for the micro-batch ``layout`` ("packed", "padded" or "shared_prompt"). ``lengths`` are the samples'
@@ -256,9 +276,13 @@ def plan_micro_batches(
         if prompt_lengths is None or prompt_keys is None:
             raise ValueError("plan_micro_batches: the shared_prompt layout needs prompt_lengths and prompt_keys")
         responses = [int(n) - int(p) for n, p in zip(lengths, prompt_lengths, strict=True)]
-        return split_by_shared_prompt(prompt_lengths, responses, prompt_keys,
-                                      max_tokens=max_token_len if use_dynamic_bsz else None,
-                                      micro_batch_size=None if use_dynamic_bsz else micro_batch_size)
+        return split_by_shared_prompt(
+            prompt_lengths,
+            responses,
+            prompt_keys,
+            max_tokens=max_token_len if use_dynamic_bsz else None,
+            micro_batch_size=None if use_dynamic_bsz else micro_batch_size,
+        )
     if use_dynamic_bsz:
         if layout == "padded":
             return split_sorted_by_length(lengths, max_token_len)

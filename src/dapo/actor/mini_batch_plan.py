@@ -46,8 +46,9 @@ __all__ = [
 ]
 
 
-def trained_samples(mini_batch: TrainBatch, cfg: ActorConfig, distillation: DirectDistillation | None = None
-                    ) -> list[int]:
+def trained_samples(
+    mini_batch: TrainBatch, cfg: ActorConfig, distillation: DirectDistillation | None = None
+) -> list[int]:
     """Indices of the samples whose gradient can be non-zero: kept by ``sample_mask``, and, unless an entropy, KL or
     direct distillation term is on or the policy loss needs them (``PolicyLoss.zero_advantage_no_gradient``), with a
     non-zero advantage (``dapo.actor.update``'s docstring says why the others contribute exactly 0); with per-token
@@ -86,8 +87,9 @@ class MicroBatchCut:
     num_zero_advantage: int = 0
 
 
-def cut_micro_batches(mini_batch: TrainBatch, cfg: ActorConfig, layout: str,
-                      distillation: DirectDistillation | None = None) -> MicroBatchCut:
+def cut_micro_batches(
+    mini_batch: TrainBatch, cfg: ActorConfig, layout: str, distillation: DirectDistillation | None = None
+) -> MicroBatchCut:
     """The trained samples of ``mini_batch`` (:func:`trained_samples`) planned into micro-batches by ``cfg``."""
     active = trained_samples(mini_batch, cfg, distillation)
     lengths, prompt_lengths = mini_batch.sequence_lengths, mini_batch.prompt_lengths
@@ -101,8 +103,11 @@ def cut_micro_batches(mini_batch: TrainBatch, cfg: ActorConfig, layout: str,
         prompt_lengths=[prompt_lengths[i] for i in active],
         prompt_keys=[groups[i] for i in active],
     )
-    return MicroBatchCut([[active[j] for j in mb] for mb in plan.micro_batches], plan.num_oversized,
-                         int(mini_batch.sample_mask.sum()) - len(active))
+    return MicroBatchCut(
+        [[active[j] for j in mb] for mb in plan.micro_batches],
+        plan.num_oversized,
+        int(mini_batch.sample_mask.sum()) - len(active),
+    )
 
 
 @dataclass(frozen=True)
@@ -116,8 +121,9 @@ class ShardedShare:
     filler: TrainBatch
 
 
-def sharded_share(mini_batch: TrainBatch, cfg: ActorConfig, world: World, layout: str,
-                  distillation: DirectDistillation | None = None) -> ShardedShare:
+def sharded_share(
+    mini_batch: TrainBatch, cfg: ActorConfig, world: World, layout: str, distillation: DirectDistillation | None = None
+) -> ShardedShare:
     """This rank's share of ``mini_batch`` with its padding (see the module docstring).
 
     Every rank cuts every rank's share of the same mini-batch, so the counts agree without a collective. The filler
@@ -128,8 +134,9 @@ def sharded_share(mini_batch: TrainBatch, cfg: ActorConfig, world: World, layout
     cuts = [cut_micro_batches(share, cfg, layout, distillation) for share in shares]
     mine = shares[world.rank]
     filler = mine.select([0]) if len(mine) else mini_batch.select([0])
-    return ShardedShare(mine, cuts[world.rank],
-                        padding_micro_batches([len(c.micro_batches) for c in cuts], world.rank), filler)
+    return ShardedShare(
+        mine, cuts[world.rank], padding_micro_batches([len(c.micro_batches) for c in cuts], world.rank), filler
+    )
 
 
 @dataclass(frozen=True)
@@ -161,9 +168,16 @@ class MiniBatchPlan:
     padding: tuple[TrainBatch, int] | None = None
 
 
-def plan_mini_batch(mini_batch: TrainBatch, cfg: ActorConfig, *, layout: str, norm_length: int,
-                    world: World | None = None, sharded: bool = False,
-                    distillation: DirectDistillation | None = None) -> MiniBatchPlan:
+def plan_mini_batch(
+    mini_batch: TrainBatch,
+    cfg: ActorConfig,
+    *,
+    layout: str,
+    norm_length: int,
+    world: World | None = None,
+    sharded: bool = False,
+    distillation: DirectDistillation | None = None,
+) -> MiniBatchPlan:
     """The plan of ``mini_batch`` on this rank of ``world``: the whole of it on one process, a token-balanced share of
     whole groups under data parallelism, with zero-weight padding passes under a sharded actor (``sharded``)."""
     num_tokens, num_seqs = count_loss_normalizers(mini_batch.loss_mask())
@@ -176,5 +190,14 @@ def plan_mini_batch(mini_batch: TrainBatch, cfg: ActorConfig, *, layout: str, no
     else:
         share, padding = rank_share(mini_batch, world), None
         cut = cut_micro_batches(share, cfg, layout, distillation) if num_tokens else MicroBatchCut([])
-    return MiniBatchPlan(share, num_tokens, num_seqs, norm_length, cut.micro_batches, layout, cut.num_oversized,
-                         cut.num_zero_advantage, padding)
+    return MiniBatchPlan(
+        share,
+        num_tokens,
+        num_seqs,
+        norm_length,
+        cut.micro_batches,
+        layout,
+        cut.num_oversized,
+        cut.num_zero_advantage,
+        padding,
+    )

@@ -139,13 +139,15 @@ def policy_loss_params(cfg: ActorConfig, generator: torch.Generator | None = Non
 def reduce_metrics(result: MiniBatchResult, world: World) -> None:
     """Sum a share's loss and token-weighted metric sums over ranks (the counts are global already)."""
     names = (*TOKEN_METRICS, TRAINED_TOKENS)  # the same list on every rank, whatever its share held
-    values = torch.tensor([result.pg_loss, result.kl_loss, float(result.num_micro_batches), result.distill_loss]
-                          + [result.token_sums.get(n, 0.0) for n in names], dtype=torch.float64)
+    values = torch.tensor(
+        [result.pg_loss, result.kl_loss, float(result.num_micro_batches), result.distill_loss]
+        + [result.token_sums.get(n, 0.0) for n in names],
+        dtype=torch.float64,
+    )
     world.all_reduce_sum(values)
     result.pg_loss, result.kl_loss, result.num_micro_batches = float(values[0]), float(values[1]), int(values[2])
     result.distill_loss = float(values[3])
     result.token_sums = {n: float(v) for n, v in zip(names, values[4:].tolist())}
-
 
 
 def configure_model_for_training(model: nn.Module, cfg: ActorConfig) -> None:
@@ -223,18 +225,27 @@ def accumulate_mini_batch_gradients(
     pg_loss_total, kl_loss_total, distill_loss_total = zero, zero, zero
     distill_loss = None if distillation is None else get_distillation_loss(distillation.mode)
     if distill_loss is not None:
-        have = (mini_batch.teacher_log_probs if distill_loss.kind == "sampled" else mini_batch.teacher_topk_ids)
+        have = mini_batch.teacher_log_probs if distill_loss.kind == "sampled" else mini_batch.teacher_topk_ids
         if have is None:
-            raise ValueError(f"distillation loss_mode {distillation.mode}: the batch carries no teacher "
-                             f"{'log-probs' if distill_loss.kind == 'sampled' else 'top-k log-probs'}")
+            raise ValueError(
+                f"distillation loss_mode {distillation.mode}: the batch carries no teacher "
+                f"{'log-probs' if distill_loss.kind == 'sampled' else 'top-k log-probs'}"
+            )
     for source, indices, weight in passes:
         micro = source.select(indices)
         topk = distill_loss is not None and distill_loss.kind == "topk" and weight != 0.0
         with autocast_context(cfg.dtype, device):
             log_probs, entropies = forward_through(
-                model, compute_response_log_probs, micro, temperature=temperature, chunk_size=cfg.logprob_chunk_size,
-                with_entropy=True, layout=layout, checkpoint_passes=cfg.gradient_checkpointing,
-                max_chunk_tokens=cfg.shared_prompt_chunk_tokens, entropy_grad=cfg.entropy_coeff != 0.0,
+                model,
+                compute_response_log_probs,
+                micro,
+                temperature=temperature,
+                chunk_size=cfg.logprob_chunk_size,
+                with_entropy=True,
+                layout=layout,
+                checkpoint_passes=cfg.gradient_checkpointing,
+                max_chunk_tokens=cfg.shared_prompt_chunk_tokens,
+                entropy_grad=cfg.entropy_coeff != 0.0,
                 **({"gather_ids": micro.teacher_topk_ids} if topk else {}),
             )
         student_topk = None
@@ -258,8 +269,9 @@ def accumulate_mini_batch_gradients(
             old_log_prob = pad_per_token([lp.to(device=device, dtype=torch.float32) for lp in micro.old_log_probs])
         mask = micro.loss_mask().to(device)
         if micro.token_advantages is not None:  # PG OPD: the teacher's per-token signal (dapo.distillation)
-            advantages = pad_per_token([a.to(device=device, dtype=torch.float32) for a in micro.token_advantages],
-                                       log_prob.shape[1])
+            advantages = pad_per_token(
+                [a.to(device=device, dtype=torch.float32) for a in micro.token_advantages], log_prob.shape[1]
+            )
         else:
             advantages = micro.advantages.to(device=device, dtype=torch.float32).unsqueeze(1).expand_as(log_prob)
         out = policy_loss(log_prob, old_log_prob, advantages, mask, loss_params)
@@ -270,8 +282,12 @@ def accumulate_mini_batch_gradients(
 
         def aggregate(loss_mat: Tensor) -> Tensor:
             return aggregate_loss(
-                loss_mat, mask, cfg.loss_agg_mode, global_num_tokens=result.num_tokens,
-                global_num_seqs=result.num_seqs, norm_length=plan.norm_length,
+                loss_mat,
+                mask,
+                cfg.loss_agg_mode,
+                global_num_tokens=result.num_tokens,
+                global_num_seqs=result.num_seqs,
+                norm_length=plan.norm_length,
             )
 
         terms = {"policy-gradient loss": aggregate(loss_mat)}
@@ -287,19 +303,23 @@ def accumulate_mini_batch_gradients(
             loss = loss + cfg.kl_loss_coef * terms["KL loss"]
             kl_loss_total = kl_loss_total + terms["KL loss"].detach()
         if distill_loss is not None and distillation is not None:
-            clamps = {"log_prob_min_clamp": distillation.log_prob_min_clamp,
-                      "loss_max_clamp": distillation.loss_max_clamp}
+            clamps = {
+                "log_prob_min_clamp": distillation.log_prob_min_clamp,
+                "loss_max_clamp": distillation.loss_max_clamp,
+            }
             if student_topk is not None:
                 assert micro.teacher_topk_log_probs is not None
                 width = log_prob.shape[1]
                 student_k = _pad_rows(student_topk, width)
-                teacher_k = _pad_rows([t.to(device=device, dtype=torch.float32) for t in micro.teacher_topk_log_probs],
-                                      width)
+                teacher_k = _pad_rows(
+                    [t.to(device=device, dtype=torch.float32) for t in micro.teacher_topk_log_probs], width
+                )
                 per_token = distill_loss.fn(student_k, teacher_k, **clamps)
             else:
                 assert micro.teacher_log_probs is not None
-                teacher_lp = pad_per_token([t.to(device=device, dtype=torch.float32) for t in micro.teacher_log_probs],
-                                           log_prob.shape[1])
+                teacher_lp = pad_per_token(
+                    [t.to(device=device, dtype=torch.float32) for t in micro.teacher_log_probs], log_prob.shape[1]
+                )
                 per_token = distill_loss.fn(log_prob, teacher_lp, **clamps)
             terms["distillation loss"] = aggregate(per_token)
             loss = loss + distillation.coef * terms["distillation loss"]
@@ -406,13 +426,27 @@ def update_policy(
         mini_batches = batch.split_into_mini_batches(cfg.ppo_mini_batch_size, shuffle=cfg.shuffle, generator=generator)
         for index, mini_batch in enumerate(mini_batches):
             where = f"epoch {epoch}, mini-batch {index}"
-            plan = plan_mini_batch(mini_batch, cfg, layout=layout, norm_length=norm_length, world=world,
-                                   sharded=sharded, distillation=distillation)
+            plan = plan_mini_batch(
+                mini_batch,
+                cfg,
+                layout=layout,
+                norm_length=norm_length,
+                world=world,
+                sharded=sharded,
+                distillation=distillation,
+            )
             try:
                 result = accumulate_mini_batch_gradients(
-                    model, plan, cfg, temperature=temperature, where=where, on_policy=on_policy,
-                    record=record if epoch == 0 else None, record_under_old=epoch == 0 and index == 0,
-                    generator=generator, distillation=distillation,
+                    model,
+                    plan,
+                    cfg,
+                    temperature=temperature,
+                    where=where,
+                    on_policy=on_policy,
+                    record=record if epoch == 0 else None,
+                    record_under_old=epoch == 0 and index == 0,
+                    generator=generator,
+                    distillation=distillation,
                 )
             except NonFiniteLossError:
                 optimizer.zero_grad(set_to_none=True)

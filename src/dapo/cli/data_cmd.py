@@ -96,8 +96,11 @@ def data_group() -> None:
     type=click.Path(file_okay=False, path_type=Path),
     help="output folder for train.parquet (and val.parquet)",
 )
-@click.option("--problem-key", default=None,
-              help="column holding the problem [default: problem, or GSM8K's question in a file without one]")
+@click.option(
+    "--problem-key",
+    default=None,
+    help="column holding the problem [default: problem, or GSM8K's question in a file without one]",
+)
 @click.option("--answer-key", default="answer", show_default=True, help="column holding the answer")
 @click.option(
     "--format",

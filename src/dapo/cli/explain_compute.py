@@ -39,15 +39,23 @@ def compute_lines(layout, cfg, gpu: str, mfu: float) -> list[str]:
     train = cfg.actor.ppo_epochs * layout.prompts_per_step * 3 * group
     actor_precision = cfg.actor.dtype
     rollout_precision = _rollout_precision(cfg, actor_precision)
-    out = ["", "compute per step (model FLOPs: 2 N per token + causal attention, training = 3 x forward; "
-               "docs/performance.md)"]
+    out = [
+        "",
+        "compute per step (model FLOPs: 2 N per token + causal attention, training = 3 x forward; docs/performance.md)",
+    ]
 
     def row(label: str, value: str) -> None:
         out.append(f"  {label:<52} {value}")
-    row("generation (rounds x gen batch x groups)", f"{_flops(gen)} = {layout.expected_rounds} x "
-        f"{layout.gen_batch_size} x {_flops(group)} (prompt {p} once + {n} x {r} response tokens)")
-    row("actor update (ppo_epochs x train batch, fwd + bwd)", f"{_flops(train)} = {cfg.actor.ppo_epochs} x "
-        f"{layout.prompts_per_step} x 3 x {_flops(group)}")
+
+    row(
+        "generation (rounds x gen batch x groups)",
+        f"{_flops(gen)} = {layout.expected_rounds} x "
+        f"{layout.gen_batch_size} x {_flops(group)} (prompt {p} once + {n} x {r} response tokens)",
+    )
+    row(
+        "actor update (ppo_epochs x train batch, fwd + bwd)",
+        f"{_flops(train)} = {cfg.actor.ppo_epochs} x {layout.prompts_per_step} x 3 x {_flops(group)}",
+    )
     world = layout.world_size
     for phase, flops, precision in (("generation", gen, rollout_precision), ("actor update", train, actor_precision)):
         peak = datasheet_peak(gpu, precision)
@@ -55,8 +63,11 @@ def compute_lines(layout, cfg, gpu: str, mfu: float) -> list[str]:
             row(f"{phase} on {world} x {gpu} ({precision})", "no datasheet peak for this precision")
             continue
         ideal = flops / (world * peak.flops_per_s)
-        row(f"{phase} on {world} x {gpu} ({precision}, "
-            f"{peak.flops_per_s / 1e12:g} TFLOP/s each)", f"{ideal:.3g} s at 100% MFU, {ideal / mfu:.3g} s at "
-            f"{100 * mfu:g}% MFU (--mfu)")
-    out.append("    decoding one token per sequence is memory-bound: generation's MFU is usually far below the update's")
+        row(
+            f"{phase} on {world} x {gpu} ({precision}, {peak.flops_per_s / 1e12:g} TFLOP/s each)",
+            f"{ideal:.3g} s at 100% MFU, {ideal / mfu:.3g} s at {100 * mfu:g}% MFU (--mfu)",
+        )
+    out.append(
+        "    decoding one token per sequence is memory-bound: generation's MFU is usually far below the update's"
+    )
     return out

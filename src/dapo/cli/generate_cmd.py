@@ -1,7 +1,7 @@
 """``dapo generate``: the published inference example as a command -- question, ground truth, model output.
 
-    dapo generate --prompt "Tom has 3 apples and buys 4 more. How many apples does he have?" --template dapo
-    dapo generate --model runs/x/checkpoints/global_step_30/hf --file ../shared/data/aime-2025.jsonl --limit 3
+dapo generate --prompt "Tom has 3 apples and buys 4 more. How many apples does he have?" --template dapo
+dapo generate --model runs/x/checkpoints/global_step_30/hf --file ../shared/data/aime-2025.jsonl --limit 3
 """
 
 from __future__ import annotations
@@ -18,10 +18,20 @@ from dapo.rollout.factory import AUTO_ENGINE, ENGINE_NAMES
 @click.command("generate")
 @click.option("--model", default=None, help="HF model folder (default: the embedded tiny Qwen2)")
 @click.option("--prompt", "prompt_text", default=None, help="one question")
-@click.option("--file", "file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="questions: DAPO parquet/JSONL or raw problem/answer (question/answer) JSONL")
-@click.option("--template", type=click.Choice(["none", "dapo"]), default="none", show_default=True,
-              help="dapo: wrap raw questions in the DAPO prompt template (DAPO-schema files keep their prompts)")
+@click.option(
+    "--file",
+    "file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="questions: DAPO parquet/JSONL or raw problem/answer (question/answer) JSONL",
+)
+@click.option(
+    "--template",
+    type=click.Choice(["none", "dapo"]),
+    default="none",
+    show_default=True,
+    help="dapo: wrap raw questions in the DAPO prompt template (DAPO-schema files keep their prompts)",
+)
 @click.option("--limit", type=click.IntRange(min=1), default=5, show_default=True, help="--file: first N questions")
 @click.option("--n", "n", type=click.IntRange(min=1), default=1, show_default=True, help="samples per question")
 @click.option("--temperature", type=click.FloatRange(min=0.0), default=1.0, show_default=True)
@@ -31,10 +41,27 @@ from dapo.rollout.factory import AUTO_ENGINE, ENGINE_NAMES
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--backend", type=click.Choice([AUTO_ENGINE, *ENGINE_NAMES]), default=AUTO_ENGINE, show_default=True)
 @click.option("--device", type=click.Choice(DEVICE_CHOICES), default="auto", show_default=True)
-@click.option("--trust-remote-code", is_flag=True,
-              help="allow custom model code shipped in the model folder (only for a model you trust)")
-def generate_command(model, prompt_text, file, template, limit, n, temperature, top_p, top_k, max_tokens, seed,
-                     backend, device, trust_remote_code) -> None:
+@click.option(
+    "--trust-remote-code",
+    is_flag=True,
+    help="allow custom model code shipped in the model folder (only for a model you trust)",
+)
+def generate_command(
+    model,
+    prompt_text,
+    file,
+    template,
+    limit,
+    n,
+    temperature,
+    top_p,
+    top_k,
+    max_tokens,
+    seed,
+    backend,
+    device,
+    trust_remote_code,
+) -> None:
     """Sample answers to questions and print question, ground truth (when known) and output."""
     from dapo.cli.eval_cmd import build_local_backend
     from dapo.data.schema import DataError
@@ -54,11 +81,11 @@ def generate_command(model, prompt_text, file, template, limit, n, temperature, 
         else:
             records = load_test_records(file, template="dapo" if template == "dapo" else "raw")[:limit]
             items = [(r.messages(), r.ground_truth) for r in records]
-        local, _ = build_local_backend(model, backend, device, max_tokens, None, None, seed,
-                                       trust_remote_code=trust_remote_code)
+        local, _ = build_local_backend(
+            model, backend, device, max_tokens, None, None, seed, trust_remote_code=trust_remote_code
+        )
         try:
-            params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens,
-                                    seed=seed)
+            params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens, seed=seed)
             outputs = local.generate([m for m, _ in items], [n] * len(items), params)
         finally:
             local.close()

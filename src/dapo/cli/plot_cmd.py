@@ -47,8 +47,9 @@ __all__ = ["plot_command"]
     show_default=True,
     help="EMA weight of a smoothed line over the raw one (e.g. 0.6); validation points are never smoothed.",
 )
-def plot_command(run_dirs: tuple[Path, ...], out: Path, labels: tuple[str, ...], metrics: str | None,
-                 smooth: float) -> None:
+def plot_command(
+    run_dirs: tuple[Path, ...], out: Path, labels: tuple[str, ...], metrics: str | None, smooth: float
+) -> None:
     """Plot response length (tokens), reward, entropy (nats), mean probability and accuracies of one or more runs.
 
     Several RUN_DIRs are overlaid, one colour each, to compare ablations. Panels on the training batch (the groups

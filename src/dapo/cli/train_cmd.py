@@ -19,9 +19,14 @@ from dapo.config.loading import load_config_with_report
 
 
 @click.command("train", context_settings={"ignore_unknown_options": True})
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), multiple=True,
-              help="YAML config (see configs/); repeat it to merge several in order (later files win, key by "
-                   "key); defaults train the embedded tiny model on the synthetic task.")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    multiple=True,
+    help="YAML config (see configs/); repeat it to merge several in order (later files win, key by "
+    "key); defaults train the embedded tiny model on the synthetic task.",
+)
 @click.option("--print-config", is_flag=True, help="Print the resolved config and exit.")
 @click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
 def train_command(config_path: tuple[str, ...], print_config: bool, overrides: tuple[str, ...]) -> None:
@@ -66,10 +71,17 @@ def train_command(config_path: tuple[str, ...], print_config: bool, overrides: t
     except (RuntimeError, ValueError, KeyError) as exc:  # rendezvous failed, or a torchrun variable is missing
         raise click.ClickException(f"joining the torchrun process group failed: {type(exc).__name__}: {exc}") from None
     # Every rank logs (a rank's own failure is only in its log), rank 0 at INFO, the others their warnings only.
-    logging.basicConfig(level=logging.INFO if world.is_main else logging.WARNING, stream=sys.stderr,
-                        format=("%(levelname)s %(name)s: %(message)s" if not world.distributed else
-                                f"%(levelname)s [rank {world.rank}] %(name)s: %(message)s"))
+    logging.basicConfig(
+        level=logging.INFO if world.is_main else logging.WARNING,
+        stream=sys.stderr,
+        format=(
+            "%(levelname)s %(name)s: %(message)s"
+            if not world.distributed
+            else f"%(levelname)s [rank {world.rank}] %(name)s: %(message)s"
+        ),
+    )
     if world.distributed:  # torchrun's SIGTERM after another rank failed: say so, instead of dying silently
+
         def stopped_by_torchrun(signum, frame):
             raise click.ClickException(lost_rank_message(None, world.rank, world.world_size, resume_hint(cfg)))
 
@@ -77,9 +89,18 @@ def train_command(config_path: tuple[str, ...], print_config: bool, overrides: t
     try:
         result = train(cfg, world=world)
         world.barrier()  # every rank has finished its last collective before the process group goes
-    except (TrainingError, ModelLoadError, DataError, PromptTooLongError, RewardScoringError,
-            UnknownDataSourceError, EngineUnavailableError, DynamicSamplingExhausted, FileOperationError,
-            NonFiniteLogitsError) as exc:
+    except (
+        TrainingError,
+        ModelLoadError,
+        DataError,
+        PromptTooLongError,
+        RewardScoringError,
+        UnknownDataSourceError,
+        EngineUnavailableError,
+        DynamicSamplingExhausted,
+        FileOperationError,
+        NonFiniteLogitsError,
+    ) as exc:
         # No barrier or teardown here: the other ranks may wait in a collective this rank never reaches; this
         # rank's non-zero exit makes torchrun stop them.
         raise click.ClickException(str(exc) if not world.distributed else f"rank {world.rank}: {exc}") from None
@@ -100,8 +121,10 @@ def train_command(config_path: tuple[str, ...], print_config: bool, overrides: t
     if not world.is_main:  # rank 0 reports and plots the run: its record is the run's
         return
     if result.steps_run == 0:
-        click.echo(f"nothing to do: {result.run_dir} is already trained to step {result.steps_done} "
-                   "(raise trainer.total_training_steps to train further)")
+        click.echo(
+            f"nothing to do: {result.run_dir} is already trained to step {result.steps_done} "
+            "(raise trainer.total_training_steps to train further)"
+        )
         return
     from dapo.infra.plot import plot_runs  # matplotlib (~0.8 s): only rank 0 of a run that trained draws
 
@@ -111,20 +134,27 @@ def train_command(config_path: tuple[str, ...], print_config: bool, overrides: t
         click.echo(f"warning: {exc}", err=True)
         plot_path = None
     first, last = result.val_acc(0), result.val_acc(-1)
-    trained = (f"{result.steps_done} steps" if result.steps_run == result.steps_done else
-               f"{result.steps_run} steps (resumed at step {result.steps_done - result.steps_run}, now at step "
-               f"{result.steps_done})")
+    trained = (
+        f"{result.steps_done} steps"
+        if result.steps_run == result.steps_done
+        else f"{result.steps_run} steps (resumed at step {result.steps_done - result.steps_run}, now at step "
+        f"{result.steps_done})"
+    )
     click.echo(f"done: {trained} in {result.wall_s:.0f} s, peak memory {result.peak_rss_mb:.0f} MB")
     if first is not None and last is not None:
         k_key = val_acc_key(result.val_history[-1][1])
-        click.echo(f"validation {k_key}: first {first:.3f} (step {result.val_history[0][0]}) -> "
-                   f"last {last:.3f} (step {result.val_history[-1][0]}), {100 * (last - first):+.1f} points")
+        click.echo(
+            f"validation {k_key}: first {first:.3f} (step {result.val_history[0][0]}) -> "
+            f"last {last:.3f} (step {result.val_history[-1][0]}), {100 * (last - first):+.1f} points"
+        )
     click.echo(f"metrics: {result.run_dir / 'metrics.jsonl'}; plots: {plot_path or 'not written'}")
     profiles = [result.run_dir / "profile" / f"step{k}.txt" for k in cfg.trainer.profile_steps]
     profiles = [str(p) for p in profiles if p.is_file()]
     if profiles:  # torch's profiler prints its USDT start/stop lines on each phase and never says where this went
-        click.echo(f"profile (trainer.profile_steps; operators by self time, .json beside each; the 'USDT "
-                   f"profiler_start/stop' lines above are torch's profiler's own): {', '.join(profiles)}")
+        click.echo(
+            f"profile (trainer.profile_steps; operators by self time, .json beside each; the 'USDT "
+            f"profiler_start/stop' lines above are torch's profiler's own): {', '.join(profiles)}"
+        )
 
 
 def exit_quietly(signum: int, frame: object) -> None:
@@ -135,4 +165,3 @@ def exit_quietly(signum: int, frame: object) -> None:
         except (OSError, ValueError):  # a closed stream: nothing to flush
             pass
     os._exit(128 + signum)
-

@@ -12,8 +12,10 @@ def partial_rollout_notice(cfg: DapoConfig) -> str | None:
     at = cfg.async_training
     if not (at.mode == "fully_async" and at.partial_rollout):
         return None
-    return (f"async_training.partial_rollout=true: every {at.partial_rollout_chunk_tokens}-token segment "
-            "(async_training.partial_rollout_chunk_tokens) prefills its prompt and the tokens so far again, one row "
-            "per sample; on the Transformers engine (and a shared CPU) a step then takes several times one_step_off's "
-            "(docs/performance.md, 'All asynchronous modes'). async_training.mode=one_step_off, or longer segments, "
-            "cost less")
+    return (
+        f"async_training.partial_rollout=true: every {at.partial_rollout_chunk_tokens}-token segment "
+        "(async_training.partial_rollout_chunk_tokens) prefills its prompt and the tokens so far again, one row "
+        "per sample; on the Transformers engine (and a shared CPU) a step then takes several times one_step_off's "
+        "(docs/performance.md, 'All asynchronous modes'). async_training.mode=one_step_off, or longer segments, "
+        "cost less"
+    )

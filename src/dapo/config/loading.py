@@ -70,9 +70,11 @@ def config_tree_problem(tree: Any, where: str) -> str | None:
         node, depth = stack.pop()
         count += 1
         if count > MAX_CONFIG_VALUES:
-            return (f"{where}: more than {MAX_CONFIG_VALUES:,} values once YAML aliases (*name) are expanded; a "
-                    "config has a few hundred. Refused before validation (an alias chain that multiplies "
-                    "a value, a 'billion laughs', would take gigabytes to expand)")
+            return (
+                f"{where}: more than {MAX_CONFIG_VALUES:,} values once YAML aliases (*name) are expanded; a "
+                "config has a few hundred. Refused before validation (an alias chain that multiplies "
+                "a value, a 'billion laughs', would take gigabytes to expand)"
+            )
         if depth > MAX_CONFIG_DEPTH:
             return f"{where}: nested more than {MAX_CONFIG_DEPTH} levels deep; a config is 4 levels deep"
         if isinstance(node, Mapping):
@@ -149,21 +151,31 @@ def _unknown_key_problem(dotted: str) -> str | None:
             continue
         allowed = list(model.model_fields)
         section = ".".join(parts[:depth])
-        allowed += [a.rsplit(".", 1)[1] + f" (alias of {t})" for a, t in _KEY_ALIASES.items() if a.rsplit(".", 1)[0] == section]
+        allowed += [
+            a.rsplit(".", 1)[1] + f" (alias of {t})" for a, t in _KEY_ALIASES.items() if a.rsplit(".", 1)[0] == section
+        ]
         if part not in model.model_fields:
             where = section or "<top level>"
             close = difflib.get_close_matches(part, [a.split(" ")[0] for a in allowed], n=1)
             hint = f" Did you mean '{close[0]}'?" if close else ""
             if not close:  # a key one section deeper (actor.lr is actor.optim.lr), of another section, or verl's
-                deeper = [k for k in _all_keys() if k.startswith(f"{section}.") and k.endswith(f".{part}")
-                          and depth == len(parts) - 1]
-                anywhere = deeper[:1] if len(deeper) == 1 else difflib.get_close_matches(
-                    dotted, _all_keys() + _verl_spellings(), n=1, cutoff=0.75)
+                deeper = [
+                    k
+                    for k in _all_keys()
+                    if k.startswith(f"{section}.") and k.endswith(f".{part}") and depth == len(parts) - 1
+                ]
+                anywhere = (
+                    deeper[:1]
+                    if len(deeper) == 1
+                    else difflib.get_close_matches(dotted, _all_keys() + _verl_spellings(), n=1, cutoff=0.75)
+                )
                 hint = f" Did you mean '{anywhere[0]}'?" if anywhere else ""
             if dotted == "actor.optim.lr_warmup_steps_ratio":
                 hint = " Use actor.optim.lr_warmup_steps (an absolute number of optimizer steps)."
-            return (f"unknown config key '{dotted}': section '{where}' has no '{part}'.{hint} "
-                    f"Allowed keys there: {', '.join(allowed)}")
+            return (
+                f"unknown config key '{dotted}': section '{where}' has no '{part}'.{hint} "
+                f"Allowed keys there: {', '.join(allowed)}"
+            )
         named_next = named_section_type(model.model_fields[part].annotation)
         if named_next is not None:
             if depth == len(parts) - 1:
@@ -179,8 +191,11 @@ def _unknown_key_problem(dotted: str) -> str | None:
 
 
 def _verl_spellings() -> list[str]:
-    return [e.key.rstrip(".") for table in (verl_keys.RENAMED, verl_keys.EXPANDED, verl_keys.FIXED, verl_keys.MATCHES)
-            for e in table]
+    return [
+        e.key.rstrip(".")
+        for table in (verl_keys.RENAMED, verl_keys.EXPANDED, verl_keys.FIXED, verl_keys.MATCHES)
+        for e in table
+    ]
 
 
 def _check_known_key(dotted: str) -> None:
@@ -231,7 +246,10 @@ def _validation_problems(exc: ValidationError) -> list[str]:
         got_txt = "" if isinstance(got, dict) else f" (got {brief(got)})"
         hint = ""
         if err["type"] == "literal_error" and isinstance(got, str):
-            choices = [c.strip().strip("'") for c in str(err.get("ctx", {}).get("expected", "")).replace(" or ", ",").split(",")]
+            choices = [
+                c.strip().strip("'")
+                for c in str(err.get("ctx", {}).get("expected", "")).replace(" or ", ",").split(",")
+            ]
             close = difflib.get_close_matches(got, [c for c in choices if c], n=1)
             hint = f"; did you mean '{close[0]}'?" if close else ""
         lines.append(f"{loc}: {msg}{got_txt}{hint}")
@@ -243,7 +261,11 @@ def _format_validation_error(exc: ValidationError, origin: str) -> str:
 
 
 def _same_value(a: Any, b: Any) -> bool:
-    return type(a) is type(b) and a == b or (isinstance(a, float) and isinstance(b, int) and not isinstance(b, bool) and a == b)
+    return (
+        type(a) is type(b)
+        and a == b
+        or (isinstance(a, float) and isinstance(b, int) and not isinstance(b, bool) and a == b)
+    )
 
 
 @dataclass
@@ -287,7 +309,7 @@ def build_config_with_report(
         key = canonical_key(given)
         entry = verl_keys.lookup(key)
         if isinstance(entry, verl_keys.Renamed):
-            target = entry.target + key[len(entry.key):] if entry.key.endswith(".") else entry.target
+            target = entry.target + key[len(entry.key) :] if entry.key.endswith(".") else entry.target
             value = entry.translate(value) if entry.translate else value
             report.renamed[given] = target
             if value is None and target == "actor.ppo_micro_batch_size_per_gpu":
@@ -344,7 +366,8 @@ def build_config_with_report(
             report.warnings.append(
                 f"trainer.default_local_dir={cfg.trainer.default_local_dir}: the run directory here is "
                 f"default_local_dir/experiment_name = {run_dir / cfg.trainer.experiment_name} (verl writes "
-                "checkpoints into default_local_dir itself); pass its parent to get verl's layout")
+                "checkpoints into default_local_dir itself); pass its parent to get verl's layout"
+            )
     if problems:
         head = f"invalid configuration ({origin}): {len(problems)} problem{'s' if len(problems) > 1 else ''}"
         shown = [f"  {p}" for p in problems[:MAX_PROBLEMS_SHOWN]]
@@ -361,7 +384,9 @@ def build_config_with_report(
     return cfg, report
 
 
-def build_config(tree: Mapping[str, Any] | None = None, overrides: Sequence[str] = (), *, origin: str = "config") -> DapoConfig:
+def build_config(
+    tree: Mapping[str, Any] | None = None, overrides: Sequence[str] = (), *, origin: str = "config"
+) -> DapoConfig:
     """Build and validate a config from a nested mapping plus dotted overrides (warnings go to the log)."""
     cfg, report = build_config_with_report(tree, overrides, origin=origin)
     log_report(report)
@@ -391,20 +416,24 @@ def read_config_yaml(p: Path) -> Any:
     try:
         size = p.stat().st_size
         if size > MAX_CONFIG_BYTES:
-            raise ConfigError(f"{p}: {size:,} bytes; config files over {MAX_CONFIG_BYTES:,} bytes are refused (a "
-                              "config is a few KB: is this the right file?)")
+            raise ConfigError(
+                f"{p}: {size:,} bytes; config files over {MAX_CONFIG_BYTES:,} bytes are refused (a "
+                "config is a few KB: is this the right file?)"
+            )
         data = p.read_bytes()
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read it: {exc.strerror or exc}") from None
     nul = data.find(b"\0")
     if nul >= 0:
-        raise ConfigError(f"{p}: a binary file (a NUL byte at offset {nul}), not a YAML config: is this the right "
-                          "file?")
+        raise ConfigError(
+            f"{p}: a binary file (a NUL byte at offset {nul}), not a YAML config: is this the right file?"
+        )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"{p}: not UTF-8 text (byte {exc.start} is {data[exc.start]:#04x}): a config file is YAML "
-                          "in UTF-8") from None
+        raise ConfigError(
+            f"{p}: not UTF-8 text (byte {exc.start} is {data[exc.start]:#04x}): a config file is YAML in UTF-8"
+        ) from None
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -26,13 +26,17 @@ def describe_objective(cfg: DapoConfig) -> str:
         parts.append("bypass_mode (pi_old = engine log-probs)")
     if rc.rollout_is is not None:
         upper, lower = rc.is_bounds()
-        parts.append(f"rollout_is={rc.rollout_is} " + (f"IcePop band [{lower}, {upper}]" if lower is not None
-                                                       else f"TIS C={upper}"))
+        parts.append(
+            f"rollout_is={rc.rollout_is} "
+            + (f"IcePop band [{lower}, {upper}]" if lower is not None else f"TIS C={upper}")
+        )
     if rc.rollout_rs is not None:
         upper, lower = rc.rs_bounds()
         parts.append(f"rollout_rs={rc.rollout_rs} " + (f"[{lower}, {upper}]" if lower is not None else f"<= {upper}"))
-    return (f"policy loss {mode} ({knobs}), aggregation {cfg.actor.loss_agg_mode}, advantages {adv}, "
-            f"rollout correction {'; '.join(parts) if parts else 'off'}")
+    return (
+        f"policy loss {mode} ({knobs}), aggregation {cfg.actor.loss_agg_mode}, advantages {adv}, "
+        f"rollout correction {'; '.join(parts) if parts else 'off'}"
+    )
 
 
 def paper_defaults_notice(cfg: DapoConfig) -> str | None:
@@ -42,18 +46,22 @@ def paper_defaults_notice(cfg: DapoConfig) -> str | None:
         return None
     mode = cfg.actor.policy_loss.loss_mode
     keys = ", ".join(f"actor.{k}={v}" for k, v in taken.items())
-    return (f"{keys}: actor.policy_loss.loss_mode={mode}'s paper default{'s' if len(taken) > 1 else ''}, "
-            f"{registered_policy_loss(mode).paper}, for what the config does not set (set a key to choose another value)")
+    return (
+        f"{keys}: actor.policy_loss.loss_mode={mode}'s paper default{'s' if len(taken) > 1 else ''}, "
+        f"{registered_policy_loss(mode).paper}, for what the config does not set (set a key to choose another value)"
+    )
 
 
 def distillation_notice(cfg: DapoConfig) -> str | None:
     """What Dynamic Sampling does when distillation trains without the task reward (docs/distillation.md)."""
     ds = cfg.distillation
     if ds.enabled and not ds.distillation_loss.use_task_rewards and cfg.algorithm.filter_groups.enable:
-        return ("algorithm.filter_groups.enable=true with distillation.distillation_loss.use_task_rewards=false: Eq. "
-                "11 drops groups whose accuracy is all equal because their reward advantage is 0; with the reward "
-                "off every group carries the teacher's per-token signal, so no group is dropped "
-                "(docs/distillation.md)")
+        return (
+            "algorithm.filter_groups.enable=true with distillation.distillation_loss.use_task_rewards=false: Eq. "
+            "11 drops groups whose accuracy is all equal because their reward advantage is 0; with the reward "
+            "off every group carries the teacher's per-token signal, so no group is dropped "
+            "(docs/distillation.md)"
+        )
     return None
 
 
@@ -68,7 +76,8 @@ def objective_warnings(cfg: DapoConfig) -> list[str]:
         warnings.append(
             f"actor.loss_agg_mode={actor.loss_agg_mode} with actor.policy_loss.loss_mode={mode}: {loss.paper} "
             f"averages per response ({paper_agg}, which verl hard-codes for this mode), so this optimises another "
-            "objective than the paper's (remove the key to take the paper's)")
+            "objective than the paper's (remove the key to take the paper's)"
+        )
     rc = cfg.algorithm.rollout_correction
     if rc.rollout_rs is not None and rc.rollout_rs.endswith("k1"):
         upper, lower = rc.rs_bounds()
@@ -79,5 +88,6 @@ def objective_warnings(cfg: DapoConfig) -> list[str]:
                 f"algorithm.rollout_correction.rollout_rs_threshold={rc.rollout_rs_threshold!r} is an asymmetric band: "
                 f"dapo keeps the ratio pi_old/mu in [{lower}, {upper}], as verl's and dapo's docs say, but verl's code "
                 f"keeps it in [1/{upper}, 1/{lower}] = [{1 / upper:.6g}, {1 / lower:.6g}]; a band ported from a verl "
-                f"run rejects other tokens here (for verl's behaviour write '{1 / upper:.6g}_{1 / lower:.6g}')")
+                f"run rejects other tokens here (for verl's behaviour write '{1 / upper:.6g}_{1 / lower:.6g}')"
+            )
     return warnings

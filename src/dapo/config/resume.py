@@ -20,18 +20,36 @@ from dapo.config.schema import ConfigError, DapoConfig
 
 __all__ = ["MAY_CHANGE_ON_RESUME", "check_resume", "resume_conflicts"]
 
-MAY_CHANGE_ON_RESUME: frozenset[str] = frozenset({
-    "trainer.total_training_steps", "trainer.total_epochs", "trainer.test_freq", "trainer.save_freq",
-    "trainer.max_ckpt_to_keep", "trainer.resume_mode", "trainer.resume_with_changes", "trainer.logger",
-    "trainer.default_local_dir", "trainer.experiment_name",  # where the run lives: a run directory may be moved
-    "trainer.rollout_data_dir",  # a record of the batches, like the logger: it changes no number of the run
-    "trainer.profile_steps",  # the profiler observes a step; it changes no number of it
-    "trainer.progress", "trainer.num_threads", "trainer.val_before_train", "trainer.project_name",
-    "data.val_max_samples", "reward_model.num_workers", "reward_model.timeout_s", "rollout.max_batch_size",
-    # how the same math is laid out on devices and on disk: every checkpoint format loads under every strategy and
-    # world size, and every micro-batch layout gives the same gradient, so a run may move between them
-    "actor.strategy", "actor.fsdp.cpu_offload", "trainer.checkpoint_format", "actor.layout",
-})
+MAY_CHANGE_ON_RESUME: frozenset[str] = frozenset(
+    {
+        "trainer.total_training_steps",
+        "trainer.total_epochs",
+        "trainer.test_freq",
+        "trainer.save_freq",
+        "trainer.max_ckpt_to_keep",
+        "trainer.resume_mode",
+        "trainer.resume_with_changes",
+        "trainer.logger",
+        "trainer.default_local_dir",
+        "trainer.experiment_name",  # where the run lives: a run directory may be moved
+        "trainer.rollout_data_dir",  # a record of the batches, like the logger: it changes no number of the run
+        "trainer.profile_steps",  # the profiler observes a step; it changes no number of it
+        "trainer.progress",
+        "trainer.num_threads",
+        "trainer.val_before_train",
+        "trainer.project_name",
+        "data.val_max_samples",
+        "reward_model.num_workers",
+        "reward_model.timeout_s",
+        "rollout.max_batch_size",
+        # how the same math is laid out on devices and on disk: every checkpoint format loads under every strategy and
+        # world size, and every micro-batch layout gives the same gradient, so a run may move between them
+        "actor.strategy",
+        "actor.fsdp.cpu_offload",
+        "trainer.checkpoint_format",
+        "actor.layout",
+    }
+)
 
 
 def resume_conflicts(saved: Mapping[str, Any], cfg: DapoConfig) -> list[str]:
@@ -75,4 +93,5 @@ def check_resume(run_dir: str | Path, cfg: DapoConfig, saved_config: Mapping[str
             f"{where} with other hyper-parameters; resuming it would mix the two and "
             f"overwrite its config.yaml. Changed ({len(changed)}):\n  " + "\n  ".join(changed) + "\n"
             "Use another trainer.experiment_name (or trainer.resume_mode=disable to start over there), or pass "
-            "trainer.resume_with_changes=true to continue with the new values.")
+            "trainer.resume_with_changes=true to continue with the new values."
+        )

@@ -20,8 +20,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-__all__ = ["EXPANDED", "FIXED", "MATCHES", "RENAMED", "VALUES", "WARNED", "Expanded", "Fixed", "Matches", "Renamed",
-           "Value", "Warned", "lookup"]
+__all__ = [
+    "EXPANDED",
+    "FIXED",
+    "MATCHES",
+    "RENAMED",
+    "VALUES",
+    "WARNED",
+    "Expanded",
+    "Fixed",
+    "Matches",
+    "Renamed",
+    "Value",
+    "Warned",
+    "lookup",
+]
 
 
 @dataclass(frozen=True)
@@ -86,18 +99,29 @@ def _token_level(value: Any) -> Any:
     return value
 
 
-_WORLD_FROM_TORCHRUN = ("the ranks come from torchrun (--nproc-per-node, --nnodes; docs/distributed.md), not from "
-                        "the config")
-_FSDP_KEYS = ("dapo's FSDP2 settings are actor.strategy=fsdp2 and actor.fsdp.{param_dtype,reduce_dtype,cpu_offload} "
-              "(docs/distributed.md); verl's fsdp_config keys are not read")
-_NO_REF = ("no reference model is loaded here: DAPO drops the KL term (actor.use_kl_loss=false, "
-           "algorithm.use_kl_in_reward=false)")
-_TEACHER_POOL = ("no teacher resource pool: a local teacher runs in the trainer process, on its device; a served "
-                 "teacher is sized by its own server")
-_DISTILL_CLIP = ("PG OPD uses the actor's clip range (actor.clip_ratio_low / clip_ratio_high, Clip-Higher) for the "
-                 "distillation advantage as for the reward's")
-_ACTOR_RECOMPUTES = ("the old-policy log-probs are recomputed by the actor, micro-batched by actor.use_dynamic_bsz "
-                     "and actor.ppo_max_token_len_per_gpu")
+_WORLD_FROM_TORCHRUN = (
+    "the ranks come from torchrun (--nproc-per-node, --nnodes; docs/distributed.md), not from the config"
+)
+_FSDP_KEYS = (
+    "dapo's FSDP2 settings are actor.strategy=fsdp2 and actor.fsdp.{param_dtype,reduce_dtype,cpu_offload} "
+    "(docs/distributed.md); verl's fsdp_config keys are not read"
+)
+_NO_REF = (
+    "no reference model is loaded here: DAPO drops the KL term (actor.use_kl_loss=false, "
+    "algorithm.use_kl_in_reward=false)"
+)
+_TEACHER_POOL = (
+    "no teacher resource pool: a local teacher runs in the trainer process, on its device; a served "
+    "teacher is sized by its own server"
+)
+_DISTILL_CLIP = (
+    "PG OPD uses the actor's clip range (actor.clip_ratio_low / clip_ratio_high, Clip-Higher) for the "
+    "distillation advantage as for the reward's"
+)
+_ACTOR_RECOMPUTES = (
+    "the old-policy log-probs are recomputed by the actor, micro-batched by actor.use_dynamic_bsz "
+    "and actor.ppo_max_token_len_per_gpu"
+)
 
 # ----------------------------------------------------------------------------------- the objective (issue 20)
 # TRL's GRPOConfig.loss_type names a policy loss and an aggregation at once (docs/objectives.md, "Aggregation names").
@@ -131,52 +155,99 @@ def _trl_scale_rewards(value: Any) -> Any:
 
 
 EXPANDED: tuple[Expanded, ...] = (
-    Expanded("loss_type", "TRL's GRPOConfig.loss_type: grpo, dr_grpo, dapo, bnpo (vanilla with their aggregation), "
-             "cispo, sapo; sets actor.policy_loss.loss_mode and actor.loss_agg_mode", _trl_loss_type),
-    Expanded("importance_sampling_level", "TRL's GSPO switch: sequence = actor.policy_loss.loss_mode=gspo, token = "
-             "vanilla", _trl_importance_sampling_level),
+    Expanded(
+        "loss_type",
+        "TRL's GRPOConfig.loss_type: grpo, dr_grpo, dapo, bnpo (vanilla with their aggregation), "
+        "cispo, sapo; sets actor.policy_loss.loss_mode and actor.loss_agg_mode",
+        _trl_loss_type,
+    ),
+    Expanded(
+        "importance_sampling_level",
+        "TRL's GSPO switch: sequence = actor.policy_loss.loss_mode=gspo, token = vanilla",
+        _trl_importance_sampling_level,
+    ),
 )
 
 RENAMED: tuple[Renamed, ...] = (
     Renamed("epsilon", "actor.clip_ratio_low", "TRL's GRPOConfig name of eps_low"),
     Renamed("epsilon_high", "actor.clip_ratio_high", "TRL's GRPOConfig name of eps_high (Clip-Higher)"),
-    Renamed("scale_rewards", "algorithm.norm_adv_by_std_in_grpo",
-            "TRL's GRPOConfig switch: true / group = divide by the group std, false / none = Dr. GRPO",
-            _trl_scale_rewards),
-    Renamed("model.enable_gradient_checkpointing", "actor.gradient_checkpointing",
-            "verl keeps gradient checkpointing under the model section"),
-    Renamed("actor.use_token_level_loss", "actor.loss_agg_mode",
-            "verl's older switch: true = token-mean (DAPO Eq. 12), false = seq-mean-token-mean", _token_level),
-    Renamed("actor.ppo_micro_batch_size", "actor.ppo_micro_batch_size_per_gpu",
-            "verl's deprecated global micro-batch size; on one device global = per GPU (null = unset)"),
-    Renamed("custom_reward_function.overlong_buffer.", "reward_model.overlong_buffer.",
-            "where older verl DAPO scripts put the overlong buffer (Eq. 13)"),
-    Renamed("reward_model.reward_kwargs.overlong_buffer_cfg.", "reward_model.overlong_buffer.",
-            "the overlong buffer as verl.trainer.main_ppo's DAPO reward manager takes it"),
+    Renamed(
+        "scale_rewards",
+        "algorithm.norm_adv_by_std_in_grpo",
+        "TRL's GRPOConfig switch: true / group = divide by the group std, false / none = Dr. GRPO",
+        _trl_scale_rewards,
+    ),
+    Renamed(
+        "model.enable_gradient_checkpointing",
+        "actor.gradient_checkpointing",
+        "verl keeps gradient checkpointing under the model section",
+    ),
+    Renamed(
+        "actor.use_token_level_loss",
+        "actor.loss_agg_mode",
+        "verl's older switch: true = token-mean (DAPO Eq. 12), false = seq-mean-token-mean",
+        _token_level,
+    ),
+    Renamed(
+        "actor.ppo_micro_batch_size",
+        "actor.ppo_micro_batch_size_per_gpu",
+        "verl's deprecated global micro-batch size; on one device global = per GPU (null = unset)",
+    ),
+    Renamed(
+        "custom_reward_function.overlong_buffer.",
+        "reward_model.overlong_buffer.",
+        "where older verl DAPO scripts put the overlong buffer (Eq. 13)",
+    ),
+    Renamed(
+        "reward_model.reward_kwargs.overlong_buffer_cfg.",
+        "reward_model.overlong_buffer.",
+        "the overlong buffer as verl.trainer.main_ppo's DAPO reward manager takes it",
+    ),
 )
 
 FIXED: tuple[Fixed, ...] = (
-    Fixed("algorithm.rollout_correction.loss_type", ("ppo_clip",),
-          "the correction always sits under the PPO-style loss of actor.policy_loss.loss_mode (verl's 'reinforce' "
-          "loss is not implemented)"),
-    Fixed("algorithm.rollout_correction.rollout_is_batch_normalize", (False,),
-          "the importance weights are not renormalised to mean 1"),
+    Fixed(
+        "algorithm.rollout_correction.loss_type",
+        ("ppo_clip",),
+        "the correction always sits under the PPO-style loss of actor.policy_loss.loss_mode (verl's 'reinforce' "
+        "loss is not implemented)",
+    ),
+    Fixed(
+        "algorithm.rollout_correction.rollout_is_batch_normalize",
+        (False,),
+        "the importance weights are not renormalised to mean 1",
+    ),
     Fixed("data.prompt_key", ("prompt",), "prompts are read from the DAPO schema's 'prompt' column"),
     Fixed("algorithm.use_kl_in_reward", (False,), "KL-in-reward is not implemented (DAPO removes the KL term)"),
-    Fixed("rollout.val_kwargs.do_sample", (True,),
-          "validation always samples (for greedy decoding set rollout.val_kwargs.temperature=0)"),
-    Fixed("reward_model.reward_manager", ("dapo",),
-          "the reward is always DAPO's: rule reward per data_source plus reward_model.overlong_buffer"),
-    Fixed("model.use_remove_padding", (True,),
-          "the actor always packs sequences without padding (use_remove_padding=false is not available)"),
-    Fixed("distillation.distillation_loss.policy_loss_mode", ("vanilla",),
-          "PG OPD feeds the distillation advantage to actor.policy_loss.loss_mode (vanilla: DAPO Eq. 10), as verl "
-          "supports vanilla only"),
+    Fixed(
+        "rollout.val_kwargs.do_sample",
+        (True,),
+        "validation always samples (for greedy decoding set rollout.val_kwargs.temperature=0)",
+    ),
+    Fixed(
+        "reward_model.reward_manager",
+        ("dapo",),
+        "the reward is always DAPO's: rule reward per data_source plus reward_model.overlong_buffer",
+    ),
+    Fixed(
+        "model.use_remove_padding",
+        (True,),
+        "the actor always packs sequences without padding (use_remove_padding=false is not available)",
+    ),
+    Fixed(
+        "distillation.distillation_loss.policy_loss_mode",
+        ("vanilla",),
+        "PG OPD feeds the distillation advantage to actor.policy_loss.loss_mode (vanilla: DAPO Eq. 10), as verl "
+        "supports vanilla only",
+    ),
 )
 
 WARNED: tuple[Warned, ...] = (
-    Warned("data.truncation", "prompts are never truncated here: longer than data.max_prompt_length is dropped or "
-           "an error (data.filter_overlong_prompts)"),
+    Warned(
+        "data.truncation",
+        "prompts are never truncated here: longer than data.max_prompt_length is dropped or "
+        "an error (data.filter_overlong_prompts)",
+    ),
     Warned("algorithm.kl_ctrl.", "KL-in-reward is off (algorithm.use_kl_in_reward=false), so verl ignores it too"),
     Warned("actor.fsdp_config.", _FSDP_KEYS),
     Warned("actor_rollout_ref.ref.", _NO_REF),
@@ -186,23 +257,33 @@ WARNED: tuple[Warned, ...] = (
     Warned("rollout.log_prob_micro_batch_size", _ACTOR_RECOMPUTES),
     Warned("rollout.log_prob_micro_batch_size_per_gpu", _ACTOR_RECOMPUTES),
     Warned("rollout.enable_chunked_prefill", "not passed to vLLM; vLLM's own default applies (on in vLLM V1)"),
-    Warned("model.override_config.", "not applied: the model's own config.json is used (Qwen2.5 already has "
-           "attention_dropout=0 and no embd_pdrop/resid_pdrop; for a longer context pick a model whose "
-           "max_position_embeddings covers it)"),
+    Warned(
+        "model.override_config.",
+        "not applied: the model's own config.json is used (Qwen2.5 already has "
+        "attention_dropout=0 and no embd_pdrop/resid_pdrop; for a longer context pick a model whose "
+        "max_position_embeddings covers it)",
+    ),
     Warned("trainer.n_gpus_per_node", _WORLD_FROM_TORCHRUN),
     Warned("trainer.nnodes", _WORLD_FROM_TORCHRUN),
-    Warned("trainer.log_val_generations", "validation samples are not sent to the trackers; `dapo eval` writes "
-           "every sample to JSONL"),
+    Warned(
+        "trainer.log_val_generations",
+        "validation samples are not sent to the trackers; `dapo eval` writes every sample to JSONL",
+    ),
     Warned("distillation.n_gpus_per_node", _TEACHER_POOL),
     Warned("distillation.nnodes", _TEACHER_POOL),
     Warned("distillation.teacher_models.*.num_replicas", _TEACHER_POOL),
-    Warned("distillation.teacher_models.*.inference.", "a local teacher runs forward passes in the trainer "
-           "(actor.* micro-batching and dtype); a served one is whatever its server runs"),
+    Warned(
+        "distillation.teacher_models.*.inference.",
+        "a local teacher runs forward passes in the trainer "
+        "(actor.* micro-batching and dtype); a served one is whatever its server runs",
+    ),
     Warned("distillation.distillation_loss.clip_ratio", _DISTILL_CLIP),
     Warned("distillation.distillation_loss.clip_ratio_low", _DISTILL_CLIP),
     Warned("distillation.distillation_loss.clip_ratio_high", _DISTILL_CLIP),
-    Warned("distillation.distillation_loss.loss_agg_mode", "the distillation term is aggregated with "
-           "actor.loss_agg_mode, as the policy loss"),
+    Warned(
+        "distillation.distillation_loss.loss_agg_mode",
+        "the distillation term is aggregated with actor.loss_agg_mode, as the policy loss",
+    ),
     Warned("distillation.distillation_loss.global_batch_info.", "verl's internal field, filled at run time"),
     Warned("distillation.distillation_loss.loss_settings.", "verl's internal field, filled at run time"),
 )
@@ -233,16 +314,25 @@ def _logger_list(value: Any) -> Any:
 VALUES: tuple[Value, ...] = (
     Value("data.train_files", "a single path, as verl accepts, is a one-file list", _file_list),
     Value("data.val_files", "a single path, as verl accepts, is a one-file list", _file_list),
-    Value("data.filter_overlong_prompts", "verl's boolean: true = drop, false = error (prompts are never truncated "
-          "here)", _overlong_prompts),
-    Value("actor.optim.lr_warmup_steps", "verl's -1 (defer to lr_warmup_steps_ratio, default 0) = no warm-up",
-          _warmup_steps),
+    Value(
+        "data.filter_overlong_prompts",
+        "verl's boolean: true = drop, false = error (prompts are never truncated here)",
+        _overlong_prompts,
+    ),
+    Value(
+        "actor.optim.lr_warmup_steps",
+        "verl's -1 (defer to lr_warmup_steps_ratio, default 0) = no warm-up",
+        _warmup_steps,
+    ),
     Value("trainer.logger", "a single logger name is a one-logger list", _logger_list),
 )
 
 MATCHES: tuple[Matches, ...] = (
-    Matches("reward_model.reward_kwargs.max_resp_len", "data.max_response_length",
-            "the overlong penalty (Eq. 13) is measured against data.max_response_length"),
+    Matches(
+        "reward_model.reward_kwargs.max_resp_len",
+        "data.max_response_length",
+        "the overlong penalty (Eq. 13) is measured against data.max_response_length",
+    ),
 )
 
 

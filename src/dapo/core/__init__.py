@@ -14,12 +14,26 @@ from dapo.core.kl import KL_ESTIMATORS, entropy_from_logits, kl_penalty
 from dapo.core.loss_aggregation import LOSS_AGG_MODES, aggregate_loss, count_loss_normalizers
 from dapo.core.masked import masked_mean, masked_sum
 from dapo.core.overlong import compute_soft_overlong_penalty, overlong_filter_mask
-from dapo.core.policy_loss import (POLICY_LOSSES, PolicyLoss, PolicyLossOutput, PolicyLossParams, compute_policy_loss,
-                                   get_policy_loss, register_policy_loss)
+from dapo.core.policy_loss import (
+    POLICY_LOSSES,
+    PolicyLoss,
+    PolicyLossOutput,
+    PolicyLossParams,
+    compute_policy_loss,
+    get_policy_loss,
+    register_policy_loss,
+)
+
 # The other objectives register themselves in POLICY_LOSSES on import (one file each).
 from dapo.core import cispo, covariance_losses, gmpo, gspo, sapo  # noqa: E402,F401  isort: skip
-from dapo.core.rollout_correction import (ROLLOUT_IS_LEVELS, ROLLOUT_RS_MODES, ImportanceWeights, RejectionMask,
-                                         rejection_mask, truncated_importance_weights)
+from dapo.core.rollout_correction import (
+    ROLLOUT_IS_LEVELS,
+    ROLLOUT_RS_MODES,
+    ImportanceWeights,
+    RejectionMask,
+    rejection_mask,
+    truncated_importance_weights,
+)
 
 __all__ = [
     "ADV_ESTIMATORS",

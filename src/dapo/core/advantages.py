@@ -23,7 +23,12 @@ class AdvantageEstimator(Protocol):
     response's tool output is context, not an action). Only the estimators that normalise over tokens read it."""
 
     def __call__(
-        self, scores: Tensor, group_index: Tensor, *, norm_adv_by_std: bool = True, eps: float = 1e-6,
+        self,
+        scores: Tensor,
+        group_index: Tensor,
+        *,
+        norm_adv_by_std: bool = True,
+        eps: float = 1e-6,
         token_counts: Tensor | None = None,
     ) -> Tensor: ...
 
@@ -55,7 +60,11 @@ def get_adv_estimator(name: str) -> AdvantageEstimator:
 
 @register_adv_estimator("grpo")
 def compute_grpo_outcome_advantage(
-    scores: Tensor, group_index: Tensor, *, norm_adv_by_std: bool = True, eps: float = 1e-6,
+    scores: Tensor,
+    group_index: Tensor,
+    *,
+    norm_adv_by_std: bool = True,
+    eps: float = 1e-6,
     token_counts: Tensor | None = None,
 ) -> Tensor:
     """Group-normalised outcome advantage, DAPO Eq. 9: ``A_i = (R_i - mean(R_group)) / (std(R_group) + eps)``.
@@ -122,7 +131,11 @@ class _Groups:
 
 @register_adv_estimator("rloo")
 def compute_rloo_outcome_advantage(
-    scores: Tensor, group_index: Tensor, *, norm_adv_by_std: bool = True, eps: float = 1e-6,
+    scores: Tensor,
+    group_index: Tensor,
+    *,
+    norm_adv_by_std: bool = True,
+    eps: float = 1e-6,
     token_counts: Tensor | None = None,
 ) -> Tensor:
     """RLOO (REINFORCE Leave-One-Out; Ahmadian et al. 2024, "Back to Basics", arXiv 2402.14740): the baseline of
@@ -145,8 +158,7 @@ def _token_whiten(values: Tensor, token_counts: Tensor | None, where: str) -> Te
     if token_counts is None:
         raise ValueError(f"{where}: token_counts are needed (the whitening is over tokens)")
     if token_counts.shape != values.shape:
-        raise ValueError(f"{where}: token_counts{tuple(token_counts.shape)} must match scores"
-                         f"{tuple(values.shape)}")
+        raise ValueError(f"{where}: token_counts{tuple(token_counts.shape)} must match scores{tuple(values.shape)}")
     weight = token_counts.to(values.dtype)
     n = weight.sum()
     if n <= 1:
@@ -158,7 +170,11 @@ def _token_whiten(values: Tensor, token_counts: Tensor | None, where: str) -> Te
 
 @register_adv_estimator("reinforce_plus_plus")
 def compute_reinforce_plus_plus_outcome_advantage(
-    scores: Tensor, group_index: Tensor, *, norm_adv_by_std: bool = True, eps: float = 1e-6,
+    scores: Tensor,
+    group_index: Tensor,
+    *,
+    norm_adv_by_std: bool = True,
+    eps: float = 1e-6,
     token_counts: Tensor | None = None,
 ) -> Tensor:
     """REINFORCE++ (Hu 2025, arXiv 2501.03262, Sec. 3): no critic and no group baseline; the return of every token
@@ -175,7 +191,11 @@ def compute_reinforce_plus_plus_outcome_advantage(
 
 @register_adv_estimator("reinforce_plus_plus_baseline")
 def compute_reinforce_plus_plus_baseline_outcome_advantage(
-    scores: Tensor, group_index: Tensor, *, norm_adv_by_std: bool = True, eps: float = 1e-6,
+    scores: Tensor,
+    group_index: Tensor,
+    *,
+    norm_adv_by_std: bool = True,
+    eps: float = 1e-6,
     token_counts: Tensor | None = None,
 ) -> Tensor:
     """REINFORCE++-baseline (arXiv 2501.03262, the group-baseline variant): subtract the group mean reward, then
@@ -190,7 +210,11 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
 
 @register_adv_estimator("grpo_passk")
 def compute_grpo_passk_outcome_advantage(
-    scores: Tensor, group_index: Tensor, *, norm_adv_by_std: bool = True, eps: float = 1e-6,
+    scores: Tensor,
+    group_index: Tensor,
+    *,
+    norm_adv_by_std: bool = True,
+    eps: float = 1e-6,
     token_counts: Tensor | None = None,
 ) -> Tensor:
     """Pass@k GRPO, as verl's ``grpo_passk`` (which cites arXiv 2503.19595): only the best response of a group learns,
@@ -211,7 +235,7 @@ def compute_grpo_passk_outcome_advantage(
         values = g.scores[members]
         first_best = int((values == values.max()).nonzero()[0])
         best = members[first_best]
-        margin = values[first_best] - torch.cat([values[:first_best], values[first_best + 1:]]).max()
+        margin = values[first_best] - torch.cat([values[:first_best], values[first_best + 1 :]]).max()
         adv[best] = margin / (g.std[best] + eps) if norm_adv_by_std else margin
     return adv
 

@@ -16,25 +16,37 @@ reflection), CISPO only bounds how much that token's gradient is weighted. The p
 from torch import Tensor
 
 from dapo.core.masked import check_same_shape
-from dapo.core.policy_loss import (CLIP_KNOBS, LOG_RATIO_CLAMP, PolicyLossOutput, PolicyLossParams,
-                                   check_clip_ratios, masked_loss, register_policy_loss, token_diagnostics)
+from dapo.core.policy_loss import (
+    CLIP_KNOBS,
+    LOG_RATIO_CLAMP,
+    PolicyLossOutput,
+    PolicyLossParams,
+    check_clip_ratios,
+    masked_loss,
+    register_policy_loss,
+    token_diagnostics,
+)
 
 
 # The paper puts no lower bound on the IS weight: 0.999 is the nearest eps_low < 1.
-@register_policy_loss("cispo", knobs=CLIP_KNOBS, paper="CISPO (arXiv 2506.13585)",
-                      paper_defaults={"clip_ratio_low": 0.999})
-def cispo_policy_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
-                      params: PolicyLossParams) -> PolicyLossOutput:
+@register_policy_loss(
+    "cispo", knobs=CLIP_KNOBS, paper="CISPO (arXiv 2506.13585)", paper_defaults={"clip_ratio_low": 0.999}
+)
+def cispo_policy_loss(
+    log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor, params: PolicyLossParams
+) -> PolicyLossOutput:
     """CISPO: ``loss_t = -sg(clip(r_t, 1 - eps_low, 1 + eps_high)) * A_t * log pi_t``.
 
     ``pg_clipfrac`` is the share of tokens whose weight was clipped (they keep a gradient, unlike in DAPO Eq. 10).
     """
-    check_same_shape("cispo", log_prob=log_prob, old_log_prob=old_log_prob, advantages=advantages,
-                     response_mask=response_mask)
+    check_same_shape(
+        "cispo", log_prob=log_prob, old_log_prob=old_log_prob, advantages=advantages, response_mask=response_mask
+    )
     check_clip_ratios("cispo", params.clip_ratio_low, params.clip_ratio_high)
     log_ratio = log_prob - old_log_prob
     ratio = log_ratio.detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
     weight = ratio.clamp(1.0 - params.clip_ratio_low, 1.0 + params.clip_ratio_high)
     loss = -weight * advantages * log_prob
-    return token_diagnostics(response_mask, masked_loss(loss, response_mask), log_ratio=log_ratio, ratio=ratio,
-                             clipped=weight != ratio)
+    return token_diagnostics(
+        response_mask, masked_loss(loss, response_mask), log_ratio=log_ratio, ratio=ratio, clipped=weight != ratio
+    )

@@ -27,52 +27,82 @@ from torch import Tensor
 from dapo.core.kl import KL_ESTIMATORS
 from dapo.core.masked import check_same_shape
 
-__all__ = ["DISTILLATION_LOSSES", "DistillationLoss", "forward_kl_topk", "get_distillation_loss",
-           "pg_distillation_advantages", "sampled_token_divergence"]
+__all__ = [
+    "DISTILLATION_LOSSES",
+    "DistillationLoss",
+    "forward_kl_topk",
+    "get_distillation_loss",
+    "pg_distillation_advantages",
+    "sampled_token_divergence",
+]
 
 
 def _clamped(values: Tensor, clamp: float | None) -> Tensor:
     return values if clamp is None else values.clamp(-clamp, clamp)
 
 
-def sampled_token_divergence(student_log_prob: Tensor, teacher_log_prob: Tensor, mode: str, *,
-                             log_prob_min_clamp: float | None = None, loss_max_clamp: float | None = None) -> Tensor:
+def sampled_token_divergence(
+    student_log_prob: Tensor,
+    teacher_log_prob: Tensor,
+    mode: str,
+    *,
+    log_prob_min_clamp: float | None = None,
+    loss_max_clamp: float | None = None,
+) -> Tensor:
     """``[B, T]`` per-token estimate D_t of KL(pi_s || nu) at the sampled token, estimator ``mode`` (k1, abs, k2, k3
     and their verl aliases). ``log_prob_min_clamp`` floors both log-probs first (a near-zero probability would make
     log nu - log pi_s explode); ``loss_max_clamp`` bounds D_t to [-c, c]. Differentiable in ``student_log_prob``."""
     check_same_shape("sampled_token_divergence", student_log_prob=student_log_prob, teacher_log_prob=teacher_log_prob)
     if mode not in KL_ESTIMATORS:
-        raise ValueError(f"distillation loss_mode {mode!r} is not a single-sample estimator; allowed: "
-                         f"{', '.join(KL_ESTIMATORS)}")
+        raise ValueError(
+            f"distillation loss_mode {mode!r} is not a single-sample estimator; allowed: {', '.join(KL_ESTIMATORS)}"
+        )
     if log_prob_min_clamp is not None:
         student_log_prob = student_log_prob.clamp(min=log_prob_min_clamp)
         teacher_log_prob = teacher_log_prob.clamp(min=log_prob_min_clamp)
     return _clamped(KL_ESTIMATORS[mode](student_log_prob, teacher_log_prob), loss_max_clamp)
 
 
-def pg_distillation_advantages(student_log_prob: Tensor, teacher_log_prob: Tensor, mask: Tensor, mode: str, *,
-                               log_prob_min_clamp: float | None = None,
-                               loss_max_clamp: float | None = None) -> Tensor:
+def pg_distillation_advantages(
+    student_log_prob: Tensor,
+    teacher_log_prob: Tensor,
+    mask: Tensor,
+    mode: str,
+    *,
+    log_prob_min_clamp: float | None = None,
+    loss_max_clamp: float | None = None,
+) -> Tensor:
     """PG OPD's per-token advantage ``sg(-D_t)``, 0 where ``mask`` is False (padding, tool output, filtered samples).
 
     With k1 this is ``clamp(log nu(y_t) - log pi_s(y_t))``: positive where the teacher likes the student's token more
     than the student does. Detached: the signal is a reward, and differentiating through it would cancel the teacher
     term (verl docs/algo/opd.md, "PG OPD")."""
     check_same_shape("pg_distillation_advantages", student_log_prob=student_log_prob, mask=mask)
-    divergence = sampled_token_divergence(student_log_prob.detach(), teacher_log_prob.detach(), mode,
-                                          log_prob_min_clamp=log_prob_min_clamp, loss_max_clamp=loss_max_clamp)
+    divergence = sampled_token_divergence(
+        student_log_prob.detach(),
+        teacher_log_prob.detach(),
+        mode,
+        log_prob_min_clamp=log_prob_min_clamp,
+        loss_max_clamp=loss_max_clamp,
+    )
     return torch.where(mask, -divergence, torch.zeros((), dtype=divergence.dtype, device=divergence.device))
 
 
-def forward_kl_topk(student_topk_log_prob: Tensor, teacher_topk_log_prob: Tensor, *,
-                    log_prob_min_clamp: float | None = None, loss_max_clamp: float | None = None) -> Tensor:
+def forward_kl_topk(
+    student_topk_log_prob: Tensor,
+    teacher_topk_log_prob: Tensor,
+    *,
+    log_prob_min_clamp: float | None = None,
+    loss_max_clamp: float | None = None,
+) -> Tensor:
     """``[..., k] -> [...]``: sum_v nu(v) (log nu(v) - log pi_s(v)) over the teacher's top-k tokens v (GKD OPD).
 
     ``student_topk_log_prob[..., j]`` is the student's log-prob of the teacher's j-th most likely token. The truncated
     sum can be negative (the student may put more mass on those k tokens than the teacher); such values are clamped
     to 0 (verl's ``forward_kl_topk``), which also stops their gradient. Differentiable in the student's log-probs."""
-    check_same_shape("forward_kl_topk", student_topk_log_prob=student_topk_log_prob,
-                     teacher_topk_log_prob=teacher_topk_log_prob)
+    check_same_shape(
+        "forward_kl_topk", student_topk_log_prob=student_topk_log_prob, teacher_topk_log_prob=teacher_topk_log_prob
+    )
     if log_prob_min_clamp is not None:
         student_topk_log_prob = student_topk_log_prob.clamp(min=log_prob_min_clamp)
         teacher_topk_log_prob = teacher_topk_log_prob.clamp(min=log_prob_min_clamp)
@@ -109,4 +139,6 @@ def get_distillation_loss(mode: str) -> DistillationLoss:
     try:
         return DISTILLATION_LOSSES[mode]
     except KeyError:
-        raise ValueError(f"unknown distillation loss_mode {mode!r}; allowed: {', '.join(DISTILLATION_LOSSES)}") from None
+        raise ValueError(
+            f"unknown distillation loss_mode {mode!r}; allowed: {', '.join(DISTILLATION_LOSSES)}"
+        ) from None

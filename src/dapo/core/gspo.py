@@ -23,13 +23,24 @@ import torch
 from torch import Tensor
 
 from dapo.core.masked import check_same_shape, masked_mean
-from dapo.core.policy_loss import (CLIP_KNOBS, LOG_RATIO_CLAMP, PolicyLossOutput, PolicyLossParams,
-                                   check_clip_ratios, masked_loss, register_policy_loss, token_diagnostics)
+from dapo.core.policy_loss import (
+    CLIP_KNOBS,
+    LOG_RATIO_CLAMP,
+    PolicyLossOutput,
+    PolicyLossParams,
+    check_clip_ratios,
+    masked_loss,
+    register_policy_loss,
+    token_diagnostics,
+)
 
 # GSPO clips its sequence-level ratio at 3e-4 / 4e-4 and averages per response, 1/G sum_i (verl hard-codes that
 # aggregation for both modes).
-GSPO_PAPER_DEFAULTS: dict[str, float | str] = {"clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4,
-                                               "loss_agg_mode": "seq-mean-token-mean"}
+GSPO_PAPER_DEFAULTS: dict[str, float | str] = {
+    "clip_ratio_low": 3e-4,
+    "clip_ratio_high": 4e-4,
+    "loss_agg_mode": "seq-mean-token-mean",
+}
 
 
 def sequence_log_ratio(log_prob: Tensor, old_log_prob: Tensor, response_mask: Tensor) -> Tensor:
@@ -37,41 +48,49 @@ def sequence_log_ratio(log_prob: Tensor, old_log_prob: Tensor, response_mask: Te
     return masked_mean(log_prob - old_log_prob, response_mask, dim=1).unsqueeze(1)
 
 
-def _clipped_sequence_loss(ratio: Tensor, advantages: Tensor, response_mask: Tensor, log_ratio: Tensor,
-                           params: PolicyLossParams) -> PolicyLossOutput:
+def _clipped_sequence_loss(
+    ratio: Tensor, advantages: Tensor, response_mask: Tensor, log_ratio: Tensor, params: PolicyLossParams
+) -> PolicyLossOutput:
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - params.clip_ratio_low, 1.0 + params.clip_ratio_high)
     loss = torch.maximum(unclipped, clipped)
-    return token_diagnostics(response_mask, masked_loss(loss, response_mask), log_ratio=log_ratio, ratio=ratio,
-                             clipped=clipped > unclipped)
+    return token_diagnostics(
+        response_mask, masked_loss(loss, response_mask), log_ratio=log_ratio, ratio=ratio, clipped=clipped > unclipped
+    )
 
 
 @register_policy_loss("gspo", knobs=CLIP_KNOBS, paper="GSPO (arXiv 2507.18071)", paper_defaults=GSPO_PAPER_DEFAULTS)
-def gspo_policy_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
-                     params: PolicyLossParams) -> PolicyLossOutput:
+def gspo_policy_loss(
+    log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor, params: PolicyLossParams
+) -> PolicyLossOutput:
     """GSPO: ``loss_i,t = max(-A_i,t s_i, -A_i,t clip(s_i, 1 - eps_low, 1 + eps_high))`` on every valid token
     of response i, with ``s_i`` the geometric mean of its token ratios (differentiated through all of them).
 
     Aggregated with ``seq-mean-token-mean`` this is exactly ``-J_GSPO`` (the 1/G sum over responses).
     """
-    check_same_shape("gspo", log_prob=log_prob, old_log_prob=old_log_prob, advantages=advantages,
-                     response_mask=response_mask)
+    check_same_shape(
+        "gspo", log_prob=log_prob, old_log_prob=old_log_prob, advantages=advantages, response_mask=response_mask
+    )
     check_clip_ratios("gspo", params.clip_ratio_low, params.clip_ratio_high)
     seq_log_ratio = sequence_log_ratio(log_prob, old_log_prob, response_mask)
     ratio = torch.exp(seq_log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)).expand_as(log_prob)
     return _clipped_sequence_loss(ratio, advantages, response_mask, log_prob - old_log_prob, params)
 
 
-@register_policy_loss("gspo_token", knobs=CLIP_KNOBS, paper="GSPO (arXiv 2507.18071)",
-                      paper_defaults=GSPO_PAPER_DEFAULTS)
-def gspo_token_policy_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
-                           params: PolicyLossParams) -> PolicyLossOutput:
+@register_policy_loss(
+    "gspo_token", knobs=CLIP_KNOBS, paper="GSPO (arXiv 2507.18071)", paper_defaults=GSPO_PAPER_DEFAULTS
+)
+def gspo_token_policy_loss(
+    log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor, params: PolicyLossParams
+) -> PolicyLossOutput:
     """GSPO-token: ``s_i,t = sg[s_i] * pi(y_i,t) / sg[pi(y_i,t)]`` in the clipped objective; its value is
     ``s_i`` and its gradient reaches token t only through ``log pi(y_i,t)``, weighted by ``A_i,t``."""
-    check_same_shape("gspo_token", log_prob=log_prob, old_log_prob=old_log_prob, advantages=advantages,
-                     response_mask=response_mask)
+    check_same_shape(
+        "gspo_token", log_prob=log_prob, old_log_prob=old_log_prob, advantages=advantages, response_mask=response_mask
+    )
     check_clip_ratios("gspo_token", params.clip_ratio_low, params.clip_ratio_high)
     seq_log_ratio = sequence_log_ratio(log_prob, old_log_prob, response_mask).detach()
     token_log_ratio = log_prob - log_prob.detach() + seq_log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    return _clipped_sequence_loss(torch.exp(token_log_ratio), advantages, response_mask, log_prob - old_log_prob,
-                                  params)
+    return _clipped_sequence_loss(
+        torch.exp(token_log_ratio), advantages, response_mask, log_prob - old_log_prob, params
+    )

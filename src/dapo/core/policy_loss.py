@@ -80,8 +80,14 @@ class PolicyLossFn(Protocol):
     """What a registered policy loss looks like: ``[B, T]`` tensors (one row per whole response) in, per-token loss
     matrix and diagnostics out."""
 
-    def __call__(self, log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
-                 params: PolicyLossParams) -> PolicyLossOutput: ...
+    def __call__(
+        self,
+        log_prob: Tensor,
+        old_log_prob: Tensor,
+        advantages: Tensor,
+        response_mask: Tensor,
+        params: PolicyLossParams,
+    ) -> PolicyLossOutput: ...
 
 
 @dataclass(frozen=True)
@@ -117,8 +123,12 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {}
 
 
 def register_policy_loss(
-    name: str, *, knobs: tuple[str, ...], paper: str | None = None,
-    paper_defaults: Mapping[str, float | str] | None = None, zero_advantage_no_gradient: bool = True,
+    name: str,
+    *,
+    knobs: tuple[str, ...],
+    paper: str | None = None,
+    paper_defaults: Mapping[str, float | str] | None = None,
+    zero_advantage_no_gradient: bool = True,
 ) -> Callable[[PolicyLossFn], PolicyLossFn]:
     """Decorator registering a policy loss under ``name`` with its knobs and paper (see :class:`PolicyLoss`); a
     second, different function for it is an error."""
@@ -130,8 +140,9 @@ def register_policy_loss(
         existing = POLICY_LOSSES.get(name)
         if existing is not None and existing.fn is not fn:
             raise ValueError(f"policy loss {name!r} is already registered to {existing.fn!r}")
-        POLICY_LOSSES[name] = PolicyLoss(name, fn, tuple(knobs), paper, dict(paper_defaults or {}),
-                                         zero_advantage_no_gradient)
+        POLICY_LOSSES[name] = PolicyLoss(
+            name, fn, tuple(knobs), paper, dict(paper_defaults or {}), zero_advantage_no_gradient
+        )
         return fn
 
     return decorator
@@ -158,8 +169,15 @@ def check_clip_ratios(where: str, clip_ratio_low: float, clip_ratio_high: float)
         raise ValueError(f"{where}: clip_ratio_high (eps_high) must be >= 0, got {clip_ratio_high}")
 
 
-def token_diagnostics(response_mask: Tensor, like: Tensor, *, log_ratio: Tensor, ratio: Tensor,
-                      clipped: Tensor, clipped_lower: Tensor | None = None) -> PolicyLossOutput:
+def token_diagnostics(
+    response_mask: Tensor,
+    like: Tensor,
+    *,
+    log_ratio: Tensor,
+    ratio: Tensor,
+    clipped: Tensor,
+    clipped_lower: Tensor | None = None,
+) -> PolicyLossOutput:
     """The detached masked-mean diagnostics every loss reports, around a loss matrix filled in by the caller."""
     metric_dtype = torch.float64 if like.dtype == torch.float64 else torch.float32
     with torch.no_grad():
@@ -167,8 +185,9 @@ def token_diagnostics(response_mask: Tensor, like: Tensor, *, log_ratio: Tensor,
         return PolicyLossOutput(
             loss_mat=like,
             pg_clipfrac=masked_mean(clipped.to(metric_dtype), response_mask),
-            pg_clipfrac_lower=zero if clipped_lower is None else masked_mean(clipped_lower.to(metric_dtype),
-                                                                             response_mask),
+            pg_clipfrac_lower=zero
+            if clipped_lower is None
+            else masked_mean(clipped_lower.to(metric_dtype), response_mask),
             ppo_kl=masked_mean(-log_ratio.detach().to(metric_dtype), response_mask),
             ratio_mean=masked_mean(ratio.detach().to(metric_dtype), response_mask),
         )
@@ -180,12 +199,19 @@ def masked_loss(loss: Tensor, response_mask: Tensor) -> Tensor:
 
 
 @register_policy_loss("vanilla", knobs=(*CLIP_KNOBS, "clip_ratio_c"))
-def vanilla_policy_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
-                        params: PolicyLossParams) -> PolicyLossOutput:
+def vanilla_policy_loss(
+    log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor, params: PolicyLossParams
+) -> PolicyLossOutput:
     """DAPO Eq. 10 (Clip-Higher) with dual clip: :func:`compute_policy_loss` under the registry's signature."""
-    return compute_policy_loss(log_prob, old_log_prob, advantages, response_mask,
-                               clip_ratio_low=params.clip_ratio_low, clip_ratio_high=params.clip_ratio_high,
-                               clip_ratio_c=params.clip_ratio_c)
+    return compute_policy_loss(
+        log_prob,
+        old_log_prob,
+        advantages,
+        response_mask,
+        clip_ratio_low=params.clip_ratio_low,
+        clip_ratio_high=params.clip_ratio_high,
+        clip_ratio_c=params.clip_ratio_c,
+    )
 
 
 def compute_policy_loss(

@@ -42,8 +42,17 @@ from dapo.core.masked import check_same_shape, masked_mean
 
 ROLLOUT_IS_LEVELS: tuple[str, ...] = ("token", "sequence")
 ROLLOUT_RS_MODES: tuple[str, ...] = (
-    "token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
-    "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3",
+    "token_k1",
+    "token_k2",
+    "token_k3",
+    "seq_sum_k1",
+    "seq_sum_k2",
+    "seq_sum_k3",
+    "seq_mean_k1",
+    "seq_mean_k2",
+    "seq_mean_k3",
+    "seq_max_k2",
+    "seq_max_k3",
 )
 RolloutISLevel = Literal["token", "sequence"]
 
@@ -96,8 +105,12 @@ def truncated_importance_weights(
         lower: IcePop's lower end of the band (0 < lower <= threshold): ratios outside ``[lower, threshold]`` get
             weight 0 and ratios inside keep their value; None = TIS (truncate at ``threshold``).
     """
-    check_same_shape("truncated_importance_weights", old_log_prob=old_log_prob, rollout_log_prob=rollout_log_prob,
-                     response_mask=response_mask)
+    check_same_shape(
+        "truncated_importance_weights",
+        old_log_prob=old_log_prob,
+        rollout_log_prob=rollout_log_prob,
+        response_mask=response_mask,
+    )
     if level not in ROLLOUT_IS_LEVELS:
         raise ValueError(f"truncated_importance_weights: level must be one of {ROLLOUT_IS_LEVELS}, got {level!r}")
     if not threshold > 0:
@@ -170,8 +183,9 @@ def rejection_mask(
         upper: the upper bound (k1: of the ratio; k2/k3: of the divergence), > 0.
         lower: k1 only, the lower bound of the ratio (default ``1 / upper``); k2/k3 take none.
     """
-    check_same_shape("rejection_mask", old_log_prob=old_log_prob, rollout_log_prob=rollout_log_prob,
-                     response_mask=response_mask)
+    check_same_shape(
+        "rejection_mask", old_log_prob=old_log_prob, rollout_log_prob=rollout_log_prob, response_mask=response_mask
+    )
     if mode not in ROLLOUT_RS_MODES:
         raise ValueError(f"rejection_mask: mode must be one of {', '.join(ROLLOUT_RS_MODES)}, got {mode!r}")
     if not upper > 0:

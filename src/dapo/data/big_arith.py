@@ -50,10 +50,15 @@ class BigArithConfig:
             raise ValueError(f"BigArithConfig.kind must be one of {BIG_ARITH_KINDS}, got {self.kind!r}")
         if not isinstance(self.min_digits, int) or isinstance(self.min_digits, bool) or self.min_digits < 1:
             raise ValueError(f"BigArithConfig.min_digits must be an int >= 1, got {self.min_digits!r}")
-        if (not isinstance(self.max_digits, int) or isinstance(self.max_digits, bool)
-                or not self.min_digits <= self.max_digits <= 30):
-            raise ValueError(f"BigArithConfig.max_digits must be an int in [min_digits={self.min_digits}, 30], "
-                             f"got {self.max_digits!r}")
+        if (
+            not isinstance(self.max_digits, int)
+            or isinstance(self.max_digits, bool)
+            or not self.min_digits <= self.max_digits <= 30
+        ):
+            raise ValueError(
+                f"BigArithConfig.max_digits must be an int in [min_digits={self.min_digits}, 30], "
+                f"got {self.max_digits!r}"
+            )
         if not isinstance(self.operands, int) or isinstance(self.operands, bool) or not 2 <= self.operands <= 20:
             raise ValueError(f"BigArithConfig.operands must be an int in [2, 20], got {self.operands!r}")
 
@@ -68,7 +73,9 @@ class BigArithProblem:
     reference_code: str
 
 
-def generate_big_arith_problems(num: int, seed: int, config: BigArithConfig = BigArithConfig()) -> list[BigArithProblem]:
+def generate_big_arith_problems(
+    num: int, seed: int, config: BigArithConfig = BigArithConfig()
+) -> list[BigArithProblem]:
     """``num`` problems drawn deterministically from ``seed`` (own ``random.Random``; the global RNG is untouched)."""
     if not isinstance(num, int) or isinstance(num, bool) or num < 0:
         raise ValueError(f"generate_big_arith_problems: num must be an int >= 0, got {num!r}")
@@ -101,12 +108,18 @@ def big_arith_records(problems: Sequence[BigArithProblem], *, split: str = "trai
     for i, p in enumerate(problems):
         if not isinstance(p, BigArithProblem):
             raise TypeError(f"big_arith_records: item {i} is {type(p).__name__}, expected BigArithProblem")
-        records.append({
-            "data_source": DATA_SOURCE,
-            "prompt": [{"role": "user", "content": big_arith_prompt(p.problem)}],
-            "ability": "math",
-            "reward_model": {"ground_truth": str(p.answer), "style": "rule"},
-            "extra_info": {"index": i, "split": split, "raw_problem": p.problem,
-                           "solution": f"```python\n{p.reference_code}\n```\nAnswer: {p.answer}"},
-        })
+        records.append(
+            {
+                "data_source": DATA_SOURCE,
+                "prompt": [{"role": "user", "content": big_arith_prompt(p.problem)}],
+                "ability": "math",
+                "reward_model": {"ground_truth": str(p.answer), "style": "rule"},
+                "extra_info": {
+                    "index": i,
+                    "split": split,
+                    "raw_problem": p.problem,
+                    "solution": f"```python\n{p.reference_code}\n```\nAnswer: {p.answer}",
+                },
+            }
+        )
     return records

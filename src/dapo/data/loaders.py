@@ -231,6 +231,7 @@ def write_parquet_files(splits: Mapping[Path, Sequence[DapoRecord]]) -> list[Pat
             nonlocal current
             current = path
             pq.write_table(table, str(tmp))
+
         return write
 
     try:

@@ -55,8 +55,9 @@ class PassRateRecord:
 
     def load_state_dict(self, state: list[list[list[int | float]]]) -> None:
         if len(state) != len(self._history):
-            raise ValueError(f"PassRateRecord: the checkpoint records {len(state)} prompts, this run has "
-                             f"{len(self._history)}")
+            raise ValueError(
+                f"PassRateRecord: the checkpoint records {len(state)} prompts, this run has {len(self._history)}"
+            )
         self._history = [[(int(e), float(r)) for e, r in h] for h in state]
 
 
@@ -70,8 +71,9 @@ class PromptSampler:
     the sampler always fills a batch and never loops over epochs that yield nothing.
     """
 
-    def __init__(self, items: Sequence[PromptItem], *, seed: int, shuffle: bool = True,
-                 skip_solved_epochs: int | None = None) -> None:
+    def __init__(
+        self, items: Sequence[PromptItem], *, seed: int, shuffle: bool = True, skip_solved_epochs: int | None = None
+    ) -> None:
         if not items:
             raise ValueError("no prompts to train on (all were dropped or the data set is empty)")
         if skip_solved_epochs is not None and skip_solved_epochs < 1:
@@ -91,8 +93,9 @@ class PromptSampler:
     def from_config(cls, items: Sequence[PromptItem], cfg: "DapoConfig") -> "PromptSampler":
         """The sampler ``data`` and ``algorithm.filter_groups.skip_solved_prompts`` describe."""
         skip = cfg.algorithm.filter_groups.skip_solved_prompts
-        return cls(items, seed=cfg.data.seed, shuffle=cfg.data.shuffle,
-                   skip_solved_epochs=skip.epochs if skip.enable else None)
+        return cls(
+            items, seed=cfg.data.seed, shuffle=cfg.data.shuffle, skip_solved_epochs=skip.epochs if skip.enable else None
+        )
 
     def _epoch_order(self, epoch: int) -> list[int]:
         order = list(range(len(self._items)))
@@ -116,8 +119,14 @@ class PromptSampler:
             unsolved = sum(not self.is_solved(i) for i in self._order)
             self._fallback = unsolved < batch_size
             if self._fallback:
-                log.info("epoch %d: only %d of %d prompts are not solved, fewer than a batch of %d: this epoch "
-                         "samples every prompt", epoch, unsolved, len(self._order), batch_size)
+                log.info(
+                    "epoch %d: only %d of %d prompts are not solved, fewer than a batch of %d: this epoch "
+                    "samples every prompt",
+                    epoch,
+                    unsolved,
+                    len(self._order),
+                    batch_size,
+                )
 
     def next_draws(self, size: int) -> list[Draw]:
         """The next ``size`` prompts with their index and epoch, wrapping into a new epoch when one ends."""
@@ -148,8 +157,9 @@ class PromptSampler:
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"epoch": self.epoch, "position": self.position}
         if self.record is not None:
-            state.update(fallback=self._fallback, num_skipped_solved=self.num_skipped_solved,
-                         pass_rates=self.record.state_dict())
+            state.update(
+                fallback=self._fallback, num_skipped_solved=self.num_skipped_solved, pass_rates=self.record.state_dict()
+            )
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

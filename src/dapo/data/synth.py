@@ -98,14 +98,52 @@ def default_synth_config() -> SynthConfig:
 # --- story vocabulary -------------------------------------------------------------------------------------------
 
 _NAMES: tuple[tuple[str, str], ...] = (
-    ("Mia", "she"), ("Liam", "he"), ("Emma", "she"), ("Noah", "he"), ("Olivia", "she"), ("Lucas", "he"),
-    ("Ava", "she"), ("Ethan", "he"), ("Sofia", "she"), ("Leo", "he"), ("Zoe", "she"), ("Omar", "he"),
-    ("Chloe", "she"), ("Ben", "he"), ("Nora", "she"), ("Sam", "he"), ("Lily", "she"), ("Max", "he"),
-    ("Aisha", "she"), ("Ravi", "he"), ("Hana", "she"), ("Diego", "he"), ("Grace", "she"), ("Jack", "he"),
+    ("Mia", "she"),
+    ("Liam", "he"),
+    ("Emma", "she"),
+    ("Noah", "he"),
+    ("Olivia", "she"),
+    ("Lucas", "he"),
+    ("Ava", "she"),
+    ("Ethan", "he"),
+    ("Sofia", "she"),
+    ("Leo", "he"),
+    ("Zoe", "she"),
+    ("Omar", "he"),
+    ("Chloe", "she"),
+    ("Ben", "he"),
+    ("Nora", "she"),
+    ("Sam", "he"),
+    ("Lily", "she"),
+    ("Max", "he"),
+    ("Aisha", "she"),
+    ("Ravi", "he"),
+    ("Hana", "she"),
+    ("Diego", "he"),
+    ("Grace", "she"),
+    ("Jack", "he"),
 )
 _OBJECTS: tuple[str, ...] = (
-    "apples", "marbles", "stickers", "books", "coins", "pencils", "cookies", "cards", "shells", "stamps",
-    "balloons", "candies", "toy cars", "flowers", "eggs", "beads", "crayons", "oranges", "bottles", "rocks",
+    "apples",
+    "marbles",
+    "stickers",
+    "books",
+    "coins",
+    "pencils",
+    "cookies",
+    "cards",
+    "shells",
+    "stamps",
+    "balloons",
+    "candies",
+    "toy cars",
+    "flowers",
+    "eggs",
+    "beads",
+    "crayons",
+    "oranges",
+    "bottles",
+    "rocks",
 )
 _OBJECT_PRONOUN = {"she": "her", "he": "him"}
 
@@ -222,8 +260,9 @@ def generate_synth_problems(num: int, seed: int, config: SynthConfig = SynthConf
     return problems
 
 
-def distinct_synth_problems(num: int, seed: int, config: SynthConfig = SynthConfig(),
-                            max_draws_per_problem: int = 50) -> list[SynthProblem]:
+def distinct_synth_problems(
+    num: int, seed: int, config: SynthConfig = SynthConfig(), max_draws_per_problem: int = 50
+) -> list[SynthProblem]:
     """The first ``num`` distinct problems (by statement) of the stream ``generate_synth_problems(·, seed)`` draws.
 
     A held-out set that repeats a problem measures it twice and the others less: small problem spaces (single-digit
@@ -239,8 +278,10 @@ def distinct_synth_problems(num: int, seed: int, config: SynthConfig = SynthConf
             problems.append(p)
             if len(problems) == num:
                 return problems
-    raise ValueError(f"only {len(problems)} distinct problems exist with these knobs ({num} asked for); "
-                     "lower the number or widen the task (max_value, operands, operations)")
+    raise ValueError(
+        f"only {len(problems)} distinct problems exist with these knobs ({num} asked for); "
+        "lower the number or widen the task (max_value, operands, operations)"
+    )
 
 
 def synth_records(

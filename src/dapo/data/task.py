@@ -29,8 +29,11 @@ def synth_split(cfg: DataConfig, split: str) -> list[DapoRecord]:
     reads the same ``val`` set the trainer validates on)."""
     if cfg.synth.task == "big_arith":
         return big_arith_split(cfg, split)
-    knobs = {k: v for k in ("min_operands", "max_operands", "max_value", "word_problems")
-             if (v := getattr(cfg.synth, k)) is not None}
+    knobs = {
+        k: v
+        for k in ("min_operands", "max_operands", "max_value", "word_problems")
+        if (v := getattr(cfg.synth, k)) is not None
+    }
     if cfg.synth.operations is not None:
         knobs["operations"] = tuple(cfg.synth.operations)
     synth_cfg = dataclasses.replace(default_synth_config(), **knobs)
@@ -50,12 +53,14 @@ def big_arith_split(cfg: DataConfig, split: str) -> list[DapoRecord]:
     streams practically never share a problem (read_task removes any that do from the training set)."""
     knobs = cfg.synth.big_arith
     try:
-        config = BigArithConfig(kind=knobs.kind, min_digits=knobs.min_digits, max_digits=knobs.max_digits,
-                                operands=knobs.operands)
+        config = BigArithConfig(
+            kind=knobs.kind, min_digits=knobs.min_digits, max_digits=knobs.max_digits, operands=knobs.operands
+        )
     except ValueError as exc:
         raise DataError(f"data.synth.big_arith: {exc}") from None
-    num, seed = ((cfg.synth.num_train, cfg.synth.train_seed) if split == "train"
-                 else (cfg.synth.num_val, cfg.synth.val_seed))
+    num, seed = (
+        (cfg.synth.num_train, cfg.synth.train_seed) if split == "train" else (cfg.synth.num_val, cfg.synth.val_seed)
+    )
     rows = big_arith_records(generate_big_arith_problems(num, seed, config), split=split)
     return [DapoRecord.from_row(row, source=f"<big_arith {split}>", row_index=i) for i, row in enumerate(rows)]
 
@@ -84,8 +89,10 @@ def read_task(cfg: DataConfig) -> TaskRecords:
         train_records = [r for r in synth_split(cfg, "train") if r.extra_info.get("raw_problem") not in held_out]
         removed = cfg.synth.num_train - len(train_records)
         name = "synthetic tool arithmetic" if cfg.synth.task == "big_arith" else "synthetic arithmetic"
-        description = (f"{name} ({len(train_records)} problems, seed {cfg.synth.train_seed}, after "
-                       f"removing {removed} that are validation problems)")
+        description = (
+            f"{name} ({len(train_records)} problems, seed {cfg.synth.train_seed}, after "
+            f"removing {removed} that are validation problems)"
+        )
     if cfg.val_max_samples is not None:
         val_records = val_records[: cfg.val_max_samples]
     return TaskRecords(train_records, val_records, description)
@@ -94,17 +101,34 @@ def read_task(cfg: DataConfig) -> TaskRecords:
 def encode_task(records: TaskRecords, cfg: DataConfig, tokenizer) -> Task:
     """Tokenise with the chat template and apply the prompt-length rule (the checks that need the tokenizer)."""
     train_records, val_records = records.train, records.val
-    train = encode_prompts(train_records, tokenizer, max_prompt_length=cfg.max_prompt_length,
-                           too_long=cfg.filter_overlong_prompts, where="data.train_files")
-    val = encode_prompts(val_records, tokenizer, max_prompt_length=cfg.max_prompt_length,
-                         too_long=cfg.filter_overlong_prompts, where="data.val_files")
+    train = encode_prompts(
+        train_records,
+        tokenizer,
+        max_prompt_length=cfg.max_prompt_length,
+        too_long=cfg.filter_overlong_prompts,
+        where="data.train_files",
+    )
+    val = encode_prompts(
+        val_records,
+        tokenizer,
+        max_prompt_length=cfg.max_prompt_length,
+        too_long=cfg.filter_overlong_prompts,
+        where="data.val_files",
+    )
     dropped = train.num_dropped_too_long + val.num_dropped_too_long
     if dropped:
-        log.warning("dropped %d prompts longer than data.max_prompt_length=%d (longest: %d tokens)", dropped,
-                    cfg.max_prompt_length, max(train.longest_dropped, val.longest_dropped))
+        log.warning(
+            "dropped %d prompts longer than data.max_prompt_length=%d (longest: %d tokens)",
+            dropped,
+            cfg.max_prompt_length,
+            max(train.longest_dropped, val.longest_dropped),
+        )
     if not train.items:
-        why = (f"all {len(train_records)} are longer than data.max_prompt_length={cfg.max_prompt_length}"
-               if train_records else "every synthetic problem is also a validation problem; raise data.synth.max_value")
+        why = (
+            f"all {len(train_records)} are longer than data.max_prompt_length={cfg.max_prompt_length}"
+            if train_records
+            else "every synthetic problem is also a validation problem; raise data.synth.max_value"
+        )
         raise DataError(f"no training prompts left: {why}")
     if not val.items:
         log.warning("no validation prompts: validation accuracy will not be measured (set data.val_files)")

@@ -44,8 +44,15 @@ def folder_fingerprint(folder: Path) -> str:
 class LocalTeacher:
     """Teacher ``name`` loaded from ``model_path`` onto ``device``; scored like the actor (``actor_cfg``)."""
 
-    def __init__(self, name: str, model_path: str, *, actor_cfg: ActorConfig, device: torch.device | str,
-                 student_tokenizer: object) -> None:
+    def __init__(
+        self,
+        name: str,
+        model_path: str,
+        *,
+        actor_cfg: ActorConfig,
+        device: torch.device | str,
+        student_tokenizer: object,
+    ) -> None:
         self.name = name
         self.actor_cfg = actor_cfg
         model_cfg = ModelConfig(path=model_path)

@@ -38,8 +38,9 @@ def api_base(url: str) -> str:
 class ServedTeacher:
     """Teacher ``name`` served at ``url``; ``served_model_name`` None asks the server for its first model."""
 
-    def __init__(self, name: str, url: str, *, served_model_name: str | None, timeout_s: float,
-                 student_tokenizer: object) -> None:
+    def __init__(
+        self, name: str, url: str, *, served_model_name: str | None, timeout_s: float, student_tokenizer: object
+    ) -> None:
         self.name = name
         self.base = api_base(url)
         self.timeout_s = timeout_s
@@ -62,32 +63,41 @@ class ServedTeacher:
     # ------------------------------------------------------------------------------------------------ HTTP
     def _call(self, method: str, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.base + path, data=data, method=method,
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            self.base + path, data=data, method=method, headers={"Content-Type": "application/json"}
+        )
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                 payload = response.read()
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode("utf-8", "replace")[:300]
-            raise TeacherError(f"distillation teacher '{self.name}' at {self.base}{path}: HTTP {exc.code}: "
-                               f"{detail}") from None
+            raise TeacherError(
+                f"distillation teacher '{self.name}' at {self.base}{path}: HTTP {exc.code}: {detail}"
+            ) from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
-            raise TeacherError(f"distillation teacher '{self.name}' at {self.base}{path}: cannot reach it "
-                               f"({reason}); is the server running?") from None
+            raise TeacherError(
+                f"distillation teacher '{self.name}' at {self.base}{path}: cannot reach it "
+                f"({reason}); is the server running?"
+            ) from None
         try:
             out = json.loads(payload)
         except json.JSONDecodeError:
-            raise TeacherError(f"distillation teacher '{self.name}' at {self.base}{path}: the answer is not "
-                               "JSON") from None
+            raise TeacherError(
+                f"distillation teacher '{self.name}' at {self.base}{path}: the answer is not JSON"
+            ) from None
         if not isinstance(out, dict):
-            raise TeacherError(f"distillation teacher '{self.name}' at {self.base}{path}: the answer is not a JSON "
-                               "object")
+            raise TeacherError(
+                f"distillation teacher '{self.name}' at {self.base}{path}: the answer is not a JSON object"
+            )
         return out
 
     def _completions(self, prompt: Any) -> dict[str, Any]:
-        return self._call("POST", "/completions", {"model": self.model, "prompt": prompt, "max_tokens": 1,
-                                                   "temperature": 1.0, "prompt_logprobs": 0})
+        return self._call(
+            "POST",
+            "/completions",
+            {"model": self.model, "prompt": prompt, "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0},
+        )
 
     def _prompt_logprobs(self, answer: dict[str, Any], index: int, length: int | None) -> list[dict[str, Any]]:
         """The ``prompt_logprobs`` of choice ``index`` of ``answer``, checked to cover ``length`` positions."""
@@ -98,14 +108,20 @@ class ServedTeacher:
         choice = by_index.get(index)
         plp = None if choice is None else choice.get("prompt_logprobs")
         if not isinstance(plp, list) or not plp:
-            raise TeacherError(f"distillation teacher '{self.name}' at {self.base} returned no prompt_logprobs for "
-                               f"sequence {index}: the server must support prompt_logprobs (vllm serve, dapo serve)")
+            raise TeacherError(
+                f"distillation teacher '{self.name}' at {self.base} returned no prompt_logprobs for "
+                f"sequence {index}: the server must support prompt_logprobs (vllm serve, dapo serve)"
+            )
         if length is not None and len(plp) != length:
-            raise TeacherError(f"distillation teacher '{self.name}' at {self.base} returned {len(plp)} prompt "
-                               f"log-probs for sequence {index} of {length} tokens")
+            raise TeacherError(
+                f"distillation teacher '{self.name}' at {self.base} returned {len(plp)} prompt "
+                f"log-probs for sequence {index} of {length} tokens"
+            )
         if not all(isinstance(e, dict) and e for e in plp[1:]):
-            raise TeacherError(f"distillation teacher '{self.name}' at {self.base}: a prompt_logprobs entry of "
-                               f"sequence {index} is empty")
+            raise TeacherError(
+                f"distillation teacher '{self.name}' at {self.base}: a prompt_logprobs entry of "
+                f"sequence {index} is empty"
+            )
         return plp
 
     # ------------------------------------------------------------------------------------------------ Teacher
@@ -123,15 +139,19 @@ class ServedTeacher:
                 for pos in range(prompt_len, len(ids)):
                     entry = positions[pos].get(str(ids[pos]))
                     if not isinstance(entry, dict) or "logprob" not in entry:
-                        raise TeacherError(f"distillation teacher '{self.name}' at {self.base}: position {pos} of "
-                                           f"sequence {i} has no log-prob for its token {ids[pos]}")
+                        raise TeacherError(
+                            f"distillation teacher '{self.name}' at {self.base}: position {pos} of "
+                            f"sequence {i} has no log-prob for its token {ids[pos]}"
+                        )
                     values.append(float(entry["logprob"]))
                 out.append(torch.tensor(values, dtype=torch.float32))
         return out
 
     def top_log_probs(self, batch: TrainBatch, k: int) -> tuple[list[Tensor], list[Tensor]]:
-        raise TeacherError(f"distillation teacher '{self.name}': top-k log-probs of a served teacher are not built; "
-                           "use a local teacher folder for forward_kl_topk")
+        raise TeacherError(
+            f"distillation teacher '{self.name}': top-k log-probs of a served teacher are not built; "
+            "use a local teacher folder for forward_kl_topk"
+        )
 
     def identity(self) -> str:
         return f"served {self.base} model={self.model} root={self.root}"

@@ -34,12 +34,17 @@ def direct_distillation_of(cfg: DapoConfig) -> DirectDistillation | None:
     loss = ds.distillation_loss
     if not ds.enabled or loss.use_policy_gradient:
         return None
-    return DirectDistillation(loss.loss_mode, coef=loss.distillation_loss_coef if loss.use_task_rewards else 1.0,
-                              log_prob_min_clamp=loss.log_prob_min_clamp, loss_max_clamp=loss.loss_max_clamp)
+    return DirectDistillation(
+        loss.loss_mode,
+        coef=loss.distillation_loss_coef if loss.use_task_rewards else 1.0,
+        log_prob_min_clamp=loss.log_prob_min_clamp,
+        loss_max_clamp=loss.loss_max_clamp,
+    )
 
 
-def with_distillation(batch: TrainBatch, routes: Sequence[str | None], teachers: TeacherSet, cfg: DapoConfig
-                      ) -> tuple[TrainBatch, dict[str, float]]:
+def with_distillation(
+    batch: TrainBatch, routes: Sequence[str | None], teachers: TeacherSet, cfg: DapoConfig
+) -> tuple[TrainBatch, dict[str, float]]:
     """``batch`` (with ``old_log_probs``: the student that sampled) carrying the teacher's signal, and the
     ``distill/*`` metrics: ``reverse_kl`` (mean over action tokens of log pi_s - log nu, the k1 estimate of
     KL(pi_s || nu)), ``teacher_log_prob_mean``, ``student_log_prob_mean``, ``advantage_mean`` (PG OPD), and
@@ -62,9 +67,14 @@ def with_distillation(batch: TrainBatch, routes: Sequence[str | None], teachers:
         "timing_s/teacher": seconds,
     }
     if loss.use_policy_gradient:
-        signal = pg_distillation_advantages(student, teacher_padded, mask, loss.loss_mode,
-                                            log_prob_min_clamp=loss.log_prob_min_clamp,
-                                            loss_max_clamp=loss.loss_max_clamp)
+        signal = pg_distillation_advantages(
+            student,
+            teacher_padded,
+            mask,
+            loss.loss_mode,
+            log_prob_min_clamp=loss.log_prob_min_clamp,
+            loss_max_clamp=loss.loss_max_clamp,
+        )
         metrics["distill/advantage_mean"] = float(signal.sum()) / tokens
         if loss.use_task_rewards:
             reward = batch.advantages.float().unsqueeze(1).expand_as(signal)

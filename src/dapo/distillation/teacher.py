@@ -39,8 +39,7 @@ class Teacher(Protocol):
         """What this teacher is, for the resume check: the same string for the same weights."""
         ...
 
-    def close(self) -> None:
-        ...
+    def close(self) -> None: ...
 
 
 def checked_log_probs(name: str, batch: TrainBatch, answer: object) -> list[Tensor]:
@@ -48,8 +47,10 @@ def checked_log_probs(name: str, batch: TrainBatch, answer: object) -> list[Tens
     wrong (nothing returned, a count or a length that differs from the batch's, a non-finite or positive value)."""
     where = f"distillation teacher '{name}'"
     if answer is None or (isinstance(answer, (list, tuple)) and len(answer) == 0 and len(batch) > 0):
-        raise TeacherError(f"{where} returned no log-probs for a batch of {len(batch)} responses; distillation "
-                           "without the teacher's signal would train nothing from it")
+        raise TeacherError(
+            f"{where} returned no log-probs for a batch of {len(batch)} responses; distillation "
+            "without the teacher's signal would train nothing from it"
+        )
     if not isinstance(answer, (list, tuple)) or len(answer) != len(batch):
         got = len(answer) if isinstance(answer, (list, tuple)) else type(answer).__name__
         raise TeacherError(f"{where} returned log-probs for {got} responses; the batch has {len(batch)}")
@@ -57,10 +58,14 @@ def checked_log_probs(name: str, batch: TrainBatch, answer: object) -> list[Tens
     for i, (values, response) in enumerate(zip(answer, batch.response_ids, strict=True)):
         tensor = torch.as_tensor(values, dtype=torch.float32).detach().cpu().reshape(-1)
         if tensor.numel() != response.numel():
-            raise TeacherError(f"{where} returned {tensor.numel()} log-probs for response {i}, which has "
-                               f"{response.numel()} tokens: it must score exactly the student's tokens")
+            raise TeacherError(
+                f"{where} returned {tensor.numel()} log-probs for response {i}, which has "
+                f"{response.numel()} tokens: it must score exactly the student's tokens"
+            )
         if not bool(torch.isfinite(tensor).all()) or bool((tensor > 1e-4).any()):
-            raise TeacherError(f"{where} returned an invalid log-prob for response {i} (non-finite or > 0: "
-                               f"{tensor[~torch.isfinite(tensor) | (tensor > 1e-4)][:3].tolist()})")
+            raise TeacherError(
+                f"{where} returned an invalid log-prob for response {i} (non-finite or > 0: "
+                f"{tensor[~torch.isfinite(tensor) | (tensor > 1e-4)][:3].tolist()})"
+            )
         out.append(tensor.clamp(max=0.0))
     return out

@@ -39,8 +39,10 @@ class TeacherSet:
         out = []
         for value in routes:
             if value not in by_key:
-                raise TeacherError(f"a sample's {self.teacher_key}={value!r} names no distillation teacher; the "
-                                   f"teachers' keys are {sorted(k for k in by_key if k is not None)}")
+                raise TeacherError(
+                    f"a sample's {self.teacher_key}={value!r} names no distillation teacher; the "
+                    f"teachers' keys are {sorted(k for k in by_key if k is not None)}"
+                )
             out.append(by_key[value])
         return out
 
@@ -62,17 +64,20 @@ class TeacherSet:
                 out[i] = score
         return [t for t in out if t is not None]
 
-    def top_log_probs(self, batch: TrainBatch, routes: Sequence[str | None], k: int
-                      ) -> tuple[list[Tensor], list[Tensor]]:
+    def top_log_probs(
+        self, batch: TrainBatch, routes: Sequence[str | None], k: int
+    ) -> tuple[list[Tensor], list[Tensor]]:
         values: list[Tensor | None] = [None] * len(batch)
         ids: list[Tensor | None] = [None] * len(batch)
         for name, indices in self._per_teacher(batch, routes).items():
             part = batch if len(indices) == len(batch) else batch.select(indices)
             got_values, got_ids = self.teachers[name].top_log_probs(part, k)
-            if len(got_values) != len(part) or any(v.shape[0] != int(r.numel())
-                                                   for v, r in zip(got_values, part.response_ids)):
-                raise TeacherError(f"distillation teacher '{name}' returned top-k log-probs that do not cover the "
-                                   "student's responses")
+            if len(got_values) != len(part) or any(
+                v.shape[0] != int(r.numel()) for v, r in zip(got_values, part.response_ids)
+            ):
+                raise TeacherError(
+                    f"distillation teacher '{name}' returned top-k log-probs that do not cover the student's responses"
+                )
             for i, v, t in zip(indices, got_values, got_ids, strict=True):
                 values[i], ids[i] = v.float().cpu(), t.long().cpu()
         return [v for v in values if v is not None], [t for t in ids if t is not None]
@@ -99,11 +104,17 @@ def build_teachers(cfg: DapoConfig, *, device: torch.device | str, student_token
     try:
         for name, t in ds.teacher_models.items():
             if is_served_teacher(t.model_path):
-                teachers[name] = ServedTeacher(name, t.model_path, served_model_name=t.served_model_name,
-                                               timeout_s=t.timeout_s, student_tokenizer=student_tokenizer)
+                teachers[name] = ServedTeacher(
+                    name,
+                    t.model_path,
+                    served_model_name=t.served_model_name,
+                    timeout_s=t.timeout_s,
+                    student_tokenizer=student_tokenizer,
+                )
             else:
-                teachers[name] = LocalTeacher(name, t.model_path, actor_cfg=cfg.actor, device=device,
-                                              student_tokenizer=student_tokenizer)
+                teachers[name] = LocalTeacher(
+                    name, t.model_path, actor_cfg=cfg.actor, device=device, student_tokenizer=student_tokenizer
+                )
     except BaseException:
         for teacher in teachers.values():
             teacher.close()

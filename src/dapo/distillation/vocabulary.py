@@ -27,7 +27,8 @@ def check_same_vocabulary(name: str, teacher_tokenizer: object, student_tokenize
     raise TeacherError(
         f"distillation teacher '{name}' has another vocabulary than the student ({len(teacher_vocab)} vs "
         f"{len(student_vocab)} tokens; e.g. token {example[0]!r} -> id {example[1]} in one only): the teacher must "
-        "share the student's tokenizer (cross-tokenizer distillation is not supported, docs/distillation.md)")
+        "share the student's tokenizer (cross-tokenizer distillation is not supported, docs/distillation.md)"
+    )
 
 
 def check_same_ids(name: str, teacher_ids: Sequence[int], student_ids: Sequence[int]) -> None:
@@ -36,4 +37,5 @@ def check_same_ids(name: str, teacher_ids: Sequence[int], student_ids: Sequence[
         raise TeacherError(
             f"distillation teacher '{name}' tokenizes the probe text {PROBE_TEXT!r} into other ids than the student "
             f"({list(teacher_ids)[:12]} vs {list(student_ids)[:12]}): the teacher must share the student's tokenizer "
-            "(cross-tokenizer distillation is not supported, docs/distillation.md)")
+            "(cross-tokenizer distillation is not supported, docs/distillation.md)"
+        )

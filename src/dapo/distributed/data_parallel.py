@@ -34,8 +34,10 @@ T = TypeVar("T")
 def check_tensor_parallel(world: World, tensor_parallel: int) -> None:
     """Refuse a tensor-parallel size that does not tile the world into whole engine groups."""
     if tensor_parallel < 1 or world.world_size % tensor_parallel != 0:
-        raise ValueError(f"rollout.tensor_model_parallel_size ({tensor_parallel}) must divide the number of ranks "
-                         f"({world.world_size}): every rank belongs to exactly one rollout engine")
+        raise ValueError(
+            f"rollout.tensor_model_parallel_size ({tensor_parallel}) must divide the number of ranks "
+            f"({world.world_size}): every rank belongs to exactly one rollout engine"
+        )
 
 
 def engine_index(world: World, tensor_parallel: int = 1) -> tuple[int, int]:
@@ -65,8 +67,9 @@ def is_engine_leader(world: World, tensor_parallel: int = 1) -> bool:
     return world.rank % tensor_parallel == 0
 
 
-def gather_in_rank_order(items: Sequence[T], world: World, tensor_parallel: int = 1, *,
-                         generated: Any = None) -> list[T]:
+def gather_in_rank_order(
+    items: Sequence[T], world: World, tensor_parallel: int = 1, *, generated: Any = None
+) -> list[T]:
     """Every engine's ``items`` concatenated in engine order, on every rank (one object all-gather; identity alone).
 
     With tensor parallel the items of each group's first rank are taken (its peers generated the same share and need
@@ -80,8 +83,10 @@ def gather_in_rank_order(items: Sequence[T], world: World, tensor_parallel: int 
     for first in range(0, world.world_size, tensor_parallel):
         for peer in range(first + 1, first + tensor_parallel):
             if parts[peer][1] != parts[first][1]:
-                raise RuntimeError(f"ranks {first} and {peer} of one tensor-parallel rollout engine generated "
-                                   "different outputs for the same prompts and seeds: the engine's ranks have diverged")
+                raise RuntimeError(
+                    f"ranks {first} and {peer} of one tensor-parallel rollout engine generated "
+                    "different outputs for the same prompts and seeds: the engine's ranks have diverged"
+                )
     return [item for part, _ in parts[::tensor_parallel] for item in part]
 
 
@@ -134,8 +139,11 @@ def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: float, world: World
         return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
     grads = [local_part(p.grad) for p in params if p.grad is not None]
     # One reduction on the shards' device and one host sync, not one per parameter.
-    squares = (torch.stack([g.detach().double().pow(2).sum() for g in grads]).sum() if grads
-               else torch.zeros((), dtype=torch.float64, device=params[0].device))
+    squares = (
+        torch.stack([g.detach().double().pow(2).sum() for g in grads]).sum()
+        if grads
+        else torch.zeros((), dtype=torch.float64, device=params[0].device)
+    )
     total = math.sqrt(float(world.all_reduce_sum(squares)))
     coefficient = min(max_norm / (total + 1e-6), 1.0)
     if math.isfinite(total) and coefficient < 1.0:

@@ -50,8 +50,15 @@ __all__ = [
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 # Attributes the actor's code reads from a Hugging Face causal LM; the wrapper answers them from the model inside.
-_DELEGATED = ("config", "generation_config", "get_input_embeddings", "gradient_checkpointing_enable",
-              "is_gradient_checkpointing", "activation_checkpointing_enable", "is_activation_checkpointing")
+_DELEGATED = (
+    "config",
+    "generation_config",
+    "get_input_embeddings",
+    "gradient_checkpointing_enable",
+    "is_gradient_checkpointing",
+    "activation_checkpointing_enable",
+    "is_activation_checkpointing",
+)
 
 
 class ShardedActor(nn.Module):
@@ -63,8 +70,10 @@ class ShardedActor(nn.Module):
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         if any(True for _ in model.parameters(recurse=False)) or any(True for _ in model.buffers(recurse=False)):
-            raise TypeError(f"{type(model).__name__} holds parameters of its own outside its submodules; the FSDP2 "
-                            "root wrapper only registers submodules")
+            raise TypeError(
+                f"{type(model).__name__} holds parameters of its own outside its submodules; the FSDP2 "
+                "root wrapper only registers submodules"
+            )
         object.__setattr__(self, "_hf", model)  # not a registered child: its names would gain a prefix
         for name, child in model.named_children():
             self.add_module(name, child)
@@ -103,9 +112,11 @@ def check_strategy(cfg: ActorConfig, world: World) -> None:
     """Refuse ``actor.strategy=fsdp2`` in a single process: one rank has nothing to shard, and the single-process
     path deliberately never creates a process group (it stays bit-for-bit what it was)."""
     if cfg.strategy == "fsdp2" and not world.distributed:
-        raise ValueError("actor.strategy=fsdp2 shards the actor over the ranks of torchrun and needs at least 2 "
-                         "(torchrun --nproc-per-node N -m dapo.cli.main train ...); one process has nothing to shard, "
-                         "use actor.strategy=replicated")
+        raise ValueError(
+            "actor.strategy=fsdp2 shards the actor over the ranks of torchrun and needs at least 2 "
+            "(torchrun --nproc-per-node N -m dapo.cli.main train ...); one process has nothing to shard, "
+            "use actor.strategy=replicated"
+        )
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -113,13 +124,16 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
     layers = getattr(decoder, "layers", None)
     if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
-        raise TypeError(f"{type(model).__name__}: actor.strategy=fsdp2 shards the decoder layers and finds none at "
-                        "get_decoder().layers")
+        raise TypeError(
+            f"{type(model).__name__}: actor.strategy=fsdp2 shards the decoder layers and finds none at "
+            "get_decoder().layers"
+        )
     return list(layers)
 
 
-def shard_actor(model: nn.Module, cfg: FsdpConfig, world: World, *, gradient_checkpointing: bool = False
-                ) -> ShardedActor:
+def shard_actor(
+    model: nn.Module, cfg: FsdpConfig, world: World, *, gradient_checkpointing: bool = False
+) -> ShardedActor:
     """``fully_shard`` every decoder layer of ``model``, then the root; gradients are summed over ranks.
 
     Build the optimizer after this (it must hold the sharded parameters). Gradient checkpointing is switched on
@@ -133,8 +147,9 @@ def shard_actor(model: nn.Module, cfg: FsdpConfig, world: World, *, gradient_che
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     # The forward inputs are token ids (never cast) and a TrainBatch; casting its float tensors would change nothing
     # the forward reads, so inputs are left alone.
-    mp = MixedPrecisionPolicy(param_dtype=DTYPES[cfg.param_dtype], reduce_dtype=DTYPES[cfg.reduce_dtype],
-                              cast_forward_inputs=False)
+    mp = MixedPrecisionPolicy(
+        param_dtype=DTYPES[cfg.param_dtype], reduce_dtype=DTYPES[cfg.reduce_dtype], cast_forward_inputs=False
+    )
     offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if cfg.cpu_offload else OffloadPolicy()
     mesh = world.device_mesh()  # the trainer ranks' own group when other ranks of the job serve the rollout
     for layer in decoder_layers(model):
@@ -220,8 +235,10 @@ def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> 
         return {}
     names = _optimizer_names(model, optimizer)
     groups = optimizer.state_dict()["param_groups"]  # the hyper-parameters and index lists, as a plain optimizer has
-    return {"state": {i: by_name["state"][n] for i, n in enumerate(names) if n in by_name["state"]},
-            "param_groups": groups}
+    return {
+        "state": {i: by_name["state"][n] for i, n in enumerate(names) if n in by_name["state"]},
+        "param_groups": groups,
+    }
 
 
 def load_full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
@@ -231,10 +248,13 @@ def load_full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer
     names = _optimizer_names(model, optimizer)
     groups = state["param_groups"]
     if sum(len(g["params"]) for g in groups) != len(names):
-        raise ValueError(f"the optimizer state holds {sum(len(g['params']) for g in groups)} parameters, this actor "
-                         f"{len(names)}")
-    by_name = {"state": {names[int(i)]: v for i, v in state["state"].items()},
-               "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]} for g in groups]}
+        raise ValueError(
+            f"the optimizer state holds {sum(len(g['params']) for g in groups)} parameters, this actor {len(names)}"
+        )
+    by_name = {
+        "state": {names[int(i)]: v for i, v in state["state"].items()},
+        "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]} for g in groups],
+    }
     set_optimizer_state_dict(model, optimizer, by_name, options=_options())
 
 

@@ -87,8 +87,9 @@ class ModelShape:
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             attention_bias=bool(bias),
             head_dim=int(config["head_dim"]) if config.get("head_dim") else None,
-            max_position_embeddings=(int(config["max_position_embeddings"])
-                                     if config.get("max_position_embeddings") else None),
+            max_position_embeddings=(
+                int(config["max_position_embeddings"]) if config.get("max_position_embeddings") else None
+            ),
             source=source,
         )
 
@@ -128,25 +129,71 @@ def _shape(name: str, source: str, **values: Any) -> ModelShape:
 # Keys are matched as prefixes of the model folder's or Hub id's last component, case-insensitive, longest first.
 KNOWN_MODELS: dict[str, ModelShape] = {
     "qwen2.5-32b": _shape(
-        "Qwen2.5-32B", "built-in table: config.json of Qwen/Qwen2.5-32B", model_type="qwen2", hidden_size=5120,
-        intermediate_size=27648, num_hidden_layers=64, num_attention_heads=40, num_key_value_heads=8,
-        vocab_size=152064, tie_word_embeddings=False, max_position_embeddings=131072),
+        "Qwen2.5-32B",
+        "built-in table: config.json of Qwen/Qwen2.5-32B",
+        model_type="qwen2",
+        hidden_size=5120,
+        intermediate_size=27648,
+        num_hidden_layers=64,
+        num_attention_heads=40,
+        num_key_value_heads=8,
+        vocab_size=152064,
+        tie_word_embeddings=False,
+        max_position_embeddings=131072,
+    ),
     "qwen2.5-math-7b": _shape(
-        "Qwen2.5-Math-7B", "built-in table: config.json of Qwen/Qwen2.5-Math-7B", model_type="qwen2",
-        hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-        num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False, max_position_embeddings=4096),
+        "Qwen2.5-Math-7B",
+        "built-in table: config.json of Qwen/Qwen2.5-Math-7B",
+        model_type="qwen2",
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        vocab_size=152064,
+        tie_word_embeddings=False,
+        max_position_embeddings=4096,
+    ),
     "qwen2.5-7b": _shape(
-        "Qwen2.5-7B", "built-in table: config.json of Qwen/Qwen2.5-7B", model_type="qwen2", hidden_size=3584,
-        intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
-        vocab_size=152064, tie_word_embeddings=False, max_position_embeddings=131072),
+        "Qwen2.5-7B",
+        "built-in table: config.json of Qwen/Qwen2.5-7B",
+        model_type="qwen2",
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        vocab_size=152064,
+        tie_word_embeddings=False,
+        max_position_embeddings=131072,
+    ),
     "smollm2-135m": _shape(
-        "SmolLM2-135M", "built-in table: config.json of HuggingFaceTB/SmolLM2-135M", model_type="llama",
-        attention_bias=False, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-        num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True, max_position_embeddings=8192),
+        "SmolLM2-135M",
+        "built-in table: config.json of HuggingFaceTB/SmolLM2-135M",
+        model_type="llama",
+        attention_bias=False,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        vocab_size=49152,
+        tie_word_embeddings=True,
+        max_position_embeddings=8192,
+    ),
     "tiny-qwen2": _shape(
-        "tiny-qwen2 (embedded)", "built-in table: src/dapo/assets/tiny-qwen2/config.json", model_type="qwen2",
-        hidden_size=128, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-        vocab_size=601, tie_word_embeddings=True, max_position_embeddings=512),
+        "tiny-qwen2 (embedded)",
+        "built-in table: src/dapo/assets/tiny-qwen2/config.json",
+        model_type="qwen2",
+        hidden_size=128,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=601,
+        tie_word_embeddings=True,
+        max_position_embeddings=512,
+    ),
 }
 
 
@@ -271,8 +318,9 @@ def _mean_tokens(cfg: DapoConfig, a: Assumptions) -> tuple[int, int]:
     return p, r
 
 
-def check_layout(cfg: DapoConfig, world_size: int, nproc_per_node: int | None = None,
-                 assumptions: Assumptions = Assumptions()) -> tuple[list[str], list[str]]:
+def check_layout(
+    cfg: DapoConfig, world_size: int, nproc_per_node: int | None = None, assumptions: Assumptions = Assumptions()
+) -> tuple[list[str], list[str]]:
     """(errors, warnings) of laying ``cfg`` out on ``world_size`` ranks, each naming the keys involved."""
     errors: list[str] = []
     warnings: list[str] = []
@@ -283,62 +331,88 @@ def check_layout(cfg: DapoConfig, world_size: int, nproc_per_node: int | None = 
         errors.append(f"--informative-fraction must be in (0, 1], got {assumptions.informative_fraction}")
     tp = r.tensor_model_parallel_size
     if world_size % tp != 0:
-        errors.append(f"rollout.tensor_model_parallel_size ({tp}) must divide the world size ({world_size} = "
-                      "--nnodes x --nproc-per-node)")
+        errors.append(
+            f"rollout.tensor_model_parallel_size ({tp}) must divide the world size ({world_size} = "
+            "--nnodes x --nproc-per-node)"
+        )
         engines = None
     else:
         engines = world_size // tp
         if nproc_per_node is not None and nproc_per_node % tp != 0:
-            warnings.append(f"rollout.tensor_model_parallel_size ({tp}) does not divide --nproc-per-node "
-                            f"({nproc_per_node}): tensor-parallel groups span nodes (slow all-reduces)")
+            warnings.append(
+                f"rollout.tensor_model_parallel_size ({tp}) does not divide --nproc-per-node "
+                f"({nproc_per_node}): tensor-parallel groups span nodes (slow all-reduces)"
+            )
     if engines is not None:
         if d.train_batch_size % engines != 0:
-            errors.append(f"data.train_batch_size ({d.train_batch_size}) must be divisible by the data-parallel size "
-                          f"({engines} = world {world_size} / rollout.tensor_model_parallel_size {tp})")
+            errors.append(
+                f"data.train_batch_size ({d.train_batch_size}) must be divisible by the data-parallel size "
+                f"({engines} = world {world_size} / rollout.tensor_model_parallel_size {tp})"
+            )
         if d.effective_gen_batch_size % engines != 0:
-            errors.append(f"data.gen_batch_size ({d.effective_gen_batch_size}) must be divisible by the "
-                          f"data-parallel size ({engines} = world {world_size} / rollout.tensor_model_parallel_size "
-                          f"{tp}): every engine generates an equal share of a round")
+            errors.append(
+                f"data.gen_batch_size ({d.effective_gen_batch_size}) must be divisible by the "
+                f"data-parallel size ({engines} = world {world_size} / rollout.tensor_model_parallel_size "
+                f"{tp}): every engine generates an equal share of a round"
+            )
     if a.ppo_mini_batch_size > d.train_batch_size:
-        errors.append(f"actor.ppo_mini_batch_size ({a.ppo_mini_batch_size}) is larger than data.train_batch_size "
-                      f"({d.train_batch_size})")
+        errors.append(
+            f"actor.ppo_mini_batch_size ({a.ppo_mini_batch_size}) is larger than data.train_batch_size "
+            f"({d.train_batch_size})"
+        )
     elif d.train_batch_size % a.ppo_mini_batch_size != 0:
-        errors.append(f"actor.ppo_mini_batch_size ({a.ppo_mini_batch_size}) must divide data.train_batch_size "
-                      f"({d.train_batch_size})")
+        errors.append(
+            f"actor.ppo_mini_batch_size ({a.ppo_mini_batch_size}) must divide data.train_batch_size "
+            f"({d.train_batch_size})"
+        )
     mini_samples = a.ppo_mini_batch_size * r.n
     if mini_samples % world_size != 0:
-        errors.append(f"a mini-batch's samples (actor.ppo_mini_batch_size {a.ppo_mini_batch_size} x rollout.n "
-                      f"{r.n} = {mini_samples}) must be divisible by the number of ranks ({world_size})")
+        errors.append(
+            f"a mini-batch's samples (actor.ppo_mini_batch_size {a.ppo_mini_batch_size} x rollout.n "
+            f"{r.n} = {mini_samples}) must be divisible by the number of ranks ({world_size})"
+        )
     elif not a.use_dynamic_bsz and a.ppo_micro_batch_size_per_gpu is not None:
         per_rank = mini_samples // world_size
         if per_rank % a.ppo_micro_batch_size_per_gpu != 0:
-            errors.append(f"actor.ppo_micro_batch_size_per_gpu ({a.ppo_micro_batch_size_per_gpu}) must divide the "
-                          f"samples per rank of a mini-batch ({per_rank} = actor.ppo_mini_batch_size x rollout.n / "
-                          f"{world_size} ranks)")
+            errors.append(
+                f"actor.ppo_micro_batch_size_per_gpu ({a.ppo_micro_batch_size_per_gpu}) must divide the "
+                f"samples per rank of a mini-batch ({per_rank} = actor.ppo_mini_batch_size x rollout.n / "
+                f"{world_size} ranks)"
+            )
     if mini_samples % world_size == 0 and a.ppo_mini_batch_size < world_size:
-        warnings.append(f"a mini-batch holds {a.ppo_mini_batch_size} prompt groups (actor.ppo_mini_batch_size) for "
-                        f"{world_size} ranks: dapo.distributed.data_parallel shares whole groups today, so only "
-                        f"{a.ppo_mini_batch_size} of the {world_size} ranks would train on each mini-batch; the "
-                        f"per-rank numbers below assume its samples split evenly, {mini_samples // world_size} per "
-                        "rank, as verl does")
+        warnings.append(
+            f"a mini-batch holds {a.ppo_mini_batch_size} prompt groups (actor.ppo_mini_batch_size) for "
+            f"{world_size} ranks: dapo.distributed.data_parallel shares whole groups today, so only "
+            f"{a.ppo_mini_batch_size} of the {world_size} ranks would train on each mini-batch; the "
+            f"per-rank numbers below assume its samples split evenly, {mini_samples // world_size} per "
+            "rank, as verl does"
+        )
     ob = cfg.reward_model.overlong_buffer
     if ob.enable and ob.len >= d.max_response_length:
-        errors.append(f"reward_model.overlong_buffer.len (L_cache = {ob.len}) must be below data.max_response_length "
-                      f"(L_max = {d.max_response_length}): Eq. 13 punishes lengths in (L_max - L_cache, L_max]")
+        errors.append(
+            f"reward_model.overlong_buffer.len (L_cache = {ob.len}) must be below data.max_response_length "
+            f"(L_max = {d.max_response_length}): Eq. 13 punishes lengths in (L_max - L_cache, L_max]"
+        )
     full = d.max_prompt_length + d.max_response_length
     if a.use_dynamic_bsz and a.ppo_max_token_len_per_gpu < full:
-        warnings.append(f"actor.ppo_max_token_len_per_gpu ({a.ppo_max_token_len_per_gpu}) is smaller than "
-                        f"data.max_prompt_length + data.max_response_length ({full}): a full-length sample exceeds "
-                        "the token budget and runs as a micro-batch of its own")
+        warnings.append(
+            f"actor.ppo_max_token_len_per_gpu ({a.ppo_max_token_len_per_gpu}) is smaller than "
+            f"data.max_prompt_length + data.max_response_length ({full}): a full-length sample exceeds "
+            "the token budget and runs as a micro-batch of its own"
+        )
     if r.max_model_len is not None and r.max_model_len < full:
-        errors.append(f"rollout.max_model_len ({r.max_model_len}) is below data.max_prompt_length + "
-                      f"data.max_response_length ({full}): vLLM would cut responses short")
+        errors.append(
+            f"rollout.max_model_len ({r.max_model_len}) is below data.max_prompt_length + "
+            f"data.max_response_length ({full}): vLLM would cut responses short"
+        )
     gen = d.effective_gen_batch_size
     max_rounds = fg.max_num_gen_batches if fg.enable else 1
     if max_rounds > 0 and gen * max_rounds < d.train_batch_size:
-        problem = (f"data.gen_batch_size ({gen}) x {max_rounds} round(s) "
-                   f"({'algorithm.filter_groups.max_num_gen_batches' if fg.enable else 'filter_groups off: one round'}) "
-                   f"< data.train_batch_size ({d.train_batch_size}): a step can never fill its batch")
+        problem = (
+            f"data.gen_batch_size ({gen}) x {max_rounds} round(s) "
+            f"({'algorithm.filter_groups.max_num_gen_batches' if fg.enable else 'filter_groups off: one round'}) "
+            f"< data.train_batch_size ({d.train_batch_size}): a step can never fill its batch"
+        )
         if fg.on_exhausted == "train_on_partial":
             warnings.append(problem + " (algorithm.filter_groups.on_exhausted=train_on_partial trains on less)")
         else:
@@ -346,8 +420,15 @@ def check_layout(cfg: DapoConfig, world_size: int, nproc_per_node: int | None = 
     return errors, warnings
 
 
-def compute_layout(cfg: DapoConfig, model: ModelShape | None, *, nnodes: int = 1, nproc_per_node: int = 1,
-                   assumptions: Assumptions = Assumptions(), engine_reserves_gpu_memory: bool = False) -> Layout:
+def compute_layout(
+    cfg: DapoConfig,
+    model: ModelShape | None,
+    *,
+    nnodes: int = 1,
+    nproc_per_node: int = 1,
+    assumptions: Assumptions = Assumptions(),
+    engine_reserves_gpu_memory: bool = False,
+) -> Layout:
     """The layout of one step of ``cfg`` on ``nnodes x nproc_per_node`` ranks; raises :class:`LayoutError`.
 
     ``engine_reserves_gpu_memory``: the rollout engine holds its own weights and reserves
@@ -375,7 +456,8 @@ def compute_layout(cfg: DapoConfig, model: ModelShape | None, *, nnodes: int = 1
             warnings.append(
                 f"at the assumed informative fraction {f:g}, a step needs {rounds_needed} generation rounds, more "
                 f"than algorithm.filter_groups.max_num_gen_batches ({max_rounds}): it would stop "
-                f"(on_exhausted={fg.on_exhausted})")
+                f"(on_exhausted={fg.on_exhausted})"
+            )
     else:
         rounds_needed = expected_rounds = 1
     min_one = min(1.0, train / gen)
@@ -404,38 +486,70 @@ def compute_layout(cfg: DapoConfig, model: ModelShape | None, *, nnodes: int = 1
     if model is not None:
         memory = _memory(cfg, model, world, engines, bound, assumptions)
         if memory.actor_peak_bytes > memory.gpu_bytes:
-            warnings.append(f"the actor's training phase needs ~{memory.actor_peak_bytes / GIB:.1f} GiB per GPU, more "
-                            f"than the assumed {assumptions.gpu_memory_gib:g} GiB (--gpu-memory-gib)")
+            warnings.append(
+                f"the actor's training phase needs ~{memory.actor_peak_bytes / GIB:.1f} GiB per GPU, more "
+                f"than the assumed {assumptions.gpu_memory_gib:g} GiB (--gpu-memory-gib)"
+            )
         if engine_reserves_gpu_memory:
             if memory.kv_room_bytes <= 0:
-                warnings.append(f"rollout.gpu_memory_utilization ({r.gpu_memory_utilization}) of "
-                                f"{assumptions.gpu_memory_gib:g} GiB leaves no room for vLLM's KV cache after its "
-                                f"weights ({memory.vllm_weight_bytes / GIB:.1f} GiB per GPU)")
+                warnings.append(
+                    f"rollout.gpu_memory_utilization ({r.gpu_memory_utilization}) of "
+                    f"{assumptions.gpu_memory_gib:g} GiB leaves no room for vLLM's KV cache after its "
+                    f"weights ({memory.vllm_weight_bytes / GIB:.1f} GiB per GPU)"
+                )
             elif memory.kv_room_tokens < full:
-                warnings.append(f"vLLM's KV room ({memory.kv_room_tokens} tokens per GPU) is less than one "
-                                f"full-length sequence ({full} tokens)")
+                warnings.append(
+                    f"vLLM's KV room ({memory.kv_room_tokens} tokens per GPU) is less than one "
+                    f"full-length sequence ({full} tokens)"
+                )
             if not r.free_cache_engine and (memory.actor_peak_bytes + memory.vllm_reserved_bytes > memory.gpu_bytes):
-                warnings.append(f"colocated, vLLM's reservation ({memory.vllm_reserved_bytes / GIB:.1f} GiB) plus the "
-                                f"actor's training phase ({memory.actor_peak_bytes / GIB:.1f} GiB) exceed "
-                                f"{assumptions.gpu_memory_gib:g} GiB: set rollout.free_cache_engine=true to release "
-                                "vLLM's memory while the actor trains")
+                warnings.append(
+                    f"colocated, vLLM's reservation ({memory.vllm_reserved_bytes / GIB:.1f} GiB) plus the "
+                    f"actor's training phase ({memory.actor_peak_bytes / GIB:.1f} GiB) exceed "
+                    f"{assumptions.gpu_memory_gib:g} GiB: set rollout.free_cache_engine=true to release "
+                    "vLLM's memory while the actor trains"
+                )
 
     return Layout(
-        world_size=world, nnodes=nnodes, nproc_per_node=nproc_per_node, assumptions=assumptions,
-        prompts_per_step=train, n=n, gen_batch_size=gen, dynamic_sampling=dynamic, max_num_gen_batches=max_rounds,
-        expected_rounds=expected_rounds, rounds_needed=rounds_needed, min_fraction_one_round=min_one,
-        min_fraction_all_rounds=min_all, mean_prompt_tokens=p_mean, mean_response_tokens=r_mean,
-        expected_generated_tokens=generated, optimizer_steps=a.ppo_epochs * train // a.ppo_mini_batch_size,
-        actor_ranks=world, rollout_tp=tp, rollout_engines=engines, prompts_per_engine_round=gen // engines,
-        prompts_per_rank_step=train / world, samples_per_rank_step=train * n / world,
-        samples_per_rank_mini_batch=mini_samples_rank, mini_batch_groups=a.ppo_mini_batch_size, token_budget=budget,
-        max_sample_tokens=full, expected_micro_batches=expected_mb, max_micro_batches=max_mb, token_bound=bound,
-        memory=memory, model=model, warnings=warnings,
+        world_size=world,
+        nnodes=nnodes,
+        nproc_per_node=nproc_per_node,
+        assumptions=assumptions,
+        prompts_per_step=train,
+        n=n,
+        gen_batch_size=gen,
+        dynamic_sampling=dynamic,
+        max_num_gen_batches=max_rounds,
+        expected_rounds=expected_rounds,
+        rounds_needed=rounds_needed,
+        min_fraction_one_round=min_one,
+        min_fraction_all_rounds=min_all,
+        mean_prompt_tokens=p_mean,
+        mean_response_tokens=r_mean,
+        expected_generated_tokens=generated,
+        optimizer_steps=a.ppo_epochs * train // a.ppo_mini_batch_size,
+        actor_ranks=world,
+        rollout_tp=tp,
+        rollout_engines=engines,
+        prompts_per_engine_round=gen // engines,
+        prompts_per_rank_step=train / world,
+        samples_per_rank_step=train * n / world,
+        samples_per_rank_mini_batch=mini_samples_rank,
+        mini_batch_groups=a.ppo_mini_batch_size,
+        token_budget=budget,
+        max_sample_tokens=full,
+        expected_micro_batches=expected_mb,
+        max_micro_batches=max_mb,
+        token_bound=bound,
+        memory=memory,
+        model=model,
+        warnings=warnings,
     )
 
 
-def _memory(cfg: DapoConfig, model: ModelShape, world: int, engines: int, act_tokens: int,
-            assumptions: Assumptions) -> Memory:
+def _memory(
+    cfg: DapoConfig, model: ModelShape, world: int, engines: int, act_tokens: int, assumptions: Assumptions
+) -> Memory:
     a, r, d = cfg.actor, cfg.rollout, cfg.data
     n_params = model.num_parameters
     act_bytes = 2 if a.dtype == "bf16" else 4
@@ -460,11 +574,23 @@ def _memory(cfg: DapoConfig, model: ModelShape, world: int, engines: int, act_to
     reserved = int(r.gpu_memory_utilization * gpu)
     vllm_weights = n_params * vllm_bytes // tp
     return Memory(
-        num_parameters=n_params, param_bytes=4 * n_params, grad_bytes=4 * n_params, optim_bytes=8 * n_params,
-        world_size=world, gathered_layer_bytes=(2 if world > 1 else 0) * 4 * model.layer_parameters,
-        act_tokens=act_tokens, act_no_ckpt_bytes=no_ckpt, act_ckpt_bytes=ckpt,
-        gradient_checkpointing=a.gradient_checkpointing, logits_chunk_bytes=logits_chunk,
-        vllm_weight_bytes=vllm_weights, kv_bytes_per_token=kv_per_token, kv_sequences=seqs,
-        kv_sequences_from=seqs_from, kv_bytes=seqs * full * kv_per_token, vllm_reserved_bytes=reserved,
-        kv_room_bytes=reserved - vllm_weights, gpu_bytes=gpu,
+        num_parameters=n_params,
+        param_bytes=4 * n_params,
+        grad_bytes=4 * n_params,
+        optim_bytes=8 * n_params,
+        world_size=world,
+        gathered_layer_bytes=(2 if world > 1 else 0) * 4 * model.layer_parameters,
+        act_tokens=act_tokens,
+        act_no_ckpt_bytes=no_ckpt,
+        act_ckpt_bytes=ckpt,
+        gradient_checkpointing=a.gradient_checkpointing,
+        logits_chunk_bytes=logits_chunk,
+        vllm_weight_bytes=vllm_weights,
+        kv_bytes_per_token=kv_per_token,
+        kv_sequences=seqs,
+        kv_sequences_from=seqs_from,
+        kv_bytes=seqs * full * kv_per_token,
+        vllm_reserved_bytes=reserved,
+        kv_room_bytes=reserved - vllm_weights,
+        gpu_bytes=gpu,
     )

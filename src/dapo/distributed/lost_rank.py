@@ -14,8 +14,14 @@ import os
 from pathlib import Path
 
 # What the process-group backends say when the process at the other end of a connection has gone.
-PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted",
-             "ProcessGroupNCCL is aborted", "Connection refused")
+PEER_GONE = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "NCCL communicator was aborted",
+    "ProcessGroupNCCL is aborted",
+    "Connection refused",
+)
 
 
 def is_lost_peer(exc: BaseException) -> bool:
@@ -73,8 +79,9 @@ def lost_rank_message(exc: BaseException | None, rank: int, world_size: int, res
     """One message for a surviving rank: which rank died (when visible from here), how this rank learnt it (the
     backend's error ``exc``, or None: torchrun's SIGTERM, which it sends every rank once one has failed), and
     ``resume_hint`` (where a rerun of the same command resumes)."""
-    gone = local_ranks_gone(rank, int(os.environ.get("LOCAL_RANK", "0")),
-                            int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size))))
+    gone = local_ranks_gone(
+        rank, int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size)))
+    )
     if gone:
         who = f"rank {', '.join(map(str, gone))} of {world_size} died"
     else:

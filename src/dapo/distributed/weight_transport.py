@@ -58,8 +58,9 @@ class WeightTransport:
     ``address``), ``connect(address)`` in the worker; both then block in the group's rendezvous until the other joins
     (``timeout_s``)."""
 
-    def __init__(self, store: dist.TCPStore, rank: int, timeout_s: float, host: str = "127.0.0.1",
-                 size: int = 2) -> None:
+    def __init__(
+        self, store: dist.TCPStore, rank: int, timeout_s: float, host: str = "127.0.0.1", size: int = 2
+    ) -> None:
         self.rank, self.size = rank, size
         self.address = (host, store.port)
         self._store = store
@@ -71,13 +72,15 @@ class WeightTransport:
         """The trainer's side; ``advertise``: the address the workers connect to (loopback for a spawned worker, the
         trainer's host for rollout ranks on other machines); ``size``: the trainer plus every engine the push
         reaches (one broadcast reaches them all)."""
-        store = dist.TCPStore(advertise, 0, size, True, timeout=datetime.timedelta(seconds=timeout_s),
-                              wait_for_workers=False)
+        store = dist.TCPStore(
+            advertise, 0, size, True, timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False
+        )
         return cls(store, TRAINER_RANK, timeout_s, advertise, size)
 
     @classmethod
-    def connect(cls, address: tuple[str, int], timeout_s: float = 300.0, rank: int = WORKER_RANK,
-                size: int = 2) -> WeightTransport:
+    def connect(
+        cls, address: tuple[str, int], timeout_s: float = 300.0, rank: int = WORKER_RANK, size: int = 2
+    ) -> WeightTransport:
         """A worker's side: ``rank`` in 1..size-1 among the engines of the group."""
         store = dist.TCPStore(address[0], address[1], size, False, timeout=datetime.timedelta(seconds=timeout_s))
         return cls(store, rank, timeout_s, size=size)
@@ -118,7 +121,7 @@ class WeightTransport:
             offset = 0
             for i in members:
                 n = _numel(layout.shapes[i])
-                received[i] = flat[offset:offset + n].view(layout.shapes[i])
+                received[i] = flat[offset : offset + n].view(layout.shapes[i])
                 offset += n
         named = [(layout.names[i], received[i]) for i in range(len(layout.names))]
         return named, TransferStats(layout.num_bytes, time.perf_counter() - t0)

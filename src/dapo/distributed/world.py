@@ -58,8 +58,12 @@ class World:
                 # by --max-restarts would read the dead round's addresses from it and its gloo mesh fail to connect
                 # ("Connection refused"). Each round meets under its own prefix.
                 store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
-                dist.init_process_group(backend=backend, store=dist.PrefixStore(f"dapo/round_{attempt}", store),
-                                        rank=rank, world_size=world_size)
+                dist.init_process_group(
+                    backend=backend,
+                    store=dist.PrefixStore(f"dapo/round_{attempt}", store),
+                    rank=rank,
+                    world_size=world_size,
+                )
         return cls(rank=rank, world_size=world_size, local_rank=local_rank)
 
     def subgroup(self, ranks: Sequence[int], *, timeout_s: float) -> World | None:

@@ -67,8 +67,14 @@ class LocalBackend:
 
     name = "local"
 
-    def __init__(self, engine: RolloutEngine, tokenizer, *, max_prompt_length: int | None = None,
-                 max_model_len: int | None = None) -> None:
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        tokenizer,
+        *,
+        max_prompt_length: int | None = None,
+        max_model_len: int | None = None,
+    ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.max_prompt_length = max_prompt_length
@@ -80,8 +86,9 @@ class LocalBackend:
             raise EvalError(f"a prompt has {len(ids)} tokens, more than --max-prompt-length {self.max_prompt_length}")
         return ids
 
-    def generate(self, prompts: Sequence[Sequence[dict[str, str]]], counts: Sequence[int],
-                 params: SamplingParams) -> list[list[Generated]]:
+    def generate(
+        self, prompts: Sequence[Sequence[dict[str, str]]], counts: Sequence[int], params: SamplingParams
+    ) -> list[list[Generated]]:
         """``counts[i]`` samples for prompt ``i`` (``params.n`` is ignored), in one engine call."""
         if not prompts:
             return []
@@ -93,9 +100,18 @@ class LocalBackend:
             for _ in range(count // n):
                 rows.append(ids)
                 owner.append(i)
-        out = self.engine.generate(rows, SamplingParams(
-            n=n, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
-            max_tokens=params.max_tokens, stop_token_ids=params.stop_token_ids, seed=params.seed))
+        out = self.engine.generate(
+            rows,
+            SamplingParams(
+                n=n,
+                temperature=params.temperature,
+                top_p=params.top_p,
+                top_k=params.top_k,
+                max_tokens=params.max_tokens,
+                stop_token_ids=params.stop_token_ids,
+                seed=params.seed,
+            ),
+        )
         results: list[list[Generated]] = [[] for _ in prompts]
         tool_categories = getattr(out, "tool_categories", None)
         action_masks = getattr(out, "action_mask", None)
@@ -104,8 +120,11 @@ class LocalBackend:
             ids = out.response_ids[k]
             calls = None if tool_categories is None else tuple(tool_categories[k])
             own = None if action_masks is None else model_text(self.tokenizer, ids, action_masks[k])
-            results[i].append(Generated(decode_response(self.tokenizer, ids), out.finish_reason[k],
-                                        len(encoded[i]), len(ids), calls, own))
+            results[i].append(
+                Generated(
+                    decode_response(self.tokenizer, ids), out.finish_reason[k], len(encoded[i]), len(ids), calls, own
+                )
+            )
         return results
 
     def close(self) -> None:
@@ -128,9 +147,18 @@ class OpenAIBackend:
 
     name = "openai"
 
-    def __init__(self, base_url: str, model: str | None, *, concurrency: int = 64, max_retries: int = 6,
-                 timeout_s: float = 600.0, backoff_s: float = 0.5, api_key: str | None = None,
-                 transport: Any = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        model: str | None,
+        *,
+        concurrency: int = 64,
+        max_retries: int = 6,
+        timeout_s: float = 600.0,
+        backoff_s: float = 0.5,
+        api_key: str | None = None,
+        transport: Any = None,
+    ) -> None:
         if concurrency < 1:
             raise EvalError(f"--concurrency must be >= 1, got {concurrency}")
         self.base_url = normalize_base_url(base_url)
@@ -149,9 +177,12 @@ class OpenAIBackend:
         import httpx
 
         limits = httpx.Limits(max_connections=self.concurrency, max_keepalive_connections=self.concurrency)
-        self._client = httpx.AsyncClient(timeout=self.timeout_s, limits=limits,
-                                         headers={"Authorization": f"Bearer {self.api_key}"},
-                                         transport=self.transport)
+        self._client = httpx.AsyncClient(
+            timeout=self.timeout_s,
+            limits=limits,
+            headers={"Authorization": f"Bearer {self.api_key}"},
+            transport=self.transport,
+        )
         self._semaphore = asyncio.Semaphore(self.concurrency)
         await self._resolve_model()
         return self
@@ -180,8 +211,10 @@ class OpenAIBackend:
                     try:
                         return response.json()
                     except ValueError:
-                        raise EvalError(f"{url} answered {response.status_code} with a body that is not JSON: "
-                                        f"{response.text[:200]!r}") from None
+                        raise EvalError(
+                            f"{url} answered {response.status_code} with a body that is not JSON: "
+                            f"{response.text[:200]!r}"
+                        ) from None
                 message = _error_message(response)
                 if response.status_code not in RETRY_STATUS:
                     raise EvalError(f"{url} answered {response.status_code}: {message}")
@@ -189,11 +222,13 @@ class OpenAIBackend:
                 retry_after = _retry_after(response.headers.get("retry-after"))
             if attempt == self.max_retries:
                 break
-            delay = retry_after if retry_after is not None else self.backoff_s * (2 ** attempt)
+            delay = retry_after if retry_after is not None else self.backoff_s * (2**attempt)
             await asyncio.sleep(min(delay, 30.0) * (1.0 + 0.1 * random.random()))
         if connect_failed:
-            raise EvalError(f"cannot reach the server at {self.base_url} ({last}); is it running? Start one with "
-                            f"`dapo serve MODEL` or check --base-url")
+            raise EvalError(
+                f"cannot reach the server at {self.base_url} ({last}); is it running? Start one with "
+                f"`dapo serve MODEL` or check --base-url"
+            )
         raise EvalError(f"{url} failed after {self.max_retries + 1} attempts; last error: {last}")
 
     async def _resolve_model(self) -> None:
@@ -238,11 +273,16 @@ class OpenAIBackend:
             choice = body["choices"][0]
             usage = body.get("usage") or {}
             text = choice["message"].get("content") or ""
-            return Generated(text, str(choice.get("finish_reason") or "stop"), int(usage.get("prompt_tokens", 0)),
-                             int(usage.get("completion_tokens", 0)))
+            return Generated(
+                text,
+                str(choice.get("finish_reason") or "stop"),
+                int(usage.get("prompt_tokens", 0)),
+                int(usage.get("completion_tokens", 0)),
+            )
         except (KeyError, IndexError, TypeError, ValueError) as e:
-            raise EvalError(f"{self.base_url}/chat/completions answered an unexpected body ({e}): "
-                            f"{str(body)[:200]}") from None
+            raise EvalError(
+                f"{self.base_url}/chat/completions answered an unexpected body ({e}): {str(body)[:200]}"
+            ) from None
 
 
 def _error_message(response) -> str:

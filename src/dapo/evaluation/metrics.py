@@ -187,13 +187,17 @@ def summarize_problems(problems: Sequence[ProblemStats]) -> dict[str, Any]:
     }
     for k in pass_ks(k_min):
         out[f"pass@{k}"] = _mean([pass_at_k(p.n, p.correct, k) for p in problems])
-    out[f"maj@{label}"] = _mean([float(majority_vote([s.pred for s in p.samples], [s.acc for s in p.samples])[1])
-                                 for p in problems])
+    out[f"maj@{label}"] = _mean(
+        [float(majority_vote([s.pred for s in p.samples], [s.acc for s in p.samples])[1]) for p in problems]
+    )
     out["response_length/mean"] = _mean([_mean([s.response_tokens for s in p.samples]) for p in problems])
     out["truncation_rate"] = _mean([_mean([float(s.truncated) for s in p.samples]) for p in problems])
     # multi-turn samples: how they used the tool (over samples, not problem-weighted: every problem has K of them)
-    out.update(tool_use_metrics([(s.tool_calls, float(s.acc)) for p in problems for s in p.samples
-                                 if s.tool_calls is not None]))
+    out.update(
+        tool_use_metrics(
+            [(s.tool_calls, float(s.acc)) for p in problems for s in p.samples if s.tool_calls is not None]
+        )
+    )
     return out
 
 

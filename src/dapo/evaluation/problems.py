@@ -76,8 +76,17 @@ def group_records(records: Sequence[DapoRecord]) -> list[EvalProblem]:
         row, record = first[key]
         index = record.extra_info.get("index")
         problem_id = str(index) if isinstance(index, (int, str)) and not isinstance(index, bool) else str(row)
-        problems.append(EvalProblem(key, problem_id, record.data_source, tuple(record.messages()), record.ground_truth,
-                                    repeats[key], dict(record.extra_info)))
+        problems.append(
+            EvalProblem(
+                key,
+                problem_id,
+                record.data_source,
+                tuple(record.messages()),
+                record.ground_truth,
+                repeats[key],
+                dict(record.extra_info),
+            )
+        )
     return problems
 
 
@@ -107,14 +116,27 @@ def load_test_records(path: str | Path, *, template: str = "dapo", synth: DataCo
         return load_dataset(p)
     problem_column = "problem" if "problem" in keys else "question"
     with tempfile.TemporaryDirectory(prefix="dapo-eval-") as tmp:
-        prepare_dataset(p, tmp, problem_key=problem_column, answer_key="answer", answer_format="auto",
-                        apply_template=template == "dapo", dedup=False, integer_only=False)
+        prepare_dataset(
+            p,
+            tmp,
+            problem_key=problem_column,
+            answer_key="answer",
+            answer_format="auto",
+            apply_template=template == "dapo",
+            dedup=False,
+            integer_only=False,
+        )
         records = load_dataset(Path(tmp) / "train.parquet")
     return records
 
 
-def load_problems(paths: Sequence[str | Path], *, template: str = "dapo", max_problems: int | None = None,
-                  synth: DataConfig | None = None) -> list[EvalProblem]:
+def load_problems(
+    paths: Sequence[str | Path],
+    *,
+    template: str = "dapo",
+    max_problems: int | None = None,
+    synth: DataConfig | None = None,
+) -> list[EvalProblem]:
     """Distinct problems of all test files, in file order; ``max_problems`` keeps the first ones."""
     if not paths:
         raise DataFileError("no test file given")

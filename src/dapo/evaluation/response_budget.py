@@ -24,17 +24,23 @@ def response_budget(requested: int | None, context: int | None, longest_prompt: 
         if requested is None:
             return min(DEFAULT_MAX_TOKENS, max(1, context // 2))
         if requested >= context:
-            raise EvalError(f"--max-tokens {requested} leaves no room for a prompt in {where}; pass --max-tokens "
-                            f"below {context} (or leave it out: the default fits the context)")
+            raise EvalError(
+                f"--max-tokens {requested} leaves no room for a prompt in {where}; pass --max-tokens "
+                f"below {context} (or leave it out: the default fits the context)"
+            )
         return requested
     room = context - longest_prompt
     if room < 1:
-        raise EvalError(f"the longest prompt has {longest_prompt} tokens, which fills {where}: no room for a "
-                        "response (--max-prompt-length refuses long prompts up front)")
+        raise EvalError(
+            f"the longest prompt has {longest_prompt} tokens, which fills {where}: no room for a "
+            "response (--max-prompt-length refuses long prompts up front)"
+        )
     if requested is None:
         return min(DEFAULT_MAX_TOKENS, room)
     if requested > room:
-        raise EvalError(f"--max-tokens {requested} after the longest prompt ({longest_prompt} tokens) exceeds {where}; "
-                        f"pass --max-tokens {room} or less, or leave it out (the "
-                        "default fits the context)")
+        raise EvalError(
+            f"--max-tokens {requested} after the longest prompt ({longest_prompt} tokens) exceeds {where}; "
+            f"pass --max-tokens {room} or less, or leave it out (the "
+            "default fits the context)"
+        )
     return requested

@@ -41,8 +41,18 @@ from dapo.tools.result import TOOL_CATEGORIES
 Progress = Callable[[int, int, float], None]  # (samples done, samples total, accuracy so far)
 
 SETTINGS_THAT_DECIDE_SAMPLES: tuple[str, ...] = (
-    "model", "test_files", "n", "temperature", "top_p", "top_k", "max_tokens", "seed", "template", "max_problems",
-    "backend", "multi_turn",
+    "model",
+    "test_files",
+    "n",
+    "temperature",
+    "top_p",
+    "top_k",
+    "max_tokens",
+    "seed",
+    "template",
+    "max_problems",
+    "backend",
+    "multi_turn",
 )
 
 
@@ -66,8 +76,9 @@ class EvalSettings:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
 
     def params(self, seed: int | None) -> SamplingParams:
-        return SamplingParams(n=1, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                              max_tokens=self.max_tokens, seed=seed)
+        return SamplingParams(
+            n=1, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, max_tokens=self.max_tokens, seed=seed
+        )
 
 
 def summary_path(output: str | Path) -> Path:
@@ -84,9 +95,19 @@ _LINE_START = b'{"problem_key": '  # how every line _Writer writes begins (json.
 # Every field of a samples line and the types it may have: a resumed line feeds the metrics, so a line whose "acc"
 # is the string "False" (truthy) must be refused, not counted as correct.
 _SAMPLE_FIELDS: dict[str, tuple[type, ...]] = {
-    "problem_key": (str,), "problem_id": (str,), "data_source": (str,), "sample_index": (int,), "prompt": (str,),
-    "ground_truth": (str,), "response": (str,), "prediction": (str, type(None)), "score": (int, float),
-    "acc": (bool,), "finish_reason": (str, type(None)), "prompt_tokens": (int,), "response_tokens": (int,),
+    "problem_key": (str,),
+    "problem_id": (str,),
+    "data_source": (str,),
+    "sample_index": (int,),
+    "prompt": (str,),
+    "ground_truth": (str,),
+    "response": (str,),
+    "prediction": (str, type(None)),
+    "score": (int, float),
+    "acc": (bool,),
+    "finish_reason": (str, type(None)),
+    "prompt_tokens": (int,),
+    "response_tokens": (int,),
 }
 _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false", type(None): "null"}
 # Multi-turn samples also carry "tool_calls": each tool call's result category, in order.
@@ -148,8 +169,10 @@ def read_samples(path: Path) -> list[dict[str, Any]]:
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise EvalError(f"{path} line {lineno} is not UTF-8 text (byte {exc.start} of the line is "
-                            f"{raw[exc.start]:#04x}); {not_ours}") from None
+            raise EvalError(
+                f"{path} line {lineno} is not UTF-8 text (byte {exc.start} of the line is "
+                f"{raw[exc.start]:#04x}); {not_ours}"
+            ) from None
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
@@ -162,8 +185,9 @@ def read_samples(path: Path) -> list[dict[str, Any]]:
     if tail:
         if not _torn_tail(tail):
             last = data.count(b"\n") + 1
-            raise EvalError(f"{path} line {last} (its last, without a newline) is not the start of a sample line; "
-                            f"{not_ours}")
+            raise EvalError(
+                f"{path} line {last} (its last, without a newline) is not the start of a sample line; {not_ours}"
+            )
         with open(path, "r+b") as f:
             f.truncate(cut)
     return rows
@@ -188,20 +212,26 @@ def _check_resume(settings: EvalSettings, output: Path, done: list[dict[str, Any
     spath = summary_path(output)
     if not spath.exists():
         if done:
-            raise EvalError(f"{output} holds {len(done)} samples but {spath} is missing, so the settings they were "
-                            "made with are unknown; choose another --output")
+            raise EvalError(
+                f"{output} holds {len(done)} samples but {spath} is missing, so the settings they were "
+                "made with are unknown; choose another --output"
+            )
         return
     try:
         earlier = json.loads(spath.read_text(encoding="utf-8")).get("settings", {})
     except (OSError, ValueError) as e:
         raise EvalError(f"{spath} cannot be read ({e}); delete it and {output}, or choose another --output") from None
     now = settings.to_dict()
-    diff = [k for k in SETTINGS_THAT_DECIDE_SAMPLES + (("batch_size",) if settings.backend != "openai" else ())
-            if earlier.get(k) != now.get(k)]
+    diff = [
+        k
+        for k in SETTINGS_THAT_DECIDE_SAMPLES + (("batch_size",) if settings.backend != "openai" else ())
+        if earlier.get(k) != now.get(k)
+    ]
     if diff and done:
         shown = ", ".join(f"{k}: {earlier.get(k)!r} -> {now.get(k)!r}" for k in diff)
-        raise EvalError(f"{output} was made with other settings ({shown}); resume with the same settings or choose "
-                        "another --output")
+        raise EvalError(
+            f"{output} was made with other settings ({shown}); resume with the same settings or choose another --output"
+        )
     _check_tool_calls(settings, output, done)
 
 
@@ -211,14 +241,18 @@ def _check_tool_calls(settings: EvalSettings, output: Path, done: list[dict[str,
     most = 0 if settings.multi_turn is None else int(settings.multi_turn["max_assistant_turns"]) - 1
     for row in done:
         calls = row.get("tool_calls")
-        where = f'{output}: the line of problem {row["problem_key"]!r} sample {row["sample_index"]}'
+        where = f"{output}: the line of problem {row['problem_key']!r} sample {row['sample_index']}"
         if settings.multi_turn is not None and calls is None:
-            raise EvalError(f'{where} has no "tool_calls", which every multi-turn sample records; '
-                            "it is not this eval's samples file, or it was edited: choose another --output")
+            raise EvalError(
+                f'{where} has no "tool_calls", which every multi-turn sample records; '
+                "it is not this eval's samples file, or it was edited: choose another --output"
+            )
         if calls is not None and len(calls) > most:
-            raise EvalError(f"{where} records {len(calls)} tool calls, more than the {most} this loop can make "
-                            f"(max_assistant_turns={most + 1 if settings.multi_turn else 'single turn'}, no call in "
-                            "the last turn); it was edited: choose another --output")
+            raise EvalError(
+                f"{where} records {len(calls)} tool calls, more than the {most} this loop can make "
+                f"(max_assistant_turns={most + 1 if settings.multi_turn else 'single turn'}, no call in "
+                "the last turn); it was edited: choose another --output"
+            )
 
 
 def write_summary(output: Path, settings: EvalSettings, rows: Sequence[dict[str, Any]], total: int) -> dict[str, Any]:
@@ -255,13 +289,22 @@ def _row(problem: EvalProblem, index: int, gen: Generated, result) -> dict[str, 
 
 
 def _score(problems: Sequence[EvalProblem], gens: Sequence[Generated], reward_workers: int):
-    items = [RewardInput(p.data_source, g.scored_text, p.ground_truth, dict(p.extra_info) or None)
-             for p, g in zip(problems, gens)]
+    items = [
+        RewardInput(p.data_source, g.scored_text, p.ground_truth, dict(p.extra_info) or None)
+        for p, g in zip(problems, gens)
+    ]
     return score_batch(items, num_workers=reward_workers)
 
 
-def run_eval(problems: Sequence[EvalProblem], backend: LocalBackend | OpenAIBackend, settings: EvalSettings,
-             output: str | Path, *, progress: Progress | None = None, reward_workers: int = 0) -> dict[str, Any]:
+def run_eval(
+    problems: Sequence[EvalProblem],
+    backend: LocalBackend | OpenAIBackend,
+    settings: EvalSettings,
+    output: str | Path,
+    *,
+    progress: Progress | None = None,
+    reward_workers: int = 0,
+) -> dict[str, Any]:
     """Evaluate, resuming from ``output``; returns the summary (also written next to ``output``)."""
     output = Path(output)
     if output.suffix.lower() not in (".jsonl", ".json"):
@@ -269,12 +312,18 @@ def run_eval(problems: Sequence[EvalProblem], backend: LocalBackend | OpenAIBack
     if not problems:
         raise EvalError("no problems to evaluate")
     if settings.multi_turn is not None and not isinstance(backend, LocalBackend):
-        raise EvalError("the multi-turn tool loop runs on a local engine (--backend hf or vllm), where trajectories "
-                        "are built token in, token out; a server behind --base-url cannot run it")
+        raise EvalError(
+            "the multi-turn tool loop runs on a local engine (--backend hf or vllm), where trajectories "
+            "are built token in, token out; a server behind --base-url cannot run it"
+        )
     done_rows = read_samples(output)
     _check_resume(settings, output, done_rows)
     wanted = {p.key: p.repeats * settings.n for p in problems}
-    done_rows = [r for r in done_rows if r.get("problem_key") in wanted and 0 <= r.get("sample_index", -1) < wanted[r["problem_key"]]]
+    done_rows = [
+        r
+        for r in done_rows
+        if r.get("problem_key") in wanted and 0 <= r.get("sample_index", -1) < wanted[r["problem_key"]]
+    ]
     done = {(r["problem_key"], r["sample_index"]) for r in done_rows}
     total = sum(wanted.values())
     write_summary(output, settings, done_rows, total)  # records the settings before any sample is written
@@ -296,8 +345,9 @@ def run_eval(problems: Sequence[EvalProblem], backend: LocalBackend | OpenAIBack
         if isinstance(backend, LocalBackend):
             _run_local(problems, backend, settings, wanted, done, lambda row: record(row, writer), reward_workers)
         else:
-            asyncio.run(_run_remote(problems, backend, settings, wanted, done, lambda row: record(row, writer),
-                                    reward_workers))
+            asyncio.run(
+                _run_remote(problems, backend, settings, wanted, done, lambda row: record(row, writer), reward_workers)
+            )
     finally:
         writer.close()
     return write_summary(output, settings, rows, total)
@@ -310,24 +360,30 @@ def _run_local(problems, backend: LocalBackend, settings: EvalSettings, wanted, 
         missing = [(p, j) for p in chunk for j in range(wanted[p.key]) if (p.key, j) not in done]
         if not missing:
             continue
-        gens = backend.generate([p.messages for p in chunk], [wanted[p.key] for p in chunk],
-                                settings.params(settings.seed + chunk_index))
+        gens = backend.generate(
+            [p.messages for p in chunk], [wanted[p.key] for p in chunk], settings.params(settings.seed + chunk_index)
+        )
         todo = [(p, j, gens[i][j]) for i, p in enumerate(chunk) for j in range(wanted[p.key]) if (p.key, j) not in done]
         results = _score([p for p, _, _ in todo], [g for _, _, g in todo], reward_workers)
         for (p, j, g), result in zip(todo, results):
             record(_row(p, j, g, result))
 
 
-async def _run_remote(problems, backend: OpenAIBackend, settings: EvalSettings, wanted, done, record,
-                      reward_workers) -> None:
+async def _run_remote(
+    problems, backend: OpenAIBackend, settings: EvalSettings, wanted, done, record, reward_workers
+) -> None:
     async with backend:
+
         async def one(problem: EvalProblem, index: int) -> None:
-            gen = await backend.complete(problem.messages, settings.params(sample_seed(settings.seed, problem.key, index)))
+            gen = await backend.complete(
+                problem.messages, settings.params(sample_seed(settings.seed, problem.key, index))
+            )
             result = (await asyncio.to_thread(_score, [problem], [gen], reward_workers))[0]
             record(_row(problem, index, gen, result))
 
-        tasks = [asyncio.ensure_future(one(p, j)) for p in problems for j in range(wanted[p.key])
-                 if (p.key, j) not in done]
+        tasks = [
+            asyncio.ensure_future(one(p, j)) for p in problems for j in range(wanted[p.key]) if (p.key, j) not in done
+        ]
         try:
             for fut in asyncio.as_completed(tasks):
                 await fut

@@ -19,8 +19,19 @@ from dataclasses import dataclass
 
 from dapo.infra.tracking import val_acc_keys
 
-__all__ = ["MeanStd", "RunSummary", "SeedBand", "config_of_run", "group_share_series", "mean_std", "seed_band",
-           "series", "steps_to_reach", "summarize_run", "val_acc_key_of"]
+__all__ = [
+    "MeanStd",
+    "RunSummary",
+    "SeedBand",
+    "config_of_run",
+    "group_share_series",
+    "mean_std",
+    "seed_band",
+    "series",
+    "steps_to_reach",
+    "summarize_run",
+    "val_acc_key_of",
+]
 
 _SEED_SUFFIX = re.compile(r"^(?P<config>.+)-s(?P<seed>\d+)$")
 
@@ -61,8 +72,9 @@ def config_of_run(name: str) -> tuple[str, int | None]:
 
 def series(records: Sequence[Mapping], key: str) -> list[tuple[int, float]]:
     """(step, value) of every record that logged ``key`` (finite values only)."""
-    return [(int(r["step"]), float(r[key])) for r in records
-            if r.get(key) is not None and not math.isnan(float(r[key]))]
+    return [
+        (int(r["step"]), float(r[key])) for r in records if r.get(key) is not None and not math.isnan(float(r[key]))
+    ]
 
 
 def val_acc_key_of(records: Sequence[Mapping]) -> str | None:
@@ -86,8 +98,11 @@ def group_share_series(records: Sequence[Mapping], kind: str, groups_per_round: 
 
     ``groups_per_round`` is the number of prompt groups one generation round produces (``gen_batch_size``)."""
     count = {"correct": "train/num_all_correct_groups", "wrong": "train/num_all_wrong_groups"}[kind]
-    return [(int(r["step"]), r.get(count, 0.0) / (r["train/num_gen_batches"] * groups_per_round))
-            for r in records if r.get("train/num_gen_batches")]
+    return [
+        (int(r["step"]), r.get(count, 0.0) / (r["train/num_gen_batches"] * groups_per_round))
+        for r in records
+        if r.get("train/num_gen_batches")
+    ]
 
 
 @dataclass(frozen=True)
@@ -109,8 +124,9 @@ class RunSummary:
     steps: int
 
 
-def summarize_run(records: Sequence[Mapping], *, threshold: float, groups_per_round: int,
-                  window: int = 5) -> RunSummary:
+def summarize_run(
+    records: Sequence[Mapping], *, threshold: float, groups_per_round: int, window: int = 5
+) -> RunSummary:
     """Summarise one run's ``metrics.jsonl`` records.
 
     ``groups_per_round`` is the number of prompt groups one generation round produces (``gen_batch_size``), so that
@@ -123,7 +139,9 @@ def summarize_run(records: Sequence[Mapping], *, threshold: float, groups_per_ro
     key = val_acc_key_of(records)
     val = series(records, key) if key else []
     first, last = slice(0, window), slice(-window, None)
-    shares = {kind: [v for _, v in group_share_series(records, kind, groups_per_round)] for kind in ("correct", "wrong")}
+    shares = {
+        kind: [v for _, v in group_share_series(records, kind, groups_per_round)] for kind in ("correct", "wrong")
+    }
     totals = series(records, "train/generated_tokens_total")
     return RunSummary(
         val_first=val[0][1] if val else None,

@@ -93,14 +93,21 @@ def repeated_prompt_warning(prompts: Sequence[PromptItem], n: int) -> str | None
     repeats = max(counts.values())
     if repeats <= 1:
         return None
-    return (f"the validation set repeats its prompts (up to {repeats}x: {len(prompts)} rows, {len(counts)} distinct "
-            f"prompts) and rollout.val_kwargs.n={n}: each problem is sampled up to {repeats * n} times. The published "
-            f"recipe uses n=1 on the repeated AIME file (avg@{repeats}); set rollout.val_kwargs.n=1, or de-duplicate "
-            "the file (dapo data prepare) and keep n")
+    return (
+        f"the validation set repeats its prompts (up to {repeats}x: {len(prompts)} rows, {len(counts)} distinct "
+        f"prompts) and rollout.val_kwargs.n={n}: each problem is sampled up to {repeats * n} times. The published "
+        f"recipe uses n=1 on the repeated AIME file (avg@{repeats}); set rollout.val_kwargs.n=1, or de-duplicate "
+        "the file (dapo data prepare) and keep n"
+    )
 
 
 def validation_groups(
-    engine: RolloutEngine, prompts: Sequence[PromptItem], tokenizer, cfg: DapoConfig, *, seed: int,
+    engine: RolloutEngine,
+    prompts: Sequence[PromptItem],
+    tokenizer,
+    cfg: DapoConfig,
+    *,
+    seed: int,
     prompt_seeds: Sequence[int] | None = None,
 ) -> list[ScoredGroup]:
     """Sample and score ``prompts`` at the validation setting (``summarize_validation`` turns the groups into the
@@ -109,8 +116,13 @@ def validation_groups(
     process's."""
     vk = cfg.rollout.val_kwargs
     params = SamplingParams(
-        n=vk.n, temperature=vk.temperature, top_p=vk.top_p, top_k=vk.top_k,
-        max_tokens=cfg.data.max_response_length, stop_token_ids=(), seed=seed,
+        n=vk.n,
+        temperature=vk.temperature,
+        top_p=vk.top_p,
+        top_k=vk.top_k,
+        max_tokens=cfg.data.max_response_length,
+        stop_token_ids=(),
+        seed=seed,
         prompt_seeds=None if prompt_seeds is None else tuple(prompt_seeds),
     )
     rollout = engine.generate([p.input_ids for p in prompts], params)

@@ -136,17 +136,17 @@ def sequence_forward_flops(shape: TransformerShape, length: int) -> int:
 # Dense datasheet peaks in TFLOP/s (bf16 tensor core without sparsity; fp32 on CUDA cores, TF32 off as PyTorch's
 # default). Matched against torch.cuda.get_device_name() in this order (the first name contained wins).
 GPU_PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
-    ("H100 PCIe", {"bf16": 756.0, "fp32": 51.2}),   # NVIDIA H100 datasheet, PCIe
-    ("H100 NVL", {"bf16": 835.0, "fp32": 60.0}),    # H100 NVL
-    ("H100", {"bf16": 989.4, "fp32": 66.9}),        # H100 SXM5
-    ("H200", {"bf16": 989.4, "fp32": 66.9}),        # H200 SXM: H100's compute, more memory
-    ("A100", {"bf16": 312.0, "fp32": 19.5}),        # A100 SXM / PCIe, 40 and 80 GB
+    ("H100 PCIe", {"bf16": 756.0, "fp32": 51.2}),  # NVIDIA H100 datasheet, PCIe
+    ("H100 NVL", {"bf16": 835.0, "fp32": 60.0}),  # H100 NVL
+    ("H100", {"bf16": 989.4, "fp32": 66.9}),  # H100 SXM5
+    ("H200", {"bf16": 989.4, "fp32": 66.9}),  # H200 SXM: H100's compute, more memory
+    ("A100", {"bf16": 312.0, "fp32": 19.5}),  # A100 SXM / PCIe, 40 and 80 GB
     ("L40S", {"bf16": 362.05, "fp32": 91.6}),
     ("L4", {"bf16": 121.0, "fp32": 30.3}),
-    ("A10G", {"bf16": 70.0, "fp32": 31.2}),         # AWS A10G (not NVIDIA's A10)
+    ("A10G", {"bf16": 70.0, "fp32": 31.2}),  # AWS A10G (not NVIDIA's A10)
     ("A10", {"bf16": 125.0, "fp32": 31.2}),
-    ("RTX 4090", {"bf16": 165.2, "fp32": 82.6}),    # bf16 with fp32 accumulation
-    ("V100", {"fp32": 15.7}),                       # no bf16 tensor cores
+    ("RTX 4090", {"bf16": 165.2, "fp32": 82.6}),  # bf16 with fp32 accumulation
+    ("V100", {"fp32": 15.7}),  # no bf16 tensor cores
 )
 
 
@@ -183,9 +183,13 @@ def mfu(achieved: float, peak: PeakFlops) -> float:
     if ratio > 1.0:
         if not _warned_mfu_above_one:
             _warned_mfu_above_one = True
-            log.warning("MFU %.0f%% is above 100%%: the peak (%s, %.3g FLOP/s) underestimates this device, probably "
-                        "probed under load; MFU is reported as 1 (delete the peak cache to probe again)",
-                        100 * ratio, peak.source, peak.flops_per_s)
+            log.warning(
+                "MFU %.0f%% is above 100%%: the peak (%s, %.3g FLOP/s) underestimates this device, probably "
+                "probed under load; MFU is reported as 1 (delete the peak cache to probe again)",
+                100 * ratio,
+                peak.source,
+                peak.flops_per_s,
+            )
         return 1.0
     return ratio
 

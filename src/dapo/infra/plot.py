@@ -48,19 +48,41 @@ PANELS: tuple[Panel, ...] = (
     Panel("entropy", "generation entropy (kept groups)", "actor/entropy", "nats per token"),
     Panel("mean_prob", "mean probability (kept groups)", "actor/mean_prob", "actor/mean_prob", accuracy=True),
     Panel("val_acc", "validation accuracy", "val/acc/mean@*", "val/acc/mean@k", accuracy=True),
-    Panel("rollout_acc", "rollout accuracy (all groups, before filtering)", "rollout/acc/mean", "rollout/acc/mean",
-          accuracy=True),
+    Panel(
+        "rollout_acc",
+        "rollout accuracy (all groups, before filtering)",
+        "rollout/acc/mean",
+        "rollout/acc/mean",
+        accuracy=True,
+    ),
     Panel("train_acc", "training accuracy (kept groups)", "acc/mean", "acc/mean", accuracy=True),
     # model FLOPs / (seconds x peak) per phase (dapo.training.perf_metrics); a CPU's peak is a measured matmul rate
     Panel("mfu_actor", "actor MFU (update)", "perf/mfu/actor", "perf/mfu/actor"),
     Panel("mfu_rollout", "rollout MFU (generation)", "perf/mfu/rollout", "perf/mfu/rollout"),
     # multi-turn runs (rollout.multi_turn): how often the policy calls the interpreter, in training and held out
-    Panel("tool_share", "samples that called the tool (rollout)", "tool/samples_with_call",
-          "tool/samples_with_call", accuracy=True, when_logged=True),
-    Panel("val_tool_share", "samples that called the tool (validation)", "val/tool/samples_with_call",
-          "val/tool/samples_with_call", accuracy=True, when_logged=True),
-    Panel("tool_calls", "tool calls per sample (rollout)", "tool/calls_per_sample", "tool/calls_per_sample",
-          when_logged=True),
+    Panel(
+        "tool_share",
+        "samples that called the tool (rollout)",
+        "tool/samples_with_call",
+        "tool/samples_with_call",
+        accuracy=True,
+        when_logged=True,
+    ),
+    Panel(
+        "val_tool_share",
+        "samples that called the tool (validation)",
+        "val/tool/samples_with_call",
+        "val/tool/samples_with_call",
+        accuracy=True,
+        when_logged=True,
+    ),
+    Panel(
+        "tool_calls",
+        "tool calls per sample (rollout)",
+        "tool/calls_per_sample",
+        "tool/calls_per_sample",
+        when_logged=True,
+    ),
 )
 PANEL_NAMES: tuple[str, ...] = tuple(p.name for p in PANELS)
 _VAL = "val/acc/mean@*"
@@ -114,11 +136,14 @@ def _resolve_panels(metrics: Sequence[str] | None, runs: list[list[dict[str, Any
         if item in by_name:
             chosen.append(by_name[item])
         elif "/" in item:
-            chosen.append(Panel(item, item, item, item, accuracy=item.split("/")[-1].startswith("acc")
-                                or "/acc/" in item))
+            chosen.append(
+                Panel(item, item, item, item, accuracy=item.split("/")[-1].startswith("acc") or "/acc/" in item)
+            )
         else:
-            raise ValueError(f"unknown panel '{item}'; choose from {', '.join(PANEL_NAMES)} or give a metric key "
-                             "such as critic/advantages/mean")
+            raise ValueError(
+                f"unknown panel '{item}'; choose from {', '.join(PANEL_NAMES)} or give a metric key "
+                "such as critic/advantages/mean"
+            )
     out: list[Panel] = []
     for panel in chosen:
         if panel.key != _VAL:
@@ -137,7 +162,10 @@ _MARGIN_LEFT_IN, _MARGIN_RIGHT_IN, _MARGIN_BOTTOM_IN, _MARGIN_TOP_IN = 0.75, 0.2
 
 
 def make_figure(
-    run_dirs: Sequence[Path], *, labels: Sequence[str] | None = None, metrics: Sequence[str] | None = None,
+    run_dirs: Sequence[Path],
+    *,
+    labels: Sequence[str] | None = None,
+    metrics: Sequence[str] | None = None,
     smooth: float = 0.0,
 ) -> Figure:
     """Build the monitoring figure (3 panels a row) for ``run_dirs``; each run is one colour."""
@@ -161,10 +189,22 @@ def make_figure(
     # Fixed margins in inches, not layout="constrained": the constrained solver measured every tick label of the 18
     # panels and was half of the whole draw (3.1 of 6.5 s, profiled); these fit the panels' titles, labels and the
     # legend row above them.
-    axes = list(fig.subplots(nrows, ncols, squeeze=False, gridspec_kw=dict(
-        left=_MARGIN_LEFT_IN / width, right=1 - _MARGIN_RIGHT_IN / width, bottom=_MARGIN_BOTTOM_IN / height,
-        top=1 - _MARGIN_TOP_IN / height, wspace=0.32, hspace=0.42)).ravel())
-    for ax in axes[len(panels):]:
+    axes = list(
+        fig.subplots(
+            nrows,
+            ncols,
+            squeeze=False,
+            gridspec_kw=dict(
+                left=_MARGIN_LEFT_IN / width,
+                right=1 - _MARGIN_RIGHT_IN / width,
+                bottom=_MARGIN_BOTTOM_IN / height,
+                top=1 - _MARGIN_TOP_IN / height,
+                wspace=0.32,
+                hspace=0.42,
+            ),
+        ).ravel()
+    )
+    for ax in axes[len(panels) :]:
         ax.set_axis_off()
     colors = [f"C{i % 10}" for i in range(len(runs))]
     legend_handles: dict[str, Any] = {}
@@ -186,8 +226,9 @@ def make_figure(
                 values = _ema(series.values, smooth)
             else:
                 values = series.values
-            (line,) = ax.plot(series.steps, values, color=color, linestyle=_LINE_STYLES[0], marker=marker,
-                              markersize=4, label=label)
+            (line,) = ax.plot(
+                series.steps, values, color=color, linestyle=_LINE_STYLES[0], marker=marker, markersize=4, label=label
+            )
             legend_handles.setdefault(label, line)
             drawn += 1
         if drawn == 0:
@@ -212,7 +253,11 @@ def make_figure(
 
 
 def plot_runs(
-    run_dirs: Sequence[Path], out: Path, *, labels: Sequence[str] | None = None, metrics: Sequence[str] | None = None,
+    run_dirs: Sequence[Path],
+    out: Path,
+    *,
+    labels: Sequence[str] | None = None,
+    metrics: Sequence[str] | None = None,
     smooth: float = 0.0,
 ) -> Path:
     """Draw the monitoring panels for ``run_dirs`` into the PNG ``out`` (written atomically); return ``out``."""

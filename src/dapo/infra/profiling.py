@@ -65,10 +65,17 @@ class PhaseProfile:
         totals = self.operators if totals is None else totals
         ranked = sorted(totals.items(), key=lambda kv: kv[1].self_s + kv[1].self_device_s, reverse=True)
         wall = max(self.wall_s, 1e-12)
-        return [{"op": name, "calls": op.calls, "self_s": round(op.self_s, 6), "total_s": round(op.total_s, 6),
-                 "share": round(op.self_s / wall, 4),
-                 **({"self_device_s": round(op.self_device_s, 6)} if op.self_device_s else {})}
-                for name, op in ranked[:limit]]
+        return [
+            {
+                "op": name,
+                "calls": op.calls,
+                "self_s": round(op.self_s, 6),
+                "total_s": round(op.total_s, 6),
+                "share": round(op.self_s / wall, 4),
+                **({"self_device_s": round(op.self_device_s, 6)} if op.self_device_s else {}),
+            }
+            for name, op in ranked[:limit]
+        ]
 
 
 def _add_events(by_name: dict[str, OperatorTotals], by_shape: dict[str, OperatorTotals], events) -> None:
@@ -79,6 +86,7 @@ def _add_events(by_name: dict[str, OperatorTotals], by_shape: dict[str, Operator
     that of the operators it directly encloses. A device kernel (CUDA) is an entry of its own, by kernel name, with
     its duration as device time. tests/infra/test_profiling.py checks the result against ``key_averages()``.
     """
+
     def record(name: str, shape_key: str, *, self_s: float = 0.0, total_s: float = 0.0, device_s: float = 0.0) -> None:
         for totals, key in ((by_name, name), (by_shape, shape_key)):
             op = totals.setdefault(key, OperatorTotals())
@@ -159,17 +167,28 @@ class StepProfiler:
         self._write()
 
     def summary(self) -> dict:
-        return {"step": self.step, "torch": torch.__version__,
-                "phases": {name: {"wall_s": round(p.wall_s, 6), "runs": p.runs, "operators": p.top(self.top),
-                                  "by_shape": p.top(self.top, p.by_shape)}
-                           for name, p in self.phases.items()}}
+        return {
+            "step": self.step,
+            "torch": torch.__version__,
+            "phases": {
+                name: {
+                    "wall_s": round(p.wall_s, 6),
+                    "runs": p.runs,
+                    "operators": p.top(self.top),
+                    "by_shape": p.top(self.top, p.by_shape),
+                }
+                for name, p in self.phases.items()
+            },
+        }
 
     def _write(self) -> None:
         summary = self.summary()
-        atomic_write_files([
-            (self.json_path, lambda p: p.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")),
-            (self.text_path, lambda p: p.write_text(format_profile(summary), encoding="utf-8")),
-        ])
+        atomic_write_files(
+            [
+                (self.json_path, lambda p: p.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")),
+                (self.text_path, lambda p: p.write_text(format_profile(summary), encoding="utf-8")),
+            ]
+        )
 
 
 def format_profile(summary: dict, limit: int = 15) -> str:
@@ -179,8 +198,9 @@ def format_profile(summary: dict, limit: int = 15) -> str:
         lines.append(f"step {summary['step']}, phase {name}: {phase['wall_s']:.3f} s wall over {phase['runs']} run(s)")
         lines.append(f"  {'operator':<48} {'calls':>8} {'self s':>9} {'share':>7} {'total s':>9}")
         for op in phase["operators"][:limit]:
-            lines.append(f"  {op['op'][:48]:<48} {op['calls']:>8} {op['self_s']:>9.3f} {op['share']:>7.1%} "
-                         f"{op['total_s']:>9.3f}")
+            lines.append(
+                f"  {op['op'][:48]:<48} {op['calls']:>8} {op['self_s']:>9.3f} {op['share']:>7.1%} {op['total_s']:>9.3f}"
+            )
         lines.append("  the same by input shapes:")
         for op in phase["by_shape"][:limit]:
             lines.append(f"  {op['op'][:90]:<90} {op['calls']:>8} {op['self_s']:>9.3f} {op['share']:>7.1%}")

@@ -14,8 +14,15 @@ GB = 1024**3
 
 # Metrics that measure this machine at this moment (phase times, throughput and MFU, memory, the asynchronous loops'
 # overlap and idle times), not the run's state: two runs that train the same thing agree on every other key.
-MEASURED_METRIC_PREFIXES = ("timing_s/", "perf/", "memory/", "async/overlap_s", "async/engine_idle_s",
-                            "async/trainer_idle_s", "async/produce_s")
+MEASURED_METRIC_PREFIXES = (
+    "timing_s/",
+    "perf/",
+    "memory/",
+    "async/overlap_s",
+    "async/engine_idle_s",
+    "async/trainer_idle_s",
+    "async/produce_s",
+)
 
 
 def is_measured_metric(key: str) -> bool:
@@ -73,8 +80,11 @@ class PhaseTimer:
         """Seconds per phase; with ``memory``, also ``perf/max_memory_rss_gb`` (the largest phase peak) and
         ``perf/max_memory_rss_gb/<phase>`` (and the CUDA ``perf/max_memory_{allocated,reserved}_gb`` likewise)."""
         out = {f"{prefix}{phase}": value for phase, value in self.seconds.items()}
-        names = {"rss": "perf/max_memory_rss_gb", "cuda_allocated": "perf/max_memory_allocated_gb",
-                 "cuda_reserved": "perf/max_memory_reserved_gb"}
+        names = {
+            "rss": "perf/max_memory_rss_gb",
+            "cuda_allocated": "perf/max_memory_allocated_gb",
+            "cuda_reserved": "perf/max_memory_reserved_gb",
+        }
         for phase, peaks in self.peak_bytes.items():
             for kind, value in peaks.items():
                 out[f"{names[kind]}/{phase}"] = value / GB

@@ -32,8 +32,15 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 __all__ = [
-    "GQA_SDPA", "SHARED_PREFIX", "SHARED_PREFIX_CACHE", "SharedPrefix", "attention_implementation",
-    "gqa_sdpa_attention", "grouped_query_sdpa", "shared_prefix_attention", "ungroup_expanded_heads",
+    "GQA_SDPA",
+    "SHARED_PREFIX",
+    "SHARED_PREFIX_CACHE",
+    "SharedPrefix",
+    "attention_implementation",
+    "gqa_sdpa_attention",
+    "grouped_query_sdpa",
+    "shared_prefix_attention",
+    "ungroup_expanded_heads",
 ]
 
 GQA_SDPA = "dapo_gqa_sdpa"
@@ -43,8 +50,14 @@ SHARED_PREFIX_CACHE = "dapo_shared_prefix_cache"
 
 
 def gqa_sdpa_attention(
-    module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-    attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None, **kwargs: object,
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
     """Transformers' SDPA attention, except that grouped KV heads under a mask go to SDPA as they are.
 
@@ -54,19 +67,27 @@ def gqa_sdpa_attention(
     """
     grouped = query.shape[1] != key.shape[1]
     if attention_mask is None or not grouped or kwargs.get("position_bias") is not None or kwargs.get("cache"):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)  # type: ignore[arg-type]
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )  # type: ignore[arg-type]
     if query.shape[2] == 1 and attention_mask.dtype == torch.bool and not (dropout and module.training):
         return _one_query_attention(query, key, value, attention_mask, scaling), None
     out = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=False,
+        query,
+        key,
+        value,
+        attn_mask=attention_mask,
+        dropout_p=dropout,
+        scale=scaling,
+        is_causal=False,
         enable_gqa=True,
     )
     return out.transpose(1, 2).contiguous(), None
 
 
-def _one_query_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
-                         scaling: float | None) -> torch.Tensor:
+def _one_query_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scaling: float | None
+) -> torch.Tensor:
     """softmax(q K^T * scale, masked) V for one query token per row (a decode step), as two batched matmuls.
 
     The query heads of a KV head form the rows of one matmul against that head's keys, so nothing is repeated; at one
@@ -75,7 +96,7 @@ def _one_query_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
     """
     batch, heads, _, dim = query.shape
     kv_heads = key.shape[1]
-    scale = scaling if scaling is not None else dim ** -0.5
+    scale = scaling if scaling is not None else dim**-0.5
     grouped = query.reshape(batch, kv_heads, heads // kv_heads, dim)
     scores = torch.matmul(grouped, key.transpose(-1, -2)) * scale  # [batch, kv_heads, group, keys]
     scores = scores.masked_fill(~mask.reshape(batch, 1, 1, -1), float("-inf"))
@@ -100,8 +121,9 @@ class SharedPrefix:
     dense: bool
 
     @classmethod
-    def of_rows(cls, keys: torch.Tensor, values: torch.Tensor, prompt_mask: torch.Tensor,
-                row_to_prompt: torch.Tensor) -> SharedPrefix:
+    def of_rows(
+        cls, keys: torch.Tensor, values: torch.Tensor, prompt_mask: torch.Tensor, row_to_prompt: torch.Tensor
+    ) -> SharedPrefix:
         """The prefix of rows decoding after prompts ``row_to_prompt[row]``, given the prompts' keys and values and
         their padding mask (``[prompts, prompt_positions]``, true at tokens)."""
         prompts = keys.shape[0]
@@ -134,20 +156,32 @@ class SharedPrefix:
         else:
             grid = per_row.new_zeros((prompts * self.slots, kv_heads, group, features))
             grid[self.slot] = per_row
-        return grid.view(prompts, self.slots, kv_heads, group, features).transpose(1, 2).reshape(
-            prompts, kv_heads, self.slots * group, features)
+        return (
+            grid.view(prompts, self.slots, kv_heads, group, features)
+            .transpose(1, 2)
+            .reshape(prompts, kv_heads, self.slots * group, features)
+        )
 
     def to_rows(self, per_prompt: torch.Tensor, group: int) -> torch.Tensor:
         """The inverse of :meth:`to_grid`: ``[prompts, kv_heads, slots * group, F]`` -> ``[rows, kv_heads, group, F]``."""
         prompts, kv_heads, _, features = per_prompt.shape
-        grid = per_prompt.view(prompts, kv_heads, self.slots, group, features).transpose(1, 2).reshape(
-            prompts * self.slots, kv_heads, group, features)
+        grid = (
+            per_prompt.view(prompts, kv_heads, self.slots, group, features)
+            .transpose(1, 2)
+            .reshape(prompts * self.slots, kv_heads, group, features)
+        )
         return grid if self.dense else grid[self.slot]
 
 
 def shared_prefix_attention(
-    module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-    attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None, **kwargs: object,
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
     """One decode step of rows that share prompts: softmax over [prompt keys, own keys] of q k^T * scale, times V.
 
@@ -159,8 +193,10 @@ def shared_prefix_attention(
     """
     cache = kwargs.get(SHARED_PREFIX_CACHE)
     if cache is None or query.shape[2] != 1:
-        raise ValueError("shared_prefix_attention runs one-query decode steps of a cache with shared prefixes; got "
-                         f"{query.shape[2]} queries and cache {type(cache).__name__}")
+        raise ValueError(
+            "shared_prefix_attention runs one-query decode steps of a cache with shared prefixes; got "
+            f"{query.shape[2]} queries and cache {type(cache).__name__}"
+        )
     layer = cache.layers[module.layer_idx]  # type: ignore[attr-defined]
     expand = getattr(module, "expand_kv", None)
     if expand is not None and not getattr(layer, "prefix_expanded", False):
@@ -173,7 +209,7 @@ def shared_prefix_attention(
     rows, heads, _, dim = query.shape
     kv_heads, prompt_positions = prefix.keys_t.shape[1], prefix.keys_t.shape[3]
     group = heads // kv_heads
-    scale = scaling if scaling is not None else dim ** -0.5
+    scale = scaling if scaling is not None else dim**-0.5
     grouped = (query * scale).reshape(rows, kv_heads, group, dim)  # a KV head's query heads are the rows of a product
     prompt_scores = torch.matmul(prefix.to_grid(grouped), prefix.keys_t) + prefix.bias
     scores = torch.cat([prefix.to_rows(prompt_scores, group), torch.matmul(grouped, key.transpose(-1, -2))], dim=-1)

@@ -54,9 +54,20 @@ from transformers.masking_utils import AttentionMaskInterface
 from dapo.model.attention import attention_implementation
 
 __all__ = [
-    "BATCH_INVARIANT", "POSITION_KV", "TILE_QUERIES", "TILE_ROWS", "Invariance", "PositionKV", "batch_invariant",
-    "batch_invariant_attention", "forward_at", "gathered_log_probs", "invariance_of", "tiled_linear",
-    "token_log_probs", "unsupported_reason",
+    "BATCH_INVARIANT",
+    "POSITION_KV",
+    "TILE_QUERIES",
+    "TILE_ROWS",
+    "Invariance",
+    "PositionKV",
+    "batch_invariant",
+    "batch_invariant_attention",
+    "forward_at",
+    "gathered_log_probs",
+    "invariance_of",
+    "tiled_linear",
+    "token_log_probs",
+    "unsupported_reason",
 ]
 
 BATCH_INVARIANT = "dapo_batch_invariant"
@@ -79,9 +90,11 @@ def unsupported_reason(model: nn.Module) -> str | None:
         return f"{type(model).__name__} has no config"
     kind = getattr(config, "model_type", "?")
     if kind not in _SUPPORTED_TYPES:
-        return (f"model type {kind!r} is not one of {_SUPPORTED_TYPES}: its forward has pieces this mode does not make "
-                "batch-invariant (mixture-of-experts routing sends a varying number of rows to each expert, linear "
-                "attention scans its state in chunks, MLA and attention sinks take other attention paths)")
+        return (
+            f"model type {kind!r} is not one of {_SUPPORTED_TYPES}: its forward has pieces this mode does not make "
+            "batch-invariant (mixture-of-experts routing sends a varying number of rows to each expert, linear "
+            "attention scans its state in chunks, MLA and attention sinks take other attention paths)"
+        )
     if getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
         return "sliding-window attention is not part of the batch-invariant attention"
     rope = getattr(config, "rope_scaling", None) or {}
@@ -98,7 +111,9 @@ def tiled_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tenso
     the one a single tile gives it, whatever the number of rows of the call. The gradient is the ordinary one, in one
     product per operand (it is not part of the equality, and per-tile weight gradients made an actor pass with
     backward 2.5x slower: 12.3 s against 5.0 s on 64 samples of the tiny model)."""
-    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
+    if torch.is_grad_enabled() and (
+        x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    ):
         return _TiledLinear.apply(x, weight, bias)
     return _tiles(_LINEAR, x, weight, bias)
 
@@ -130,8 +145,9 @@ class _TiledLinear(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         flat = grad.reshape(-1, grad.shape[-1])
         grad_x = (flat @ weight.to(grad.dtype)).to(x.dtype).reshape(x.shape) if ctx.needs_input_grad[0] else None
-        grad_w = (flat.t() @ x.reshape(-1, x.shape[-1]).to(grad.dtype)).to(weight.dtype) \
-            if ctx.needs_input_grad[1] else None
+        grad_w = (
+            (flat.t() @ x.reshape(-1, x.shape[-1]).to(grad.dtype)).to(weight.dtype) if ctx.needs_input_grad[1] else None
+        )
         grad_b = flat.sum(0).to(weight.dtype) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return grad_x, grad_w, grad_b
 
@@ -178,8 +194,9 @@ class PositionKV:
     def at(self, rows: Tensor, positions: Tensor, valid: Tensor | None = None) -> PositionKV:
         """The same buffers, for a call whose tokens are at ``rows``/``positions``."""
         if int(positions.max()) >= self.max_length:
-            raise ValueError(f"position {int(positions.max())} is past the batch-invariant max_length "
-                             f"{self.max_length}")
+            raise ValueError(
+                f"position {int(positions.max())} is past the batch-invariant max_length {self.max_length}"
+            )
         self.rows, self.positions = rows, positions
         self.valid = torch.ones_like(positions, dtype=torch.bool) if valid is None else valid.bool()
         return self
@@ -212,8 +229,14 @@ class PositionKV:
 
 
 def batch_invariant_attention(
-    module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
-    dropout: float = 0.0, scaling: float | None = None, **kwargs: object,
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: object,
 ) -> tuple[Tensor, None]:
     """softmax(q K^T * scale, keys after q's position masked) V with every product of one shape (module docstring).
 
@@ -231,7 +254,7 @@ def batch_invariant_attention(
     batch, heads, tokens, dim = query.shape
     kv_heads = keys.shape[2]
     group = heads // kv_heads
-    scale = scaling if scaling is not None else dim ** -0.5
+    scale = scaling if scaling is not None else dim**-0.5
     # query rows of a KV head: (token, query head of the group), for the valid tokens of every input row
     valid = kv.valid
     rows, positions = kv.rows[valid], kv.positions[valid]  # [N]
@@ -253,8 +276,9 @@ def batch_invariant_attention(
     num_tiles = int(seq_tiles.sum())
     # [tiles, kv_heads, TILE_QUERIES, d] queries (slot = token slot x group), their positions, the tile's sequence
     slot_rows = (slot * group)[:, None] + torch.arange(group, device=rows.device)  # [N, group]
-    q_tiles = _scatter_queries(query.new_zeros(num_tiles, kv_heads, tiles_of_group * TILE_QUERIES, dim), tile,
-                               slot_rows, grouped * scale)
+    q_tiles = _scatter_queries(
+        query.new_zeros(num_tiles, kv_heads, tiles_of_group * TILE_QUERIES, dim), tile, slot_rows, grouped * scale
+    )
     index = slot_rows.reshape(-1)
     q_positions = positions.new_zeros(num_tiles, tiles_of_group * TILE_QUERIES)
     q_positions[tile.repeat_interleave(group), index] = positions.repeat_interleave(group)

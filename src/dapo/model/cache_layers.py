@@ -22,7 +22,11 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, LinearAttentionCacheLayerMixin, LinearAttentionLayer
 
 __all__ = [
-    "ForkedLinearLayer", "is_linear_layer", "layer_states", "load_linear_states", "select_cache_rows",
+    "ForkedLinearLayer",
+    "is_linear_layer",
+    "layer_states",
+    "load_linear_states",
+    "select_cache_rows",
     "select_layer_rows",
 ]
 
@@ -60,15 +64,20 @@ def layer_states(layer: object, index: int) -> tuple[torch.Tensor, torch.Tensor]
     """The two tensors that carry a prompt's layer ``index`` to what follows it: keys and values of an attention
     layer, the convolution and recurrent state of a linear-attention layer (one state pair)."""
     if is_linear_layer(layer):
-        if layer.number_of_states != 1 or not (layer.is_conv_states_initialized[0]
-                                               and layer.is_recurrent_states_initialized[0]):
-            raise TypeError(f"cache layer {index} ({type(layer).__name__}) holds {layer.number_of_states} state "
-                            "pairs or an incomplete one; dapo carries exactly one convolution and one recurrent state")
+        if layer.number_of_states != 1 or not (
+            layer.is_conv_states_initialized[0] and layer.is_recurrent_states_initialized[0]
+        ):
+            raise TypeError(
+                f"cache layer {index} ({type(layer).__name__}) holds {layer.number_of_states} state "
+                "pairs or an incomplete one; dapo carries exactly one convolution and one recurrent state"
+            )
         return layer.conv_states[0], layer.recurrent_states[0]
     if isinstance(layer, CacheLayerMixin) and not isinstance(layer, LinearAttentionCacheLayerMixin):
         return layer.keys, layer.values
-    raise TypeError(f"cache layer {index} is a {type(layer).__name__}, which mixes linear-attention states with keys "
-                    "and values; dapo's shared-prompt passes do not carry that layer kind (use actor.layout=padded)")
+    raise TypeError(
+        f"cache layer {index} is a {type(layer).__name__}, which mixes linear-attention states with keys "
+        "and values; dapo's shared-prompt passes do not carry that layer kind (use actor.layout=padded)"
+    )
 
 
 class ForkedLinearLayer(LinearAttentionLayer):
@@ -91,11 +100,12 @@ class ForkedLinearLayer(LinearAttentionLayer):
 
     def update_conv_state(self, conv_states: torch.Tensor, state_idx: int = 0, **kwargs: object) -> torch.Tensor:
         full = torch.cat([self.conv_states[state_idx], conv_states], dim=-1)
-        self.conv_states[state_idx] = full[..., -self.conv_kernel_size[state_idx]:]
+        self.conv_states[state_idx] = full[..., -self.conv_kernel_size[state_idx] :]
         return full
 
-    def update_recurrent_state(self, recurrent_states: torch.Tensor, state_idx: int = 0,
-                               **kwargs: object) -> torch.Tensor:
+    def update_recurrent_state(
+        self, recurrent_states: torch.Tensor, state_idx: int = 0, **kwargs: object
+    ) -> torch.Tensor:
         self.recurrent_states[state_idx] = recurrent_states
         return recurrent_states
 

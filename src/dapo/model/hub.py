@@ -15,7 +15,14 @@ from pathlib import Path
 
 from dapo.config import DataConfig
 
-__all__ = ["HubResolveError", "looks_like_hub_id", "looks_like_model_id", "resolve_data_config", "resolve_data_file", "resolve_model_path"]
+__all__ = [
+    "HubResolveError",
+    "looks_like_hub_id",
+    "looks_like_model_id",
+    "resolve_data_config",
+    "resolve_data_file",
+    "resolve_model_path",
+]
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*(/.+)?$")
 _DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
@@ -51,8 +58,11 @@ def _snapshot(repo_id: str, repo_type: str, cache_dir: str | Path | None, allow:
 
     offline = _offline()
     try:
-        return Path(snapshot_download(repo_id, repo_type=repo_type, cache_dir=cache_dir, allow_patterns=allow,
-                                      local_files_only=True))
+        return Path(
+            snapshot_download(
+                repo_id, repo_type=repo_type, cache_dir=cache_dir, allow_patterns=allow, local_files_only=True
+            )
+        )
     except (LocalEntryNotFoundError, FileNotFoundError, OSError) as exc:
         cached_error = exc
     kind = "dataset" if repo_type == "dataset" else "model"
@@ -62,14 +72,16 @@ def _snapshot(repo_id: str, repo_type: str, cache_dir: str | Path | None, allow:
             f"no local path '{repo_id}', and as a Hub id: {kind} '{repo_id}' is not in the Hugging Face cache and "
             f"HF_HUB_OFFLINE is set, so it cannot be "
             f"downloaded. Fetch it on a machine with a network ({fetch}) and copy the cache "
-            f"(HF_HOME, default ~/.cache/huggingface), or pass a local folder/file path instead") from cached_error
+            f"(HF_HOME, default ~/.cache/huggingface), or pass a local folder/file path instead"
+        ) from cached_error
     try:
         return Path(snapshot_download(repo_id, repo_type=repo_type, cache_dir=cache_dir, allow_patterns=allow))
     except Exception as exc:  # network errors, 401/404: all reported the same way
         raise HubResolveError(
             f"no local path '{repo_id}', and as a Hub id: {kind} '{repo_id}' is not in the Hugging Face cache and "
             f"downloading it failed ({type(exc).__name__}: "
-            f"{exc}). Check the id and the network, run `{fetch}`, or pass a local path") from exc
+            f"{exc}). Check the id and the network, run `{fetch}`, or pass a local path"
+        ) from exc
 
 
 def resolve_model_path(path: str, *, cache_dir: str | Path | None = None) -> Path:
@@ -94,13 +106,16 @@ def resolve_data_file(path: str, *, cache_dir: str | Path | None = None) -> list
         return [target]
     files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in _DATA_SUFFIXES)
     if not files:
-        raise HubResolveError(f"dataset '{repo_id}' holds no .parquet/.jsonl/.json file (in {root}); name one: "
-                              f"{repo_id}/path/in/repo.parquet")
+        raise HubResolveError(
+            f"dataset '{repo_id}' holds no .parquet/.jsonl/.json file (in {root}); name one: "
+            f"{repo_id}/path/in/repo.parquet"
+        )
     return files
 
 
 def resolve_data_config(data: DataConfig, *, cache_dir: str | Path | None = None) -> DataConfig:
     """``data`` with every Hub id of ``train_files``/``val_files`` replaced by its local files (others unchanged)."""
+
     def files(entries: list[str]) -> list[str]:
         return [str(f) for entry in entries for f in resolve_data_file(entry, cache_dir=cache_dir)]
 

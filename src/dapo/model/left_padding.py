@@ -26,7 +26,7 @@ def left_pad(prompts: Sequence[Tensor], pad_token_id: int = 0, device: torch.dev
     attention_mask = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
     for row, prompt in enumerate(prompts):
         length = int(prompt.numel())
-        input_ids[row, width - length:] = prompt.to(device)
-        attention_mask[row, width - length:] = 1
+        input_ids[row, width - length :] = prompt.to(device)
+        attention_mask[row, width - length :] = 1
     position_ids = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
     return LeftPadded(input_ids, attention_mask, position_ids)

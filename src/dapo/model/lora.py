@@ -23,8 +23,20 @@ from torch import nn
 from dapo.config import ModelConfig
 from dapo.model.loading import ModelLoadError, Policy
 
-__all__ = ["ADAPTER_NAME", "AdapterAndMergedExport", "MERGED_SUBFOLDER", "merged_model", "adapter_config", "adapter_named_parameters", "apply_lora", "is_lora",
-           "linear_module_names", "load_adapter_state", "merged_named_parameters", "with_lora"]
+__all__ = [
+    "ADAPTER_NAME",
+    "AdapterAndMergedExport",
+    "MERGED_SUBFOLDER",
+    "merged_model",
+    "adapter_config",
+    "adapter_named_parameters",
+    "apply_lora",
+    "is_lora",
+    "linear_module_names",
+    "load_adapter_state",
+    "merged_named_parameters",
+    "with_lora",
+]
 
 ADAPTER_NAME = "default"  # PEFT's name of a model's first adapter; it appears in parameter names, not in saved files
 
@@ -62,10 +74,17 @@ def apply_lora(model: nn.Module, cfg: ModelConfig) -> nn.Module:
         if unknown:
             raise ModelLoadError(
                 f"model.target_modules: {unknown} {'is' if len(unknown) == 1 else 'are'} not a linear layer of "
-                f"{type(model).__name__}; its linear layers are {available} (or use 'all-linear')")
+                f"{type(model).__name__}; its linear layers are {available} (or use 'all-linear')"
+            )
     _check_rank_fits(model, cfg)
-    config = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                        target_modules=cfg.target_modules, bias="none", task_type="CAUSAL_LM")
+    config = LoraConfig(
+        r=cfg.lora_rank,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
+        target_modules=cfg.target_modules,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
     return get_peft_model(model, config, adapter_name=ADAPTER_NAME)
 
 
@@ -78,12 +97,16 @@ def _check_rank_fits(model: nn.Module, cfg: ModelConfig) -> None:
     targets it too, and counting it refused every rank above 1 on those families (tests/model/test_family_matrix.py).
     """
     targets = cfg.target_modules
-    widths = [min(m.in_features, m.out_features) for name, m in _linear_layers(model)
-              if (targets == "all-linear" or name in targets) and m.out_features > 1]
+    widths = [
+        min(m.in_features, m.out_features)
+        for name, m in _linear_layers(model)
+        if (targets == "all-linear" or name in targets) and m.out_features > 1
+    ]
     if widths and cfg.lora_rank > min(widths):
         raise ModelLoadError(
             f"model.lora_rank={cfg.lora_rank} exceeds {min(widths)}, the smallest min(in, out) of the targeted linear "
-            f"layers of {type(model).__name__} (a LoRA update B A cannot have a higher rank); use a rank <= {min(widths)}")
+            f"layers of {type(model).__name__} (a LoRA update B A cannot have a higher rank); use a rank <= {min(widths)}"
+        )
 
 
 def with_lora(policy: Policy, cfg: ModelConfig) -> Policy:
@@ -120,10 +143,12 @@ def load_adapter_state(model: nn.Module, state: Mapping[str, torch.Tensor]) -> l
     current = get_peft_model_state_dict(model, adapter_name=ADAPTER_NAME)
     for key, tensor in state.items():
         if key in current and tuple(tensor.shape) != tuple(current[key].shape):
-            raise ValueError(f"adapter tensor {key} has shape {tuple(tensor.shape)} in the checkpoint but "
-                             f"{tuple(current[key].shape)} in this run: the LoRA rank "
-                             f"(actor_rollout_ref.model.lora_rank) or target modules differ from the checkpoint's; "
-                             "keep the checkpoint's LoRA settings to resume, or start a new run")
+            raise ValueError(
+                f"adapter tensor {key} has shape {tuple(tensor.shape)} in the checkpoint but "
+                f"{tuple(current[key].shape)} in this run: the LoRA rank "
+                f"(actor_rollout_ref.model.lora_rank) or target modules differ from the checkpoint's; "
+                "keep the checkpoint's LoRA settings to resume, or start a new run"
+            )
     result = set_peft_model_state_dict(model, dict(state), adapter_name=ADAPTER_NAME)
     unexpected = [k for k in result.unexpected_keys]
     if unexpected:
@@ -168,11 +193,18 @@ def merged_model(model: nn.Module) -> nn.Module:
     merged = AutoModelForCausalLM.from_config(base.config, dtype=next(base.parameters()).dtype)
     result = merged.load_state_dict(dict(merged_named_parameters(model)), strict=False)
     state = merged.state_dict()
-    untied = [k for k in result.missing_keys if not any(
-        state[k].data_ptr() == state[other].data_ptr() for other in state if other not in result.missing_keys)]
+    untied = [
+        k
+        for k in result.missing_keys
+        if not any(
+            state[k].data_ptr() == state[other].data_ptr() for other in state if other not in result.missing_keys
+        )
+    ]
     if result.unexpected_keys or untied:
-        raise RuntimeError(f"merged_model: the merged weights do not fit {type(merged).__name__} "
-                           f"(unexpected {result.unexpected_keys[:3]}, missing {untied[:3]})")
+        raise RuntimeError(
+            f"merged_model: the merged weights do not fit {type(merged).__name__} "
+            f"(unexpected {result.unexpected_keys[:3]}, missing {untied[:3]})"
+        )
     if getattr(base, "generation_config", None) is not None:
         merged.generation_config = base.generation_config
     return merged.eval()

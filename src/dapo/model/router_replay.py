@@ -83,10 +83,17 @@ def moe_problem(model: nn.Module) -> str | None:
     config = getattr(_holder(model), "config", None)
     if not any(getattr(config, name, None) for name in _EXPERT_COUNT_FIELDS):
         return f"{type(_holder(model)).__name__} is not a mixture-of-experts model (it has no router to replay)"
-    kinds = sorted({type(m).__name__ for m in model.modules() if "router" in type(m).__name__.lower()
-                    or type(m).__name__.endswith("Gate")})
-    return (f"{type(_holder(model)).__name__}'s router ({', '.join(kinds) or 'not found'}) is not one dapo can "
-            f"replay (known: {', '.join(ROUTER_GATES)})")
+    kinds = sorted(
+        {
+            type(m).__name__
+            for m in model.modules()
+            if "router" in type(m).__name__.lower() or type(m).__name__.endswith("Gate")
+        }
+    )
+    return (
+        f"{type(_holder(model)).__name__}'s router ({', '.join(kinds) or 'not found'}) is not one dapo can "
+        f"replay (known: {', '.join(ROUTER_GATES)})"
+    )
 
 
 @dataclass
@@ -163,8 +170,14 @@ class RouterTape:
         return None if int(total.min()) == 0 else self.load.double() / total
 
     # ------------------------------------------------------------------------------------------------ forward
-    def route(self, layer: int, router: nn.Module, forward: Callable[[Tensor], tuple[Tensor, Tensor, Tensor]],
-              gate: Callable[[nn.Module, Tensor, Tensor], Tensor], hidden: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def route(
+        self,
+        layer: int,
+        router: nn.Module,
+        forward: Callable[[Tensor], tuple[Tensor, Tensor, Tensor]],
+        gate: Callable[[nn.Module, Tensor, Tensor], Tensor],
+        hidden: Tensor,
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """One router call under the tape: the live routes, replaced where the plan says, with gate weights from the
         live logits (``gate``: the family's, from :data:`ROUTER_GATES`)."""
         logits, weights, ids = forward(hidden)
@@ -172,8 +185,9 @@ class RouterTape:
         if plan.replay is not None:
             want = plan.replay[:, layer].to(device=ids.device, dtype=ids.dtype)
             if want.shape != ids.shape:
-                raise ValueError(f"router replay: {tuple(want.shape)} routes for a layer that routed "
-                                 f"{tuple(ids.shape)}")
+                raise ValueError(
+                    f"router replay: {tuple(want.shape)} routes for a layer that routed {tuple(ids.shape)}"
+                )
             replayed = (want >= 0).all(dim=-1)
             if plan.counted is not None:
                 compare = replayed & plan.counted.to(ids.device)
@@ -217,10 +231,15 @@ def router_replay(model: nn.Module, *, rollout_routes: bool) -> Iterator[RouterT
     for layer, router in enumerate(routers):
         # the class and its gate as they are now: PEFT's LoRA on a router parametrizes it (a class of another
         # name) for the length of each forward
-        def patched(hidden: Tensor, _layer: int = layer, _router: nn.Module = router,
-                    _forward: Callable = type(router).forward.__get__(router),
-                    _gate: Callable = ROUTER_GATES[type(router).__name__]) -> tuple[Tensor, Tensor, Tensor]:
+        def patched(
+            hidden: Tensor,
+            _layer: int = layer,
+            _router: nn.Module = router,
+            _forward: Callable = type(router).forward.__get__(router),
+            _gate: Callable = ROUTER_GATES[type(router).__name__],
+        ) -> tuple[Tensor, Tensor, Tensor]:
             return tape.route(_layer, _router, _forward, _gate, hidden)
+
         router.forward = patched  # an instance attribute: the class's forward is untouched
     setattr(holder, _MARK, tape)
     try:

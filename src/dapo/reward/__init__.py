@@ -22,8 +22,23 @@ from dapo.reward.registry import (
 from dapo.reward.symbolic import SymbolicVerifier, math_verify_available
 
 __all__ = [
-    "RewardInput", "RewardResult", "RewardScoringError", "RewardWorkerPool", "ScorerRegistry", "SymbolicMathScorer",
-    "SymbolicVerifier", "UnknownDataSourceError", "builtin_registry", "compute_score", "get_scorer", "gsm8k_score",
-    "load_custom_reward_fn", "math_dapo_scorer", "math_verify_available", "normalize_final_answer",
-    "register_scorer", "score_batch", "score_one",
+    "RewardInput",
+    "RewardResult",
+    "RewardScoringError",
+    "RewardWorkerPool",
+    "ScorerRegistry",
+    "SymbolicMathScorer",
+    "SymbolicVerifier",
+    "UnknownDataSourceError",
+    "builtin_registry",
+    "compute_score",
+    "get_scorer",
+    "gsm8k_score",
+    "load_custom_reward_fn",
+    "math_dapo_scorer",
+    "math_verify_available",
+    "normalize_final_answer",
+    "register_scorer",
+    "score_batch",
+    "score_one",
 ]

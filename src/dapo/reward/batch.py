@@ -99,9 +99,13 @@ class RewardScorer:
             results = _score_in_process(self._in_process, items, capture_errors=True)
         else:
             if self._pool is None:
-                self._pool = RewardWorkerPool(max(1, self.num_workers), timeout_s=self.timeout_s,
-                                              registry=self.registry, custom_fn_spec=self.custom_fn_spec,
-                                              capture_errors=True)
+                self._pool = RewardWorkerPool(
+                    max(1, self.num_workers),
+                    timeout_s=self.timeout_s,
+                    registry=self.registry,
+                    custom_fn_spec=self.custom_fn_spec,
+                    capture_errors=True,
+                )
             try:
                 results = self._pool.score(items, stop_after_failures=self._failures_allowed())
             except RewardBatchStopped as stopped:  # the policy stops the run: no use scoring the rest
@@ -137,17 +141,24 @@ class RewardScorer:
             batch_counts[results[i].failure] += 1
             self.counts[results[i].failure] += 1
         for i in failed[:_LOGGED_PER_BATCH]:
-            log.warning("reward %s for sample %d (data_source=%r): %s; scored -1 / wrong", results[i].failure, i,
-                        items[i].data_source, results[i].error)
+            log.warning(
+                "reward %s for sample %d (data_source=%r): %s; scored -1 / wrong",
+                results[i].failure,
+                i,
+                items[i].data_source,
+                results[i].error,
+            )
         if len(failed) > _LOGGED_PER_BATCH:
             log.warning("... and %d more failed reward calls in this batch", len(failed) - _LOGGED_PER_BATCH)
         first = results[failed[0]]
         assert first is not None
         unscored = sum(r is None for r in results)
-        detail = (f"{batch_counts['timeout']} timeouts, {batch_counts['worker_crash']} worker crashes, "
-                  f"{batch_counts['error']} errors; first: sample {failed[0]} "
-                  f"(data_source={items[failed[0]].data_source!r}): {first.failure}: {first.error}"
-                  + (f"; the other {unscored} responses of the batch were not scored" if unscored else ""))
+        detail = (
+            f"{batch_counts['timeout']} timeouts, {batch_counts['worker_crash']} worker crashes, "
+            f"{batch_counts['error']} errors; first: sample {failed[0]} "
+            f"(data_source={items[failed[0]].data_source!r}): {first.failure}: {first.error}"
+            + (f"; the other {unscored} responses of the batch were not scored" if unscored else "")
+        )
         if self.on_failure == "stop":
             raise RewardScoringError(f"a call to {self._what()} failed and reward_model.on_failure=stop ({detail})")
         if len(failed) == len(results):
@@ -181,8 +192,9 @@ def _check_items(items: Sequence[RewardInput], num_workers: int) -> None:
             raise TypeError(f"score_batch items[{k}] must be a RewardInput, got {type(item).__name__}")
 
 
-def _score_in_process(item_scorer: ItemScorer, items: Sequence[RewardInput], *, capture_errors: bool
-                      ) -> list[RewardResult]:
+def _score_in_process(
+    item_scorer: ItemScorer, items: Sequence[RewardInput], *, capture_errors: bool
+) -> list[RewardResult]:
     item_scorer.prepare(items, warm_up=False)
     results = []
     for k, item in enumerate(items):

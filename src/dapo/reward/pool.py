@@ -235,8 +235,10 @@ class RewardWorkerPool:
         ``waiting`` queued items at once (at most ``max_spare_workers`` beyond ``num_workers`` in all): where one call
         hangs, others often do too, and one spare per detached worker would run the hangs nearly one by one again."""
         target = self.num_workers + (min(self.max_spare_workers, waiting) if self._one_at_a_time else 0)
-        while (self._working() < target
-               and sum(w is not None for w in self._workers) < self.num_workers + self.max_spare_workers):
+        while (
+            self._working() < target
+            and sum(w is not None for w in self._workers) < self.num_workers + self.max_spare_workers
+        ):
             free = next((k for k, w in enumerate(self._workers) if w is None), None)
             if free is None:
                 self._workers.append(self._start_worker())
@@ -311,8 +313,9 @@ class RewardWorkerPool:
             w.progress.value = -1
             w.limit.value = len(job)
             # Plain tuples pickle several times faster than dataclass instances.
-            chunk = [(items[i].data_source, items[i].solution_str, items[i].ground_truth, items[i].extra_info)
-                     for i in job]
+            chunk = [
+                (items[i].data_source, items[i].solution_str, items[i].ground_truth, items[i].extra_info) for i in job
+            ]
             try:
                 w.conn.send(chunk)
             except OSError:  # it died while idle (e.g. the OOM killer): no item is to blame
@@ -346,7 +349,9 @@ class RewardWorkerPool:
             _, k, summary, text = message
             i = w.job[k] if w.job is not None and 0 <= k < len(w.job) else -1
             where = f"item {i} (data_source={items[i].data_source!r})" if i >= 0 else "worker start-up"
-            raise RewardScoringError(f"scoring {where} raised {summary} (in a reward worker)" + (f"\n{text}" if text else ""))
+            raise RewardScoringError(
+                f"scoring {where} raised {summary} (in a reward worker)" + (f"\n{text}" if text else "")
+            )
 
     def _reap_hung(self, results: list[RewardResult | None], pending: deque[list[int]]) -> None:
         now = time.monotonic()
@@ -401,8 +406,9 @@ class RewardWorkerPool:
 
 
 # -------------------------------------------------------------------------------------------- worker
-def _worker_main(conn: Connection, progress: Any, limit: Any, lock: Any, parent_pid: int, payload: bytes,
-                 capture_errors: bool) -> None:
+def _worker_main(
+    conn: Connection, progress: Any, limit: Any, lock: Any, parent_pid: int, payload: bytes, capture_errors: bool
+) -> None:
     """A worker: receive a chunk of ``RewardInput``, score it item by item, send the results back."""
     die_with_parent(parent_pid)
     multiprocessing.current_process().daemon = False  # may start its own child (the symbolic verifier)
@@ -438,7 +444,9 @@ def _worker_main(conn: Connection, progress: Any, limit: Any, lock: Any, parent_
                     out.append((-1.0, False, "", "error", _summary(e)))
                     continue
                 # An invalid return value is described in full by its message; a raise needs its traceback.
-                conn.send(("error", k, _summary(e), "" if isinstance(e, InvalidRewardError) else traceback.format_exc()))
+                conn.send(
+                    ("error", k, _summary(e), "" if isinstance(e, InvalidRewardError) else traceback.format_exc())
+                )
                 out = None
                 break
             out.append((r.score, r.acc, r.pred, "", ""))

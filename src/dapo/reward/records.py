@@ -65,8 +65,9 @@ def as_reward_result(raw: Any, *, where: str) -> RewardResult:
     """
     if isinstance(raw, dict):
         if "score" not in raw:
-            raise InvalidRewardError(f"{where} returned a dict without a 'score' key: keys {sorted(map(str, raw))} "
-                                     f"(returned {_show(raw)})")
+            raise InvalidRewardError(
+                f"{where} returned a dict without a 'score' key: keys {sorted(map(str, raw))} (returned {_show(raw)})"
+            )
         score = _finite_score(raw["score"], where, raw)
         acc = _acc(raw["acc"], where, raw) if "acc" in raw else score > 0
         pred = raw.get("pred", "")

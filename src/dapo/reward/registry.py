@@ -41,15 +41,30 @@ Scorer = Callable[[str, str, "dict | None"], Any]
 """``fn(solution_str, ground_truth, extra_info) -> float | dict``."""
 
 MATH_DAPO_PATTERNS: tuple[str, ...] = (
-    "math_dapo", "math_dapo*", "DAPO-17k", "DAPO-Math-17k*", "*/DAPO-Math-17k*", "aime*", "AIME*", "*/aime*",
+    "math_dapo",
+    "math_dapo*",
+    "DAPO-17k",
+    "DAPO-Math-17k*",
+    "*/DAPO-Math-17k*",
+    "aime*",
+    "AIME*",
+    "*/aime*",
     "synth*",
 )
 GSM8K_PATTERNS: tuple[str, ...] = ("gsm8k*", "*/gsm8k*")
 SYMBOLIC_PATTERNS: tuple[str, ...] = ("math500*", "MATH*", "*/MATH*")
 
 __all__ = [
-    "DEFAULT_REGISTRY", "Scorer", "ScorerRegistry", "UnknownDataSourceError", "builtin_registry", "get_scorer",
-    "load_custom_reward_fn", "register_scorer", "registry_for_compat", "score_one",
+    "DEFAULT_REGISTRY",
+    "Scorer",
+    "ScorerRegistry",
+    "UnknownDataSourceError",
+    "builtin_registry",
+    "get_scorer",
+    "load_custom_reward_fn",
+    "register_scorer",
+    "registry_for_compat",
+    "score_one",
 ]
 
 

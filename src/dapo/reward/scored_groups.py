@@ -60,14 +60,25 @@ class ScoredGroup:
     def to_state(self) -> dict:
         """JSON-able form, so carried-over groups survive a checkpoint."""
         return {
-            "prompt": {"uid": self.prompt.uid, "input_ids": list(self.prompt.input_ids),
-                       "ground_truth": self.prompt.ground_truth, "data_source": self.prompt.data_source,
-                       "extra_info": dict(self.prompt.extra_info)},
-            "response_ids": self.response_ids, "rollout_log_probs": self.rollout_log_probs,
-            "truncated": self.truncated, "scores": self.scores, "acc": self.acc,
-            "overlong_penalty": self.overlong_penalty, "preds": self.preds,
-            **({} if self.action_masks is None else {"action_masks": self.action_masks,
-                                                      "tool_categories": self.tool_categories}),
+            "prompt": {
+                "uid": self.prompt.uid,
+                "input_ids": list(self.prompt.input_ids),
+                "ground_truth": self.prompt.ground_truth,
+                "data_source": self.prompt.data_source,
+                "extra_info": dict(self.prompt.extra_info),
+            },
+            "response_ids": self.response_ids,
+            "rollout_log_probs": self.rollout_log_probs,
+            "truncated": self.truncated,
+            "scores": self.scores,
+            "acc": self.acc,
+            "overlong_penalty": self.overlong_penalty,
+            "preds": self.preds,
+            **(
+                {}
+                if self.action_masks is None
+                else {"action_masks": self.action_masks, "tool_categories": self.tool_categories}
+            ),
             **({} if self.token_versions is None else {"token_versions": self.token_versions}),
             **({} if self.routed_experts is None else {"routed_experts": [r.tolist() for r in self.routed_experts]}),
         }
@@ -75,13 +86,25 @@ class ScoredGroup:
     @classmethod
     def from_state(cls, state: dict) -> "ScoredGroup":
         p = state["prompt"]
-        prompt = PromptItem(p["uid"], tuple(p["input_ids"]), p["ground_truth"], p["data_source"],
-                            dict(p.get("extra_info", {})))  # checkpoints before extra_info was saved have none
-        return cls(prompt, state["response_ids"], state["rollout_log_probs"], state["truncated"], state["scores"],
-                   state["acc"], state["overlong_penalty"], state["preds"], state.get("action_masks"),
-                   state.get("tool_categories"), state.get("token_versions"),
-                   None if "routed_experts" not in state else
-                   [torch.tensor(r, dtype=torch.int16) for r in state["routed_experts"]])
+        prompt = PromptItem(
+            p["uid"], tuple(p["input_ids"]), p["ground_truth"], p["data_source"], dict(p.get("extra_info", {}))
+        )  # checkpoints before extra_info was saved have none
+        return cls(
+            prompt,
+            state["response_ids"],
+            state["rollout_log_probs"],
+            state["truncated"],
+            state["scores"],
+            state["acc"],
+            state["overlong_penalty"],
+            state["preds"],
+            state.get("action_masks"),
+            state.get("tool_categories"),
+            state.get("token_versions"),
+            None
+            if "routed_experts" not in state
+            else [torch.tensor(r, dtype=torch.int16) for r in state["routed_experts"]],
+        )
 
 
 def group_index_of(groups: Sequence[ScoredGroup]) -> torch.Tensor:
@@ -93,14 +116,21 @@ def group_index_of(groups: Sequence[ScoredGroup]) -> torch.Tensor:
 def reward_scorer_of(cfg: DapoConfig) -> RewardScorer:
     """The ``RewardScorer`` that ``cfg.reward_model`` and ``cfg.custom_reward_function`` describe (close it after use)."""
     rm, custom = cfg.reward_model, cfg.custom_reward_function
-    return RewardScorer(num_workers=rm.num_workers, timeout_s=rm.timeout_s,
-                        custom_fn_spec=f"{custom.path}:{custom.name}" if custom.path else None,
-                        on_failure=rm.on_failure, max_failures=rm.max_failures,
-                        registry=registry_for_compat(rm.compat))
+    return RewardScorer(
+        num_workers=rm.num_workers,
+        timeout_s=rm.timeout_s,
+        custom_fn_spec=f"{custom.path}:{custom.name}" if custom.path else None,
+        on_failure=rm.on_failure,
+        max_failures=rm.max_failures,
+        registry=registry_for_compat(rm.compat),
+    )
 
 
 def score_rollout(
-    prompts: Sequence[PromptItem], rollout: RolloutOutput, tokenizer, cfg: DapoConfig,
+    prompts: Sequence[PromptItem],
+    rollout: RolloutOutput,
+    tokenizer,
+    cfg: DapoConfig,
     scorer: RewardScorer | None = None,
 ) -> list[ScoredGroup]:
     """Decode (a multi-turn trajectory: the model's tokens only, :func:`~dapo.rollout.multi_turn.model_text`), score
@@ -127,7 +157,9 @@ def score_rollout(
     ob = cfg.reward_model.overlong_buffer
     if ob.enable:
         penalty = compute_soft_overlong_penalty(
-            lengths, max_response_length=cfg.data.max_response_length, overlong_buffer_len=ob.len,
+            lengths,
+            max_response_length=cfg.data.max_response_length,
+            overlong_buffer_len=ob.len,
             penalty_factor=ob.penalty_factor,
         ).tolist()
     else:

@@ -83,11 +83,7 @@ class SamplingParams:
             or self.temperature < 0
         ):
             raise ValueError(f"SamplingParams.temperature must be a finite number >= 0, got {self.temperature!r}")
-        if (
-            isinstance(self.top_p, bool)
-            or not isinstance(self.top_p, (int, float))
-            or not (0.0 < self.top_p <= 1.0)
-        ):
+        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p!r}")
         if not _is_int(self.top_k) or self.top_k < -1:
             raise ValueError(f"SamplingParams.top_k must be an integer >= 1, or -1/0 for off, got {self.top_k!r}")
@@ -98,21 +94,21 @@ class SamplingParams:
         stop_ids = tuple(self.stop_token_ids)
         for position, token_id in enumerate(stop_ids):
             if not _is_int(token_id) or token_id < 0:
-                raise ValueError(
-                    f"SamplingParams.stop_token_ids[{position}] must be an integer >= 0, got {token_id!r}"
-                )
+                raise ValueError(f"SamplingParams.stop_token_ids[{position}] must be an integer >= 0, got {token_id!r}")
         object.__setattr__(self, "stop_token_ids", stop_ids)
         if self.seed is not None and (not _is_int(self.seed) or self.seed < 0):
             raise ValueError(f"SamplingParams.seed must be None or an integer >= 0, got {self.seed!r}")
         if self.prompt_seeds is not None:
             if isinstance(self.prompt_seeds, (str, bytes)) or not isinstance(self.prompt_seeds, Iterable):
-                raise ValueError(f"SamplingParams.prompt_seeds must be None or a sequence of ints, "
-                                 f"got {self.prompt_seeds!r}")
+                raise ValueError(
+                    f"SamplingParams.prompt_seeds must be None or a sequence of ints, got {self.prompt_seeds!r}"
+                )
             seeds = tuple(self.prompt_seeds)
             for position, value in enumerate(seeds):
                 if not _is_int(value) or not 0 <= value < 1 << 63:
-                    raise ValueError(f"SamplingParams.prompt_seeds[{position}] must be an integer in [0, 2**63), "
-                                     f"got {value!r}")
+                    raise ValueError(
+                        f"SamplingParams.prompt_seeds[{position}] must be an integer in [0, 2**63), got {value!r}"
+                    )
             object.__setattr__(self, "prompt_seeds", seeds)
 
     @property
@@ -147,8 +143,9 @@ class RolloutOutput:
     def __post_init__(self) -> None:
         count = len(self.prompt_index)
         if self.routed_experts is not None and len(self.routed_experts) != count:
-            raise ValueError(f"RolloutOutput.routed_experts has {len(self.routed_experts)} entries but prompt_index "
-                             f"has {count}")
+            raise ValueError(
+                f"RolloutOutput.routed_experts has {len(self.routed_experts)} entries but prompt_index has {count}"
+            )
         for name in ("response_ids", "logprobs", "finish_reason"):
             if len(getattr(self, name)) != count:
                 raise ValueError(
@@ -231,8 +228,9 @@ class TokenStreamingEngine(Protocol):
     """An engine that reports each decode step while it generates (the Transformers engine): what lets a server send
     every token as it is decoded, and end a call early so that a request that arrived meanwhile joins the next one."""
 
-    def generate_streaming(self, prompt_token_ids: Sequence[Sequence[int]], params: SamplingParams,
-                           on_step: StepCallback) -> RolloutOutput:
+    def generate_streaming(
+        self, prompt_token_ids: Sequence[Sequence[int]], params: SamplingParams, on_step: StepCallback
+    ) -> RolloutOutput:
         """``generate``, calling ``on_step`` after every decode step with the sequences that drew a token in it (never
         one that had already stopped), in entry order. When ``on_step`` returns True the call ends after that step:
         each sequence that has not stopped answers "length" with the tokens it has, fewer than ``max_tokens``."""

@@ -26,10 +26,24 @@ if TYPE_CHECKING:
     from dapo.model.loading import Policy
 
 __all__ = [
-    "AUTO_ENGINE", "ENGINES", "ENGINE_NAMES", "EngineCapabilities", "EngineEntry", "EngineSpec",
-    "EngineUnavailableError", "VLLMOptions", "build_rollout_engine", "check_engine_name", "default_engine_name",
-    "engine_available", "engine_capabilities", "engine_compute_dtype", "hf_engine_copy", "module_engine_spec",
-    "resolve_engine_name", "samples_from_module",
+    "AUTO_ENGINE",
+    "ENGINES",
+    "ENGINE_NAMES",
+    "EngineCapabilities",
+    "EngineEntry",
+    "EngineSpec",
+    "EngineUnavailableError",
+    "VLLMOptions",
+    "build_rollout_engine",
+    "check_engine_name",
+    "default_engine_name",
+    "engine_available",
+    "engine_capabilities",
+    "engine_compute_dtype",
+    "hf_engine_copy",
+    "module_engine_spec",
+    "resolve_engine_name",
+    "samples_from_module",
 ]
 
 Builder = Callable[["EngineSpec", "Policy", "torch.nn.Module | None"], RolloutEngine]
@@ -79,6 +93,7 @@ class EngineEntry:
 
 def _lazy(module: str, name: str) -> Callable:
     """``module.name``, imported on the first call (the engines import torch, and vLLM's import takes seconds)."""
+
     def call(*args: object) -> object:
         return getattr(importlib.import_module(module), name)(*args)
 
@@ -90,18 +105,29 @@ def _always_available() -> tuple[bool, str]:
 
 
 ENGINES: dict[str, EngineEntry] = {
-    "hf": EngineEntry(_lazy("dapo.rollout.hf_engine", "build_hf_engine"), _always_available,
-                      EngineCapabilities(generates_from_module=True, batch_invariant=True), "the Transformers engine",
-                      "the hand-written KV-cached Transformers engine"),
-    "vllm": EngineEntry(_lazy("dapo.rollout.vllm_engine", "build_vllm_engine"),
-                        _lazy("dapo.rollout.vllm_engine", "vllm_available"),
-                        EngineCapabilities(tensor_parallel=True, reserves_gpu_memory=True,
-                                           auto_dtype={"cpu": "float32", "cuda": "bfloat16"}, preferred_on=("cuda",),
-                                           # the installed vLLM 0.32 can (LLM(enable_return_routed_experts=True), its
-                                           # CompletionOutput.routed_experts); this engine does not ask for it yet
-                                           no_routed_experts="dapo's vLLM engine does not read vLLM's routed-experts "
-                                           "output (enable_return_routed_experts) yet"),
-                        "vLLM", "vLLM (its own runtime; weights pushed after every update)"),
+    "hf": EngineEntry(
+        _lazy("dapo.rollout.hf_engine", "build_hf_engine"),
+        _always_available,
+        EngineCapabilities(generates_from_module=True, batch_invariant=True),
+        "the Transformers engine",
+        "the hand-written KV-cached Transformers engine",
+    ),
+    "vllm": EngineEntry(
+        _lazy("dapo.rollout.vllm_engine", "build_vllm_engine"),
+        _lazy("dapo.rollout.vllm_engine", "vllm_available"),
+        EngineCapabilities(
+            tensor_parallel=True,
+            reserves_gpu_memory=True,
+            auto_dtype={"cpu": "float32", "cuda": "bfloat16"},
+            preferred_on=("cuda",),
+            # the installed vLLM 0.32 can (LLM(enable_return_routed_experts=True), its
+            # CompletionOutput.routed_experts); this engine does not ask for it yet
+            no_routed_experts="dapo's vLLM engine does not read vLLM's routed-experts "
+            "output (enable_return_routed_experts) yet",
+        ),
+        "vLLM",
+        "vLLM (its own runtime; weights pushed after every update)",
+    ),
 }
 ENGINE_NAMES: tuple[str, ...] = tuple(ENGINES)
 AUTO_ENGINE = "auto"  # the CLI's and the server's choice beside ENGINE_NAMES: the device's default engine
@@ -167,7 +193,8 @@ def build_rollout_engine(spec: EngineSpec, policy: Policy, *, module: torch.nn.M
         parallel = ", ".join(name for name, e in ENGINES.items() if e.capabilities.tensor_parallel)
         raise EngineUnavailableError(
             f"rollout.tensor_model_parallel_size={spec.tensor_parallel_size}: {entry.label} "
-            f"(rollout.name={spec.name}) has no tensor parallelism; use rollout.name={parallel} or set it to 1")
+            f"(rollout.name={spec.name}) has no tensor parallelism; use rollout.name={parallel} or set it to 1"
+        )
     ok, reason = entry.available()
     if not ok:
         raise EngineUnavailableError(f"rollout.name={spec.name}: {reason}")
@@ -192,8 +219,10 @@ def hf_engine_copy(spec: EngineSpec, model: torch.nn.Module, *, sharded: bool) -
         return None
     # Parameters are copied straight into the new dtype (no transient full-precision copy of the model); buffers
     # (a rotary embedding's inv_freq) stay as they are, as from_pretrained(dtype=...) leaves them.
-    memo: dict[int, object] = {id(p): torch.nn.Parameter(p.detach().to(dtype=dtype, copy=True), requires_grad=False)
-                               for p in model.parameters()}
+    memo: dict[int, object] = {
+        id(p): torch.nn.Parameter(p.detach().to(dtype=dtype, copy=True), requires_grad=False)
+        for p in model.parameters()
+    }
     return copy.deepcopy(model, memo).eval()
 
 
@@ -218,5 +247,8 @@ def samples_from_module(engine: RolloutEngine, model: torch.nn.Module) -> bool:
 
     from dapo.rollout.hf_engine import HFRolloutEngine
 
-    return (isinstance(engine, HFRolloutEngine) and engine.model is model
-            and all(p.dtype == torch.float32 for p in model.parameters()))
+    return (
+        isinstance(engine, HFRolloutEngine)
+        and engine.model is model
+        and all(p.dtype == torch.float32 for p in model.parameters())
+    )

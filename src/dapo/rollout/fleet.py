@@ -50,8 +50,9 @@ def merge(outputs: Sequence[RolloutOutput], shares: Sequence[slice]) -> RolloutO
         finish_reason += out.finish_reason
         versions += out.token_versions if out.token_versions is not None else [[] for _ in out.response_ids]
     tracked = all(out.token_versions is not None for out in outputs)
-    return RolloutOutput(prompt_index, response_ids, logprobs, finish_reason,
-                         token_versions=versions if tracked else None)
+    return RolloutOutput(
+        prompt_index, response_ids, logprobs, finish_reason, token_versions=versions if tracked else None
+    )
 
 
 class EngineFleet:
@@ -114,6 +115,7 @@ class EngineFleet:
     def log_probs_of(self, prompt_token_ids: Sequence[int], response_ids: Sequence[int]) -> list[float]:
         """Every engine's log-probs of the probe; engines holding the same weights agree, and one that does not is
         a rank that missed a push: stop, naming it."""
+
         def probe(i: int) -> list[float]:
             with self._naming(i):
                 return self.engines[i].log_probs_of(prompt_token_ids, response_ids)
@@ -125,7 +127,8 @@ class EngineFleet:
             if gap > 1e-4:  # the same weights on the same kernels: rounding differences only (~1e-7)
                 raise RolloutWorkerError(
                     f"the engine of rollout rank {self.ranks[i]} disagrees with rank {self.ranks[0]}'s on the weight probe by {gap:.3g} (max |log-prob "
-                    "difference|) after the same push: it holds other weights than the others")
+                    "difference|) after the same push: it holds other weights than the others"
+                )
         return answers[0]
 
     @contextlib.contextmanager
@@ -144,9 +147,11 @@ class EngineFleet:
             raise type(exc)(f"rollout rank {self.ranks[i]}: {exc}") from None
 
     def respawn(self) -> EngineFleet:
-        raise RolloutWorkerError(f"{self.death}. A rollout rank is torchrun's process, not the trainer's: it cannot "
-                                 "be restarted from here; torchrun's --max-restarts restarts the job, which resumes "
-                                 "from the last checkpoint")
+        raise RolloutWorkerError(
+            f"{self.death}. A rollout rank is torchrun's process, not the trainer's: it cannot "
+            "be restarted from here; torchrun's --max-restarts restarts the job, which resumes "
+            "from the last checkpoint"
+        )
 
     def close(self) -> None:
         if self._closed:
@@ -156,4 +161,3 @@ class EngineFleet:
             engine.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._transport.close()
-

@@ -37,7 +37,11 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from dapo.model.attention import (
-    GQA_SDPA, SHARED_PREFIX, SHARED_PREFIX_CACHE, attention_implementation, grouped_query_sdpa,
+    GQA_SDPA,
+    SHARED_PREFIX,
+    SHARED_PREFIX_CACHE,
+    attention_implementation,
+    grouped_query_sdpa,
 )
 from dapo.model.batch_invariant import PositionKV, forward_at, invariance_of, token_log_probs
 from dapo.model.cache_layers import select_cache_rows
@@ -124,14 +128,16 @@ class HFRolloutEngine:
         """Sample ``params.n`` responses for each prompt; one entry per sample, each prompt's samples contiguous."""
         return self._generate(prompt_token_ids, params, None)
 
-    def generate_streaming(self, prompt_token_ids: Sequence[Sequence[int]], params: SamplingParams,
-                           on_step: StepCallback) -> RolloutOutput:
+    def generate_streaming(
+        self, prompt_token_ids: Sequence[Sequence[int]], params: SamplingParams, on_step: StepCallback
+    ) -> RolloutOutput:
         """:meth:`generate`, reporting every decode step to ``on_step``
         (:class:`dapo.rollout.base.TokenStreamingEngine`); it runs on this thread, between two forward passes."""
         return self._generate(prompt_token_ids, params, on_step)
 
-    def _generate(self, prompt_token_ids: Sequence[Sequence[int]], params: SamplingParams,
-                  on_step: StepCallback | None) -> RolloutOutput:
+    def _generate(
+        self, prompt_token_ids: Sequence[Sequence[int]], params: SamplingParams, on_step: StepCallback | None
+    ) -> RolloutOutput:
         if not isinstance(params, SamplingParams):
             raise TypeError(f"HFRolloutEngine.generate: params must be SamplingParams, got {type(params).__name__}")
         prompts = self._validate_prompts(prompt_token_ids)
@@ -140,8 +146,9 @@ class HFRolloutEngine:
         generator = keys = None
         if params.prompt_seeds is not None:
             if len(params.prompt_seeds) != len(prompts):
-                raise ValueError(f"HFRolloutEngine.generate: {len(params.prompt_seeds)} prompt_seeds for "
-                                 f"{len(prompts)} prompts")
+                raise ValueError(
+                    f"HFRolloutEngine.generate: {len(params.prompt_seeds)} prompt_seeds for {len(prompts)} prompts"
+                )
             seeds = torch.tensor(params.prompt_seeds, dtype=torch.int64, device=self.device)
             sample_index = torch.arange(params.n, dtype=torch.int64, device=self.device).repeat(len(prompts))
             keys = sample_stream_keys(seeds.repeat_interleave(params.n), sample_index)  # row i * n + j
@@ -176,9 +183,15 @@ class HFRolloutEngine:
                             routes += [self._no_routes(tape, prompts[p]) for p in rows[start : start + count]]
                         continue
                     ids, lps, reasons, cut = generate_rows(
-                        prompts, rows[start : start + chunk_size], params, stop_ids, generator,
+                        prompts,
+                        rows[start : start + chunk_size],
+                        params,
+                        stop_ids,
+                        generator,
                         None if keys is None else keys[start : start + chunk_size],
-                        on_step=on_step, first_entry=start, **({} if routes is None else {"routes": routes}),
+                        on_step=on_step,
+                        first_entry=start,
+                        **({} if routes is None else {"routes": routes}),
                     )
                     response_ids += ids
                     logprobs += lps
@@ -306,16 +319,16 @@ class HFRolloutEngine:
         logits = self._next_token_logits(input_ids, attention_mask if padded else None, position_ids, cache)
         if tape is not None:  # each distinct prompt's routes at its real (unpadded) positions
             prefill = tape.take().view(*input_ids.shape, tape.num_layers, tape.top_k).cpu()
-            prompt_routes = [prefill[d, width - prompts[p].numel():] for d, p in enumerate(distinct)]
-            out_routes = torch.full((len(rows), params.max_tokens, tape.num_layers, tape.top_k), -1,
-                                    dtype=ROUTE_DTYPE)
+            prompt_routes = [prefill[d, width - prompts[p].numel() :] for d, p in enumerate(distinct)]
+            out_routes = torch.full((len(rows), params.max_tokens, tape.num_layers, tape.top_k), -1, dtype=ROUTE_DTYPE)
         next_position = position_ids[:, -1] + 1
         decode_kwargs: dict[str, object] = {}
         if row_to_distinct is not None:
             logits = logits[row_to_distinct]
             next_position = next_position[row_to_distinct]
-            shared = shared_prompt_cache(cache, attention_mask.bool(), row_to_distinct, params.max_tokens) if share \
-                else None
+            shared = (
+                shared_prompt_cache(cache, attention_mask.bool(), row_to_distinct, params.max_tokens) if share else None
+            )
             if shared is not None:
                 cache, padded = shared, False  # the prompts' padding is the prefix's bias; own tokens are never padding
                 decode_kwargs = {SHARED_PREFIX_CACHE: cache}
@@ -336,16 +349,26 @@ class HFRolloutEngine:
                 # the live rows' uniforms for this step: a function of (row key, step) only, whoever else is alive
                 uniforms = None if keys is None or params.greedy else stream_uniforms(keys[alive], step)
                 tokens, token_logprobs = sample_next_tokens(
-                    logits, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
-                    generator=generator, uniforms=uniforms, scratch=scratch[: len(alive)],
+                    logits,
+                    temperature=params.temperature,
+                    top_k=params.top_k,
+                    top_p=params.top_p,
+                    generator=generator,
+                    uniforms=uniforms,
+                    scratch=scratch[: len(alive)],
                 )
                 out_tokens[alive, step] = tokens
                 out_logprobs[alive, step] = token_logprobs
                 steps_done = step + 1
                 if on_step is not None:
                     running = (~finished).nonzero().squeeze(-1)  # rows past their stop token drew nothing of theirs
-                    cut = bool(on_step((alive[running] + first_entry).tolist(), tokens[running].tolist(),
-                                       token_logprobs[running].tolist()))
+                    cut = bool(
+                        on_step(
+                            (alive[running] + first_entry).tolist(),
+                            tokens[running].tolist(),
+                            token_logprobs[running].tolist(),
+                        )
+                    )
                     if cut:
                         break
                 if step == max_tokens - 1:
@@ -368,7 +391,10 @@ class HFRolloutEngine:
                 if padded:
                     attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(alive), 1)], dim=-1)
                 logits = self._next_token_logits(
-                    tokens.unsqueeze(-1), attention_mask if padded else None, next_position.unsqueeze(-1), cache,
+                    tokens.unsqueeze(-1),
+                    attention_mask if padded else None,
+                    next_position.unsqueeze(-1),
+                    cache,
                     **decode_kwargs,
                 )
                 if tape is not None:  # the routes of response token `step`, fed in this forward
@@ -377,8 +403,10 @@ class HFRolloutEngine:
 
         responses = _responses(out_tokens[:, :steps_done], out_logprobs[:, :steps_done], stop_ids, steps_done)
         if routes is not None:
-            routes += [torch.cat([prompt_routes[int(to_distinct[k])], out_routes[k, : len(ids)]])
-                       for k, ids in enumerate(responses[0])]
+            routes += [
+                torch.cat([prompt_routes[int(to_distinct[k])], out_routes[k, : len(ids)]])
+                for k, ids in enumerate(responses[0])
+            ]
         return (*responses, cut)
 
     def _generate_rows_invariant(
@@ -405,12 +433,15 @@ class HFRolloutEngine:
         input_ids, attention_mask, position_ids = left_pad([prompts[p] for p in distinct], self.pad_token_id, device)
         longest = int(position_ids[:, -1].max()) + params.max_tokens
         if longest > invariance.max_length:
-            raise ValueError(f"HFRolloutEngine: a prompt of {longest - params.max_tokens} tokens and max_tokens "
-                             f"{params.max_tokens} reach position {longest - 1}, past the batch-invariant buffer of "
-                             f"{invariance.max_length} positions (data.max_prompt_length + data.max_response_length)")
+            raise ValueError(
+                f"HFRolloutEngine: a prompt of {longest - params.max_tokens} tokens and max_tokens "
+                f"{params.max_tokens} reach position {longest - 1}, past the batch-invariant buffer of "
+                f"{invariance.max_length} positions (data.max_prompt_length + data.max_response_length)"
+            )
         sequence = torch.arange(len(distinct), device=device)[:, None].expand_as(input_ids)
-        kv = PositionKV(len(distinct), invariance.max_length, sequence, position_ids, attention_mask.bool(),
-                        in_place=True)
+        kv = PositionKV(
+            len(distinct), invariance.max_length, sequence, position_ids, attention_mask.bool(), in_place=True
+        )
         logits = self._invariant_logits(kv, input_ids, position_ids)
         kv.select(to_distinct)
         logits, next_position = logits[to_distinct], position_ids[:, -1][to_distinct] + 1
@@ -422,8 +453,14 @@ class HFRolloutEngine:
         alive = torch.arange(num_rows, device=device)  # batch position -> row (= its buffer row)
         for step in range(max_tokens):
             uniforms = None if keys is None or params.greedy else stream_uniforms(keys[alive], step)
-            tokens, _ = sample_next_tokens(logits, temperature=params.temperature, top_k=params.top_k,
-                                           top_p=params.top_p, generator=generator, uniforms=uniforms)
+            tokens, _ = sample_next_tokens(
+                logits,
+                temperature=params.temperature,
+                top_k=params.top_k,
+                top_p=params.top_p,
+                generator=generator,
+                uniforms=uniforms,
+            )
             token_logprobs = token_log_probs(logits, tokens, params.temperature)
             out_tokens[alive, step] = tokens
             out_logprobs[alive, step] = token_logprobs
@@ -453,8 +490,9 @@ def _distinct_prompts(rows: list[int], device: torch.device) -> tuple[list[int],
     return list(position_of), torch.tensor([position_of[p] for p in rows], device=device)
 
 
-def _responses(out_tokens: torch.Tensor, out_logprobs: torch.Tensor, stop_ids: torch.Tensor, steps_done: int
-           ) -> tuple[list[list[int]], list[list[float]], list[str]]:
+def _responses(
+    out_tokens: torch.Tensor, out_logprobs: torch.Tensor, stop_ids: torch.Tensor, steps_done: int
+) -> tuple[list[list[int]], list[list[float]], list[str]]:
     """Each row's response: up to its first stop token (kept) or all ``steps_done`` tokens (finish reason
     ``length``), and the log-probs of those tokens."""
     is_stop = torch.isin(out_tokens, stop_ids)
@@ -473,5 +511,9 @@ def _responses(out_tokens: torch.Tensor, out_logprobs: torch.Tensor, stop_ids: t
 def build_hf_engine(spec: EngineSpec, policy: Policy, module: torch.nn.Module | None) -> HFRolloutEngine:
     """The registry's builder (``dapo.rollout.factory.ENGINES["hf"]``): an engine over the actor's own module, or over
     ``module``, the unsharded (or recast) copy of it that every push refreshes (``hf_engine_copy``)."""
-    return HFRolloutEngine(policy.model if module is None else module, eos_token_ids=policy.eos_token_ids,
-                           pad_token_id=policy.pad_token_id, max_batch_size=spec.max_batch_size)
+    return HFRolloutEngine(
+        policy.model if module is None else module,
+        eos_token_ids=policy.eos_token_ids,
+        pad_token_id=policy.pad_token_id,
+        max_batch_size=spec.max_batch_size,
+    )

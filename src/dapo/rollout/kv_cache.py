@@ -37,8 +37,9 @@ class PreallocatedLayer(DynamicLayer):
         self.capacity = capacity
         self.length = 0
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         new_keys = key_states.transpose(-1, -2) if self.keys_position_last else key_states
         key_dim = -1 if self.keys_position_last else -2
         if not self.is_initialized:
@@ -115,8 +116,9 @@ class SharedPrefixLayer(PreallocatedLayer):
         self.prefix = self.prefix.select(indices)
 
 
-def shared_prompt_cache(prefill: DynamicCache, prompt_mask: torch.Tensor, row_to_prompt: torch.Tensor,
-                        capacity: int) -> DynamicCache | None:
+def shared_prompt_cache(
+    prefill: DynamicCache, prompt_mask: torch.Tensor, row_to_prompt: torch.Tensor, capacity: int
+) -> DynamicCache | None:
     """The cache for rows decoding after the prompts of ``prefill`` (``row_to_prompt[row]``), each prompt kept once.
 
     ``prompt_mask`` is the prompts' padding mask (``[prompts, width]``, true at tokens); ``capacity`` the positions each
@@ -132,9 +134,10 @@ def shared_prompt_cache(prefill: DynamicCache, prompt_mask: torch.Tensor, row_to
     first = attention[0]
     placed = SharedPrefix.of_rows(first.keys, first.values, prompt_mask, row_to_prompt)  # the rows' places, once
     cache = DynamicCache()
-    cache.layers = [layer if is_linear_layer(layer) else
-                    SharedPrefixLayer(placed.with_tensors(layer.keys, layer.values), capacity)
-                    for layer in prefill.layers]
+    cache.layers = [
+        layer if is_linear_layer(layer) else SharedPrefixLayer(placed.with_tensors(layer.keys, layer.values), capacity)
+        for layer in prefill.layers
+    ]
     for layer in cache.layers:
         if is_linear_layer(layer):
             select_layer_rows(layer, row_to_prompt)

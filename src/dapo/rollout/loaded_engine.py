@@ -33,8 +33,9 @@ class LoadedEngine:
         return self.policy.tokenizer
 
 
-def load_model_engine(model_cfg: ModelConfig, spec: EngineSpec, *, device: str = "cpu",
-                remote_code_switch: str | None = None) -> LoadedEngine:
+def load_model_engine(
+    model_cfg: ModelConfig, spec: EngineSpec, *, device: str = "cpu", remote_code_switch: str | None = None
+) -> LoadedEngine:
     """Load ``model_cfg``'s policy onto ``device`` and build ``spec``'s engine from it.
 
     ``device``: ``auto`` is resolved here (``dapo.infra.device.resolve_device``); ``spec.name``: ``auto`` is the
@@ -48,7 +49,8 @@ def load_model_engine(model_cfg: ModelConfig, spec: EngineSpec, *, device: str =
     name = resolve_engine_name(spec.name, device)
     switch = {} if remote_code_switch is None else {"remote_code_switch": remote_code_switch}
     policy = load_policy(model_cfg, device=device, **switch)
-    max_len = spec.max_model_len or int(getattr(policy.model.config, "max_position_embeddings", 0)
-                                        or DEFAULT_MAX_MODEL_LEN)
+    max_len = spec.max_model_len or int(
+        getattr(policy.model.config, "max_position_embeddings", 0) or DEFAULT_MAX_MODEL_LEN
+    )
     spec = spec.replace(name=name, max_model_len=max_len)
     return LoadedEngine(build_rollout_engine(spec, policy), policy, spec, device)

@@ -50,8 +50,7 @@ class CodeRunner(Protocol):
     """A bare tool: runs codes (in parallel), results in input order (``dapo.tools``' sandbox); its call format is
     ``MultiTurnParams.call_format``. A :class:`~dapo.tools.toolbox.Toolbox` holds tools that carry their own."""
 
-    def run_many(self, codes: Sequence[str], max_workers: int = ...) -> list[ToolResultLike]:
-        ...
+    def run_many(self, codes: Sequence[str], max_workers: int = ...) -> list[ToolResultLike]: ...
 
 
 class _BareRunner:
@@ -93,8 +92,10 @@ class MultiTurnParams:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"multi_turn.{name} must be an integer >= 1, got {value!r}")
         if self.tool_response_truncate_side not in ("left", "right", "middle"):
-            raise ValueError("multi_turn.tool_response_truncate_side must be left, right or middle, "
-                             f"got {self.tool_response_truncate_side!r}")
+            raise ValueError(
+                "multi_turn.tool_response_truncate_side must be left, right or middle, "
+                f"got {self.tool_response_truncate_side!r}"
+            )
 
 
 @dataclass
@@ -174,10 +175,13 @@ class MultiTurnRollout:
         """Like :meth:`RolloutEngine.generate` (same order and ``n``); ``sampling.max_tokens`` is ignored in favour of
         the trajectory budget ``max_response_length``."""
         samples = [_Sample(i, list(p)) for i, p in enumerate(prompt_token_ids) for _ in range(sampling.n)]
-        stops = {open_: tuple(sorted(set(sampling.stop_token_ids) | set(ids)))
-                 for open_, ids in ((False, self.start_token_ids), (True, self.end_token_ids))}
-        first = _replace(sampling, max_tokens=self.params.max_response_length,
-                         stop_token_ids=stops[self.toolbox.any_open("")])
+        stops = {
+            open_: tuple(sorted(set(sampling.stop_token_ids) | set(ids)))
+            for open_, ids in ((False, self.start_token_ids), (True, self.end_token_ids))
+        }
+        first = _replace(
+            sampling, max_tokens=self.params.max_response_length, stop_token_ids=stops[self.toolbox.any_open("")]
+        )
         self._absorb(samples, self.engine.generate([list(p) for p in prompt_token_ids], first))
         round_ = 1
         while True:
@@ -193,20 +197,34 @@ class MultiTurnRollout:
                 if not active:
                     continue
                 budget = min(self.params.max_response_length - len(s.ids) for _, s in active)
-                seeds = None if sampling.prompt_seeds is None else tuple(
-                    (sampling.prompt_seeds[s.prompt_index] * 1_000_003 + k * 7919 + round_) % (1 << 63)
-                    for k, s in active)
-                params = _replace(sampling, n=1, max_tokens=budget, stop_token_ids=stops[open_],
-                                  seed=None if sampling.seed is None else sampling.seed + 2 * round_ + open_,
-                                  prompt_seeds=seeds)
+                seeds = (
+                    None
+                    if sampling.prompt_seeds is None
+                    else tuple(
+                        (sampling.prompt_seeds[s.prompt_index] * 1_000_003 + k * 7919 + round_) % (1 << 63)
+                        for k, s in active
+                    )
+                )
+                params = _replace(
+                    sampling,
+                    n=1,
+                    max_tokens=budget,
+                    stop_token_ids=stops[open_],
+                    seed=None if sampling.seed is None else sampling.seed + 2 * round_ + open_,
+                    prompt_seeds=seeds,
+                )
                 out = self.engine.generate([s.prompt_ids + s.ids for _, s in active], params)
                 self._absorb([s for _, s in active], out)
             round_ += 1
         return MultiTurnOutput(
-            prompt_index=[s.prompt_index for s in samples], response_ids=[s.ids for s in samples],
-            logprobs=[s.logprobs for s in samples], finish_reason=[s.finish for s in samples],
-            action_mask=[s.mask for s in samples], turns=[s.turns for s in samples],
-            tool_categories=[s.categories for s in samples])
+            prompt_index=[s.prompt_index for s in samples],
+            response_ids=[s.ids for s in samples],
+            logprobs=[s.logprobs for s in samples],
+            finish_reason=[s.finish for s in samples],
+            action_mask=[s.mask for s in samples],
+            turns=[s.turns for s in samples],
+            tool_categories=[s.categories for s in samples],
+        )
 
     # --- one engine call's results --------------------------------------------------------------------------------
 
@@ -237,7 +255,7 @@ class MultiTurnRollout:
                 s.finish = "stop"
 
     def _turn_text(self, s: _Sample) -> str:
-        return self.tokenizer.decode(s.ids[s.turn_start:], skip_special_tokens=False)
+        return self.tokenizer.decode(s.ids[s.turn_start :], skip_special_tokens=False)
 
     def _call_open(self, s: _Sample) -> bool:
         """Whether the sample's current turn has opened a call (a closed one ends the turn at once, see _absorb)."""
@@ -246,7 +264,7 @@ class MultiTurnRollout:
     def _closing_cut(self, s: _Sample, new_ids: list[int]) -> int | None:
         """How many of ``new_ids`` to keep: up to the token that closes a call (binary search: once closed, a longer
         prefix stays closed), or None when they close none."""
-        head = s.ids[s.turn_start:]
+        head = s.ids[s.turn_start :]
 
         def closed(k: int) -> bool:
             text = self.tokenizer.decode(head + new_ids[:k], skip_special_tokens=False)
@@ -297,14 +315,17 @@ class MultiTurnRollout:
             marker = self.tokenizer.encode("...", add_special_tokens=False)
             keep = max(cap - len(marker), 0)
             if p.tool_response_truncate_side == "left":
-                ids = marker + ids[len(ids) - keep:]
+                ids = marker + ids[len(ids) - keep :]
             elif p.tool_response_truncate_side == "right":
                 ids = ids[:keep] + marker
             else:
-                ids = ids[: keep // 2] + marker + ids[len(ids) - (keep - keep // 2):]
+                ids = ids[: keep // 2] + marker + ids[len(ids) - (keep - keep // 2) :]
         before, after = (call_format or p.call_format).response_halves()
-        return (self.tokenizer.encode(before, add_special_tokens=False) + ids
-                + self.tokenizer.encode(after, add_special_tokens=False))
+        return (
+            self.tokenizer.encode(before, add_special_tokens=False)
+            + ids
+            + self.tokenizer.encode(after, add_special_tokens=False)
+        )
 
 
 def model_text(tokenizer, ids: Sequence[int], action_mask: Sequence[int]) -> str:

@@ -35,7 +35,8 @@ def check_finite_logits(scaled_logits: torch.Tensor) -> torch.Tensor:
             f"phase generation: the policy produced non-finite next-token logits (NaN or inf) for "
             f"{len(bad)} of {row_max.shape[0]} sequences (first: {bad[:4]}). The weights are NaN/inf or overflow: "
             "check the model files, lower actor.optim.lr or set actor.grad_clip, and resume from the last checkpoint "
-            "(a very low rollout.temperature can also overflow large logits)")
+            "(a very low rollout.temperature can also overflow large logits)"
+        )
     return row_max
 
 
@@ -110,7 +111,7 @@ def stream_uniforms(keys: torch.Tensor, counter: int) -> torch.Tensor:
     """The ``counter``-th uniform in [0, 1) of each key's stream, float64: SplitMix64's output number ``counter`` from
     state ``key`` (the top 53 bits of the word, so every value is an exact multiple of 2**-53)."""
     z = _splitmix64_mix(keys + _int64(_GOLDEN_GAMMA * (counter + 1)))
-    return _shift_right(z, 11).to(torch.float64) * (2.0 ** -53)
+    return _shift_right(z, 11).to(torch.float64) * (2.0**-53)
 
 
 # Width of the vocabulary blocks of the two-level inverse-CDF draw: 49,152 tokens make 192 blocks of 256.
@@ -128,8 +129,9 @@ def _block_sums(weights: torch.Tensor, block: int) -> torch.Tensor:
     return sums
 
 
-def draw_from(probs: torch.Tensor, generator: torch.Generator | None = None, *,
-              uniforms: torch.Tensor | None = None) -> torch.Tensor:
+def draw_from(
+    probs: torch.Tensor, generator: torch.Generator | None = None, *, uniforms: torch.Tensor | None = None
+) -> torch.Tensor:
     """Draw one index per row of ``probs`` ([batch, vocab], non-negative, any positive row total) by inverse-CDF
     sampling.
 
@@ -146,8 +148,9 @@ def draw_from(probs: torch.Tensor, generator: torch.Generator | None = None, *,
     return _draw_with_total(probs, generator, uniforms)[0]
 
 
-def _draw_with_total(probs: torch.Tensor, generator: torch.Generator | None, uniforms: torch.Tensor | None
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+def _draw_with_total(
+    probs: torch.Tensor, generator: torch.Generator | None, uniforms: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`draw_from`, also returning each row's total mass ([batch] float64), which it sums on the way."""
     probs = probs.contiguous()
     rows, vocab = probs.shape
@@ -162,16 +165,19 @@ def _draw_with_total(probs: torch.Tensor, generator: torch.Generator | None, uni
     target = uniform * total
     # The block holding the target: the first whose cumulative mass exceeds it (so never an empty block); uniform *
     # total can round up to total itself, so clamp to the last block with mass (the first one reaching the total).
-    block = torch.minimum(torch.searchsorted(block_cdf, target, right=True),
-                          torch.searchsorted(block_cdf, total, right=False))
+    block = torch.minimum(
+        torch.searchsorted(block_cdf, target, right=True), torch.searchsorted(block_cdf, total, right=False)
+    )
     before = torch.where(block > 0, block_cdf.gather(-1, (block - 1).clamp(min=0)), 0.0)
     columns = block * _DRAW_BLOCK + torch.arange(_DRAW_BLOCK, device=probs.device)
     inside = columns < vocab  # the last block may be narrower
     within = torch.where(inside, probs.gather(-1, columns.clamp(max=vocab - 1)), 0.0).to(torch.float64).cumsum(-1)
     # The same two rules inside the block; the float32 block sum and this float64 sum can differ in the last bits,
     # which the clamp to the block's last non-zero token absorbs.
-    offset = torch.minimum(torch.searchsorted(within, target - before, right=True),
-                           torch.searchsorted(within, within[:, -1:].contiguous(), right=False))
+    offset = torch.minimum(
+        torch.searchsorted(within, target - before, right=True),
+        torch.searchsorted(within, within[:, -1:].contiguous(), right=False),
+    )
     return (columns.gather(-1, offset)).squeeze(-1), total.squeeze(-1)
 
 

@@ -37,8 +37,9 @@ class InProcessStream:
         for request_id in list(self._queued):
             prompts, params = self._queued.pop(request_id)
             output = self.engine.generate(prompts, params)
-            finished.append(FinishedRequest(request_id, output, [[self._version] * len(ids)
-                                                                 for ids in output.response_ids]))
+            finished.append(
+                FinishedRequest(request_id, output, [[self._version] * len(ids) for ids in output.response_ids])
+            )
         return finished
 
     def abort(self, request_id: int) -> None:
@@ -50,8 +51,9 @@ class InProcessStream:
         return {}
 
 
-def generate_through(stream, prompt_token_ids: Sequence[Sequence[int]], params: SamplingParams
-                     ) -> tuple[RolloutOutput, list[list[int]]]:
+def generate_through(
+    stream, prompt_token_ids: Sequence[Sequence[int]], params: SamplingParams
+) -> tuple[RolloutOutput, list[list[int]]]:
     """Blocking generation over a streaming engine: the request's output and its per-token weight versions. Other
     requests that finish meanwhile are not this caller's; it must be the only one waiting on ``stream``."""
     request_id = stream.submit(prompt_token_ids, params)

@@ -18,9 +18,12 @@ def tool_rollout(engine: RolloutEngine, tokenizer, mt: MultiTurnConfig, max_resp
     trajectory budget is ``max_response_length``, model and tool tokens together. Raises ToolUnavailableError, naming
     the key, when a tool cannot run on this machine (the caller still owns ``engine``)."""
     params = MultiTurnParams(
-        max_assistant_turns=mt.max_assistant_turns, max_response_length=max_response_length,
+        max_assistant_turns=mt.max_assistant_turns,
+        max_response_length=max_response_length,
         max_tool_response_length=mt.max_tool_response_length,
-        tool_response_truncate_side=mt.tool_response_truncate_side, max_parallel_calls=mt.max_parallel_calls)
+        tool_response_truncate_side=mt.tool_response_truncate_side,
+        max_parallel_calls=mt.max_parallel_calls,
+    )
     return MultiTurnRollout(engine, tokenizer, Toolbox(build_tools(mt)), params)
 
 

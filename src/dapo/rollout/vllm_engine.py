@@ -316,9 +316,11 @@ def explain_stale_cpu_shm(error: BaseException, shm_dir: str = "/dev/shm") -> st
     except OSError:
         found = []
     listing = ", ".join(f"{shm_dir}/{name}" for name in found[:8]) or f"segments named *-cpushm_* in {shm_dir}"
-    return (f"vLLM's CPU tensor-parallel shared memory already exists ({listing}): an earlier tensor-parallel vLLM "
-            "job on this machine was killed before it could remove it, or one is running now (vLLM gives every "
-            "torchrun job the same names). If none is running, remove them (rm /dev/shm/*-cpushm_*) and start again")
+    return (
+        f"vLLM's CPU tensor-parallel shared memory already exists ({listing}): an earlier tensor-parallel vLLM "
+        "job on this machine was killed before it could remove it, or one is running now (vLLM gives every "
+        "torchrun job the same names). If none is running, remove them (rm /dev/shm/*-cpushm_*) and start again"
+    )
 
 
 def _is_int(value: object) -> bool:
@@ -377,8 +379,10 @@ class VLLMRolloutEngine:
             raise ValueError(f"VLLMRolloutEngine: eos_token_ids must be non-negative ints, got {eos_token_ids!r}")
         self.eos_token_ids: tuple[int, ...] = eos
         if dtype not in _DTYPES:
-            raise ValueError(f"VLLMRolloutEngine: dtype must be one of {_DTYPES}, got {dtype!r} (build the engine "
-                             "through dapo.rollout.factory to have 'auto' resolved)")
+            raise ValueError(
+                f"VLLMRolloutEngine: dtype must be one of {_DTYPES}, got {dtype!r} (build the engine "
+                "through dapo.rollout.factory to have 'auto' resolved)"
+            )
         if not _is_int(seed) or seed < 0:
             raise ValueError(f"VLLMRolloutEngine: seed must be an int >= 0, got {seed!r}")
         if not isinstance(gpu_memory_utilization, (int, float)) or not 0 < gpu_memory_utilization <= 1:
@@ -412,11 +416,15 @@ class VLLMRolloutEngine:
         os.environ.setdefault(_MULTIPROCESSING_ENV, "0")
         if join_process_group:
             if not torch.distributed.is_initialized():
-                raise ValueError("VLLMRolloutEngine: join_process_group=True needs an initialised torch.distributed "
-                                 "process group (torchrun)")
+                raise ValueError(
+                    "VLLMRolloutEngine: join_process_group=True needs an initialised torch.distributed "
+                    "process group (torchrun)"
+                )
             if os.environ[_MULTIPROCESSING_ENV] != "0":
-                raise ValueError(f"VLLMRolloutEngine: under torchrun the engine runs in each rank's process; unset "
-                                 f"{_MULTIPROCESSING_ENV} (it is {os.environ[_MULTIPROCESSING_ENV]!r})")
+                raise ValueError(
+                    f"VLLMRolloutEngine: under torchrun the engine runs in each rank's process; unset "
+                    f"{_MULTIPROCESSING_ENV} (it is {os.environ[_MULTIPROCESSING_ENV]!r})"
+                )
         self.joined_process_group = bool(join_process_group)
         self._in_process = os.environ[_MULTIPROCESSING_ENV] == "0" and (tensor_parallel_size == 1 or join_process_group)
         self.on_cpu = bool(current_platform.is_cpu())
@@ -545,8 +553,9 @@ class VLLMRolloutEngine:
         )
         self._wake()
         with self._seeded(params.seed):
-            results = llm.generate(self._token_prompts(prompts), request, use_tqdm=False,
-                                   lora_request=self._lora_request())
+            results = llm.generate(
+                self._token_prompts(prompts), request, use_tqdm=False, lora_request=self._lora_request()
+            )
         if self.free_cache_engine:
             llm.sleep(level=1)
             self._asleep = {"weights", "kv_cache"}
@@ -628,8 +637,9 @@ class VLLMRolloutEngine:
             n=1, temperature=0.0, max_tokens=1, prompt_logprobs=0, ignore_eos=True, detokenize=False
         )
         self._wake()
-        result = llm.generate(self._token_prompts([sequence]), request, use_tqdm=False,
-                              lora_request=self._lora_request())[0]
+        result = llm.generate(
+            self._token_prompts([sequence]), request, use_tqdm=False, lora_request=self._lora_request()
+        )[0]
         scores = result.prompt_logprobs
         if scores is None or len(scores) != len(sequence):
             raise RuntimeError("VLLMRolloutEngine.log_probs_of: vLLM returned no prompt log-probs")
@@ -785,5 +795,6 @@ def build_vllm_engine(spec: EngineSpec, policy: Policy, module: torch.nn.Module 
             "rollout.name=vllm needs the policy as a Hugging Face folder; a GGUF model is converted to one when "
             "model.save_pretrained_cache=true"
         )
-    return VLLMRolloutEngine(str(policy.hf_dir), spec, eos_token_ids=policy.eos_token_ids,
-                             lora_config=engine_lora_config(policy.model))
+    return VLLMRolloutEngine(
+        str(policy.hf_dir), spec, eos_token_ids=policy.eos_token_ids, lora_config=engine_lora_config(policy.model)
+    )

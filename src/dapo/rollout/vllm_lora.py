@@ -42,7 +42,8 @@ def vllm_lora_rank(rank: int) -> int:
 def _file_name(parameter_name: str, adapter_name: str) -> str:
     """PEFT's name in ``adapter_model.safetensors``: the parameter's, without the adapter's name."""
     return parameter_name.replace(f".lora_A.{adapter_name}.", ".lora_A.").replace(
-        f".lora_B.{adapter_name}.", ".lora_B.")
+        f".lora_B.{adapter_name}.", ".lora_B."
+    )
 
 
 class VLLMAdapterSlot:
@@ -63,8 +64,7 @@ class VLLMAdapterSlot:
 
     def engine_kwargs(self) -> dict[str, Any]:
         """What ``vllm.LLM`` needs to run one adapter of this rank."""
-        return {"enable_lora": True, "max_lora_rank": vllm_lora_rank(self.rank), "max_loras": 1,
-                "max_cpu_loras": 1}
+        return {"enable_lora": True, "max_lora_rank": vllm_lora_rank(self.rank), "max_loras": 1, "max_cpu_loras": 1}
 
     def push(self, llm: Any, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Write the adapter tensors as a PEFT folder and make vLLM load it under a new id (module docstring)."""
@@ -74,8 +74,10 @@ class VLLMAdapterSlot:
         tensors = {}
         for name, tensor in named_tensors:
             if not is_adapter_tensor_name(name):
-                raise ValueError(f"VLLMRolloutEngine.update_weights: {name!r} is not a LoRA adapter tensor; with "
-                                 "LoRA the base weights stay those the engine loaded and only adapters are pushed")
+                raise ValueError(
+                    f"VLLMRolloutEngine.update_weights: {name!r} is not a LoRA adapter tensor; with "
+                    "LoRA the base weights stay those the engine loaded and only adapters are pushed"
+                )
             tensors[_file_name(name, self.adapter_name)] = tensor.detach().to("cpu", copy=True).contiguous()
         if not tensors:
             raise ValueError("VLLMRolloutEngine.update_weights: no adapter tensors were pushed")
@@ -86,8 +88,9 @@ class VLLMAdapterSlot:
         target.mkdir()
         save_file(tensors, str(target / "adapter_model.safetensors"))
         (target / "adapter_config.json").write_text(json.dumps(self.config), encoding="utf-8")
-        request = LoRARequest(lora_name=f"dapo-policy-v{self._version}", lora_int_id=self._version,
-                              lora_path=str(target))
+        request = LoRARequest(
+            lora_name=f"dapo-policy-v{self._version}", lora_int_id=self._version, lora_path=str(target)
+        )
         if not llm.llm_engine.add_lora(request):
             raise RuntimeError(f"VLLMRolloutEngine.update_weights: vLLM did not load the adapter in {target}")
         previous, self.request = self.request, request

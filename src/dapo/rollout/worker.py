@@ -213,8 +213,9 @@ class _Worker:
             else:
                 self.inbox.append(message)
 
-    def generate_in_segments(self, prompts: list[list[int]], params: SamplingParams
-                             ) -> tuple[RolloutOutput, list[list[int]]]:
+    def generate_in_segments(
+        self, prompts: list[list[int]], params: SamplingParams
+    ) -> tuple[RolloutOutput, list[list[int]]]:
         n, chunk = params.n, self.options.partial_chunk_tokens
         assert chunk is not None
         seeds = params.prompt_seeds or tuple(params.seed or 0 for _ in prompts)
@@ -229,9 +230,12 @@ class _Worker:
             active = [k for k, r in enumerate(reasons) if r is None]
             room = [params.max_tokens - len(ids[k]) for k in active]
             step = dataclasses.replace(
-                params, n=1, max_tokens=min(chunk, min(room)),
+                params,
+                n=1,
+                max_tokens=min(chunk, min(room)),
                 seed=_segment_seed(params.seed or 0, 0, segment),
-                prompt_seeds=tuple(_segment_seed(seeds[k // n], k % n, segment) for k in active))
+                prompt_seeds=tuple(_segment_seed(seeds[k // n], k % n, segment) for k in active),
+            )
             out = self.engine.generate([prompts[k // n] + ids[k] for k in active], step)
             for j, k in enumerate(active):
                 ids[k] += out.response_ids[j]
@@ -246,8 +250,7 @@ class _Worker:
         return output, versions
 
 
-def _worker_main(spec: EngineSpec, model_cfg: Any, options: WorkerOptions, conn: Any,
-                 address: tuple[str, int]) -> None:
+def _worker_main(spec: EngineSpec, model_cfg: Any, options: WorkerOptions, conn: Any, address: tuple[str, int]) -> None:
     """The worker process: join the weight group, build the engine, then serve messages until ``close``."""
     _serve(spec, model_cfg, options, conn, address)
 
@@ -275,26 +278,42 @@ def serve_on_rank(contact: RankContact) -> None:
 
     conn = Client(contact.control, authkey=contact.authkey)
     try:
-        _serve(contact.spec, contact.model_cfg, contact.options, conn, contact.weights, contact.weight_rank,
-               contact.weight_size)
+        _serve(
+            contact.spec,
+            contact.model_cfg,
+            contact.options,
+            conn,
+            contact.weights,
+            contact.weight_rank,
+            contact.weight_size,
+        )
     finally:
         conn.close()
 
 
-def _serve(spec: EngineSpec, model_cfg: Any, options: WorkerOptions, conn: Any, address: tuple[str, int],
-           weight_rank: int = 1, weight_size: int = 2) -> None:
+def _serve(
+    spec: EngineSpec,
+    model_cfg: Any,
+    options: WorkerOptions,
+    conn: Any,
+    address: tuple[str, int],
+    weight_rank: int = 1,
+    weight_size: int = 2,
+) -> None:
     from dapo.distributed.weight_transport import WeightTransport
     from dapo.rollout.loaded_engine import load_model_engine
 
     conn = _LockedConnection(conn, options.reply_fault)
     stop_heartbeat = threading.Event()
-    threading.Thread(target=_heartbeat, args=(conn, options.heartbeat_s, stop_heartbeat), name="dapo-heartbeat",
-                     daemon=True).start()
+    threading.Thread(
+        target=_heartbeat, args=(conn, options.heartbeat_s, stop_heartbeat), name="dapo-heartbeat", daemon=True
+    ).start()
     try:
         if options.num_threads is not None:
             torch.set_num_threads(options.num_threads)
-        transport = WeightTransport.connect(address, timeout_s=options.stall_timeout_s, rank=weight_rank,
-                                            size=weight_size)
+        transport = WeightTransport.connect(
+            address, timeout_s=options.stall_timeout_s, rank=weight_rank, size=weight_size
+        )
         transport.group  # noqa: B018 - the rendezvous, before the slow part
         engine = load_model_engine(model_cfg, spec).engine
         conn.send(("ready", os.getpid()))
@@ -315,8 +334,9 @@ class RemoteEngine:
     A reader thread files every message of the worker as it arrives (finished requests, replies to pushes and probes,
     failures), so that one thread may wait for generations while another pushes weights."""
 
-    def __init__(self, process: Any, conn: Any, transport: Any, stall_timeout_s: float = 300.0,
-                 owns_transport: bool = True) -> None:
+    def __init__(
+        self, process: Any, conn: Any, transport: Any, stall_timeout_s: float = 300.0, owns_transport: bool = True
+    ) -> None:
         self._process, self._conn, self._transport = process, conn, transport
         self._owns_transport = owns_transport  # False: the weight group is shared by a fleet, which closes it
         self._stall_timeout_s = stall_timeout_s
@@ -343,8 +363,15 @@ class RemoteEngine:
         self._reader.start()
 
     @classmethod
-    def on_ranks(cls, spec: EngineSpec, model_cfg: Any, options: WorkerOptions, host: str, count: int,
-                 hand_over: Callable[[list[RankContact]], Any]) -> tuple[list[RemoteEngine], Any]:
+    def on_ranks(
+        cls,
+        spec: EngineSpec,
+        model_cfg: Any,
+        options: WorkerOptions,
+        host: str,
+        count: int,
+        hand_over: Callable[[list[RankContact]], Any],
+    ) -> tuple[list[RemoteEngine], Any]:
         """The workers are ``count`` other torchrun ranks (disaggregated training): listen for each one's control
         connection, host one weight group for all of them on ``host`` (an address they reach: torchrun's
         MASTER_ADDR), ``hand_over`` the contacts (over torchrun's group; contact i is for the i-th rollout rank),
@@ -359,8 +386,12 @@ class RemoteEngine:
         listeners = [Listener((host, 0), authkey=key) for key in keys]
         engines: list[RemoteEngine] = []
         try:
-            hand_over([RankContact(spec, model_cfg, options, lst.address, key, transport.address, i + 1, count + 1)
-                       for i, (lst, key) in enumerate(zip(listeners, keys, strict=True))])
+            hand_over(
+                [
+                    RankContact(spec, model_cfg, options, lst.address, key, transport.address, i + 1, count + 1)
+                    for i, (lst, key) in enumerate(zip(listeners, keys, strict=True))
+                ]
+            )
             for lst in listeners:
                 conn = lst.accept()
                 engines.append(cls(_PeerRank(conn), conn, transport, options.stall_timeout_s, owns_transport=False))
@@ -385,8 +416,12 @@ class RemoteEngine:
         ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked torch threads or CUDA state
         transport = WeightTransport.host(timeout_s=options.stall_timeout_s)
         parent, child = ctx.Pipe()
-        process = ctx.Process(target=_worker_main, args=(spec, model_cfg, options, child, transport.address),
-                              name="dapo-rollout-worker", daemon=True)
+        process = ctx.Process(
+            target=_worker_main,
+            args=(spec, model_cfg, options, child, transport.address),
+            name="dapo-rollout-worker",
+            daemon=True,
+        )
         process.start()
         child.close()
         engine = cls(process, parent, transport, options.stall_timeout_s)
@@ -404,8 +439,10 @@ class RemoteEngine:
         model's initial weights until the caller pushes the current ones. Requests in flight here are lost: their
         callers see ``RolloutWorkerDied`` and generate again."""
         if self._respawn is None:
-            raise RolloutWorkerError("the rollout rank died and cannot be restarted from the trainer; torchrun's "
-                                     "--max-restarts restarts the job, which resumes from the last checkpoint")
+            raise RolloutWorkerError(
+                "the rollout rank died and cannot be restarted from the trainer; torchrun's "
+                "--max-restarts restarts the job, which resumes from the last checkpoint"
+            )
         self.close()
         spec, model_cfg, options = self._respawn
         fresh = RemoteEngine.start(spec, model_cfg, dataclasses.replace(options, reply_fault=None))
@@ -496,8 +533,7 @@ class RemoteEngine:
                     self._arrived.notify_all()
                 return
             except Exception as exc:  # noqa: BLE001 - whatever unpickling a garbled frame raises
-                return self._break(f"its message {self._received + 1} could not be read ({type(exc).__name__}: "
-                                   f"{exc})")
+                return self._break(f"its message {self._received + 1} could not be read ({type(exc).__name__}: {exc})")
             if not (isinstance(frame, tuple) and len(frame) == 2 and isinstance(frame[1], tuple) and frame[1]):
                 return self._break(f"its message {self._received + 1} is no message ({type(frame).__name__})")
             number, message = frame
@@ -540,7 +576,9 @@ class RemoteEngine:
             if self._broken is not None:  # restartable: a new worker gets a new channel
                 raise RolloutWorkerDied(
                     f"the control channel to {self._peer()} broke while the trainer waited for {stage}: "
-                    f"{self._broken}, after its message {self._last_heard[1]!r}; the worker is stopped", engine=self)
+                    f"{self._broken}, after its message {self._last_heard[1]!r}; the worker is stopped",
+                    engine=self,
+                )
             if self._failure is not None:
                 raise self._died() if self._pipe_closed else RolloutWorkerError(self._failure)
             if not self._process.is_alive() and not ready():
@@ -564,7 +602,8 @@ class RemoteEngine:
             f"{self._peer()} showed no sign of progress for {time.monotonic() - when:.0f} s while the trainer waited "
             f"for {stage} (trainer.stall_timeout_s={self._stall_timeout_s:g}); its last message was {kind!r}{detail}. "
             "It is stopped or hung (a SIGSTOP, a swapped-out or overloaded machine, a deadlock in the engine); the "
-            "run stopped")
+            "run stopped"
+        )
 
     def _reply(self, kind: str, timeout: float | None, *, stage: str) -> tuple:
         with self._arrived:
@@ -589,17 +628,23 @@ class RemoteEngine:
 
     def _died(self, exc: BaseException | None = None) -> RolloutWorkerDied:
         if isinstance(self._process, _PeerRank):  # torchrun's process: no exit code here, only a closed connection
-            return RolloutWorkerDied("its connection closed: the rank exited, was killed, or its machine is gone",
-                                     engine=self)
+            return RolloutWorkerDied(
+                "its connection closed: the rank exited, was killed, or its machine is gone", engine=self
+            )
         self._process.join(timeout=5)
         code = self._process.exitcode
         reported = self._failure if self._failure and not self._failure.startswith("the pipe") else None
-        return RolloutWorkerDied(f"the rollout worker process exited (exit code {code})" + (f": {exc}" if exc else "")
-                                 + (f"; before that, {reported}" if reported else ""), engine=self)
+        return RolloutWorkerDied(
+            f"the rollout worker process exited (exit code {code})"
+            + (f": {exc}" if exc else "")
+            + (f"; before that, {reported}" if reported else ""),
+            engine=self,
+        )
 
 
-def push_to_engines(engines: Sequence[RemoteEngine], transport: Any, named_tensors: Iterable[tuple[str, torch.Tensor]],
-                    version: int) -> dict[str, float]:
+def push_to_engines(
+    engines: Sequence[RemoteEngine], transport: Any, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int
+) -> dict[str, float]:
     """One weight push to every engine of a weight group: announce it on each control channel, one broadcast per
     dtype reaches them all, then wait until each has loaded it. While the push is on, no other message goes out on
     these channels and no other push or probe runs."""
@@ -624,9 +669,12 @@ def push_to_engines(engines: Sequence[RemoteEngine], transport: Any, named_tenso
         for engine in engines:
             engine._reply("pushed", timeout=None, stage="the weight push")  # noqa: SLF001
             engine._version = version  # noqa: SLF001
-    transfer = {"async/weight_transfer_s": time.perf_counter() - t0, "async/weight_broadcast_s": stats.seconds,
-                "async/weight_transfer_bytes": float(stats.num_bytes),
-                "async/worker_restarts": float(sum(e.restarts for e in engines))}
+    transfer = {
+        "async/weight_transfer_s": time.perf_counter() - t0,
+        "async/weight_broadcast_s": stats.seconds,
+        "async/weight_transfer_bytes": float(stats.num_bytes),
+        "async/worker_restarts": float(sum(e.restarts for e in engines)),
+    }
     for engine in engines:
         engine.last_push = transfer
     return transfer

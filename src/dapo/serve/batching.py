@@ -77,8 +77,15 @@ class BatchingEngine:
     """``await generate(prompts, params)`` -> one list of ``params.n`` samples per prompt, batched with other calls;
     ``on_progress`` (called on the event loop) receives each row's new tokens after every chunk."""
 
-    def __init__(self, engine: RolloutEngine, *, max_batch_rows: int = 256, batch_wait_s: float = 0.005,
-                 max_rows_per_request: int | None = None, chunk_tokens: int = 16) -> None:
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        *,
+        max_batch_rows: int = 256,
+        batch_wait_s: float = 0.005,
+        max_rows_per_request: int | None = None,
+        chunk_tokens: int = 16,
+    ) -> None:
         self.engine = engine
         self.max_batch_rows = max_batch_rows
         self.max_rows_per_request = max(1, min(max_rows_per_request or max(1, max_batch_rows // 4), max_batch_rows))
@@ -100,9 +107,14 @@ class BatchingEngine:
             return ("solo", next(self._solo)) + base
         return base
 
-    async def generate(self, prompts: list[list[int]], params: SamplingParams, *,
-                       on_progress: Callable[[Progress], None] | None = None,
-                       stopped: Callable[[int, int, list[int]], bool] | None = None) -> list[list[Sample]]:
+    async def generate(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        *,
+        on_progress: Callable[[Progress], None] | None = None,
+        stopped: Callable[[int, int, list[int]], bool] | None = None,
+    ) -> list[list[Sample]]:
         loop = asyncio.get_running_loop()
         if self._task is None or self._task.done():
             self._wake = asyncio.Event()
@@ -161,11 +173,15 @@ class BatchingEngine:
                     continue
                 # One call runs every row for the same number of tokens: the fewest any row has left, so a row near
                 # its max_tokens (a short request) never waits behind a longer one; the others go on in the next call.
-                budget = min(min(self.chunk_tokens, job.params.max_tokens - len(row.tokens))
-                             for job, rows in live for row in rows)
+                budget = min(
+                    min(self.chunk_tokens, job.params.max_tokens - len(row.tokens))
+                    for job, rows in live
+                    for row in rows
+                )
                 try:
-                    samples = await loop.run_in_executor(self._executor, self._generate_group, live, budget,
-                                                         loop, arrivals if room else None)
+                    samples = await loop.run_in_executor(
+                        self._executor, self._generate_group, live, budget, loop, arrivals if room else None
+                    )
                 except Exception as e:  # an engine failure fails these requests, never the server
                     for job, _ in live:
                         if not job.future.done():
@@ -211,8 +227,9 @@ class BatchingEngine:
         for job, row, token, logprob in items:
             self._progress(job, (row.prompt, row.sample, [token], [logprob], None))
 
-    def _step_callback(self, group: list[tuple[_Job, list[_Row]]], loop: asyncio.AbstractEventLoop,
-                       arrivals: int | None):
+    def _step_callback(
+        self, group: list[tuple[_Job, list[_Row]]], loop: asyncio.AbstractEventLoop, arrivals: int | None
+    ):
         """What the engine calls after each decode step (on the engine thread): hands the step's tokens to the streams
         and says whether to end the call (a request arrived that can join, unless this group is a seeded one; or no
         request of the group is still waited for)."""
@@ -221,8 +238,11 @@ class BatchingEngine:
         solo = group[0][0].key[:1] == ("solo",)
 
         def on_step(indices: list[int], tokens: list[int], logprobs: list[float]) -> bool:
-            items = [(*entries[k], t, lp) for k, t, lp in zip(indices, tokens, logprobs)
-                     if entries[k][0].on_progress is not None]
+            items = [
+                (*entries[k], t, lp)
+                for k, t, lp in zip(indices, tokens, logprobs)
+                if entries[k][0].on_progress is not None
+            ]
             if items:
                 loop.call_soon_threadsafe(self._deliver_step, items)
             if all(job.future.done() for job in jobs):
@@ -231,8 +251,13 @@ class BatchingEngine:
 
         return on_step
 
-    def _generate_group(self, group: list[tuple[_Job, list[_Row]]], max_tokens: int,
-                        loop: asyncio.AbstractEventLoop | None = None, arrivals: int | None = None) -> list[Sample]:
+    def _generate_group(
+        self,
+        group: list[tuple[_Job, list[_Row]]],
+        max_tokens: int,
+        loop: asyncio.AbstractEventLoop | None = None,
+        arrivals: int | None = None,
+    ) -> list[Sample]:
         first_job = group[0][0]
         first = first_job.params
         inputs = [job.prompts[row.prompt] + row.tokens for job, rows in group for row in rows]
@@ -241,8 +266,15 @@ class BatchingEngine:
             seed = first.seed + first_job.chunks
         for job in {id(job): job for job, _ in group}.values():
             job.chunks += 1
-        params = SamplingParams(n=1, temperature=first.temperature, top_p=first.top_p, top_k=first.top_k,
-                                max_tokens=max_tokens, stop_token_ids=first.stop_token_ids, seed=seed)
+        params = SamplingParams(
+            n=1,
+            temperature=first.temperature,
+            top_p=first.top_p,
+            top_k=first.top_k,
+            max_tokens=max_tokens,
+            stop_token_ids=first.stop_token_ids,
+            seed=seed,
+        )
         self.engine_calls += 1
         if self._streams_steps and loop is not None:
             out = self.engine.generate_streaming(inputs, params, self._step_callback(group, loop, arrivals))

@@ -103,9 +103,18 @@ class ServeConfig:
             raise ServeConfigError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.device not in DEVICE_CHOICES:
             raise ServeConfigError(f"device must be auto, cpu or cuda, got {self.device!r}")
-        for name in ("tensor_parallel_size", "max_tokens_limit", "default_max_tokens", "max_n", "max_body_bytes",
-                     "max_batch_rows", "max_ongoing_requests", "max_unfinished_uploads", "decode_chunk_tokens",
-                     "max_sequences_per_request"):
+        for name in (
+            "tensor_parallel_size",
+            "max_tokens_limit",
+            "default_max_tokens",
+            "max_n",
+            "max_body_bytes",
+            "max_batch_rows",
+            "max_ongoing_requests",
+            "max_unfinished_uploads",
+            "decode_chunk_tokens",
+            "max_sequences_per_request",
+        ):
             if getattr(self, name) < 1:
                 raise ServeConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("header_timeout_s", "keep_alive_timeout_s", "body_timeout_s"):
@@ -114,12 +123,15 @@ class ServeConfig:
         if not 0 <= self.shutdown_drain_s < float("inf"):
             raise ServeConfigError(f"shutdown_drain_s must be >= 0 and finite, got {self.shutdown_drain_s}")
         if not 0 <= self.body_grace_s < self.body_timeout_s:
-            raise ServeConfigError(f"body_grace_s must be >= 0 and below body_timeout_s ({self.body_timeout_s:g}), "
-                                   f"got {self.body_grace_s}")
+            raise ServeConfigError(
+                f"body_grace_s must be >= 0 and below body_timeout_s ({self.body_timeout_s:g}), got {self.body_grace_s}"
+            )
         if self.max_unfinished_uploads >= self.max_ongoing_requests:
-            raise ServeConfigError(f"max_unfinished_uploads ({self.max_unfinished_uploads}) must be below "
-                                   f"max_ongoing_requests ({self.max_ongoing_requests}), or stalled uploads can take "
-                                   "every slot")
+            raise ServeConfigError(
+                f"max_unfinished_uploads ({self.max_unfinished_uploads}) must be below "
+                f"max_ongoing_requests ({self.max_ongoing_requests}), or stalled uploads can take "
+                "every slot"
+            )
         if self.num_replicas is not None and self.num_replicas < 1:
             raise ServeConfigError(f"num_replicas must be >= 1, got {self.num_replicas}")
 

@@ -43,8 +43,20 @@ READ_SIZE = 65536
 BACKLOG = 2048  # Ray's proxy (uvicorn) has 2048 too; asyncio's 100 drops the SYNs of a burst of connections
 LINGER_S = 1.0
 # Headers that describe one hop, not the message (RFC 9110 7.6.1); content-length is recomputed by each side.
-HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"te", b"trailer",
-                        b"upgrade", b"proxy-authenticate", b"proxy-authorization", b"expect"})
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"transfer-encoding",
+        b"te",
+        b"trailer",
+        b"upgrade",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"expect",
+    }
+)
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -58,8 +70,10 @@ def bind_socket(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as e:
         sock.close()
-        raise ServeStartError(f"cannot listen on {host}:{port}: {e.strerror or e} (another server on that port? "
-                              "choose another with --port)") from None
+        raise ServeStartError(
+            f"cannot listen on {host}:{port}: {e.strerror or e} (another server on that port? "
+            "choose another with --port)"
+        ) from None
     return sock
 
 
@@ -67,14 +81,19 @@ def error_response(err: APIError) -> bytes:
     """A whole HTTP response for an error the front answers itself; the connection is closed after it."""
     body = json.dumps(err.body()).encode()
     phrase = http.HTTPStatus(err.status).phrase
-    return (f"HTTP/1.1 {err.status} {phrase}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
-            "connection: close\r\n\r\n").encode() + body
+    return (
+        f"HTTP/1.1 {err.status} {phrase}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+        "connection: close\r\n\r\n"
+    ).encode() + body
 
 
 def _forwarded(headers, extra: frozenset = frozenset()) -> list[tuple[bytes, bytes]]:
     named = {t.strip().lower() for name, value in headers if name.lower() == b"connection" for t in value.split(b",")}
-    return [(name, value) for name, value in headers
-            if name.lower() not in HOP_BY_HOP and name.lower() not in named and name.lower() not in extra]
+    return [
+        (name, value)
+        for name, value in headers
+        if name.lower() not in HOP_BY_HOP and name.lower() not in named and name.lower() not in extra
+    ]
 
 
 class Front:
@@ -98,8 +117,10 @@ class Front:
         # connections are dropped well before Ray's proxy drops them (90 s), so a reused one is never half-closed.
         # trust_env=False: an HTTP(S)_PROXY in the environment must not route loopback traffic elsewhere.
         self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(None, connect=10.0), trust_env=False,
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64, keepalive_expiry=30.0))
+            timeout=httpx.Timeout(None, connect=10.0),
+            trust_env=False,
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64, keepalive_expiry=30.0),
+        )
         self._client.headers.clear()  # forward the client's headers, not httpx's defaults (accept-encoding, ...)
         self._server = await asyncio.start_server(self._connection, sock=sock, backlog=BACKLOG, limit=READ_SIZE)
 
@@ -155,8 +176,11 @@ class Front:
             reused = False
             while (request := await self._read_head(conn, reader, writer, reused)) is not None:
                 if self._draining:
-                    await self._refuse(reader, writer, APIError(503, "the server is shutting down; retry on another "
-                                                                     "one", code="shutting_down"))
+                    await self._refuse(
+                        reader,
+                        writer,
+                        APIError(503, "the server is shutting down; retry on another one", code="shutting_down"),
+                    )
                     return
                 self._busy.add(task)
                 try:
@@ -208,9 +232,15 @@ class Front:
         while (event := conn.next_event()) is h11.NEED_DATA:
             if not await self._receive(conn, reader, max(0.0, deadline - loop.time())):
                 if started:
-                    await self._refuse(reader, writer, APIError(
-                        408, f"the request headers did not arrive within {self.cfg.header_timeout_s:g} s",
-                        code="request_timeout"))
+                    await self._refuse(
+                        reader,
+                        writer,
+                        APIError(
+                            408,
+                            f"the request headers did not arrive within {self.cfg.header_timeout_s:g} s",
+                            code="request_timeout",
+                        ),
+                    )
                 return None
             started = True
         return event if isinstance(event, h11.Request) else None  # else ConnectionClosed
@@ -261,22 +291,42 @@ class Front:
     async def _exchange(self, conn: h11.Connection, writer, request: h11.Request, body: bytes) -> bool:
         import httpx
 
-        upstream = self._client.build_request(request.method.decode("ascii"),
-                                              self.upstream + request.target.decode("ascii"),
-                                              headers=_forwarded(request.headers, frozenset({b"content-length"})),
-                                              content=body)
+        upstream = self._client.build_request(
+            request.method.decode("ascii"),
+            self.upstream + request.target.decode("ascii"),
+            headers=_forwarded(request.headers, frozenset({b"content-length"})),
+            content=body,
+        )
         try:
             response = await self._client.send(upstream, stream=True)
         except httpx.HTTPError as e:
-            log.warning("front door: %s %s: Ray Serve's proxy did not answer: %r", request.method.decode(),
-                        request.target.decode(), e)
-            writer.write(error_response(APIError(502, "the model server behind the front door did not answer "
-                                                      f"({type(e).__name__}); retry", code="bad_gateway")))
+            log.warning(
+                "front door: %s %s: Ray Serve's proxy did not answer: %r",
+                request.method.decode(),
+                request.target.decode(),
+                e,
+            )
+            writer.write(
+                error_response(
+                    APIError(
+                        502,
+                        f"the model server behind the front door did not answer ({type(e).__name__}); retry",
+                        code="bad_gateway",
+                    )
+                )
+            )
             await writer.drain()
             return False
         try:
-            writer.write(conn.send(h11.Response(status_code=response.status_code, reason=response.reason_phrase,
-                                                headers=_forwarded(response.headers.raw))))
+            writer.write(
+                conn.send(
+                    h11.Response(
+                        status_code=response.status_code,
+                        reason=response.reason_phrase,
+                        headers=_forwarded(response.headers.raw),
+                    )
+                )
+            )
             await writer.drain()
             async for chunk in response.aiter_raw():  # as it arrives: a stream's events are not held back
                 writer.write(conn.send(h11.Data(data=chunk)))
@@ -285,8 +335,9 @@ class Front:
             await writer.drain()
             return True
         except httpx.HTTPError as e:  # the upstream broke off mid-answer: the client sees the connection close early
-            log.warning("front door: %s %s: the answer broke off: %r", request.method.decode(),
-                        request.target.decode(), e)
+            log.warning(
+                "front door: %s %s: the answer broke off: %r", request.method.decode(), request.target.decode(), e
+            )
             return False
         finally:
             await response.aclose()

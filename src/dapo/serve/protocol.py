@@ -20,8 +20,9 @@ MAX_TOP_LOGPROBS = 20
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 type_: str | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, *, param: str | None = None, code: str | None = None, type_: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -76,14 +77,19 @@ def parse_json(body: bytes) -> dict[str, Any]:
 
 def _type_name(value: Any) -> str:
     return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
-        type(value), "number" if isinstance(value, (int, float)) else type(value).__name__)
+        type(value), "number" if isinstance(value, (int, float)) else type(value).__name__
+    )
 
 
 def _int(data: dict, key: str, default: int | None, low: int | None = None, high: int | None = None) -> int | None:
     value = data.get(key)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float) and not value.is_integer()):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or (isinstance(value, float) and not value.is_integer())
+    ):
         raise bad(f"'{key}' must be an integer, got {_type_name(value)} {value!r:.40}", key)
     value = int(value)
     if low is not None and value < low:
@@ -120,8 +126,10 @@ def _text(value: str, where: str) -> str:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise bad(f"'{where}' is not valid Unicode: a lone surrogate (\\u{ord(value[e.start]):04x}) at character "
-                  f"{e.start}", where) from None
+        raise bad(
+            f"'{where}' is not valid Unicode: a lone surrogate (\\u{ord(value[e.start]):04x}) at character {e.start}",
+            where,
+        ) from None
     return value
 
 
@@ -132,8 +140,9 @@ def _content_text(content: Any, where: str) -> str:
         parts = []
         for i, part in enumerate(content):
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise bad(f"'{where}[{i}]': only text content parts ({{\"type\": \"text\", \"text\": ...}}) are "
-                          "supported", where)
+                raise bad(
+                    f'\'{where}[{i}]\': only text content parts ({{"type": "text", "text": ...}}) are supported', where
+                )
             parts.append(_text(part["text"], f"{where}[{i}].text"))
         return "".join(parts)
     raise bad(f"'{where}' must be a string or a list of text parts, got {_type_name(content)}", where)
@@ -169,11 +178,13 @@ def _prompts(data: dict) -> list[str | list[int]]:
             return [_text(p, f"prompt[{i}]") for i, p in enumerate(prompt)]
         if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             return [list(prompt)]
-        if all(isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
-               for p in prompt):
+        if all(
+            isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p) for p in prompt
+        ):
             return [list(p) for p in prompt]
-    raise bad("'prompt' must be a string, an array of strings, an array of token ids or an array of such arrays",
-              "prompt")
+    raise bad(
+        "'prompt' must be a string, an array of strings, an array of token ids or an array of such arrays", "prompt"
+    )
 
 
 def _stop(data: dict) -> list[str]:
@@ -189,8 +200,9 @@ def _stop(data: dict) -> list[str]:
     return [_text(s, "stop") for s in stop if s]
 
 
-def parse_request(kind: str, data: dict[str, Any], *, max_n: int,
-                  max_sequences: int | None = None) -> GenerationRequest:
+def parse_request(
+    kind: str, data: dict[str, Any], *, max_n: int, max_sequences: int | None = None
+) -> GenerationRequest:
     """Check one request body; raises :class:`APIError` (400) naming the first bad field. ``max_sequences`` bounds
     prompts x n (the sequences one request may make the server decode)."""
     model = data.get("model")
@@ -204,9 +216,12 @@ def parse_request(kind: str, data: dict[str, Any], *, max_n: int,
     req.n = _int(data, "n", 1, 1, max_n)
     rows = len(req.prompts or [None]) * req.n
     if max_sequences is not None and rows > max_sequences:
-        raise bad(f"this request asks for {len(req.prompts or [None])} prompt(s) x n={req.n} = {rows} sequences; this "
-                  f"server decodes at most {max_sequences} per request (split it, or raise max_sequences_per_request)",
-                  "prompt" if len(req.prompts) > 1 else "n", "too_many_sequences")
+        raise bad(
+            f"this request asks for {len(req.prompts or [None])} prompt(s) x n={req.n} = {rows} sequences; this "
+            f"server decodes at most {max_sequences} per request (split it, or raise max_sequences_per_request)",
+            "prompt" if len(req.prompts) > 1 else "n",
+            "too_many_sequences",
+        )
     req.temperature = _float(data, "temperature", 1.0, 0.0, 2.0)
     req.top_p = _float(data, "top_p", 1.0, 0.0, 1.0, low_open=True)
     top_k = _int(data, "top_k", -1, -1)
@@ -232,8 +247,7 @@ def parse_request(kind: str, data: dict[str, Any], *, max_n: int,
         req.top_logprobs = value or 0
         req.echo = _bool(data, "echo", False)
         if req.echo:
-            raise bad("'echo' is not supported; for the prompt's log-probs use 'prompt_logprobs' (vLLM's form)",
-                      "echo")
+            raise bad("'echo' is not supported; for the prompt's log-probs use 'prompt_logprobs' (vLLM's form)", "echo")
         req.prompt_logprobs = _int(data, "prompt_logprobs", None, 0, MAX_TOP_LOGPROBS)
         if req.prompt_logprobs is not None and req.stream:
             raise bad("'prompt_logprobs' is not supported with 'stream'", "prompt_logprobs")
@@ -263,8 +277,11 @@ def new_id(kind: str) -> str:
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 def _chat_logprobs(choice: Choice, top: int) -> dict[str, Any]:
@@ -272,8 +289,9 @@ def _chat_logprobs(choice: Choice, top: int) -> dict[str, Any]:
     for i, (text, lp) in enumerate(zip(choice.token_texts, choice.logprobs)):
         entry = {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
         if top > 0 and choice.top is not None:
-            entry["top_logprobs"] = [{"token": t, "logprob": v, "bytes": list(t.encode("utf-8"))}
-                                     for t, v in choice.top[i][:top]]
+            entry["top_logprobs"] = [
+                {"token": t, "logprob": v, "bytes": list(t.encode("utf-8"))} for t, v in choice.top[i][:top]
+            ]
         else:
             entry["top_logprobs"] = [dict(entry)] if top > 0 else []
         content.append(entry)
@@ -285,30 +303,55 @@ def _completion_logprobs(choice: Choice, top: int) -> dict[str, Any]:
     for text in choice.token_texts:
         offsets.append(at)
         at += len(text)
-    return {"tokens": list(choice.token_texts), "token_logprobs": list(choice.logprobs),
-            "top_logprobs": (None if top <= 0 else [{t: lp} for t, lp in zip(choice.token_texts, choice.logprobs)]
-                             if choice.top is None else [dict(alternatives[:top]) for alternatives in choice.top]),
-            "text_offset": offsets}
+    return {
+        "tokens": list(choice.token_texts),
+        "token_logprobs": list(choice.logprobs),
+        "top_logprobs": (
+            None
+            if top <= 0
+            else [{t: lp} for t, lp in zip(choice.token_texts, choice.logprobs)]
+            if choice.top is None
+            else [dict(alternatives[:top]) for alternatives in choice.top]
+        ),
+        "text_offset": offsets,
+    }
 
 
-def response_body(req: GenerationRequest, model: str, request_id: str, choices: list[Choice],
-                  prompt_tokens: int) -> dict[str, Any]:
+def response_body(
+    req: GenerationRequest, model: str, request_id: str, choices: list[Choice], prompt_tokens: int
+) -> dict[str, Any]:
     created = int(time.time())
     completion_tokens = sum(len(c.token_ids) for c in choices)
     out_choices = []
     for i, c in enumerate(choices):
         if req.kind == "chat":
-            out_choices.append({"index": i, "message": {"role": "assistant", "content": c.text},
-                                "logprobs": _chat_logprobs(c, req.top_logprobs) if req.logprobs else None,
-                                "finish_reason": c.finish_reason})
+            out_choices.append(
+                {
+                    "index": i,
+                    "message": {"role": "assistant", "content": c.text},
+                    "logprobs": _chat_logprobs(c, req.top_logprobs) if req.logprobs else None,
+                    "finish_reason": c.finish_reason,
+                }
+            )
         else:
-            out_choices.append({"index": i, "text": c.text,
-                                "logprobs": _completion_logprobs(c, req.top_logprobs) if req.logprobs else None,
-                                "finish_reason": c.finish_reason,
-                                **({} if req.prompt_logprobs is None else {"prompt_logprobs": c.prompt_logprobs})})
-    return {"id": request_id, "object": "chat.completion" if req.kind == "chat" else "text_completion",
-            "created": created, "model": model, "choices": out_choices, "system_fingerprint": None,
-            "usage": usage(prompt_tokens, completion_tokens)}
+            out_choices.append(
+                {
+                    "index": i,
+                    "text": c.text,
+                    "logprobs": _completion_logprobs(c, req.top_logprobs) if req.logprobs else None,
+                    "finish_reason": c.finish_reason,
+                    **({} if req.prompt_logprobs is None else {"prompt_logprobs": c.prompt_logprobs}),
+                }
+            )
+    return {
+        "id": request_id,
+        "object": "chat.completion" if req.kind == "chat" else "text_completion",
+        "created": created,
+        "model": model,
+        "choices": out_choices,
+        "system_fingerprint": None,
+        "usage": usage(prompt_tokens, completion_tokens),
+    }
 
 
 def sse(data: dict[str, Any] | str) -> bytes:
@@ -328,8 +371,13 @@ class StreamChunks:
         self.obj = "chat.completion.chunk" if req.kind == "chat" else "text_completion"
 
     def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
-        body = {"id": self.request_id, "object": self.obj, "created": self.created, "model": self.model,
-                "choices": choices}
+        body = {
+            "id": self.request_id,
+            "object": self.obj,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
         if self.req.include_usage:
             body["usage"] = None
         body.update(extra)
@@ -338,8 +386,9 @@ class StreamChunks:
     def start(self, index: int) -> bytes | None:
         if self.req.kind != "chat":
             return None
-        return self._chunk([{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                             "finish_reason": None}])
+        return self._chunk(
+            [{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]
+        )
 
     def delta(self, index: int, text: str, token_texts: list[str], logprobs: list[float]) -> bytes:
         piece = Choice(text, "", [0] * len(token_texts), token_texts, logprobs)

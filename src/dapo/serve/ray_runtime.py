@@ -43,14 +43,18 @@ def explain_ray_failure(exc: BaseException, address: str | None) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     lowered = f"{type(exc).__name__} {exc}".lower()
     if "auth" in lowered and ("token" in lowered or "authentication" in lowered):
-        return (f"Ray at {address or 'the local node'} refused the connection: token authentication failed "
-                f"({text[:200]}). Ray >= 2.5x turns token auth on by default: put the cluster's token in RAY_AUTH_TOKEN "
-                "(or RAY_AUTH_TOKEN_PATH / ~/.ray/auth_token; `ray get-auth-token` on the head prints it), or start the "
-                "cluster with RAY_AUTH_MODE=disabled")
+        return (
+            f"Ray at {address or 'the local node'} refused the connection: token authentication failed "
+            f"({text[:200]}). Ray >= 2.5x turns token auth on by default: put the cluster's token in RAY_AUTH_TOKEN "
+            "(or RAY_AUTH_TOKEN_PATH / ~/.ray/auth_token; `ray get-auth-token` on the head prints it), or start the "
+            "cluster with RAY_AUTH_MODE=disabled"
+        )
     if "timed out during startup" in lowered:
-        return ("Ray did not start within its 30 s start-up wait (the machine is busy or short of memory). Try again "
-                "when it is quieter, or start Ray yourself (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 ray start --head`) "
-                "and pass --ray-address auto")
+        return (
+            "Ray did not start within its 30 s start-up wait (the machine is busy or short of memory). Try again "
+            "when it is quieter, or start Ray yourself (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 ray start --head`) "
+            "and pass --ray-address auto"
+        )
     if address:
         return f"cannot connect to the Ray cluster at {address}: {text[:300]}"
     return f"Ray did not start: {text[:300]}"

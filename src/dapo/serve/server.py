@@ -47,8 +47,13 @@ def load_engine(cfg: ServeConfig):
 
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
-    spec = EngineSpec(name=cfg.backend, seed=cfg.seed, max_model_len=cfg.max_model_len,
-                      max_batch_size=cfg.max_batch_rows, tensor_parallel_size=cfg.tensor_parallel_size)
+    spec = EngineSpec(
+        name=cfg.backend,
+        seed=cfg.seed,
+        max_model_len=cfg.max_model_len,
+        max_batch_size=cfg.max_batch_rows,
+        tensor_parallel_size=cfg.tensor_parallel_size,
+    )
     loaded = load_model_engine(ModelConfig(path=cfg.model), spec, device=cfg.device)
     return loaded.engine, loaded.tokenizer, loaded.spec.max_model_len, loaded.spec.name
 
@@ -65,9 +70,13 @@ class OpenAIServer:
         self.engine = engine
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len or cfg.max_model_len or 4096
-        self.batcher = BatchingEngine(engine, max_batch_rows=cfg.max_batch_rows, batch_wait_s=cfg.batch_wait_ms / 1000,
-                                      max_rows_per_request=cfg.max_batch_rows_per_request,
-                                      chunk_tokens=cfg.decode_chunk_tokens)
+        self.batcher = BatchingEngine(
+            engine,
+            max_batch_rows=cfg.max_batch_rows,
+            batch_wait_s=cfg.batch_wait_ms / 1000,
+            max_rows_per_request=cfg.max_batch_rows_per_request,
+            chunk_tokens=cfg.decode_chunk_tokens,
+        )
         self.created = int(time.time())
         self.names = {cfg.model_name}
         if cfg.model:
@@ -79,16 +88,35 @@ class OpenAIServer:
     async def health(self, request=None):
         from starlette.responses import JSONResponse
 
-        return JSONResponse({"status": "ok", "model": self.cfg.model_name, "backend": self.backend,
-                             "pid": os.getpid(), "active_requests": self.batcher.active_requests,
-                             "engine_calls": self.batcher.engine_calls})
+        return JSONResponse(
+            {
+                "status": "ok",
+                "model": self.cfg.model_name,
+                "backend": self.backend,
+                "pid": os.getpid(),
+                "active_requests": self.batcher.active_requests,
+                "engine_calls": self.batcher.engine_calls,
+            }
+        )
 
     async def models(self, request=None):
         from starlette.responses import JSONResponse
 
-        return JSONResponse({"object": "list", "data": [{
-            "id": self.cfg.model_name, "object": "model", "created": self.created, "owned_by": "dapo",
-            "root": self.cfg.model or self.cfg.model_name, "max_model_len": self.max_model_len}]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.cfg.model_name,
+                        "object": "model",
+                        "created": self.created,
+                        "owned_by": "dapo",
+                        "root": self.cfg.model or self.cfg.model_name,
+                        "max_model_len": self.max_model_len,
+                    }
+                ],
+            }
+        )
 
     async def chat(self, request):
         return await self._handle("chat", request)
@@ -102,18 +130,26 @@ class OpenAIServer:
 
         try:
             body = await self._read_body(request)
-            req = parse_request(kind, parse_json(body), max_n=self.cfg.max_n,
-                                max_sequences=self.cfg.max_sequences_per_request)
+            req = parse_request(
+                kind, parse_json(body), max_n=self.cfg.max_n, max_sequences=self.cfg.max_sequences_per_request
+            )
             if req.model not in self.names:
-                raise APIError(404, f"The model '{req.model}' does not exist; this server serves "
-                                    f"'{self.cfg.model_name}'", param="model", code="model_not_found")
+                raise APIError(
+                    404,
+                    f"The model '{req.model}' does not exist; this server serves '{self.cfg.model_name}'",
+                    param="model",
+                    code="model_not_found",
+                )
             prompts = self._encode(req)
             params = self._params(req, max(len(p) for p in prompts))
             prompt_tokens = sum(len(p) for p in prompts)
             rid = new_id(kind)
             if req.stream:
-                return StreamingResponse(self._stream(req, prompts, params, rid, prompt_tokens),
-                                         media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+                return StreamingResponse(
+                    self._stream(req, prompts, params, rid, prompt_tokens),
+                    media_type="text/event-stream",
+                    headers={"Cache-Control": "no-cache"},
+                )
             outputs = await self.batcher.generate(prompts, params, stopped=self._stop_check(req))
             choices = [self._choice(req, ids, lps, reason) for per_prompt in outputs for ids, lps, reason in per_prompt]
             if req.logprobs and req.top_logprobs > 0:
@@ -132,8 +168,9 @@ class OpenAIServer:
             err = APIError(500, f"internal error: {type(e).__name__}: {e}", code="internal_error")
             return JSONResponse(err.body(), status_code=500)
 
-    async def _stream(self, req: GenerationRequest, prompts: list[list[int]], params: SamplingParams, rid: str,
-                      prompt_tokens: int):
+    async def _stream(
+        self, req: GenerationRequest, prompts: list[list[int]], params: SamplingParams, rid: str, prompt_tokens: int
+    ):
         """Server-sent events as the batcher decodes: one content chunk per token, the text it adds
         (:class:`dapo.serve.stream_text.StreamedChoice`), sent the step the engine draws it (the Transformers engine;
         vLLM's tokens come when its call returns). A token whose text is incomplete (part of a character) or could be
@@ -143,8 +180,9 @@ class OpenAIServer:
 
         chunks = StreamChunks(req, self.cfg.model_name, rid)
         queue: asyncio.Queue = asyncio.Queue()
-        task = asyncio.ensure_future(self.batcher.generate(prompts, params, on_progress=queue.put_nowait,
-                                                           stopped=self._stop_check(req)))
+        task = asyncio.ensure_future(
+            self.batcher.generate(prompts, params, on_progress=queue.put_nowait, stopped=self._stop_check(req))
+        )
         task.add_done_callback(lambda _: queue.put_nowait(None))
         decode = functools.partial(self.tokenizer.decode, skip_special_tokens=True)
         rows: dict[int, StreamedChoice] = {}
@@ -214,8 +252,10 @@ class OpenAIServer:
                     logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
                     values, indices = torch.log_softmax(logits / scale, dim=-1).topk(req.top_logprobs, dim=-1)
                     decode = self.tokenizer.decode
-                    choice.top = [[(decode([t], skip_special_tokens=True), v) for t, v in zip(ts, vs)]
-                                  for ts, vs in zip(indices.tolist(), values.tolist())]
+                    choice.top = [
+                        [(decode([t], skip_special_tokens=True), v) for t, v in zip(ts, vs)]
+                        for ts, vs in zip(indices.tolist(), values.tolist())
+                    ]
         finally:
             model.train(was_training)
 
@@ -231,8 +271,11 @@ class OpenAIServer:
 
         model = getattr(self.engine, "model", None)
         if not isinstance(model, torch.nn.Module):
-            raise bad(f"'prompt_logprobs' needs the Transformers backend (this server runs {self.backend}); for vLLM "
-                      "use `vllm serve`, which answers it itself", "prompt_logprobs")
+            raise bad(
+                f"'prompt_logprobs' needs the Transformers backend (this server runs {self.backend}); for vLLM "
+                "use `vllm serve`, which answers it itself",
+                "prompt_logprobs",
+            )
         k = req.prompt_logprobs or 0
         decode = self.tokenizer.decode
         out = []
@@ -244,14 +287,24 @@ class OpenAIServer:
                     if len(prompt) < 2:
                         out.append([None] * len(prompt))
                         continue
-                    batch = TrainBatch(prompt_ids=[prompt[:1]], response_ids=[prompt[1:]],
-                                       advantages=torch.zeros(1), sample_mask=torch.ones(1, dtype=torch.bool),
-                                       group_index=torch.zeros(1, dtype=torch.long))
+                    batch = TrainBatch(
+                        prompt_ids=[prompt[:1]],
+                        response_ids=[prompt[1:]],
+                        advantages=torch.zeros(1),
+                        sample_mask=torch.ones(1, dtype=torch.bool),
+                        group_index=torch.zeros(1, dtype=torch.long),
+                    )
                     vocab = int(model.get_input_embeddings().num_embeddings)
                     everything = [torch.arange(vocab).expand(len(prompt) - 1, vocab)] if k else None
-                    (row,), _ = compute_response_log_probs(model, batch, temperature=1.0, chunk_size=1024,
-                                                          with_entropy=False, layout="padded",
-                                                          **({"gather_ids": everything} if k else {}))
+                    (row,), _ = compute_response_log_probs(
+                        model,
+                        batch,
+                        temperature=1.0,
+                        chunk_size=1024,
+                        with_entropy=False,
+                        layout="padded",
+                        **({"gather_ids": everything} if k else {}),
+                    )
                     row = row.float().cpu()
                     own = row if not k else row[:, 0]
                     positions: list = [None]
@@ -304,17 +357,21 @@ class OpenAIServer:
                     ids = self.tokenizer(p, add_special_tokens=False)["input_ids"]
                 else:
                     if any(t < 0 or t >= self.vocab_size for t in p):
-                        raise bad(f"'prompt' {i} has a token id outside the vocabulary [0, {self.vocab_size})",
-                                  "prompt")
+                        raise bad(
+                            f"'prompt' {i} has a token id outside the vocabulary [0, {self.vocab_size})", "prompt"
+                        )
                     ids = p
                 prompts.append([int(t) for t in ids])
         for i, ids in enumerate(prompts):
             if not ids:
                 raise bad(f"prompt {i} is empty after tokenisation", "prompt" if req.kind != "chat" else "messages")
             if len(ids) >= self.max_model_len:
-                raise bad(f"prompt {i} has {len(ids)} tokens; this model's maximum context length is "
-                          f"{self.max_model_len} tokens", "messages" if req.kind == "chat" else "prompt",
-                          "context_length_exceeded")
+                raise bad(
+                    f"prompt {i} has {len(ids)} tokens; this model's maximum context length is "
+                    f"{self.max_model_len} tokens",
+                    "messages" if req.kind == "chat" else "prompt",
+                    "context_length_exceeded",
+                )
         return prompts
 
     def _params(self, req: GenerationRequest, longest_prompt: int) -> SamplingParams:
@@ -324,14 +381,20 @@ class OpenAIServer:
         else:
             max_tokens = req.max_tokens
             if max_tokens > self.cfg.max_tokens_limit:
-                raise bad(f"'max_tokens' is {max_tokens}; this server allows at most {self.cfg.max_tokens_limit}",
-                          "max_tokens")
+                raise bad(
+                    f"'max_tokens' is {max_tokens}; this server allows at most {self.cfg.max_tokens_limit}",
+                    "max_tokens",
+                )
             if max_tokens > room:
-                raise bad(f"this model's maximum context length is {self.max_model_len} tokens; the prompt has "
-                          f"{longest_prompt} and max_tokens asks for {max_tokens}", "max_tokens",
-                          "context_length_exceeded")
-        return SamplingParams(n=req.n, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
-                              max_tokens=max_tokens, seed=req.seed)
+                raise bad(
+                    f"this model's maximum context length is {self.max_model_len} tokens; the prompt has "
+                    f"{longest_prompt} and max_tokens asks for {max_tokens}",
+                    "max_tokens",
+                    "context_length_exceeded",
+                )
+        return SamplingParams(
+            n=req.n, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, max_tokens=max_tokens, seed=req.seed
+        )
 
     def _choice(self, req: GenerationRequest, ids: list[int], logprobs: list[float], reason: str) -> Choice:
         decode = self.tokenizer.decode

@@ -35,17 +35,17 @@ class IncrementalDetokenizer:
     def push(self, token: int) -> str:
         """The text ``token`` completes ("" while a character is still being spelled, or for a special token)."""
         self.ids.append(token)
-        before = self._decode(self.ids[self._prefix:self._read])
-        after = self._decode(self.ids[self._prefix:])
+        before = self._decode(self.ids[self._prefix : self._read])
+        after = self._decode(self.ids[self._prefix :])
         if len(after) <= len(before) or after.endswith(REPLACEMENT):
             return ""
         if after.startswith(before):
-            delta = after[len(before):]
+            delta = after[len(before) :]
         else:
             whole = self._decode(self.ids)
             if whole.endswith(REPLACEMENT) or not whole.startswith(self.text):
                 return ""
-            delta = whole[len(self.text):]
+            delta = whole[len(self.text) :]
         self._prefix, self._read = self._read, len(self.ids)
         self.text += delta
         return delta
@@ -87,14 +87,14 @@ class StreamedChoice:
         safe = len(self.text) - self._hold
         if safe <= self._sent:
             return None
-        return self._take(self.text[self._sent:safe], safe)
+        return self._take(self.text[self._sent : safe], safe)
 
     def finish(self, text: str, ids: list[int], logprobs: list[float]) -> tuple[str, list[int], list[float]]:
         """What is left to send of the final choice: ``text`` (decoded from ``ids``, cut at a stop string) past what
         was sent, with the log-probs not sent yet."""
-        return text[self._sent:], ids[self._sent_tokens:], logprobs[self._sent_tokens:]
+        return text[self._sent :], ids[self._sent_tokens :], logprobs[self._sent_tokens :]
 
     def _take(self, text: str, sent: int) -> tuple[str, list[int], list[float]]:
-        ids, lps = self.ids[self._sent_tokens:], self.logprobs[self._sent_tokens:]
+        ids, lps = self.ids[self._sent_tokens :], self.logprobs[self._sent_tokens :]
         self._sent, self._sent_tokens = sent, len(self.ids)
         return text, ids, lps

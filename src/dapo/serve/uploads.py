@@ -45,8 +45,9 @@ class UploadSlots:
 def check_declared_length(length: str | None, limit: int) -> None:
     """413 for a ``Content-Length`` over ``limit``, before a byte of the body is read."""
     if length is not None and length.isdigit() and int(length) > limit:
-        raise APIError(413, f"request body of {length} bytes is over the limit of {limit} bytes",
-                       code="request_too_large")
+        raise APIError(
+            413, f"request body of {length} bytes is over the limit of {limit} bytes", code="request_too_large"
+        )
 
 
 async def read_body(chunks: AsyncIterator[bytes], length: str | None, cfg: ServeConfig, slots: UploadSlots) -> bytes:
@@ -75,8 +76,9 @@ async def read_body(chunks: AsyncIterator[bytes], length: str | None, cfg: Serve
         done, _ = await asyncio.wait({reading}, timeout=cfg.body_grace_s)
         if not done:
             evicted = slots.take()
-            await asyncio.wait({reading, evicted}, timeout=cfg.body_timeout_s - cfg.body_grace_s,
-                               return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                {reading, evicted}, timeout=cfg.body_timeout_s - cfg.body_grace_s, return_when=asyncio.FIRST_COMPLETED
+            )
     finally:
         if evicted is not None:
             slots.release(evicted)
@@ -87,7 +89,11 @@ async def read_body(chunks: AsyncIterator[bytes], length: str | None, cfg: Serve
         reading.result()  # 413, or the connection broke
         return b"".join(parts)
     if evicted is not None and evicted.done():
-        raise APIError(503, f"the server awaits at most {slots.cap} request bodies at once and this one was the "
-                            "oldest still arriving; send the body with the headers, or retry",
-                       type_="server_error", code="too_many_uploads")
+        raise APIError(
+            503,
+            f"the server awaits at most {slots.cap} request bodies at once and this one was the "
+            "oldest still arriving; send the body with the headers, or retry",
+            type_="server_error",
+            code="too_many_uploads",
+        )
     raise APIError(408, f"the request body did not arrive within {cfg.body_timeout_s:g} s", code="request_timeout")

@@ -25,8 +25,13 @@ MAX_EXPONENT = 10_000
 MAX_INTEGER_DIGITS = 4300  # Python's own int <-> str limit: a longer result could not be printed back anyway
 
 _BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
 }
 _UNARY: dict[type[ast.unaryop], Callable[[Any], Any]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 
@@ -98,8 +103,11 @@ class CalculatorTool:
     @classmethod
     def from_config(cls, multi_turn: Any) -> "CalculatorTool":
         own = multi_turn.calculator
-        return cls(ToolCallFormat(start=own.tool_call_start, end=own.tool_call_end,
-                                  response_template=own.tool_response_template))
+        return cls(
+            ToolCallFormat(
+                start=own.tool_call_start, end=own.tool_call_end, response_template=own.tool_response_template
+            )
+        )
 
     def run_many(self, codes: Sequence[str], max_workers: int = 1) -> list[ToolResult]:
         """Each expression's value (``12``, ``3.5``) or ``error: <reason>``; ``max_workers`` is unused (each call

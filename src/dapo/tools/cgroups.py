@@ -77,8 +77,9 @@ class CallCgroup:
         return [str(d / "cgroup.procs") for d in self.dirs]
 
     def _memory_dir(self) -> Path:
-        return next(d for d in self.dirs if (d / ("memory.max" if self.version == 2 else "memory.limit_in_bytes"))
-                    .exists())
+        return next(
+            d for d in self.dirs if (d / ("memory.max" if self.version == 2 else "memory.limit_in_bytes")).exists()
+        )
 
     def oom_killed(self) -> bool:
         """Whether the kernel killed a process of the call for the cgroup's memory bound (a record the code cannot

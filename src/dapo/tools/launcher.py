@@ -138,14 +138,44 @@ def _install_audit_hook(workdir: str, read_roots: list[str]) -> None:  # pragma:
     work = os.path.realpath(workdir) + os.sep
     roots = tuple(os.path.realpath(r) + os.sep for r in read_roots)
     forbidden = {
-        "socket.__new__", "socket.connect", "socket.bind", "socket.getaddrinfo",
-        "os.kill", "os.killpg", "os.fork", "os.forkpty", "os.posix_spawn", "os.exec", "os.spawn", "os.system",
-        "subprocess.Popen", "os.startfile", "pty.spawn",
-        "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "ctypes.call_function",
-        "os.chdir", "os.chroot", "os.symlink", "os.link",
+        "socket.__new__",
+        "socket.connect",
+        "socket.bind",
+        "socket.getaddrinfo",
+        "os.kill",
+        "os.killpg",
+        "os.fork",
+        "os.forkpty",
+        "os.posix_spawn",
+        "os.exec",
+        "os.spawn",
+        "os.system",
+        "subprocess.Popen",
+        "os.startfile",
+        "pty.spawn",
+        "ctypes.dlopen",
+        "ctypes.dlsym",
+        "ctypes.cdata",
+        "ctypes.call_function",
+        "os.chdir",
+        "os.chroot",
+        "os.symlink",
+        "os.link",
     }
-    file_events = {"open", "os.listdir", "os.scandir", "os.remove", "os.rename", "os.rmdir", "os.mkdir",
-                   "os.truncate", "os.chmod", "os.chown", "shutil.rmtree", "shutil.copyfile"}
+    file_events = {
+        "open",
+        "os.listdir",
+        "os.scandir",
+        "os.remove",
+        "os.rename",
+        "os.rmdir",
+        "os.mkdir",
+        "os.truncate",
+        "os.chmod",
+        "os.chown",
+        "shutil.rmtree",
+        "shutil.copyfile",
+    }
 
     def allowed_path(path: object, writing: bool) -> bool:
         if isinstance(path, int):  # an already open descriptor: it was checked when it was opened

@@ -24,15 +24,27 @@ class PythonTool:
     @classmethod
     def from_config(cls, multi_turn: Any) -> "PythonTool":
         box = multi_turn.sandbox
-        limits = SandboxLimits(wall_time_s=box.wall_time_s, cpu_time_s=box.cpu_time_s,
-                               memory_bytes=box.memory_mb * 2**20, max_output_bytes=box.max_output_bytes,
-                               max_processes=box.max_processes, max_files=box.max_files, cpu_cores=box.cpu_cores)
+        limits = SandboxLimits(
+            wall_time_s=box.wall_time_s,
+            cpu_time_s=box.cpu_time_s,
+            memory_bytes=box.memory_mb * 2**20,
+            max_output_bytes=box.max_output_bytes,
+            max_processes=box.max_processes,
+            max_files=box.max_files,
+            cpu_cores=box.cpu_cores,
+        )
         try:
             sandbox = PythonSandbox(limits, mode=box.mode)
         except SandboxUnavailableError as exc:
             raise ToolUnavailableError(f"rollout.multi_turn.sandbox.mode={box.mode}: {exc}") from None
-        return cls(sandbox, ToolCallFormat(start=multi_turn.tool_call_start, end=multi_turn.tool_call_end,
-                                           response_template=multi_turn.tool_response_template))
+        return cls(
+            sandbox,
+            ToolCallFormat(
+                start=multi_turn.tool_call_start,
+                end=multi_turn.tool_call_end,
+                response_template=multi_turn.tool_response_template,
+            ),
+        )
 
     def run_many(self, codes: Sequence[str], max_workers: int = 4) -> list[ToolResult]:
         return self.sandbox.run_many(codes, max_workers=max_workers)

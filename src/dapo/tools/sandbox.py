@@ -54,7 +54,8 @@ ISOLATION_MODES: tuple[str, ...] = ("auto", "bwrap", UNSAFE_MODE)
 RENAMED_MODE_MESSAGE = (
     "sandbox mode 'process' is refused: it is not an isolation boundary (the code runs with the trainer's uid and "
     "one line of the standard library gets past its audit hook: docs/tools.md). Use bwrap (apt-get install "
-    f"bubblewrap), or name the mode for what it is, {UNSAFE_MODE}, to run the code without isolation")
+    f"bubblewrap), or name the mode for what it is, {UNSAFE_MODE}, to run the code without isolation"
+)
 _log = logging.getLogger(__name__)
 
 
@@ -102,8 +103,14 @@ class SandboxLimits:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 3600:
                 raise ValueError(f"SandboxLimits.{name} must be a number of seconds in (0, 3600], got {value!r}")
-        for name, low in (("memory_bytes", 64 * 2**20), ("max_output_bytes", 1), ("max_processes", 1),
-                          ("disk_bytes", 4096), ("open_files", 16), ("max_files", 16)):
+        for name, low in (
+            ("memory_bytes", 64 * 2**20),
+            ("max_output_bytes", 1),
+            ("max_processes", 1),
+            ("disk_bytes", 4096),
+            ("open_files", 16),
+            ("max_files", 16),
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"SandboxLimits.{name} must be an integer >= {low}, got {value!r}")
@@ -124,8 +131,9 @@ class PythonSandbox:
     What this machine leaves out is said once in the log and kept in :attr:`gaps` (e.g. no cgroup: the reason).
     """
 
-    def __init__(self, limits: SandboxLimits = SandboxLimits(), *, mode: IsolationMode = "auto",
-                 python: str | None = None) -> None:
+    def __init__(
+        self, limits: SandboxLimits = SandboxLimits(), *, mode: IsolationMode = "auto", python: str | None = None
+    ) -> None:
         if mode == "process":
             raise ValueError(RENAMED_MODE_MESSAGE)
         if mode not in ISOLATION_MODES:
@@ -138,8 +146,10 @@ class PythonSandbox:
         self.cgroups = CgroupHost.detect()
         self.gaps: dict[str, str] = {}  # what runs without a bound here, and why (one line each)
         if self.cgroups.problem is not None:
-            self.gaps["cgroup"] = (f"no per-call cgroup ({self.cgroups.problem}): memory is bounded per process "
-                                   "(RLIMIT_AS, memfd pages uncounted), processes per uid, CPU per process")
+            self.gaps["cgroup"] = (
+                f"no per-call cgroup ({self.cgroups.problem}): memory is bounded per process "
+                "(RLIMIT_AS, memfd pages uncounted), processes per uid, CPU per process"
+            )
         self._tmpfs_mount = self._unshare = self._mount = None
         self._seccomp = None
         if mode == UNSAFE_MODE:
@@ -151,7 +161,8 @@ class PythonSandbox:
             raise SandboxUnavailableError(
                 f"tool sandbox: bubblewrap cannot isolate code here ({problem}). Install it (Debian/Ubuntu: "
                 "apt-get install bubblewrap) on a host that allows user namespaces, or run the code without any "
-                f"isolation by naming mode={UNSAFE_MODE} (docs/tools.md says what that lets through)")
+                f"isolation by naming mode={UNSAFE_MODE} (docs/tools.md says what that lets through)"
+            )
         self.mode = "bwrap"
         self._seccomp = seccomp_filter()
         if self._seccomp is None:
@@ -166,8 +177,10 @@ class PythonSandbox:
             self._tmpfs_mount = tempfile.mkdtemp(prefix=f"dapo-tool-mnt-{os.getpid()}-")
             weakref.finalize(self, _remove_dir, self._tmpfs_mount)
         else:
-            self.gaps["inodes"] = ("the working directory's inodes are unbounded (bubblewrap's tmpfs takes a size "
-                                   "only; the inode bound needs root with unshare and mount)")
+            self.gaps["inodes"] = (
+                "the working directory's inodes are unbounded (bubblewrap's tmpfs takes a size "
+                "only; the inode bound needs root with unshare and mount)"
+            )
         self._log_gaps()
 
     def _log_gaps(self) -> None:
@@ -218,29 +231,53 @@ class PythonSandbox:
                     seccomp_fd = _data_fd(self._seccomp)
                     pipes.append(seccomp_fd)
                     pass_fds.append(seccomp_fd)
-                argv = bwrap_argv(self.python, self.limits.disk_bytes, as_root=self._is_root,
-                                  json_status_fd=bwrap_w, seccomp_fd=seccomp_fd,
-                                  workdir_source=self._tmpfs_mount) + argv
+                argv = (
+                    bwrap_argv(
+                        self.python,
+                        self.limits.disk_bytes,
+                        as_root=self._is_root,
+                        json_status_fd=bwrap_w,
+                        seccomp_fd=seccomp_fd,
+                        workdir_source=self._tmpfs_mount,
+                    )
+                    + argv
+                )
                 argv = self._customise_bwrap(argv)
             try:
                 group = self._call_cgroup()
             except OSError as exc:
-                return ToolResult(f"sandbox: could not create the call's cgroup: {exc}", "sandbox", None,
-                                  time.monotonic() - start)
+                return ToolResult(
+                    f"sandbox: could not create the call's cgroup: {exc}", "sandbox", None, time.monotonic() - start
+                )
             argv = self._wrapped(argv, group)
             try:
-                proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, cwd=cwd, env=_clean_env(header_workdir),
-                                        start_new_session=True, close_fds=True, pass_fds=pass_fds)
+                proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    cwd=cwd,
+                    env=_clean_env(header_workdir),
+                    start_new_session=True,
+                    close_fds=True,
+                    pass_fds=pass_fds,
+                )
             except OSError as exc:
-                return ToolResult(f"sandbox: could not start the interpreter: {exc}", "sandbox", None,
-                                  time.monotonic() - start)
+                return ToolResult(
+                    f"sandbox: could not start the interpreter: {exc}", "sandbox", None, time.monotonic() - start
+                )
             finally:
                 for fd in pass_fds:  # the parent keeps only the read ends: EOF once the child side has gone
                     os.close(fd)
                     pipes.remove(fd)
-            return self._supervise(proc, json.dumps(header).encode() + b"\n" + code.encode("utf-8", "replace"),
-                                   start, status_r, bwrap_r, group)
+            return self._supervise(
+                proc,
+                json.dumps(header).encode() + b"\n" + code.encode("utf-8", "replace"),
+                start,
+                status_r,
+                bwrap_r,
+                group,
+            )
         finally:
             for fd in pipes:
                 os.close(fd)
@@ -256,8 +293,9 @@ class PythonSandbox:
     def _call_cgroup(self) -> CallCgroup | None:
         if self.cgroups.version is None:
             return None
-        return self.cgroups.create(CgroupLimits(self.limits.memory_bytes, self.limits.max_processes,
-                                                self.limits.cpu_cores))
+        return self.cgroups.create(
+            CgroupLimits(self.limits.memory_bytes, self.limits.max_processes, self.limits.cpu_cores)
+        )
 
     def _wrapped(self, argv: list[str], group: CallCgroup | None) -> list[str]:
         """``argv`` behind a shell that first writes itself into the call's cgroup (so the call's every process is
@@ -265,10 +303,21 @@ class PythonSandbox:
         mount = self.mode == "bwrap" and self._tmpfs_mount is not None
         if group is None and not mount:
             return argv
-        options = (f"size={self.limits.disk_bytes},nr_inodes={self.limits.max_files},mode=1777,nosuid,nodev"
-                   if mount else "")
-        wrapper = ["/bin/sh", "-c", _WRAPPER_SCRIPT, "sh", *(group.procs_files if group else []), "--",
-                   options, self._tmpfs_mount or "", self._mount or "", *argv]
+        options = (
+            f"size={self.limits.disk_bytes},nr_inodes={self.limits.max_files},mode=1777,nosuid,nodev" if mount else ""
+        )
+        wrapper = [
+            "/bin/sh",
+            "-c",
+            _WRAPPER_SCRIPT,
+            "sh",
+            *(group.procs_files if group else []),
+            "--",
+            options,
+            self._tmpfs_mount or "",
+            self._mount or "",
+            *argv,
+        ]
         if mount:
             wrapper = [self._unshare, "--mount", "--propagation", "private", "--", *wrapper]
         return wrapper
@@ -282,8 +331,15 @@ class PythonSandbox:
         with ThreadPoolExecutor(max_workers=min(max_workers, len(codes)), thread_name_prefix="dapo-tool") as pool:
             return list(pool.map(self.run, codes))
 
-    def _supervise(self, proc: subprocess.Popen, stdin_bytes: bytes, start: float, status_fd: int,
-                   bwrap_fd: int | None, group: CallCgroup | None) -> ToolResult:
+    def _supervise(
+        self,
+        proc: subprocess.Popen,
+        stdin_bytes: bytes,
+        start: float,
+        status_fd: int,
+        bwrap_fd: int | None,
+        group: CallCgroup | None,
+    ) -> ToolResult:
         """Feed the code, collect output up to the cap, and kill the group at the wall limit or the cap."""
         limits = self.limits
         deadline = start + limits.wall_time_s
@@ -314,8 +370,9 @@ class PythonSandbox:
                         reason = "timeout"
                         break
                     events = selector.select(timeout=remaining if exit_fd is not None else min(remaining, 0.05))
-                    if not main_ended and (any(key.fd == exit_fd for key, _ in events)
-                                           or (exit_fd is None and proc.poll() is not None)):
+                    if not main_ended and (
+                        any(key.fd == exit_fd for key, _ in events) or (exit_fd is None and proc.poll() is not None)
+                    ):
                         main_ended = True  # read what is already in the pipe, then stop
                     try:
                         data = os.read(fd, 65536)
@@ -345,11 +402,20 @@ class PythonSandbox:
         output = b"".join(chunks)[: limits.max_output_bytes].decode("utf-8", errors="replace")
         status = proc.returncode
         if reason == "timeout":
-            return ToolResult(output + f"\nTimeoutError: the code ran past the {limits.wall_time_s:g} s wall-clock "
-                              "limit and was killed", "timeout", status, wall)
+            return ToolResult(
+                output + f"\nTimeoutError: the code ran past the {limits.wall_time_s:g} s wall-clock "
+                "limit and was killed",
+                "timeout",
+                status,
+                wall,
+            )
         if reason == "output_limit":
-            return ToolResult(output + f"\n[output cut at {limits.max_output_bytes} bytes; the code was killed]",
-                              "output_limit", status, wall)
+            return ToolResult(
+                output + f"\n[output cut at {limits.max_output_bytes} bytes; the code was killed]",
+                "output_limit",
+                status,
+                wall,
+            )
         records = _json_records(status_fd)
         started = any(r.get("started") is True for r in records)
         outcomes = [r.get("outcome") for r in records]
@@ -357,8 +423,9 @@ class PythonSandbox:
         oom = group is not None and group.oom_killed()
         return ToolResult(*self._classify(output, status, outcomes, code_ran, oom), status, wall)
 
-    def _classify(self, output: str, status: int, outcomes: list, code_ran: bool,
-                  oom_killed: bool = False) -> tuple[str, str]:
+    def _classify(
+        self, output: str, status: int, outcomes: list, code_ran: bool, oom_killed: bool = False
+    ) -> tuple[str, str]:
         """The category from what the code cannot forge: bubblewrap's own record of whether the code started, the
         launcher's records, and the cgroup's count of memory kills; the exit status only tells the code's own exit
         or a signal."""
@@ -367,8 +434,11 @@ class PythonSandbox:
         if "memory" in outcomes:
             return output, "memory"
         if oom_killed:
-            return (output + f"\nMemoryError: the call's processes together used more than its "
-                    f"{self.limits.memory_bytes} bytes and one was killed", "memory")
+            return (
+                output + f"\nMemoryError: the call's processes together used more than its "
+                f"{self.limits.memory_bytes} bytes and one was killed",
+                "memory",
+            )
         if "exception" in outcomes:
             return output, "error"
         if status == 0:
@@ -398,11 +468,19 @@ class PythonSandbox:
 # set-up failed and the code never ran (reported as "sandbox": no launcher record says it started).
 _WRAPPER_SCRIPT = (
     'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; '
-    'if [ -n "$1" ]; then "$3" -t tmpfs -o "$1" dapo-tool "$2" || exit 125; fi; shift 3; exec "$@"')
+    'if [ -n "$1" ]; then "$3" -t tmpfs -o "$1" dapo-tool "$2" || exit 125; fi; shift 3; exec "$@"'
+)
 
 
-def bwrap_argv(python: str, disk_bytes: int, *, as_root: bool, json_status_fd: int | None = None,
-               seccomp_fd: int | None = None, workdir_source: str | None = None) -> list[str]:
+def bwrap_argv(
+    python: str,
+    disk_bytes: int,
+    *,
+    as_root: bool,
+    json_status_fd: int | None = None,
+    seccomp_fd: int | None = None,
+    workdir_source: str | None = None,
+) -> list[str]:
     """bubblewrap's arguments: new namespaces, a read-only view of the interpreter and system libraries, a private
     working directory (a tmpfs of ``disk_bytes``, or ``workdir_source``, an already mounted bounded tmpfs, bound
     there), the seccomp filter read from ``seccomp_fd``, and nothing else (no /etc, /home, /root, /tmp, /sys, host
@@ -410,9 +488,17 @@ def bwrap_argv(python: str, disk_bytes: int, *, as_root: bool, json_status_fd: i
     argv = [shutil.which("bwrap") or "bwrap"]
     if json_status_fd is not None:
         argv += ["--json-status-fd", str(json_status_fd)]
-    argv += ["--die-with-parent", "--new-session",
-             "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-             "--hostname", "sandbox"]
+    argv += [
+        "--die-with-parent",
+        "--new-session",
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--hostname",
+        "sandbox",
+    ]
     if as_root:  # no user namespace (its uid 0 would be exempt from RLIMIT_NPROC): the launcher drops to a plain uid
         argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     else:  # a user namespace of the call's own, in which no further one may be made
@@ -450,8 +536,13 @@ def bwrap_problem(python: str) -> str | None:
     fd = _data_fd(program) if program is not None else None
     argv = bwrap_argv(python, 4096 * 16, as_root=os.geteuid() == 0, seccomp_fd=fd) + [python, "-I", "-c", "pass"]
     try:
-        done = subprocess.run(argv, capture_output=True, timeout=30, env=_clean_env(_SANDBOX_WORKDIR),
-                              pass_fds=() if fd is None else (fd,))
+        done = subprocess.run(
+            argv,
+            capture_output=True,
+            timeout=30,
+            env=_clean_env(_SANDBOX_WORKDIR),
+            pass_fds=() if fd is None else (fd,),
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"bwrap did not start: {exc}"
     finally:
@@ -512,8 +603,15 @@ def _json_records(fd: int, limit: int = 65536) -> list[dict]:
 
 def _clean_env(workdir: str) -> dict[str, str]:
     """No variable of the trainer's (tokens, paths, proxies) reaches the code."""
-    return {"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8",
-            "PYTHONIOENCODING": "utf-8", "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1"}
+    return {
+        "PATH": "/usr/bin:/bin",
+        "HOME": workdir,
+        "TMPDIR": workdir,
+        "LANG": "C.UTF-8",
+        "PYTHONIOENCODING": "utf-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "OMP_NUM_THREADS": "1",
+    }
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

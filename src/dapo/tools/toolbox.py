@@ -48,7 +48,8 @@ class Toolbox:
         for k, tool in enumerate(self.tools):
             mine = [i for i, call in enumerate(calls) if call.tool == k]
             if mine:
-                for i, result in zip(mine, tool.run_many([calls[i].code for i in mine], max_workers=max_workers),
-                                     strict=True):
+                for i, result in zip(
+                    mine, tool.run_many([calls[i].code for i in mine], max_workers=max_workers), strict=True
+                ):
                     results[i] = result
         return results  # type: ignore[return-value] - every call names one of the tools

@@ -58,18 +58,19 @@ def with_rollout_correction(batch: TrainBatch, cfg: DapoConfig) -> tuple[TrainBa
         metrics["rollout_corr/rs_seq_masked_fraction"] = rs.seq_masked_fraction
     if rc.rollout_is is not None:
         threshold, lower = rc.is_bounds()
-        iw = truncated_importance_weights(old, roll, unrejected, level=rc.rollout_is, threshold=threshold,
-                                          lower=lower)
+        iw = truncated_importance_weights(old, roll, unrejected, level=rc.rollout_is, threshold=threshold, lower=lower)
         weights = torch.where(batch.loss_mask(), iw.weights, 0.0)  # rejected tokens carry no weight
         batch = batch.with_is_weights([weights[i, :n] for i, n in enumerate(batch.response_lengths)])
-        metrics.update({
-            "rollout_corr/is_weight_mean": iw.mean,
-            "rollout_corr/is_weight_max": iw.max,
-            "rollout_corr/is_weight_min": iw.min,
-            "rollout_corr/is_truncated_fraction": iw.truncated_fraction,
-            "rollout_corr/is_weight_std": iw.std,
-            "rollout_corr/is_eff_sample_size": iw.eff_sample_size,
-        })
+        metrics.update(
+            {
+                "rollout_corr/is_weight_mean": iw.mean,
+                "rollout_corr/is_weight_max": iw.max,
+                "rollout_corr/is_weight_min": iw.min,
+                "rollout_corr/is_truncated_fraction": iw.truncated_fraction,
+                "rollout_corr/is_weight_std": iw.std,
+                "rollout_corr/is_eff_sample_size": iw.eff_sample_size,
+            }
+        )
         if lower is not None:
             metrics["rollout_corr/is_masked_fraction"] = iw.masked_fraction
     return batch, metrics
@@ -92,8 +93,9 @@ def check_actor_logits(policy: Policy, groups: Sequence[ScoredGroup], step: int)
         )
 
 
-def old_log_prob_source(cfg: DapoConfig, *, num_groups: int, engine_samples_from_actor: bool,
-                        off_policy: bool = False) -> str:
+def old_log_prob_source(
+    cfg: DapoConfig, *, num_groups: int, engine_samples_from_actor: bool, off_policy: bool = False
+) -> str:
     """Where pi_old comes from this step: "recompute", "current" or "rollout" (see the module docstring).
 
     ``off_policy``: the samples were drawn by older weights than the actor's (``async_training``). The shortcuts
@@ -134,13 +136,15 @@ def gathered_record(record: FirstPassRecord, world: World) -> FirstPassRecord:
     if not world.distributed:
         return record
     parts = world.all_gather_objects(record)
-    return FirstPassRecord(**{f.name: [t for part in parts for t in getattr(part, f.name)]
-                              for f in dataclasses.fields(FirstPassRecord)})
+    return FirstPassRecord(
+        **{f.name: [t for part in parts for t in getattr(part, f.name)] for f in dataclasses.fields(FirstPassRecord)}
+    )
 
 
 def teacher_routes(groups: Sequence[ScoredGroup], teacher_key: str) -> list[str | None]:
     """Per response, the value that routes it to a distillation teacher: its prompt's ``data_source`` or the
     ``extra_info`` entry ``teacher_key`` names."""
+
     def route(group: ScoredGroup) -> str | None:
         if teacher_key == "data_source":
             return group.prompt.data_source
@@ -150,30 +154,44 @@ def teacher_routes(groups: Sequence[ScoredGroup], teacher_key: str) -> list[str 
     return [route(g) for g in groups for _ in g.response_ids]
 
 
-def update_actor(groups: Sequence[ScoredGroup], policy: Policy, optimizer, scheduler, cfg: DapoConfig, step: int,
-                 timer: PhaseTimer, *, engine_samples_from_actor: bool = False,
-                 world: World = World(), off_policy: bool = False,
-                 teachers: TeacherSet | None = None) -> dict[str, float]:
+def update_actor(
+    groups: Sequence[ScoredGroup],
+    policy: Policy,
+    optimizer,
+    scheduler,
+    cfg: DapoConfig,
+    step: int,
+    timer: PhaseTimer,
+    *,
+    engine_samples_from_actor: bool = False,
+    world: World = World(),
+    off_policy: bool = False,
+    teachers: TeacherSet | None = None,
+) -> dict[str, float]:
     """Lines 10-12 on the whole batch; with several ranks (``world``) each trains its share and all return the same
     metrics (``dapo.actor.update.update_policy``). ``off_policy``: samples from older weights (see
     :func:`old_log_prob_source`). ``teachers``: on-policy distillation (``dapo.distillation``): after pi_old, the
     teachers score the batch and their signal joins the advantages or the loss."""
     batch = build_train_batch(groups, cfg)  # line 10: group-relative advantages (Eq. 9)
-    source = old_log_prob_source(cfg, num_groups=batch.num_groups, engine_samples_from_actor=engine_samples_from_actor,
-                                 off_policy=off_policy)
+    source = old_log_prob_source(
+        cfg, num_groups=batch.num_groups, engine_samples_from_actor=engine_samples_from_actor, off_policy=off_policy
+    )
     metrics: dict[str, float] = {"actor/old_log_prob_recomputed": float(source == "recompute")}
     record = None if source == "recompute" else FirstPassRecord()
     tape = tape_of(policy.model)  # MoE routing replay (actor.router_replay.mode), else None
     if source == "recompute":
         with timer("old_log_prob"):  # pi_theta_old: the actor recomputes the log-probs of the sampled tokens
             if tape is not None:  # under routing replay: the batch then carries the routes the update replays
-                batch, old_log_probs, entropies, replay_metrics = replayed_old_log_probs(policy.model, tape, batch,
-                                                                                         cfg)
+                batch, old_log_probs, entropies, replay_metrics = replayed_old_log_probs(policy.model, tape, batch, cfg)
                 metrics.update(replay_metrics)
             else:
                 old_log_probs, entropies = forward_through(  # a sharded actor: one root forward for the whole pass
-                    policy.model, compute_log_probs_and_entropy_batch, batch, cfg.actor,
-                    temperature=cfg.rollout.temperature)
+                    policy.model,
+                    compute_log_probs_and_entropy_batch,
+                    batch,
+                    cfg.actor,
+                    temperature=cfg.rollout.temperature,
+                )
         batch, correction = with_rollout_correction(batch.with_old_log_probs(old_log_probs), cfg)
         metrics.update(correction)
     elif source == "rollout":
@@ -181,25 +199,40 @@ def update_actor(groups: Sequence[ScoredGroup], policy: Policy, optimizer, sched
         batch = batch.with_old_log_probs(batch.rollout_log_probs)
     if teachers is not None:
         if batch.old_log_probs is None:
-            raise TrainingError(f"step {step}: distillation needs the student's log-probs before the update, but "
-                                f"pi_old comes from the update itself here ({source})")
+            raise TrainingError(
+                f"step {step}: distillation needs the student's log-probs before the update, but "
+                f"pi_old comes from the update itself here ({source})"
+            )
         try:
-            batch, distill_metrics = with_distillation(batch, teacher_routes(groups, cfg.distillation.teacher_key),
-                                                       teachers, cfg)
+            batch, distill_metrics = with_distillation(
+                batch, teacher_routes(groups, cfg.distillation.teacher_key), teachers, cfg
+            )
         except TeacherError as exc:
             raise TrainingError(f"step {step}, phase distillation: {exc}") from None
         metrics.update(distill_metrics)
 
     with timer("update_actor"):  # lines 11-12: mu passes of mini-batch updates
         try:
-            metrics.update(update_policy(policy.model, optimizer, scheduler, batch, cfg.actor,
-                                         temperature=cfg.rollout.temperature,
-                                         norm_length=cfg.data.max_response_length,
-                                         on_policy=source == "current", record=record, world=world,
-                                         distillation=direct_distillation_of(cfg) if teachers else None))
+            metrics.update(
+                update_policy(
+                    policy.model,
+                    optimizer,
+                    scheduler,
+                    batch,
+                    cfg.actor,
+                    temperature=cfg.rollout.temperature,
+                    norm_length=cfg.data.max_response_length,
+                    on_policy=source == "current",
+                    record=record,
+                    world=world,
+                    distillation=direct_distillation_of(cfg) if teachers else None,
+                )
+            )
         except NonFiniteLossError as exc:
-            raise TrainingError(f"step {step}, phase update_actor: {str(exc).rstrip('.')}. The last complete "
-                                f"checkpoint is untouched; lower actor.optim.lr or use actor.dtype=fp32") from exc
+            raise TrainingError(
+                f"step {step}, phase update_actor: {str(exc).rstrip('.')}. The last complete "
+                f"checkpoint is untouched; lower actor.optim.lr or use actor.dtype=fp32"
+            ) from exc
 
     if tape is not None and (update_agreement := tape.agreement()) is not None:
         metrics["moe/update_routing_agreement"] = update_agreement  # replayed vs live: how far the router moved
@@ -207,9 +240,13 @@ def update_actor(groups: Sequence[ScoredGroup], policy: Policy, optimizer, sched
     metrics.update(batch_metrics(groups, batch.advantages, max_response_length=cfg.data.max_response_length))
     if record is None:  # over actions only (a multi-turn trajectory's tool tokens are context)
         mask = batch.action_mask
-        metrics.update(policy_metrics(actions_of(old_log_probs, mask), actions_of(entropies, mask),
-                                      None if batch.rollout_log_probs is None
-                                      else actions_of(batch.rollout_log_probs, mask)))
+        metrics.update(
+            policy_metrics(
+                actions_of(old_log_probs, mask),
+                actions_of(entropies, mask),
+                None if batch.rollout_log_probs is None else actions_of(batch.rollout_log_probs, mask),
+            )
+        )
     else:  # the update's own forwards stand in for the skipped pass (see FirstPassRecord)
         record = gathered_record(record, world)
         if record.old_log_probs:  # the actor-vs-engine gap, where the weights were still pi_old's

@@ -68,11 +68,21 @@ class InlineSource:
     def next_batch(self, step: int, timer: PhaseTimer) -> ProducedBatch:
         run, generated = self.run, []
         t0 = time.perf_counter()
-        groups, metrics = generate_and_filter(run.engine, run.state, run.policy.tokenizer, run.cfg, step, timer,
-                                              run.scorer, run.world, on_round=generated.extend)
+        groups, metrics = generate_and_filter(
+            run.engine,
+            run.state,
+            run.policy.tokenizer,
+            run.cfg,
+            step,
+            timer,
+            run.scorer,
+            run.world,
+            on_round=generated.extend,
+        )
         self._busy = [(t0, time.perf_counter())]
-        return ProducedBatch.stamped(groups, metrics, step - 1, busy=list(self._busy), generated=generated,
-                                     gen_s=timer.seconds["gen"])
+        return ProducedBatch.stamped(
+            groups, metrics, step - 1, busy=list(self._busy), generated=generated, gen_s=timer.seconds["gen"]
+        )
 
     def before_push(self, step: int, timer: PhaseTimer) -> None:
         pass

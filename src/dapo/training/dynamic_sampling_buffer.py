@@ -141,8 +141,9 @@ class DynamicSamplingBuffer(Generic[GroupT]):
         """True while the batch is not full and the round budget allows another generation round."""
         return not self.is_full and not self.rounds_exhausted()
 
-    def drop_held(self, is_stale: Callable[[GroupT], bool], tokens_of: Callable[[GroupT], int] | None = None
-                  ) -> list[GroupT]:
+    def drop_held(
+        self, is_stale: Callable[[GroupT], bool], tokens_of: Callable[[GroupT], int] | None = None
+    ) -> list[GroupT]:
         """Before this step's rounds: remove the held (carried-in) groups ``is_stale`` names, and return them. An
         asynchronous run trains a carried group one batch later than it was generated for, which can put its weights
         past the staleness bound; the rounds that follow refill the batch. Their tokens (``tokens_of``) count as
@@ -198,8 +199,9 @@ class DynamicSamplingBuffer(Generic[GroupT]):
         self._num_all_wrong += num_all_wrong
         self._wasted_tokens += wasted_tokens
 
-    def _report(self, num_returned: int, num_surplus: int, partial: bool, num_discarded: int = 0,
-                discarded_tokens: int = 0) -> AccumulatorReport:
+    def _report(
+        self, num_returned: int, num_surplus: int, partial: bool, num_discarded: int = 0, discarded_tokens: int = 0
+    ) -> AccumulatorReport:
         generated = self._num_groups_generated
         return AccumulatorReport(
             num_gen_batches=self._num_gen_batches,
@@ -250,9 +252,13 @@ class DynamicSamplingBuffer(Generic[GroupT]):
             batch = self._groups[: self.target_num_groups]
             surplus = self._groups[self.target_num_groups :]
             discarded = [] if self.carry_over_surplus else surplus
-            report = self._report(num_returned=len(batch), num_surplus=len(surplus), partial=False,
-                                  num_discarded=len(discarded),
-                                  discarded_tokens=sum(map(tokens_of, discarded)) if tokens_of else 0)
+            report = self._report(
+                num_returned=len(batch),
+                num_surplus=len(surplus),
+                partial=False,
+                num_discarded=len(discarded),
+                discarded_tokens=sum(map(tokens_of, discarded)) if tokens_of else 0,
+            )
         elif self.rounds_exhausted():
             if self.on_exhausted == "error":
                 report = self._report(num_returned=0, num_surplus=0, partial=True)

@@ -24,8 +24,7 @@ import torch
 from dapo.config import DapoConfig
 from dapo.core.dynamic_sampling import filter_informative_groups
 from dapo.data.prompts import PromptItem
-from dapo.distributed.data_parallel import (engine_index, gather_in_rank_order, generation_share,
-                                             is_engine_leader)
+from dapo.distributed.data_parallel import engine_index, gather_in_rank_order, generation_share, is_engine_leader
 from dapo.distributed.world import World
 from dapo.evaluation.validation import summarize_validation, validation_groups
 from dapo.infra.timing import PhaseTimer
@@ -77,22 +76,35 @@ def rollout_params(cfg: DapoConfig, step: int, rnd: int) -> SamplingParams:
     """Training sampling for round ``rnd`` of ``step``; every round has its own seed, so a resumed run samples the
     same (:func:`share_params` turns it into per-prompt seeds for a rank's share)."""
     r = cfg.rollout
-    return SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                          max_tokens=cfg.data.max_response_length,
-                          seed=derive_seed(cfg.trainer.seed, "rollout", step, rnd))
+    return SamplingParams(
+        n=r.n,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
+        max_tokens=cfg.data.max_response_length,
+        seed=derive_seed(cfg.trainer.seed, "rollout", step, rnd),
+    )
 
 
 def share_params(params: SamplingParams, share: slice, world: World, tensor_parallel: int = 1) -> SamplingParams:
     """``params`` (seeded for the whole batch) for this rank's ``share`` of the batch: the prompts' own seeds, and a
     call seed of the engine's own for engines that ignore them."""
     assert params.seed is not None, "training and validation sampling is always seeded"
-    return dataclasses.replace(params, seed=rank_seed(params.seed, world, tensor_parallel),
-                               prompt_seeds=prompt_seeds(params.seed, share))
+    return dataclasses.replace(
+        params, seed=rank_seed(params.seed, world, tensor_parallel), prompt_seeds=prompt_seeds(params.seed, share)
+    )
 
 
-def generate_round(engine: RolloutEngine, prompts: list[PromptItem], tokenizer, cfg: DapoConfig,
-                   params: SamplingParams, timer: PhaseTimer, scorer: RewardScorer | None, world: World
-                   ) -> list[ScoredGroup]:
+def generate_round(
+    engine: RolloutEngine,
+    prompts: list[PromptItem],
+    tokenizer,
+    cfg: DapoConfig,
+    params: SamplingParams,
+    timer: PhaseTimer,
+    scorer: RewardScorer | None,
+    world: World,
+) -> list[ScoredGroup]:
     """The scored groups of ``prompts``, in prompt order, on every rank; each rank generates and scores its share
     (``params`` are those of the whole batch)."""
     tp = engine_tensor_parallel(cfg)
@@ -114,8 +126,9 @@ def generate_round(engine: RolloutEngine, prompts: list[PromptItem], tokenizer, 
         return gather_in_rank_order(groups, world, tp, generated=generated)
 
 
-def validate_across_ranks(engine: RolloutEngine, prompts: list[PromptItem], tokenizer, cfg: DapoConfig, *,
-                          seed: int, world: World) -> dict[str, float]:
+def validate_across_ranks(
+    engine: RolloutEngine, prompts: list[PromptItem], tokenizer, cfg: DapoConfig, *, seed: int, world: World
+) -> dict[str, float]:
     """Validation with the prompts shared among engines; the summary of all groups, identical on every rank and
     (per-prompt seeds, as in training) equal to one process's."""
     tp = engine_tensor_parallel(cfg)
@@ -129,10 +142,18 @@ def validate_across_ranks(engine: RolloutEngine, prompts: list[PromptItem], toke
     return summarize_validation(groups, cfg.rollout.val_kwargs.n)
 
 
-def generate_and_filter(engine: RolloutEngine, state: RunState, tokenizer, cfg: DapoConfig, step: int,
-                        timer: PhaseTimer, scorer: RewardScorer | None = None, world: World = World(),
-                        on_round: Callable[[list[ScoredGroup]], None] | None = None,
-                        oldest_version: int | None = None) -> tuple[list[ScoredGroup], dict[str, float]]:
+def generate_and_filter(
+    engine: RolloutEngine,
+    state: RunState,
+    tokenizer,
+    cfg: DapoConfig,
+    step: int,
+    timer: PhaseTimer,
+    scorer: RewardScorer | None = None,
+    world: World = World(),
+    on_round: Callable[[list[ScoredGroup]], None] | None = None,
+    oldest_version: int | None = None,
+) -> tuple[list[ScoredGroup], dict[str, float]]:
     """Generation rounds of gen_batch_size prompts until train_batch_size informative groups are held.
 
     ``scorer`` (kept for the run) applies the reward failure policy; its failed calls of this step are reported as
@@ -152,8 +173,10 @@ def generate_and_filter(engine: RolloutEngine, state: RunState, tokenizer, cfg: 
     buffer = state.buffer
     stale: list[ScoredGroup] = []
     if oldest_version is not None:
-        stale = buffer.drop_held(lambda g: oldest_token_version(g, default=oldest_version) < oldest_version,
-                                 tokens_of=lambda g: g.num_response_tokens)
+        stale = buffer.drop_held(
+            lambda g: oldest_token_version(g, default=oldest_version) < oldest_version,
+            tokens_of=lambda g: g.num_response_tokens,
+        )
     failures_before = dict(scorer.counts) if scorer is not None else {}
     skipped_before = state.sampler.num_skipped_solved
     generated_acc: list[float] = []
@@ -163,8 +186,7 @@ def generate_and_filter(engine: RolloutEngine, state: RunState, tokenizer, cfg: 
     while buffer.should_generate_more():
         draws = state.sampler.next_draws(cfg.data.effective_gen_batch_size)
         prompts = [d.item for d in draws]
-        groups = generate_round(engine, prompts, tokenizer, cfg, rollout_params(cfg, step, rnd), timer, scorer,
-                                world)
+        groups = generate_round(engine, prompts, tokenizer, cfg, rollout_params(cfg, step, rnd), timer, scorer, world)
         if on_round is not None:
             on_round(groups)
         acc = torch.tensor([float(a) for g in groups for a in g.acc])
@@ -183,16 +205,28 @@ def generate_and_filter(engine: RolloutEngine, state: RunState, tokenizer, cfg: 
         generated_tokens += sum(g.num_response_tokens for g in groups)
         rnd += 1
         if rnd % 10 == 0:  # unlimited rounds (max_num_gen_batches <= 0) must still show that they are running
-            log.info("step %d: %d generation rounds so far, %d of %d groups kept", step, rnd, buffer.num_groups,
-                     cfg.data.train_batch_size)
+            log.info(
+                "step %d: %d generation rounds so far, %d of %d groups kept",
+                step,
+                rnd,
+                buffer.num_groups,
+                cfg.data.train_batch_size,
+            )
     kept, report = buffer.pop_batch(tokens_of=lambda g: g.num_response_tokens)
     state.generated_tokens_total += generated_tokens
     state.wasted_tokens_total += report.wasted_tokens
     if report.partial:
-        log.warning("step %d: dynamic sampling gave up after %d rounds; training on %d of %d groups", step,
-                    report.num_gen_batches, len(kept), cfg.data.train_batch_size)
-    failures = {FAILURE_METRICS[kind]: float(n - failures_before[kind])
-                for kind, n in (scorer.counts.items() if scorer is not None else ())}
+        log.warning(
+            "step %d: dynamic sampling gave up after %d rounds; training on %d of %d groups",
+            step,
+            report.num_gen_batches,
+            len(kept),
+            cfg.data.train_batch_size,
+        )
+    failures = {
+        FAILURE_METRICS[kind]: float(n - failures_before[kind])
+        for kind, n in (scorer.counts.items() if scorer is not None else ())
+    }
     if world.distributed and failures:  # each rank's scorer saw only its share
         summed = world.all_reduce_sum(torch.tensor(list(failures.values()), dtype=torch.float64)).tolist()
         failures = dict(zip(failures, summed))

@@ -60,8 +60,11 @@ def train(cfg: DapoConfig, world: World = World()) -> TrainResult:
     run = build_run(cfg, world, split)
     try:
         kind = SOURCES[cfg.async_training.mode]
-        source = kind(run) if not split.shares_batches else SharedSource(
-            kind(run) if split.leads_rollout else None, run.world, kind)
+        source = (
+            kind(run)
+            if not split.shares_batches
+            else SharedSource(kind(run) if split.leads_rollout else None, run.world, kind)
+        )
         with run.batch_invariance(), run.routing_replay():
             return train_loop(run, source)
     finally:
@@ -90,10 +93,21 @@ def train_loop(run: Run, source: BatchSource) -> TrainResult:
                     train_start = time.perf_counter()
                     with timer("train"):  # lines 10-12
                         if batch.groups:
-                            metrics.update(update_actor(
-                                batch.groups, run.policy, run.optimizer, run.scheduler, cfg, step, timer,
-                                engine_samples_from_actor=run.engine_samples_from_actor and not source.off_policy,
-                                world=run.world, off_policy=source.off_policy, teachers=run.teachers))
+                            metrics.update(
+                                update_actor(
+                                    batch.groups,
+                                    run.policy,
+                                    run.optimizer,
+                                    run.scheduler,
+                                    cfg,
+                                    step,
+                                    timer,
+                                    engine_samples_from_actor=run.engine_samples_from_actor and not source.off_policy,
+                                    world=run.world,
+                                    off_policy=source.off_policy,
+                                    teachers=run.teachers,
+                                )
+                            )
                         else:  # train_on_partial after rounds that kept nothing: there is no gradient to take
                             skipped_update(step, metrics)
                     trained = (train_start, time.perf_counter())
@@ -118,8 +132,13 @@ def train_loop(run: Run, source: BatchSource) -> TrainResult:
                 metrics["async/engine_idle_s"] = (window[1] - window[0]) - busy_overlap([window], producing)
                 metrics["async/trainer_idle_s"] = timer.seconds["wait_rollout"]
                 run.perf.count_generated(batch.generated)
-                metrics.update(run.perf.metrics(batch.groups, {**timer.seconds, "gen": batch.gen_s},
-                                                recomputed=bool(metrics.get("actor/old_log_prob_recomputed"))))
+                metrics.update(
+                    run.perf.metrics(
+                        batch.groups,
+                        {**timer.seconds, "gen": batch.gen_s},
+                        recomputed=bool(metrics.get("actor/old_log_prob_recomputed")),
+                    )
+                )
                 pending = run.end_step(step, metrics, timer, tracker, progress, source.checkpoint_state())
     finally:
         source.close()
@@ -127,5 +146,8 @@ def train_loop(run: Run, source: BatchSource) -> TrainResult:
 
 
 def skipped_update(step: int, metrics: dict[str, float]) -> None:
-    log.warning("step %d: no informative group after %d rounds; skipping the update", step,
-                int(metrics["train/num_gen_batches"]))
+    log.warning(
+        "step %d: no informative group after %d rounds; skipping the update",
+        step,
+        int(metrics["train/num_gen_batches"]),
+    )

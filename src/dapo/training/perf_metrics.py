@@ -39,8 +39,15 @@ class StepPerf:
     """Counts a step's generated groups (:meth:`count_generated`, called once per generation round) and turns them
     and the trained batch into the step's metrics (:meth:`metrics`, which starts the next step's count)."""
 
-    def __init__(self, shape: TransformerShape, cfg: DapoConfig, *, actor_peak: PeakFlops, rollout_peak: PeakFlops,
-                 num_devices: int = 1) -> None:
+    def __init__(
+        self,
+        shape: TransformerShape,
+        cfg: DapoConfig,
+        *,
+        actor_peak: PeakFlops,
+        rollout_peak: PeakFlops,
+        num_devices: int = 1,
+    ) -> None:
         self.shape = shape
         self.cfg = cfg
         self.actor_peak = actor_peak
@@ -50,8 +57,9 @@ class StepPerf:
         self._gen_tokens = 0
 
     @classmethod
-    def for_run(cls, model: torch.nn.Module, cfg: DapoConfig, *, engine_dtype: torch.dtype,
-                num_devices: int = 1) -> StepPerf:
+    def for_run(
+        cls, model: torch.nn.Module, cfg: DapoConfig, *, engine_dtype: torch.dtype, num_devices: int = 1
+    ) -> StepPerf:
         """For the actor ``model`` (its config gives the shape; its device and ``actor.dtype`` the peak)."""
         device = next(model.parameters()).device
         actor_peak = peak_flops(device, cfg.actor.dtype)
@@ -85,31 +93,36 @@ class StepPerf:
         epochs = self.cfg.actor.ppo_epochs
         return epochs * 3 * update + everything, epochs * tokens
 
-    def metrics(self, groups: Sequence[ScoredGroup], seconds: Mapping[str, float], *,
-                recomputed: bool) -> dict[str, float]:
+    def metrics(
+        self, groups: Sequence[ScoredGroup], seconds: Mapping[str, float], *, recomputed: bool
+    ) -> dict[str, float]:
         """The step's ``perf/*`` efficiency metrics from its trained ``groups`` and phase ``seconds`` (PhaseTimer)."""
         n = self.num_devices
         out: dict[str, float] = {}
         gen_s = seconds.get("gen", 0.0)
         if self._gen_flops and gen_s > 0:
             achieved = self._gen_flops / n / gen_s
-            out.update({
-                "perf/flops/rollout": float(self._gen_flops),
-                "perf/flops_per_s/rollout": achieved,
-                "perf/peak_flops/rollout": self.rollout_peak.flops_per_s,
-                "perf/mfu/rollout": mfu(achieved, self.rollout_peak),
-                "perf/tokens_per_s/rollout": self._gen_tokens / n / gen_s,
-            })
+            out.update(
+                {
+                    "perf/flops/rollout": float(self._gen_flops),
+                    "perf/flops_per_s/rollout": achieved,
+                    "perf/peak_flops/rollout": self.rollout_peak.flops_per_s,
+                    "perf/mfu/rollout": mfu(achieved, self.rollout_peak),
+                    "perf/tokens_per_s/rollout": self._gen_tokens / n / gen_s,
+                }
+            )
         self._gen_flops = self._gen_tokens = 0
         actor_s = seconds.get("old_log_prob", 0.0) + seconds.get("update_actor", 0.0)
         if groups and actor_s > 0:
             flops, tokens = self.actor_flops(groups, recomputed=recomputed)
             achieved = flops / n / actor_s
-            out.update({
-                "perf/flops/actor": float(flops),
-                "perf/flops_per_s/actor": achieved,
-                "perf/peak_flops/actor": self.actor_peak.flops_per_s,
-                "perf/mfu/actor": mfu(achieved, self.actor_peak),
-                "perf/tokens_per_s/actor": tokens / n / max(seconds.get("update_actor", 0.0), 1e-9),
-            })
+            out.update(
+                {
+                    "perf/flops/actor": float(flops),
+                    "perf/flops_per_s/actor": achieved,
+                    "perf/peak_flops/actor": self.actor_peak.flops_per_s,
+                    "perf/mfu/actor": mfu(achieved, self.actor_peak),
+                    "perf/tokens_per_s/actor": tokens / n / max(seconds.get("update_actor", 0.0), 1e-9),
+                }
+            )
         return out

@@ -50,13 +50,23 @@ def produce_batch(run: Run, step: int, version: int, bound: int) -> ProducedBatc
         generated.extend(groups)
 
     t0 = time.perf_counter()
-    groups, metrics = generate_and_filter(run.engine, run.state, run.policy.tokenizer, run.cfg, step, timer,
-                                          run.scorer, on_round=on_round, oldest_version=step - 1 - bound)
+    groups, metrics = generate_and_filter(
+        run.engine,
+        run.state,
+        run.policy.tokenizer,
+        run.cfg,
+        step,
+        timer,
+        run.scorer,
+        on_round=on_round,
+        oldest_version=step - 1 - bound,
+    )
     metrics.update(timer.metrics(prefix="timing_s/produce_"))
     t1 = time.perf_counter()
     metrics["async/produce_s"] = t1 - t0
-    return ProducedBatch.stamped(groups, metrics, version, busy=[(t0, t1)], generated=generated,
-                                 gen_s=timer.seconds["gen"])
+    return ProducedBatch.stamped(
+        groups, metrics, version, busy=[(t0, t1)], generated=generated, gen_s=timer.seconds["gen"]
+    )
 
 
 def check_bound(batch: ProducedBatch, step: int, bound: int, source: str) -> ProducedBatch:
@@ -64,8 +74,9 @@ def check_bound(batch: ProducedBatch, step: int, bound: int, source: str) -> Pro
     happen by construction, and such a batch never trains."""
     lags = sample_lags(batch, actor_version=step - 1)
     if max(lags, default=0) > bound:
-        raise TrainingError(f"step {step}: a sample lags {max(lags)} weight versions behind the actor, more than "
-                            f"{source}")
+        raise TrainingError(
+            f"step {step}: a sample lags {max(lags)} weight versions behind the actor, more than {source}"
+        )
     return batch
 
 
@@ -111,13 +122,18 @@ class OneStepOffSource:
         state = self.run.state
         batch, state.prefetched = state.prefetched[0], []
         self._ahead = self._produce(step + 1) if step < self.run.total_steps else None  # the engine works meanwhile
-        return check_bound(batch, step, self.bound, f"one_step_off's {self.bound} (async_training."
-                           f"trigger_parameter_sync_step={self.bound})")
+        return check_bound(
+            batch,
+            step,
+            self.bound,
+            f"one_step_off's {self.bound} (async_training.trigger_parameter_sync_step={self.bound})",
+        )
 
     def before_push(self, step: int, timer: PhaseTimer) -> None:
         with timer("wait_rollout"):  # the trainer idles while the engine finishes step+1's batch
-            self.run.state.prefetched = ([self._result(self._ahead, actor_version=step)] if self._ahead is not None
-                                         else [])
+            self.run.state.prefetched = (
+                [self._result(self._ahead, actor_version=step)] if self._ahead is not None else []
+            )
         self._busy = list(self.run.state.prefetched[0].busy) if self.run.state.prefetched else []
 
     def after_push(self, step: int) -> None:
@@ -199,8 +215,13 @@ class FullyAsyncSource:
                     raise error
                 self._survive(error, actor_version=step - 1)
         k = self.schedule.every
-        return check_bound(batch, step, self.bound, f"async_training.staleness_threshold={self.threshold}"
-                           + (f" allows ({self.bound} with trigger_parameter_sync_step={k})" if k > 1 else ""))
+        return check_bound(
+            batch,
+            step,
+            self.bound,
+            f"async_training.staleness_threshold={self.threshold}"
+            + (f" allows ({self.bound} with trigger_parameter_sync_step={k})" if k > 1 else ""),
+        )
 
     def before_push(self, step: int, timer: PhaseTimer) -> None:
         pass
@@ -234,6 +255,7 @@ class FullyAsyncSource:
             with self._cond:
                 state = self.run.state
                 return _AsyncCheckpoint(state.step, state.val_history, self._snapshot, list(self._ready))
+
         return snapshot
 
     def close(self) -> None:

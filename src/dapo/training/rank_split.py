@@ -33,11 +33,15 @@ def rollout_ranks(cfg: DapoConfig, world: World) -> int:
     if wanted == 0:
         return 0
     if cfg.async_training.mode == "sync":
-        raise TrainingError(f"rollout.n_gpus_per_node={wanted} gives ranks to the rollout alone, which only an "
-                            "asynchronous loop feeds: set async_training.mode=one_step_off or fully_async")
+        raise TrainingError(
+            f"rollout.n_gpus_per_node={wanted} gives ranks to the rollout alone, which only an "
+            "asynchronous loop feeds: set async_training.mode=one_step_off or fully_async"
+        )
     if world.world_size <= wanted:
-        raise TrainingError(f"rollout.n_gpus_per_node={wanted} with {world.world_size} torchrun rank(s) leaves no "
-                            f"rank to train: run torchrun --nproc-per-node N+{wanted} (N >= 1 trainer ranks)")
+        raise TrainingError(
+            f"rollout.n_gpus_per_node={wanted} with {world.world_size} torchrun rank(s) leaves no "
+            f"rank to train: run torchrun --nproc-per-node N+{wanted} (N >= 1 trainer ranks)"
+        )
     return wanted
 
 
@@ -76,14 +80,12 @@ def split_job(cfg: DapoConfig, job: World) -> JobSplit:
     return JobSplit(job, count, job.subgroup(range(trainers), timeout_s=cfg.trainer.stall_timeout_s))
 
 
-def engines_on_rollout_ranks(spec: EngineSpec, cfg: DapoConfig, options: WorkerOptions, job: World
-                             ) -> EngineFleet:
+def engines_on_rollout_ranks(spec: EngineSpec, cfg: DapoConfig, options: WorkerOptions, job: World) -> EngineFleet:
     """The leading trainer rank's handle on the rollout ranks' engines; the contacts travel over torchrun's group,
     from an address the rollout ranks can reach (torchrun's MASTER_ADDR: the leader is rank 0)."""
     host = os.environ.get("MASTER_ADDR", "127.0.0.1")
     count = rollout_ranks(cfg, job)
-    engines, transport = RemoteEngine.on_ranks(spec, cfg.model, options, host, count,
-                                               hand_over=job.broadcast_object)
+    engines, transport = RemoteEngine.on_ranks(spec, cfg.model, options, host, count, hand_over=job.broadcast_object)
     return EngineFleet(engines, transport, ranks=range(job.world_size - count, job.world_size))
 
 

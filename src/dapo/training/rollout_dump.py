@@ -19,8 +19,9 @@ from dapo.reward.scored_groups import ScoredGroup
 from dapo.training.staleness import sample_lag
 
 
-def dump_batch(directory: str | Path, step: int, groups: list[ScoredGroup], tokenizer, *,
-               with_versions: bool = False) -> Path:
+def dump_batch(
+    directory: str | Path, step: int, groups: list[ScoredGroup], tokenizer, *, with_versions: bool = False
+) -> Path:
     """Write ``directory/<step>.jsonl`` for the ``groups`` step ``step`` trains on; ``with_versions``: they came in
     from an older engine, and each line says which weights drew its tokens (the actor that trains on them holds
     version step-1). An empty batch (an update skipped) writes an empty file: the step ran and trained nothing."""
@@ -28,9 +29,16 @@ def dump_batch(directory: str | Path, step: int, groups: list[ScoredGroup], toke
     for g, group in enumerate(groups):
         prompt = tokenizer.decode(list(group.prompt.input_ids), skip_special_tokens=True)
         for s, response in enumerate(group.response_ids):
-            line = {"input": prompt, "output": tokenizer.decode(response, skip_special_tokens=True),
-                    "gts": group.prompt.ground_truth, "score": group.scores[s], "step": step, "group": g,
-                    "uid": group.prompt.uid, "acc": bool(group.acc[s])}
+            line = {
+                "input": prompt,
+                "output": tokenizer.decode(response, skip_special_tokens=True),
+                "gts": group.prompt.ground_truth,
+                "score": group.scores[s],
+                "step": step,
+                "group": g,
+                "uid": group.prompt.uid,
+                "acc": bool(group.acc[s]),
+            }
             if with_versions:
                 versions = group.token_versions[s] if group.token_versions is not None else []
                 line["weight_versions"] = versions

@@ -35,8 +35,9 @@ def _load(tape: RouterTape) -> dict[str, float]:
     return {"moe/expert_load/max": float(load.max()), "moe/expert_load/min": float(load.min())}
 
 
-def replayed_old_log_probs(model: torch.nn.Module, tape: RouterTape, batch: TrainBatch, cfg: DapoConfig
-                           ) -> tuple[TrainBatch, list[torch.Tensor], list[torch.Tensor], dict[str, float]]:
+def replayed_old_log_probs(
+    model: torch.nn.Module, tape: RouterTape, batch: TrainBatch, cfg: DapoConfig
+) -> tuple[TrainBatch, list[torch.Tensor], list[torch.Tensor], dict[str, float]]:
     """pi_old under replay: the batch the update trains on (carrying the routes it replays), the old log-probs, the
     entropies and the pass's metrics (module docstring)."""
     temperature = cfg.rollout.temperature
@@ -44,23 +45,32 @@ def replayed_old_log_probs(model: torch.nn.Module, tape: RouterTape, batch: Trai
     metrics: dict[str, float] = {}
     if tape.rollout_routes:  # R3
         if batch.routed_experts is None:
-            raise TrainingError("actor.router_replay.mode=R3: the rollout engine recorded no routes (it does not "
-                                "generate from the actor's module here, e.g. rollout.dtype differs from actor.dtype)")
-        old, entropies = forward_through(model, compute_log_probs_and_entropy_batch, batch, cfg.actor,
-                                         temperature=temperature)
+            raise TrainingError(
+                "actor.router_replay.mode=R3: the rollout engine recorded no routes (it does not "
+                "generate from the actor's module here, e.g. rollout.dtype differs from actor.dtype)"
+            )
+        old, entropies = forward_through(
+            model, compute_log_probs_and_entropy_batch, batch, cfg.actor, temperature=temperature
+        )
         agreement = tape.agreement()
         if agreement is not None:
             metrics["moe/routing_agreement"] = agreement
         metrics.update(_load(tape))
-        live = forward_through(model, compute_log_probs_batch, batch.with_routed_experts(None), cfg.actor,
-                               temperature=temperature)
+        live = forward_through(
+            model, compute_log_probs_batch, batch.with_routed_experts(None), cfg.actor, temperature=temperature
+        )
         if batch.rollout_log_probs is not None:
             metrics.update(_gap("replayed", old, batch.rollout_log_probs))
             metrics.update(_gap("live", live, batch.rollout_log_probs))
     else:  # R2: the pass's own routes, for the update
         with tape.recording():
-            old, entropies = forward_through(model, compute_log_probs_and_entropy_batch,
-                                             batch.with_routed_experts(None), cfg.actor, temperature=temperature)
+            old, entropies = forward_through(
+                model,
+                compute_log_probs_and_entropy_batch,
+                batch.with_routed_experts(None),
+                cfg.actor,
+                temperature=temperature,
+            )
             routes = list(tape.samples)
         metrics.update(_load(tape))
         batch = batch.with_routed_experts(routes)

@@ -50,8 +50,15 @@ from dapo.reward.batch import RewardScorer
 from dapo.reward.custom_fn import load_custom_reward_fn
 from dapo.reward.scored_groups import reward_scorer_of
 from dapo.rollout.base import RolloutEngine
-from dapo.rollout.factory import (build_rollout_engine, check_engine_name, engine_capabilities, engine_compute_dtype,
-                                  hf_engine_copy, module_engine_spec, samples_from_module)
+from dapo.rollout.factory import (
+    build_rollout_engine,
+    check_engine_name,
+    engine_capabilities,
+    engine_compute_dtype,
+    hf_engine_copy,
+    module_engine_spec,
+    samples_from_module,
+)
 from dapo.rollout.spec import EngineSpec, VLLMOptions
 from dapo.training.dynamic_sampling_buffer import DynamicSamplingBuffer
 from dapo.training.errors import TrainingError
@@ -62,8 +69,16 @@ from dapo.training.skipped_steps import SkippedStepGuard
 from dapo.training.rank_split import JobSplit, engines_on_rollout_ranks, rollout_ranks, receive_contacts, split_job
 from dapo.training.rollout_dump import dump_batch
 from dapo.training.tool_use import with_tool_rollout
-from dapo.training.run_state import (RunState, check_resume_config, check_resume_teachers, checkpoint_format,
-                                    find_resume_checkpoint, record_run_config, resume_run, save_run)
+from dapo.training.run_state import (
+    RunState,
+    check_resume_config,
+    check_resume_teachers,
+    checkpoint_format,
+    find_resume_checkpoint,
+    record_run_config,
+    resume_run,
+    save_run,
+)
 from dapo.training.weight_sync import PushPartner, WeightSync
 
 if TYPE_CHECKING:
@@ -120,20 +135,29 @@ def engine_spec_of(cfg: DapoConfig, world: World) -> EngineSpec:
     """The engine ``cfg.rollout`` describes, as the factory's own small spec."""
     r = cfg.rollout
     return EngineSpec(
-        name=r.name, dtype=r.dtype, seed=cfg.trainer.seed, max_batch_size=r.max_batch_size,
+        name=r.name,
+        dtype=r.dtype,
+        seed=cfg.trainer.seed,
+        max_batch_size=r.max_batch_size,
         tensor_parallel_size=r.tensor_model_parallel_size,
         # +1: vLLM must be able to generate one token after a teacher-forced probe of full length
         max_model_len=r.max_model_len or cfg.data.max_prompt_length + cfg.data.max_response_length + 1,
         join_process_group=world.distributed,
-        vllm=VLLMOptions(gpu_memory_utilization=r.gpu_memory_utilization, enforce_eager=r.enforce_eager,
-                         max_num_batched_tokens=r.max_num_batched_tokens, max_num_seqs=r.max_num_seqs,
-                         free_cache_engine=r.free_cache_engine, cpu_kvcache_space_gb=r.cpu_kvcache_space_gb,
-                         enable_prefix_caching=r.enable_prefix_caching),
+        vllm=VLLMOptions(
+            gpu_memory_utilization=r.gpu_memory_utilization,
+            enforce_eager=r.enforce_eager,
+            max_num_batched_tokens=r.max_num_batched_tokens,
+            max_num_seqs=r.max_num_seqs,
+            free_cache_engine=r.free_cache_engine,
+            cpu_kvcache_space_gb=r.cpu_kvcache_space_gb,
+            enable_prefix_caching=r.enable_prefix_caching,
+        ),
     )
 
 
-def build_engine(cfg: DapoConfig, spec: EngineSpec, policy: Policy, module: torch.nn.Module | None,
-                 job: World) -> RolloutEngine:
+def build_engine(
+    cfg: DapoConfig, spec: EngineSpec, policy: Policy, module: torch.nn.Module | None, job: World
+) -> RolloutEngine:
     """In this process (``async_training.mode=sync``), in a rollout worker process of its own, or on a rollout rank
     of the torchrun ``job`` (``rollout.n_gpus_per_node``)."""
     if cfg.async_training.mode == "sync":
@@ -141,9 +165,11 @@ def build_engine(cfg: DapoConfig, spec: EngineSpec, policy: Policy, module: torc
     from dapo.rollout.worker import RemoteEngine, WorkerOptions
 
     at = cfg.async_training
-    options = WorkerOptions(num_threads=at.rollout_num_threads,
-                            partial_chunk_tokens=at.partial_rollout_chunk_tokens if at.partial_rollout else None,
-                            stall_timeout_s=cfg.trainer.stall_timeout_s)
+    options = WorkerOptions(
+        num_threads=at.rollout_num_threads,
+        partial_chunk_tokens=at.partial_rollout_chunk_tokens if at.partial_rollout else None,
+        stall_timeout_s=cfg.trainer.stall_timeout_s,
+    )
     if rollout_ranks(cfg, job):
         return engines_on_rollout_ranks(spec, cfg, options, job)
     return RemoteEngine.start(spec, cfg.model, options)
@@ -199,24 +225,31 @@ class Run:
         """The phase timer of ``step`` (under ``torch.profiler`` when the step is in ``trainer.profile_steps``)."""
         profiler = None
         if step in self.cfg.trainer.profile_steps:
-            profiler = StepProfiler(self.run_dir / "profile", step,
-                                    rank=self.world.rank if self.world.distributed else None)
+            profiler = StepProfiler(
+                self.run_dir / "profile", step, rank=self.world.rank if self.world.distributed else None
+            )
         return PhaseTimer("gen", "reward", "old_log_prob", *phases, memory=self.memory, profiler=profiler)
 
     def dump_batch(self, step: int, groups: list, *, with_versions: bool) -> None:
         """``trainer.rollout_data_dir``: the batch step ``step`` trains on, as lines of JSON (rank 0 writes it; every
         rank holds the same groups)."""
         if self.cfg.trainer.rollout_data_dir is not None and self.world.is_main:
-            dump_batch(self.cfg.trainer.rollout_data_dir, step, groups, self.policy.tokenizer,
-                       with_versions=with_versions)
+            dump_batch(
+                self.cfg.trainer.rollout_data_dir, step, groups, self.policy.tokenizer, with_versions=with_versions
+            )
 
     def validate(self, step: int) -> dict[str, float]:
         if self.engine is None:  # the leading trainer rank validates on the rollout ranks' engines and records it
             return {}
         t0 = time.perf_counter()
-        metrics = validate_across_ranks(self.engine, self.task.val, self.policy.tokenizer, self.cfg,
-                                        seed=derive_seed(self.cfg.trainer.seed, "val"),
-                                        world=World() if self.shares_batches else self.world)
+        metrics = validate_across_ranks(
+            self.engine,
+            self.task.val,
+            self.policy.tokenizer,
+            self.cfg,
+            seed=derive_seed(self.cfg.trainer.seed, "val"),
+            world=World() if self.shares_batches else self.world,
+        )
         metrics["timing_s/val"] = time.perf_counter() - t0
         self.state.val_history.append((step, metrics))
         return metrics
@@ -231,8 +264,14 @@ class Run:
         for name, teacher in self.teachers.local().items():
             engine = build_rollout_engine(spec, teacher.policy)
             try:
-                found = validate_across_ranks(engine, self.task.val, self.policy.tokenizer, self.cfg,
-                                              seed=derive_seed(self.cfg.trainer.seed, "val"), world=self.world)
+                found = validate_across_ranks(
+                    engine,
+                    self.task.val,
+                    self.policy.tokenizer,
+                    self.cfg,
+                    seed=derive_seed(self.cfg.trainer.seed, "val"),
+                    world=self.world,
+                )
             finally:
                 engine.close()
             metrics.update({f"distill/teacher/{name}/{key}": value for key, value in found.items()})
@@ -242,22 +281,38 @@ class Run:
     def record(self) -> Iterator[tuple[Tracker, TrainingProgress]]:
         """The tracker and the progress display, open for the loop."""
         cfg, state = self.cfg, self.state
-        progress = TrainingProgress(self.total_steps, enabled=cfg.trainer.progress, initial_step=state.step,
-                                    silent=not self.world.is_main)
+        progress = TrainingProgress(
+            self.total_steps, enabled=cfg.trainer.progress, initial_step=state.step, silent=not self.world.is_main
+        )
         if self.resume_from is not None:
             progress.note(f"resumed from {self.resume_from} (step {state.step})")
         if state.step >= self.total_steps:
             progress.note(f"nothing to do: the checkpoint is at step {state.step} of {self.total_steps}")
         ranks = cfg.rollout.n_gpus_per_node
-        where_engine = (" on a rollout rank of its own" if ranks == 1 else f" on each of {ranks} rollout ranks"
-                        if ranks else " in a rollout worker process")
-        progress.note(f"dapo: model {self.policy.source}; engine {cfg.rollout.name}"
-                      f"{'' if cfg.async_training.mode == 'sync' else where_engine}; "
-                      f"task {self.task.description}; {len(self.task.train)} train / {len(self.task.val)} val "
-                      f"prompts; run dir {self.run_dir}")
+        where_engine = (
+            " on a rollout rank of its own"
+            if ranks == 1
+            else f" on each of {ranks} rollout ranks"
+            if ranks
+            else " in a rollout worker process"
+        )
+        progress.note(
+            f"dapo: model {self.policy.source}; engine {cfg.rollout.name}"
+            f"{'' if cfg.async_training.mode == 'sync' else where_engine}; "
+            f"task {self.task.description}; {len(self.task.train)} train / {len(self.task.val)} val "
+            f"prompts; run dir {self.run_dir}"
+        )
         backends = tracker_backends(cfg) if self.world.is_main else ()  # a Tracker without backends records nothing
-        with Tracker(self.run_dir, backends=backends, project=cfg.trainer.project_name,
-                     experiment=cfg.trainer.experiment_name, config=config_to_dict(cfg)) as tracker, progress:
+        with (
+            Tracker(
+                self.run_dir,
+                backends=backends,
+                project=cfg.trainer.project_name,
+                experiment=cfg.trainer.experiment_name,
+                config=config_to_dict(cfg),
+            ) as tracker,
+            progress,
+        ):
             yield tracker, progress
 
     def start(self, tracker: Tracker, progress: TrainingProgress) -> dict[str, float]:
@@ -271,8 +326,15 @@ class Run:
         progress.start_steps()
         return pending
 
-    def end_step(self, step: int, metrics: dict[str, float], timer: PhaseTimer, tracker: Tracker,
-                 progress: TrainingProgress, checkpoint_state: Callable[[], Any] | None = None) -> dict[str, float]:
+    def end_step(
+        self,
+        step: int,
+        metrics: dict[str, float],
+        timer: PhaseTimer,
+        tracker: Tracker,
+        progress: TrainingProgress,
+        checkpoint_state: Callable[[], Any] | None = None,
+    ) -> dict[str, float]:
         """Timings, validation every test_freq steps, the record, the checkpoint every save_freq steps; returns the
         metrics that go into the next step's record. ``checkpoint_state`` gives what the checkpoint saves as the run
         state (default: the run state itself; the fully asynchronous loop saves a consistent snapshot)."""
@@ -295,8 +357,15 @@ class Run:
         if (cfg.trainer.save_freq > 0 and step % cfg.trainer.save_freq == 0) or is_last:
             t0 = time.perf_counter()
             try:
-                save_run(self.run_dir, state if checkpoint_state is None else checkpoint_state(), self.policy,
-                         self.optimizer, self.scheduler, cfg, self.world)
+                save_run(
+                    self.run_dir,
+                    state if checkpoint_state is None else checkpoint_state(),
+                    self.policy,
+                    self.optimizer,
+                    self.scheduler,
+                    cfg,
+                    self.world,
+                )
             except CheckpointError as exc:
                 raise TrainingError(str(exc)) from exc
             pending["timing_s/save_checkpoint"] = time.perf_counter() - t0
@@ -304,9 +373,14 @@ class Run:
 
     def result(self) -> TrainResult:
         self.memory.read()  # the last window: the run's peak includes everything since the last phase
-        return TrainResult(self.run_dir, self.state.step, time.perf_counter() - self.wall0,
-                           self.memory.run_peak_bytes / 1024**2, self.state.val_history,
-                           steps_run=self.state.step - self.steps_before)
+        return TrainResult(
+            self.run_dir,
+            self.state.step,
+            time.perf_counter() - self.wall0,
+            self.memory.run_peak_bytes / 1024**2,
+            self.state.val_history,
+            steps_run=self.state.step - self.steps_before,
+        )
 
     def batch_invariance(self) -> contextlib.AbstractContextManager[object]:
         """The mode the run computes in: batch-invariant for the actor and the engine's module under
@@ -314,8 +388,10 @@ class Run:
         cfg = self.cfg
         if not cfg.rollout.true_on_policy:
             return contextlib.nullcontext()
-        invariance = Invariance(cfg.data.max_prompt_length + cfg.data.max_response_length,
-                                torch.bfloat16 if cfg.actor.dtype == "bf16" else None)
+        invariance = Invariance(
+            cfg.data.max_prompt_length + cfg.data.max_response_length,
+            torch.bfloat16 if cfg.actor.dtype == "bf16" else None,
+        )
         stack = contextlib.ExitStack()
         modules = [self.policy.model]
         engine_module = getattr(self.engine, "model", None)
@@ -334,9 +410,13 @@ class Run:
         return router_replay(self.policy.model, rollout_routes=mode == "R3")
 
     def close(self) -> None:
-        close_quietly([("the reward scorer", self.scorer.close if self.scorer else lambda: None),
-                       ("the rollout engine", self.engine.close if self.engine else lambda: None),
-                       ("the distillation teachers", self.teachers.close if self.teachers else lambda: None)])
+        close_quietly(
+            [
+                ("the reward scorer", self.scorer.close if self.scorer else lambda: None),
+                ("the rollout engine", self.engine.close if self.engine else lambda: None),
+                ("the distillation teachers", self.teachers.close if self.teachers else lambda: None),
+            ]
+        )
 
 
 def check_router_replay(engine_name: str, model: torch.nn.Module, cfg: DapoConfig) -> None:
@@ -348,15 +428,19 @@ def check_router_replay(engine_name: str, model: torch.nn.Module, cfg: DapoConfi
         raise TrainingError(f"actor.router_replay.mode={mode}: {cfg.model.path or 'the model'} cannot: {problem}")
     why_not = engine_capabilities(engine_name).no_routed_experts
     if mode == "R3" and why_not is not None:
-        raise TrainingError(f"actor.router_replay.mode=R3: the {engine_name} engine cannot record routes: {why_not}; "
-                            "use rollout.name=hf, or mode=R2 (replays the actor's own old-log-prob routes)")
+        raise TrainingError(
+            f"actor.router_replay.mode=R3: the {engine_name} engine cannot record routes: {why_not}; "
+            "use rollout.name=hf, or mode=R2 (replays the actor's own old-log-prob routes)"
+        )
 
 
 def check_true_on_policy(engine_name: str, model: torch.nn.Module, cfg: DapoConfig) -> None:
     """``rollout.true_on_policy`` needs an engine that decodes batch-invariantly and a model family that can."""
     if not engine_capabilities(engine_name).batch_invariant:
-        raise TrainingError(f"rollout.true_on_policy=true: the {engine_name} engine does not decode "
-                            "batch-invariantly; use rollout.name=hf")
+        raise TrainingError(
+            f"rollout.true_on_policy=true: the {engine_name} engine does not decode "
+            "batch-invariantly; use rollout.name=hf"
+        )
     reason = unsupported_reason(model)
     if reason is not None:
         raise TrainingError(f"rollout.true_on_policy=true: {cfg.model.path or 'the model'} cannot: {reason}")
@@ -379,9 +463,11 @@ def build_run(cfg: DapoConfig, world: World = World(), split: JobSplit | None = 
     run_dir = run_dir_of(cfg)
     check_engine_name(cfg.rollout.name)
     if cfg.async_training.mode != "sync" and world.distributed and not split.rollout_ranks:
-        raise TrainingError(f"async_training.mode={cfg.async_training.mode} under torchrun gives the rollout ranks of "
-                            "its own: set rollout.n_gpus_per_node=R (the last R ranks generate, the others train), "
-                            "or use async_training.mode=sync")
+        raise TrainingError(
+            f"async_training.mode={cfg.async_training.mode} under torchrun gives the rollout ranks of "
+            "its own: set rollout.n_gpus_per_node=R (the last R ranks generate, the others train), "
+            "or use async_training.mode=sync"
+        )
     check_custom_reward(cfg)
     try:
         data_cfg = resolve_data_config(cfg.data)
@@ -402,19 +488,25 @@ def build_run(cfg: DapoConfig, world: World = World(), split: JobSplit | None = 
         check_router_replay(spec.name, policy.model, cfg)
     # The Transformers engine's own copy (before sharding: the same architecture and weights), when the actor is
     # sharded or rollout.dtype differs from the actor's; None: it shares the actor's module.
-    engine_module = (hf_engine_copy(spec, policy.model, sharded=cfg.actor.strategy == "fsdp2")
-                     if cfg.async_training.mode == "sync" else None)
+    engine_module = (
+        hf_engine_copy(spec, policy.model, sharded=cfg.actor.strategy == "fsdp2")
+        if cfg.async_training.mode == "sync"
+        else None
+    )
     if cfg.actor.strategy == "fsdp2":
-        policy = dataclasses.replace(policy, model=shard_actor(
-            policy.model, cfg.actor.fsdp, world, gradient_checkpointing=cfg.actor.gradient_checkpointing))
+        policy = dataclasses.replace(
+            policy,
+            model=shard_actor(
+                policy.model, cfg.actor.fsdp, world, gradient_checkpointing=cfg.actor.gradient_checkpointing
+            ),
+        )
     checkpoint_format(cfg, policy.model)  # a format this actor cannot write fails now, not at the first save
     task = encode_task(records, data_cfg, policy.tokenizer)  # only the prompt lengths need the tokenizer
     if warning := repeated_prompt_warning(task.val, cfg.rollout.val_kwargs.n):
         log.warning("%s", warning)
     optimizer = build_optimizer(policy.model, cfg.actor.optim)
     scheduler = build_lr_scheduler(optimizer, cfg.actor.optim)
-    state = RunState(PromptSampler.from_config(task.train, cfg),
-                     DynamicSamplingBuffer.from_config(cfg))
+    state = RunState(PromptSampler.from_config(task.train, cfg), DynamicSamplingBuffer.from_config(cfg))
     # Rank 0 picks the checkpoint and every rank loads that one (a rank that cannot read it fails, never diverges).
     resume_from = world.broadcast_object(find_resume_checkpoint(run_dir, cfg) if world.is_main else None)
     try:
@@ -443,22 +535,45 @@ def build_run(cfg: DapoConfig, world: World = World(), split: JobSplit | None = 
         if world.is_main:
             truncate_metrics_after(run_dir, state.step if state.step > 0 else -1)
     except OSError as exc:
-        close_quietly([("the reward scorer", scorer.close),
-                       ("the rollout engine", engine.close if engine else lambda: None)])
+        close_quietly(
+            [("the reward scorer", scorer.close), ("the rollout engine", engine.close if engine else lambda: None)]
+        )
         raise TrainingError(describe_os_error(exc, f"writing the run record {writing}")) from exc
     actor_dtype = next(policy.model.parameters()).dtype
     probe_dtype = engine_compute_dtype(spec, policy.model)
     engine_dtype = probe_dtype if probe_dtype.itemsize < actor_dtype.itemsize else None
     if engine is None:
-        sync = PushPartner(policy.model, task.train[0].input_ids, enabled=cfg.rollout.weight_sync_probe,
-                           engine_dtype=engine_dtype)
+        sync = PushPartner(
+            policy.model, task.train[0].input_ids, enabled=cfg.rollout.weight_sync_probe, engine_dtype=engine_dtype
+        )
     else:
-        sync = WeightSync(engine, policy.model, task.train[0].input_ids,
-                          threshold=cfg.rollout.probe_logprob_threshold, enabled=cfg.rollout.weight_sync_probe,
-                          engine_dtype=engine_dtype)
-    return Run(cfg, world, run_dir, policy, optimizer, scheduler, task, state, engine, sync, scorer,
-               total_steps_of(cfg, len(task.train)), resume_from,
-               engine is not None and samples_from_module(engine, policy.model),
-               memory, wall0, StepPerf.for_run(policy.model, cfg, engine_dtype=probe_dtype,
-                                               num_devices=world.world_size), steps_before=state.step,
-               shares_batches=split.shares_batches, teachers=teachers)
+        sync = WeightSync(
+            engine,
+            policy.model,
+            task.train[0].input_ids,
+            threshold=cfg.rollout.probe_logprob_threshold,
+            enabled=cfg.rollout.weight_sync_probe,
+            engine_dtype=engine_dtype,
+        )
+    return Run(
+        cfg,
+        world,
+        run_dir,
+        policy,
+        optimizer,
+        scheduler,
+        task,
+        state,
+        engine,
+        sync,
+        scorer,
+        total_steps_of(cfg, len(task.train)),
+        resume_from,
+        engine is not None and samples_from_module(engine, policy.model),
+        memory,
+        wall0,
+        StepPerf.for_run(policy.model, cfg, engine_dtype=probe_dtype, num_devices=world.world_size),
+        steps_before=state.step,
+        shares_batches=split.shares_batches,
+        teachers=teachers,
+    )

@@ -18,12 +18,24 @@ from dapo.config import ConfigError, DapoConfig, config_to_dict
 from dapo.config.resume import check_resume
 from dapo.data.prompt_sampler import PromptSampler
 from dapo.distributed.data_parallel import is_sharded, replicas_differ
-from dapo.distributed.fsdp import (full_model_state, full_optimizer_state, load_full_model_state,
-                                   load_full_optimizer_state, stream_full_state)
+from dapo.distributed.fsdp import (
+    full_model_state,
+    full_optimizer_state,
+    load_full_model_state,
+    load_full_optimizer_state,
+    stream_full_state,
+)
 from dapo.distributed.world import World
 from dapo.infra.atomic import atomic_write, describe_os_error
-from dapo.infra.checkpoint import (CheckpointError, checkpoint_config, checkpoint_problems, find_latest_checkpoint,
-                                   load_checkpoint, save_checkpoint, save_sharded_checkpoint)
+from dapo.infra.checkpoint import (
+    CheckpointError,
+    checkpoint_config,
+    checkpoint_problems,
+    find_latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+    save_sharded_checkpoint,
+)
 from dapo.model.loading import Policy
 from dapo.model.lora import AdapterAndMergedExport, is_lora, load_adapter_state
 from dapo.reward.scored_groups import ScoredGroup
@@ -84,8 +96,9 @@ class RunState:
         self.teachers = dict(state.get("teachers", {}))
 
 
-def save_run(run_dir: Path, state: RunState, policy: Policy, optimizer, scheduler, cfg: DapoConfig,
-             world: World = World()) -> Path | None:
+def save_run(
+    run_dir: Path, state: RunState, policy: Policy, optimizer, scheduler, cfg: DapoConfig, world: World = World()
+) -> Path | None:
     """Checkpoint ``run_dir/checkpoints/global_step_{state.step}`` atomically (see ``dapo.infra.checkpoint``).
 
     Full format: rank 0 writes (other ranks return None): the run state is the same on every rank, and a replicated
@@ -98,13 +111,23 @@ def save_run(run_dir: Path, state: RunState, policy: Policy, optimizer, schedule
         raise TrainingError(
             f"step {state.step}: the data-parallel replicas of the model differ ({len(differ)} parameters, first "
             f"{differ[0]}): rank 0's checkpoint would not be the run's state. Ranks must apply the same summed "
-            "gradients; a rank-dependent random draw or a non-deterministic all-reduce breaks that")
+            "gradients; a rank-dependent random draw or a non-deterministic all-reduce breaks that"
+        )
     if checkpoint_format(cfg, policy.model) == "sharded":  # every rank writes its shards, rank 0 the rest
-        return save_sharded_checkpoint(run_dir / "checkpoints", state.step, world=world, model=policy.model,
-                                       optimizer=optimizer, full_tensors=lambda: stream_full_state(policy.model),
-                                       hf_model=policy.model.hf_model, tokenizer=policy.tokenizer,
-                                       scheduler=scheduler, trainer_state=state.state_dict(),
-                                       keep_last=cfg.trainer.max_ckpt_to_keep, run_config=config_to_dict(cfg))
+        return save_sharded_checkpoint(
+            run_dir / "checkpoints",
+            state.step,
+            world=world,
+            model=policy.model,
+            optimizer=optimizer,
+            full_tensors=lambda: stream_full_state(policy.model),
+            hf_model=policy.model.hf_model,
+            tokenizer=policy.tokenizer,
+            scheduler=scheduler,
+            trainer_state=state.state_dict(),
+            keep_last=cfg.trainer.max_ckpt_to_keep,
+            run_config=config_to_dict(cfg),
+        )
     model, model_state, optimizer_state = policy.model, None, None
     if is_sharded(policy.model):
         model_state = full_model_state(policy.model)
@@ -114,10 +137,19 @@ def save_run(run_dir: Path, state: RunState, policy: Policy, optimizer, schedule
         return None
     if is_lora(model):  # hf/: the adapter folder, and the merged model in hf/merged/
         model = AdapterAndMergedExport(model, policy.tokenizer)
-    return save_checkpoint(run_dir / "checkpoints", state.step, model=model, tokenizer=policy.tokenizer,
-                           optimizer=optimizer, scheduler=scheduler, trainer_state=state.state_dict(),
-                           keep_last=cfg.trainer.max_ckpt_to_keep, model_state=model_state,
-                           optimizer_state=optimizer_state, run_config=config_to_dict(cfg))
+    return save_checkpoint(
+        run_dir / "checkpoints",
+        state.step,
+        model=model,
+        tokenizer=policy.tokenizer,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        trainer_state=state.state_dict(),
+        keep_last=cfg.trainer.max_ckpt_to_keep,
+        model_state=model_state,
+        optimizer_state=optimizer_state,
+        run_config=config_to_dict(cfg),
+    )
 
 
 def checkpoint_format(cfg: DapoConfig, model) -> str:
@@ -128,8 +160,10 @@ def checkpoint_format(cfg: DapoConfig, model) -> str:
     if fmt == "auto":
         return "sharded" if is_sharded(model) else "full"
     if fmt == "sharded" and not is_sharded(model):
-        raise TrainingError("trainer.checkpoint_format=sharded writes the FSDP2 shards of each rank and needs "
-                            "actor.strategy=fsdp2; use trainer.checkpoint_format=full or auto")
+        raise TrainingError(
+            "trainer.checkpoint_format=sharded writes the FSDP2 shards of each rank and needs "
+            "actor.strategy=fsdp2; use trainer.checkpoint_format=full or auto"
+        )
     return fmt
 
 
@@ -185,11 +219,16 @@ def check_resume_teachers(saved: dict[str, str], current: dict[str, str], cfg: D
     ``trainer.resume_with_changes``: the same path may hold another model now."""
     if saved == current or cfg.trainer.resume_with_changes:
         return
-    changed = [f"{name}: {saved.get(name, '<none>')} -> {current.get(name, '<none>')}"
-               for name in sorted(set(saved) | set(current)) if saved.get(name) != current.get(name)]
-    raise TrainingError("the checkpoint to resume was trained with other distillation teachers; resuming would mix "
-                        "two teachers' signals. Changed:\n  " + "\n  ".join(changed) + "\nUse another "
-                        "trainer.experiment_name, or pass trainer.resume_with_changes=true to continue anyway.")
+    changed = [
+        f"{name}: {saved.get(name, '<none>')} -> {current.get(name, '<none>')}"
+        for name in sorted(set(saved) | set(current))
+        if saved.get(name) != current.get(name)
+    ]
+    raise TrainingError(
+        "the checkpoint to resume was trained with other distillation teachers; resuming would mix "
+        "two teachers' signals. Changed:\n  " + "\n  ".join(changed) + "\nUse another "
+        "trainer.experiment_name, or pass trainer.resume_with_changes=true to continue anyway."
+    )
 
 
 def record_run_config(run_dir: Path, cfg: DapoConfig) -> None:
@@ -211,13 +250,17 @@ def resume_run(path: Path, state: RunState, policy: Policy, optimizer, scheduler
     if is_lora(policy.model):  # hf/ is the adapter folder: only the adapters are saved and loaded
         loaders = {"load_weights": lambda adapter: load_adapter_state(policy.model, adapter)}
     if is_sharded(policy.model):  # every rank reads the full files and keeps its shards
-        loaders = {"load_weights": lambda full: load_full_model_state(policy.model, full),
-                   "load_optimizer": lambda full: load_full_optimizer_state(policy.model, optimizer, full)}
+        loaders = {
+            "load_weights": lambda full: load_full_model_state(policy.model, full),
+            "load_optimizer": lambda full: load_full_optimizer_state(policy.model, optimizer, full),
+        }
     try:
-        state.load_state_dict(load_checkpoint(path, model=policy.model, optimizer=optimizer, scheduler=scheduler,
-                                              **loaders))
+        state.load_state_dict(
+            load_checkpoint(path, model=policy.model, optimizer=optimizer, scheduler=scheduler, **loaders)
+        )
     except CheckpointError as exc:
         raise TrainingError(f"cannot resume: {exc}") from exc
     except (KeyError, TypeError, ValueError) as exc:  # a manifest-less old checkpoint whose state does not fit
-        raise TrainingError(f"cannot resume from {path}: its trainer state does not fit this run "
-                            f"({type(exc).__name__}: {exc})") from exc
+        raise TrainingError(
+            f"cannot resume from {path}: its trainer state does not fit this run ({type(exc).__name__}: {exc})"
+        ) from exc

@@ -34,4 +34,5 @@ class SkippedStepGuard:
             raise TrainingError(
                 f"step {step}: {self.consecutive} consecutive optimizer steps were skipped (gradient norm not finite), "
                 f"so the run is not training; check actor.optim.lr, model.lora_alpha and actor.grad_clip "
-                f"(trainer.max_consecutive_skipped_steps={self.limit}; 0 = never stop)")
+                f"(trainer.max_consecutive_skipped_steps={self.limit}; 0 = never stop)"
+            )

@@ -29,8 +29,9 @@ class ProducedBatch:
     gen_s: float = field(default=0.0, compare=False)
 
     @classmethod
-    def stamped(cls, groups: list[ScoredGroup], metrics: dict[str, float], version: int, **measured: Any
-                ) -> ProducedBatch:
+    def stamped(
+        cls, groups: list[ScoredGroup], metrics: dict[str, float], version: int, **measured: Any
+    ) -> ProducedBatch:
         """The batch of ``groups``; a group the engine did not stamp (an engine in this process, or one that draws a
         whole request under one version) gets ``version`` on every token."""
         stamp_versions(groups, version)

@@ -27,7 +27,9 @@ def _mean_max_min(name: str, values: Sequence[float]) -> dict[str, float]:
     return {f"{name}/mean": _mean(values), f"{name}/max": float(max(values)), f"{name}/min": float(min(values))}
 
 
-def batch_metrics(groups: Sequence[ScoredGroup], advantages: torch.Tensor, *, max_response_length: int) -> dict[str, float]:
+def batch_metrics(
+    groups: Sequence[ScoredGroup], advantages: torch.Tensor, *, max_response_length: int
+) -> dict[str, float]:
     lengths = [len(r) for g in groups for r in g.response_ids]
     truncated = [t for g in groups for t in g.truncated]
     scores = [s for g in groups for s in g.scores]

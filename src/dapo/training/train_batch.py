@@ -27,8 +27,12 @@ def build_train_batch(groups: Sequence[ScoredGroup], cfg: DapoConfig) -> TrainBa
     rewards = torch.tensor([r for g in groups for r in g.rewards], dtype=torch.float32)
     group_index = group_index_of(groups)
     estimator = get_adv_estimator(cfg.algorithm.adv_estimator)
-    advantages = estimator(rewards, group_index, norm_adv_by_std=cfg.algorithm.norm_adv_by_std_in_grpo,
-                           token_counts=action_token_counts(groups))
+    advantages = estimator(
+        rewards,
+        group_index,
+        norm_adv_by_std=cfg.algorithm.norm_adv_by_std_in_grpo,
+        token_counts=action_token_counts(groups),
+    )
     truncated = torch.tensor([t for g in groups for t in g.truncated], dtype=torch.bool)
     sample_mask = overlong_filter_mask(truncated) if cfg.algorithm.overlong_filter else torch.ones_like(truncated)
     return TrainBatch(
@@ -39,9 +43,11 @@ def build_train_batch(groups: Sequence[ScoredGroup], cfg: DapoConfig) -> TrainBa
         group_index=group_index,
         rollout_log_probs=[torch.tensor(lp, dtype=torch.float32) for g in groups for lp in g.rollout_log_probs],
         # multi-turn: a tool's output is context, not an action (no gradient, no entropy, not counted in Eq. 12)
-        action_mask=None if any(g.action_masks is None for g in groups) else
-        [torch.tensor(m, dtype=torch.bool) for g in groups for m in g.action_masks],
+        action_mask=None
+        if any(g.action_masks is None for g in groups)
+        else [torch.tensor(m, dtype=torch.bool) for g in groups for m in g.action_masks],
         # R3: the rollout's routes, replayed by the actor's passes
-        routed_experts=None if any(g.routed_experts is None for g in groups) else
-        [r for g in groups for r in g.routed_experts],
+        routed_experts=None
+        if any(g.routed_experts is None for g in groups)
+        else [r for g in groups for r in g.routed_experts],
     )

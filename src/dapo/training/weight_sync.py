@@ -48,8 +48,9 @@ def probe_halves(probe_ids: Sequence[int]) -> tuple[list[int], list[int]]:
     return ids[:half], ids[half:]
 
 
-def actor_log_probs_of(model: torch.nn.Module, prompt: Sequence[int], response: Sequence[int], *,
-                       compute_dtype: torch.dtype | None = None) -> torch.Tensor:
+def actor_log_probs_of(
+    model: torch.nn.Module, prompt: Sequence[int], response: Sequence[int], *, compute_dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """Teacher-forced log-probs of ``response`` after ``prompt`` under ``model`` at temperature 1, returned in fp32;
     with ``compute_dtype`` (bf16, fp16) the forward runs under autocast to it, the precision a low-precision engine
     computes in."""
@@ -81,8 +82,16 @@ class WeightSync:
             fp32 actor and 0.061 off the actor under bf16 autocast (0.044 and 0.043 before training).
     """
 
-    def __init__(self, engine: RolloutEngine, model: torch.nn.Module, probe_ids: Sequence[int], *,
-                 threshold: float | None, enabled: bool = True, engine_dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        model: torch.nn.Module,
+        probe_ids: Sequence[int],
+        *,
+        threshold: float | None,
+        enabled: bool = True,
+        engine_dtype: torch.dtype | None = None,
+    ) -> None:
         self.engine, self.model = engine, model
         self.prompt, self.response = probe_halves(probe_ids)
         self.threshold, self.enabled, self.engine_dtype = threshold, enabled, engine_dtype
@@ -98,8 +107,9 @@ class WeightSync:
         """Push the weights; return the probe's metrics. Raises ``TrainingError`` when the engine is stale."""
         # A sharded actor streams its parameters one gathered tensor at a time, never a whole gathered state dict.
         if is_sharded(self.model):
-            weights = WeightStream(tuple(name for name, _ in self.model.named_parameters()),
-                                   stream_full_parameters(self.model))
+            weights = WeightStream(
+                tuple(name for name, _ in self.model.named_parameters()), stream_full_parameters(self.model)
+            )
         elif is_lora(self.model):  # frozen base weights never change: the engine has them since it loaded
             weights = ((name, p) for name, p in self.model.named_parameters() if p.requires_grad)
         else:
@@ -134,8 +144,9 @@ class WeightSync:
         if self.threshold is None:
             return metrics
         if self.engine_dtype is not None:
-            self._check_low_precision(step, mean_gap, actor_lp, previous_actor_lp, engine_lp, previous_engine_lp,
-                                      metrics)
+            self._check_low_precision(
+                step, mean_gap, actor_lp, previous_actor_lp, engine_lp, previous_engine_lp, metrics
+            )
             return metrics
         excess = mean_gap if first else mean_gap - self.numerical_gap
         if not excess <= self.threshold:
@@ -156,9 +167,16 @@ class WeightSync:
             )
         return metrics
 
-    def _check_low_precision(self, step: int, mean_gap: float, actor_lp: torch.Tensor,
-                             previous_actor_lp: torch.Tensor | None, engine_lp: torch.Tensor,
-                             previous_engine_lp: torch.Tensor | None, metrics: dict[str, float]) -> None:
+    def _check_low_precision(
+        self,
+        step: int,
+        mean_gap: float,
+        actor_lp: torch.Tensor,
+        previous_actor_lp: torch.Tensor | None,
+        engine_lp: torch.Tensor,
+        previous_engine_lp: torch.Tensor | None,
+        metrics: dict[str, float],
+    ) -> None:
         """A low-precision engine's gap to the actor grows as training sharpens the model (module docstring), so a
         fixed bound on it either misses stale weights or stops healthy runs. What a push must do instead: move the
         engine's log-probs as far as the update moved the actor's. A stale engine does not move at all."""
@@ -184,7 +202,6 @@ class WeightSync:
             )
 
 
-
 class PushPartner:
     """A trainer rank's part in a push it does not send (several trainer ranks beside rollout ranks: the leading
     rank sends, ``dapo.training.rank_split``). A sharded actor's push and probe are collectives of every trainer rank:
@@ -193,8 +210,14 @@ class PushPartner:
 
     engine = None
 
-    def __init__(self, model: torch.nn.Module, probe_ids: Sequence[int], *, enabled: bool = True,
-                 engine_dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        probe_ids: Sequence[int],
+        *,
+        enabled: bool = True,
+        engine_dtype: torch.dtype | None = None,
+    ) -> None:
         self.model = model
         self.prompt, self.response = probe_halves(probe_ids)
         self.enabled, self.engine_dtype = enabled, engine_dtype

@@ -27,6 +27,8 @@ class WorkerRestartGuard:
         while self._times and now - self._times[0] > self.window_s:
             self._times.popleft()
         if len(self._times) >= self.max_restarts:
-            raise TrainingError(f"{cause}; the rollout worker died {len(self._times) + 1} times within "
-                                f"{self.window_s:.0f} s, so it is not restarted again")
+            raise TrainingError(
+                f"{cause}; the rollout worker died {len(self._times) + 1} times within "
+                f"{self.window_s:.0f} s, so it is not restarted again"
+            )
         self._times.append(now)

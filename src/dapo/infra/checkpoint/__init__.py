@@ -26,8 +26,12 @@ from dapo.infra.checkpoint.discovery import find_latest_checkpoint
 from dapo.infra.checkpoint.errors import CheckpointError
 from dapo.infra.checkpoint.layout import LATEST_FILE_NAME, MANIFEST_NAME, SHARDED_LAYOUT, checkpoint_dir_name
 from dapo.infra.checkpoint.load import load_checkpoint
-from dapo.infra.checkpoint.manifest import (MANIFEST_FORMAT, checkpoint_folder_problem, checkpoint_problems,
-                                            is_complete_checkpoint)
+from dapo.infra.checkpoint.manifest import (
+    MANIFEST_FORMAT,
+    checkpoint_folder_problem,
+    checkpoint_problems,
+    is_complete_checkpoint,
+)
 from dapo.infra.checkpoint.rotation import rotate_checkpoints
 from dapo.infra.checkpoint.save_full import save_checkpoint
 from dapo.infra.checkpoint.save_sharded import save_sharded_checkpoint

@@ -24,8 +24,13 @@ if TYPE_CHECKING:
 HF_SHARD_BYTES = 2 * 1024**3  # the most tensor bytes rank 0 holds while streaming the hf/ export of a sharded save
 
 
-def write_hf_export(folder: Path | None, tensors: Iterator[tuple[str, torch.Tensor]], hf_model: PreTrainedModel,
-                     tokenizer: PreTrainedTokenizerBase | None, max_shard_bytes: int) -> str | None:
+def write_hf_export(
+    folder: Path | None,
+    tensors: Iterator[tuple[str, torch.Tensor]],
+    hf_model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase | None,
+    max_shard_bytes: int,
+) -> str | None:
     """Write ``tensors`` (name, full tensor) as a Hugging Face folder, holding at most one shard's worth at a time.
 
     ``folder`` None (not rank 0): only drain the iterator. Returns None, or why the export failed; the iterator is
@@ -76,14 +81,18 @@ def write_hf_export(folder: Path | None, tensors: Iterator[tuple[str, torch.Tens
         if bucket:
             flush()
         count = len(written)
-        final_names = (["model.safetensors"] if count == 1
-                       else [f"model-{k + 1:05d}-of-{count:05d}.safetensors" for k in range(count)])
+        final_names = (
+            ["model.safetensors"]
+            if count == 1
+            else [f"model-{k + 1:05d}-of-{count:05d}.safetensors" for k in range(count)]
+        )
         for (shard, _), final in zip(written, final_names, strict=True):
             os.replace(folder / shard, folder / final)
         if count > 1:
-            index = {"metadata": {"total_size": total_bytes},
-                     "weight_map": {n: final for (_, names), final in zip(written, final_names, strict=True)
-                                    for n in names}}
+            index = {
+                "metadata": {"total_size": total_bytes},
+                "weight_map": {n: final for (_, names), final in zip(written, final_names, strict=True) for n in names},
+            }
             write_new_file(folder / "model.safetensors.index.json", lambda f: f.write(json_bytes(index)))
         current = "hf/ (config)"
         config = copy.deepcopy(hf_model.config)

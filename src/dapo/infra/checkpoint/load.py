@@ -105,8 +105,12 @@ def _load_sharded_state(folder: Path, model: torch.nn.Module, optimizer: torch.o
     """
     import torch.distributed as dist
     from torch.distributed.checkpoint import FileSystemReader, load
-    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
-                                                         set_model_state_dict, set_state_dict)
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_state_dict,
+        set_model_state_dict,
+        set_state_dict,
+    )
 
     no_dist = not (dist.is_available() and dist.is_initialized())
     try:
@@ -123,9 +127,11 @@ def _load_sharded_state(folder: Path, model: torch.nn.Module, optimizer: torch.o
         else:
             set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     except Exception as exc:  # CheckpointException (a key or shape the files lack), or a read error
-        raise CheckpointError(f"cannot load the sharded state in {folder} into this model: "
-                              f"{type(exc).__name__}: {str(exc)[:500]} (was it saved from a different "
-                              "architecture?)") from exc
+        raise CheckpointError(
+            f"cannot load the sharded state in {folder} into this model: "
+            f"{type(exc).__name__}: {str(exc)[:500]} (was it saved from a different "
+            "architecture?)"
+        ) from exc
 
 
 def _torch_load(path: Path) -> Any:
@@ -135,8 +141,9 @@ def _torch_load(path: Path) -> Any:
         raise CheckpointError(f"cannot read {path}: {exc}") from exc
 
 
-def _load_model_weights(hf_dir: Path, model: torch.nn.Module,
-                        load_weights: Callable[[dict[str, torch.Tensor]], list[str]] | None = None) -> None:
+def _load_model_weights(
+    hf_dir: Path, model: torch.nn.Module, load_weights: Callable[[dict[str, torch.Tensor]], list[str]] | None = None
+) -> None:
     """Copy the safetensors weights in ``hf_dir`` into ``model`` in place (any device / dtype).
 
     ``save_pretrained`` omits tied parameters (e.g. ``lm_head.weight`` tied to the embeddings); a
@@ -158,8 +165,9 @@ def _load_model_weights(hf_dir: Path, model: torch.nn.Module,
         try:
             untied = load_weights(state)
         except KeyError as exc:
-            raise CheckpointError(f"cannot load {hf_dir}: {exc} (was the checkpoint saved from a different "
-                                  "architecture?)") from exc
+            raise CheckpointError(
+                f"cannot load {hf_dir}: {exc} (was the checkpoint saved from a different architecture?)"
+            ) from exc
         if untied:
             raise CheckpointError(f"cannot load {hf_dir}: weights missing from the checkpoint: {sorted(untied)[:5]}")
         return

@@ -37,8 +37,9 @@ def rotate_checkpoints(ckpt_root: Path, new_step: int, keep_last: int) -> list[P
         if problem is None:
             kept.append(step)
         else:
-            logger.warning("checkpoint %s does not verify (%s): not counted among the %d kept", complete[step],
-                           problem, keep_last)
+            logger.warning(
+                "checkpoint %s does not verify (%s): not counted among the %d kept", complete[step], problem, keep_last
+            )
             failed.append(step)
     if len(kept) == keep_older:  # the quota of good ones is full: a failed one older than all of them is no use
         oldest_kept = min(kept, default=new_step)

@@ -74,5 +74,15 @@ def save_checkpoint(
         write_new_file(temp_dir / "rng.pt", lambda f: torch.save(rng_state, f))
     except BaseException as exc:
         raise save_failed(exc, current, step, temp_dir, previous) from exc
-    return finish_save(ckpt_root, step, temp_dir, previous, scheduler=scheduler, json_state=json_state,
-                        tensor_state=tensor_state, keep_last=keep_last, layout={}, run_config=run_config)
+    return finish_save(
+        ckpt_root,
+        step,
+        temp_dir,
+        previous,
+        scheduler=scheduler,
+        json_state=json_state,
+        tensor_state=tensor_state,
+        keep_last=keep_last,
+        layout={},
+        run_config=run_config,
+    )

@@ -83,9 +83,12 @@ def save_sharded_checkpoint(
         # A collective: DCP gathers every rank's write result, so an I/O error on one rank is raised on all of them.
         with warnings.catch_warnings():  # DCP warns that no_dist means one process, which is why it is asked for
             warnings.filterwarnings("ignore", message=r"torch\.distributed is disabled")
-            save({"model": model_state, "optim": optimizer_state},
-                 storage_writer=FileSystemWriter(temp_dir / SHARDED_DIR, sync_files=True),
-                 no_dist=not world.distributed, process_group=world.group)
+            save(
+                {"model": model_state, "optim": optimizer_state},
+                storage_writer=FileSystemWriter(temp_dir / SHARDED_DIR, sync_files=True),
+                no_dist=not world.distributed,
+                process_group=world.group,
+            )
         current = rank_rng_name(world.rank)
         rng_state = capture_rng_state()
         write_new_file(temp_dir / current, lambda f: torch.save(rng_state, f))
@@ -93,15 +96,19 @@ def save_sharded_checkpoint(
         failure = f"{os_error_reason(exc)} while writing {current}"
     # Every rank iterates the full tensors, even after a failure: the iteration is a collective (one all-gather per
     # tensor), so a rank that stopped early would leave the others waiting.
-    failure = write_hf_export(temp_dir / "hf" if world.is_main else None, full_tensors(), hf_model, tokenizer,
-                               max_shard_bytes) or failure
+    failure = (
+        write_hf_export(
+            temp_dir / "hf" if world.is_main else None, full_tensors(), hf_model, tokenizer, max_shard_bytes
+        )
+        or failure
+    )
     failures = [f for f in world.all_gather_objects(failure) if f is not None]
     hashed: dict[str, dict[str, Any]] = {}
     if not failures:
         # Each rank hashes its share of what is there now, so rank 0 does not read the whole checkpoint alone.
         rels = relative_files(temp_dir)
         try:
-            mine = file_entries(temp_dir, rels[world.rank::world.world_size])
+            mine = file_entries(temp_dir, rels[world.rank :: world.world_size])
         except OSError as exc:
             mine = f"{os_error_reason(exc)} while hashing the files of rank {world.rank}"
         for entries in world.all_gather_objects(mine):
@@ -115,10 +122,19 @@ def save_sharded_checkpoint(
             outcome = save_failed(None, "", step, temp_dir, previous, failure=failures[0])
         else:
             try:
-                outcome = finish_save(ckpt_root, step, temp_dir, previous, scheduler=scheduler,
-                                       json_state=json_state, tensor_state=tensor_state, keep_last=keep_last,
-                                       layout={"layout": SHARDED_LAYOUT, "world_size": world.world_size},
-                                       hashed=hashed, run_config=run_config)
+                outcome = finish_save(
+                    ckpt_root,
+                    step,
+                    temp_dir,
+                    previous,
+                    scheduler=scheduler,
+                    json_state=json_state,
+                    tensor_state=tensor_state,
+                    keep_last=keep_last,
+                    layout={"layout": SHARDED_LAYOUT, "world_size": world.world_size},
+                    hashed=hashed,
+                    run_config=run_config,
+                )
             except CheckpointError as exc:
                 outcome = exc
     outcome = world.broadcast_object(outcome)

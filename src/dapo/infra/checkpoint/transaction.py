@@ -55,8 +55,15 @@ def begin_save(ckpt_root: Path, step: int) -> tuple[Path, Path | None]:
     return temp_dir, previous
 
 
-def save_failed(exc: BaseException | None, current: str, step: int, temp_dir: Path, previous: Path | None, *,
-                 failure: str | None = None) -> BaseException:
+def save_failed(
+    exc: BaseException | None,
+    current: str,
+    step: int,
+    temp_dir: Path,
+    previous: Path | None,
+    *,
+    failure: str | None = None,
+) -> BaseException:
     """Remove the partial folder; the exception to raise (a KeyboardInterrupt / SystemExit passes through as is).
 
     ``failure``: the "<reason> while <doing what>" of a failure already described (on another rank), instead of
@@ -65,15 +72,26 @@ def save_failed(exc: BaseException | None, current: str, step: int, temp_dir: Pa
     if exc is not None and not isinstance(exc, Exception):
         return exc
     failure = failure or f"{os_error_reason(exc)} while writing {current}"
-    intact = (f"previous checkpoint {previous.name} is intact" if previous is not None
-              else "there is no previous checkpoint")
+    intact = (
+        f"previous checkpoint {previous.name} is intact" if previous is not None else "there is no previous checkpoint"
+    )
     return CheckpointError(f"{failure} for step {step}; {intact} (partial folder {temp_dir.name} removed)")
 
 
-def finish_save(ckpt_root: Path, step: int, temp_dir: Path, previous: Path | None, *,
-                 scheduler: torch.optim.lr_scheduler.LRScheduler | None, json_state: dict[str, Any],
-                 tensor_state: dict[str, Any], keep_last: int | None, layout: dict[str, Any],
-                 hashed: dict[str, dict[str, Any]] | None = None, run_config: dict[str, Any] | None = None) -> Path:
+def finish_save(
+    ckpt_root: Path,
+    step: int,
+    temp_dir: Path,
+    previous: Path | None,
+    *,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+    json_state: dict[str, Any],
+    tensor_state: dict[str, Any],
+    keep_last: int | None,
+    layout: dict[str, Any],
+    hashed: dict[str, dict[str, Any]] | None = None,
+    run_config: dict[str, Any] | None = None,
+) -> Path:
     """Write the scheduler and trainer state, then the manifest LAST, fsync and rename the temp folder into place.
 
     ``hashed``: manifest entries of files other ranks already hashed (a sharded save); the rest are hashed here.
@@ -100,8 +118,13 @@ def finish_save(ckpt_root: Path, step: int, temp_dir: Path, previous: Path | Non
         current = MANIFEST_NAME
         hashed = dict(hashed or {})
         files = {**hashed, **file_entries(temp_dir, [r for r in relative_files(temp_dir) if r not in hashed])}
-        manifest = {"format": MANIFEST_FORMAT, "step": step, "created_unix": time.time(), **layout,
-                    "files": dict(sorted(files.items()))}
+        manifest = {
+            "format": MANIFEST_FORMAT,
+            "step": step,
+            "created_unix": time.time(),
+            **layout,
+            "files": dict(sorted(files.items())),
+        }
         write_new_file(temp_dir / MANIFEST_NAME, lambda f: f.write(json_bytes(manifest)))
         current = "fsync of the written files"
         fsync_tree(temp_dir)

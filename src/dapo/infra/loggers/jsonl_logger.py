@@ -38,7 +38,7 @@ class JsonlLogger:
         try:
             view = memoryview(record)
             while view:  # a raw write may be short (the last bytes before a size limit)
-                view = view[self._file.write(view):]
+                view = view[self._file.write(view) :]
         except OSError as exc:
             with contextlib.suppress(OSError):  # the file keeps its complete records; a resume trims the rest anyway
                 self._file.truncate(start)

@@ -15,5 +15,6 @@ from dapo.infra.loggers.tensorboard_logger import TensorBoardLogger
 from dapo.infra.loggers.wandb_logger import WandbLogger
 
 LOGGERS: dict[str, type[MetricLogger]] = {
-    logger.name: logger for logger in (JsonlLogger, TensorBoardLogger, WandbLogger, ConsoleLogger)}
+    logger.name: logger for logger in (JsonlLogger, TensorBoardLogger, WandbLogger, ConsoleLogger)
+}
 LOGGER_NAMES: tuple[str, ...] = tuple(LOGGERS)

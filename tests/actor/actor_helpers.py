@@ -1,5 +1,6 @@
-"""Builders for the actor tests: a tiny random Llama, random (seeded) train batches, configs, plans. The tiny Qwen2 is
-:func:`tests.harness.models.tiny_qwen2` at the ``ACTOR`` shape."""
+"""Builders for the actor tests: random (seeded) train batches, configs, plans. The tiny Qwen2 is
+:func:`tests.harness.models.tiny_qwen2` at the ``ACTOR`` shape; the other families (a Llama among them) are
+:func:`tests.model.families.build_tiny_model`."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import dataclasses
 
 import torch
 from torch import nn
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from dapo.actor.batch import TrainBatch
 from dapo.actor.log_probs import resolve_layout
@@ -15,22 +15,7 @@ from dapo.actor.mini_batch_plan import MiniBatchPlan, plan_mini_batch
 from dapo.config import ActorConfig
 from tests.harness.models import ACTOR
 
-VOCAB = ACTOR["vocab_size"]  # the tiny Qwen2's and the tiny Llama's
-
-
-def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=True,
-    )
-    return LlamaForCausalLM(config).float()
+VOCAB = ACTOR["vocab_size"]  # the tiny Qwen2's (a larger vocabulary holds these tokens too)
 
 
 def random_batch(

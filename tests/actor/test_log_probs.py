@@ -3,11 +3,13 @@ gradient; the layout ``auto`` resolves to is the fast one for the attention impl
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 from torch import Tensor, nn
 
-from actor_helpers import VOCAB, actor_config, random_batch, tiny_llama
+from actor_helpers import VOCAB, actor_config, random_batch
 from dapo.actor.batch import TrainBatch
 from dapo.actor.log_probs import (
     compute_log_probs_and_entropy_batch,
@@ -21,6 +23,7 @@ from dapo.actor.log_probs import (
     share_prompt_sequences,
 )
 from tests.harness.models import ACTOR, tiny_qwen2
+from tests.model.families import build_tiny_model
 
 
 def reference(model: nn.Module, batch: TrainBatch, temperature: float) -> tuple[list[Tensor], list[Tensor]]:
@@ -101,7 +104,9 @@ def test_share_prompt_sequences_by_hand() -> None:
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("chunk_size", [1, 7, 100_000])
-@pytest.mark.parametrize(("build", "attn"), [(tiny_qwen2, "sdpa"), (tiny_qwen2, "eager"), (tiny_llama, None)])
+@pytest.mark.parametrize(
+    ("build", "attn"), [(tiny_qwen2, "sdpa"), (tiny_qwen2, "eager"), (partial(build_tiny_model, "llama3"), None)]
+)
 def test_log_probs_and_entropy_of_each_layout_match_per_sample_forwards(
     chunk_size: int, build: object, attn: str | None, layout: str
 ) -> None:

@@ -33,8 +33,9 @@ from dapo.distributed.fsdp import (
 )
 from dapo.distributed.world import World  # noqa: E402
 from dapo.model.lora import adapter_named_parameters, apply_lora, merged_named_parameters  # noqa: E402
-from tests.actor.actor_helpers import actor_config, random_batch, tiny_llama  # noqa: E402
+from tests.actor.actor_helpers import actor_config, random_batch  # noqa: E402
 from tests.harness.models import ACTOR, tiny_qwen2  # noqa: E402
+from tests.model.families import build_tiny_model  # noqa: E402
 
 
 def full_states_load_back(model, optimizer, world: World) -> bool:
@@ -57,7 +58,7 @@ def full_states_load_back(model, optimizer, world: World) -> bool:
 def tied_weights_load_back(world: World) -> bool:
     """A tied LM head (the embedded model's layout) is left out of the gathered state, as save_pretrained leaves it
     out, and loading that state fills it from the embeddings."""
-    model = shard_actor(tiny_llama(seed=5), FsdpConfig(), world)
+    model = shard_actor(build_tiny_model("llama3", 5, tie_word_embeddings=True), FsdpConfig(), world)
     state = {k: v + 1.0 for k, v in world.broadcast_object(full_model_state(model)).items()}
     assert "lm_head.weight" not in state and "model.embed_tokens.weight" in state
     assert load_full_model_state(model, state) == []

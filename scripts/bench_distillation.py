@@ -213,7 +213,7 @@ def free_port() -> int:
 def served(folder: str, deadline_s: float) -> Iterator[tuple[str, str]]:
     """``dapo serve FOLDER`` on a loopback port, answering /v1/models within ``deadline_s``: its URL and command."""
     port = free_port()
-    command = dapo("serve", folder, "--host", "127.0.0.1", "--port", str(port), "--backend", "hf", "--device", "cpu")
+    command = dapo("serve", folder, "--host", "127.0.0.1", "--port", str(port), "--backend", "hf")
     server = subprocess.Popen(command, cwd=REPO)
     url = f"http://127.0.0.1:{port}/v1"
     try:

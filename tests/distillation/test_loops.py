@@ -2,7 +2,7 @@
 setting the single actor-step tests do not reach: the async loops (``one_step_off``, ``fully_async``: pi_old is the
 recomputed student, the samples come from a rollout worker), LoRA (PG OPD and a direct mode), and multi-turn tool
 rollouts (configs/tools/tiny_calculator.yaml), where the teacher reads tool output but only the model's own tokens
-carry its signal.
+carry its signal, from a local teacher or one served over loopback HTTP.
 
 What each run must show, step by step: the teacher's signal is there (``distill/reverse_kl`` logged, finite, non-zero
 for a teacher that is not the student) and reaches the loss: with the task reward off the teacher's signal is the whole
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,10 +24,13 @@ import torch
 
 from dapo.config import load_config
 from dapo.distillation.teachers import TeacherSet, build_teachers
+from dapo.serve.config import ServeConfig
+from dapo.serve.server import OpenAIServer
 from dapo.training import run as run_module
 from dapo.training.loop import train
 from tests.cli.cli_helpers import FAST
 from tests.distillation.helpers import STUDENT, distill_overrides, perturbed_teacher
+from tests.serve.serve_helpers import uvicorn_app
 
 TOOLS_PRESET = str(Path(__file__).resolve().parents[2] / "configs" / "tools" / "tiny_calculator.yaml")
 TOOLS = [
@@ -142,3 +146,19 @@ def test_in_multi_turn_the_teacher_scores_action_tokens_only(tmp_path: Path, mon
     assert first["distill/reverse_kl"] == 0.0
     assert first["distill/teacher_log_prob_mean"] == first["distill/student_log_prob_mean"]
     assert first["actor/grad_norm"] == 0.0
+
+
+@pytest.fixture(scope="module")
+def served_student() -> Iterator[str]:
+    with uvicorn_app(OpenAIServer(ServeConfig(device="cpu", backend="hf"))) as port:  # the embedded tiny model
+        yield f"http://127.0.0.1:{port}/v1"
+
+
+@pytest.mark.slow
+def test_a_served_teacher_scores_multi_turn_trajectories(tmp_path: Path, served_student: str) -> None:
+    """The student served over loopback HTTP as the teacher of a multi-turn run: the trajectories (tool output
+    included) go to the server as prompt ids, and at step 1 (the student not yet moved) its scores are the
+    student's own up to float noise."""
+    first = distilled_run(tmp_path, served_student, *TOOLS, preset=TOOLS_PRESET)[0]
+    assert first["tool/calls"] > 0 and first["timing_s/teacher"] > 0.0
+    assert abs(first["distill/reverse_kl"]) < 1e-4

@@ -37,6 +37,10 @@ Every figure between ``<!-- generated:NAME -->`` and ``<!-- /generated -->`` in 
       LoRA runs on the tiny task (each engine) and on the SmolLM2 preset, with their date, commit, command and load
   docs/img/vs_trl_tiny_passive.json
       benchmarks/vs_trl.py's tiny job with dapo waiting passively (OMP_WAIT_POLICY) and TRL spinning
+  docs/runs/distillation/<name>/ (metrics.jsonl.gz, run.json, config.yaml)
+      scripts/bench_distillation.py: on-policy distillation's arms (PG OPD, DAPO, OPD plus reward) per preset and
+      seed, the teacher's training run, and the teacher in-process vs served by `dapo serve`; until recorded, their
+      blocks say so
 
 Outside those blocks no measured figure is typed by hand: ``--check`` also fails on a number with a unit of measure
 (s, ms, min, x, %, tokens/s, GB, MB, GiB, points) or a decimal's change (0.38 -> 0.86) in README.md or docs/*.md
@@ -1193,6 +1197,167 @@ def main(argv: list[str] | None = None) -> int:
             print(f"rewrote {doc}")
     return 0
 
+
+# ------------------------------------------------------------------------------------- on-policy distillation
+# scripts/bench_distillation.py's records: docs/runs/distillation/<name>/ (metrics.jsonl.gz, run.json, config.yaml),
+# one folder a run; run.json says which preset, arm and seed (or which teacher timing) it is. Until a preset's runs
+# are recorded its block says so, with no figure.
+DISTILLATION_RUNS = "docs/runs/distillation"
+DISTILLATION_ARMS = {
+    "pg-opd": "PG OPD alone (`use_task_rewards=false`, k1)",
+    "dapo": "DAPO alone",
+    "opd-reward": "OPD plus reward (k1)",
+}
+DISTILLATION_PRESETS = {"tiny": "the tiny model", "smollm2": "SmolLM2-135M (`configs/smollm2_135m.yaml`)"}
+
+
+def distillation_runs(preset: str, folder: Path | None = None) -> list[tuple[dict, list[dict]]]:
+    """The recorded runs of ``preset`` (run.json, metrics), in folder order."""
+    folder = ROOT / DISTILLATION_RUNS if folder is None else folder
+    runs = []
+    for path in sorted(folder.glob("*/run.json")):
+        meta = json.loads(path.read_text(encoding="utf-8"))
+        if meta.get("preset") == preset:
+            runs.append((meta, metrics(path.parent / "metrics.jsonl.gz")))
+    return runs
+
+
+def _training_seconds(records: list[dict]) -> list[float]:
+    """Per record, the seconds of steps and validations up to it (start-up and loading excluded)."""
+    total, out = 0.0, []
+    for r in records:
+        total += r.get("timing_s/step", 0.0) + r.get("timing_s/val", 0.0)
+        out.append(total)
+    return out
+
+
+def distillation_curves(preset: str, folder: Path | None = None) -> dict[str, list[list[tuple[int, float, float]]]]:
+    """Per arm, per seed (in seed order), the held-out accuracy curve: (step, training seconds, accuracy)."""
+    curves: dict[str, list[tuple[int, list[tuple[int, float, float]]]]] = {}
+    for meta, records in distillation_runs(preset, folder):
+        if "arm" not in meta:
+            continue
+        key, _ = _validation(records)
+        seconds = _training_seconds(records)
+        curve = [(r["step"], t, r[key]) for r, t in zip(records, seconds) if key in r]
+        curves.setdefault(meta["arm"], []).append((meta["seed"], curve))
+    return {arm: [c for _, c in sorted(curves[arm])] for arm in DISTILLATION_ARMS if arm in curves}
+
+
+def distillation_teacher_accuracy(preset: str, folder: Path | None = None) -> float | None:
+    """The teacher's accuracy on the student's validation (its step-0 run in the first PG OPD run)."""
+    found = [m["teacher"]["val_acc"] for m, _ in distillation_runs(preset, folder) if "val_acc" in (m["teacher"] or {})]
+    return found[0] if found else None
+
+
+def _first_last(records: list[dict], key: str) -> tuple[float, float] | None:
+    values = [r[key] for r in records if key in r]
+    return (values[0], values[-1]) if values else None
+
+
+def _arrow(pairs: list[tuple[float, float]], fmt: str) -> str:
+    return f"{_mean_std([a for a, _ in pairs], fmt)} → {_mean_std([b for _, b in pairs], fmt)}"
+
+
+def distillation_arms(preset: str) -> Callable[[], str]:
+    """The renderer of ``preset``'s arms: per arm, held-out accuracy first -> last, the validation step each seed
+    first reached the teacher's accuracy, wall time and reverse KL first -> last (mean ± sd over seeds), the plot."""
+
+    def render_arms() -> str:
+        runs = [(m, r) for m, r in distillation_runs(preset) if "arm" in m]
+        if not runs:
+            return (
+                f"\nNot recorded yet for {DISTILLATION_PRESETS[preset]}: PG OPD alone, DAPO alone and OPD plus reward "
+                f"(`python scripts/bench_distillation.py{'' if preset == 'tiny' else f' --preset {preset} --teacher PATH'}`"
+                f" writes `{DISTILLATION_RUNS}/`).\n"
+            )
+        teacher = distillation_teacher_accuracy(preset)
+        rows = [
+            "| arm | seeds | held-out accuracy first → last | steps to the teacher's accuracy (per seed) | "
+            "wall time (s) | `distill/reverse_kl` first → last |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        for arm, label in DISTILLATION_ARMS.items():
+            mine = sorted(((m, r) for m, r in runs if m["arm"] == arm), key=lambda mr: mr[0]["seed"])
+            if not mine:
+                continue
+            accuracy = [_validation(r)[1] for _, r in mine]
+            reached = [
+                next((str(s) for s, a in val if teacher is not None and a >= teacher), "not reached")
+                for val in accuracy
+            ]
+            kl = [p for p in (_first_last(r, "distill/reverse_kl") for _, r in mine) if p is not None]
+            rows.append(
+                f"| {label} | {len(mine)} | {_arrow([(v[0][1], v[-1][1]) for v in accuracy], '.3f')} | "
+                f"{', '.join(reached)} | {_mean_std([m['wall_s'] for m, _ in mine], '.0f')} | "
+                f"{_arrow(kl, '.4f') if kl else '—'} |"
+            )
+        meta, records = next(((m, r) for m, r in runs if m["arm"] == "pg-opd"), runs[0])
+        key, val = _validation(records)
+        where = meta["teacher"] or {}
+        source = f"`{DISTILLATION_RUNS}/{where['run']}/`" if where.get("run") else f"`{where.get('path', '?')}`"
+        return (
+            "\n" + "\n".join(rows) + "\n\n"
+            f"{DISTILLATION_PRESETS[preset].capitalize()}: {key} at steps {', '.join(str(s) for s, _ in val)}; the "
+            f"teacher ({source}) scores "
+            f"{'not measured' if teacher is None else f'{teacher:.3f}'} on the same validation at step 0. Wall time: "
+            f"the whole `dapo train` command. Recorded {meta['date']}, commit {meta['commit']}, {meta['host_cpu']} "
+            f"(`{DISTILLATION_RUNS}/{preset}-*/`; PG OPD: `{meta['command']}`).\n\n"
+            f"![held-out accuracy against step and training time, per arm](img/distillation-{preset}.png)\n"
+        )
+
+    return render_arms
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def distillation_teacher_timing() -> str:
+    """The teacher in the trainer's process vs served by `dapo serve`: median time per step and teacher time per
+    step (steps 2 on: step 1 warms up), and the served/in-process ratio of the step time."""
+    lines = []
+    for preset, label in DISTILLATION_PRESETS.items():
+        timed = {m["timing"]: (m, r) for m, r in distillation_runs(preset) if "timing" in m}
+        if set(timed) != {"in-process", "http"}:
+            continue
+        medians = {}
+        for where, (_, records) in timed.items():
+            steps = [r for r in records if r["step"] >= 2 and "timing_s/step" in r] or [
+                r for r in records if "timing_s/step" in r
+            ]
+            medians[where] = tuple(_median([r[k] for r in steps]) for k in ("timing_s/step", "timing_s/teacher"))
+        meta = timed["http"][0]
+        lines += [
+            f"{label.capitalize()}, PG OPD, validation off, median over steps 2 on:",
+            "",
+            "| teacher | time per step (s) | `timing_s/teacher` per step (s) |",
+            "| --- | --- | --- |",
+            f"| in the trainer's process | {medians['in-process'][0]:.2f} | {medians['in-process'][1]:.3f} |",
+            f"| `dapo serve` on loopback | {medians['http'][0]:.2f} | {medians['http'][1]:.3f} |",
+            "",
+            f"Served / in-process step time: **{medians['http'][0] / medians['in-process'][0]:.2f}x**. Recorded "
+            f"{meta['date']}, commit {meta['commit']}, {meta['host_cpu']}; the server: "
+            f"`{meta['teacher']['serve_command']}` (`{DISTILLATION_RUNS}/{preset}-teacher-*/`).",
+            "",
+        ]
+    if not lines:
+        return (
+            "\nNot recorded yet: the teacher in the trainer's process vs served by `dapo serve` "
+            "(`python scripts/bench_distillation.py` records both).\n"
+        )
+    return "\n" + "\n".join(lines)
+
+
+RENDERERS.update(
+    {
+        "distillation-tiny": distillation_arms("tiny"),
+        "distillation-smollm2": distillation_arms("smollm2"),
+        "distillation-teacher-timing": distillation_teacher_timing,
+    }
+)
 
 if __name__ == "__main__":
     sys.exit(main())

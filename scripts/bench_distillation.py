@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gzip
 import importlib.util
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -36,6 +34,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,22 +69,14 @@ def render_docs():  # type: ignore[no-untyped-def]
     return module
 
 
-def host_cpu() -> str:
-    names = (
-        [
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ]
-        if Path("/proc/cpuinfo").exists()
-        else []
-    )
-    return f"{names[0] if names else 'unknown CPU'} ({os.cpu_count()} cores)"
-
-
-def commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    return out.stdout.strip() or "unknown"
+def run_record():  # type: ignore[no-untyped-def]
+    """scripts/run_record.py as a module: the one writer of a docs/runs/ record."""
+    spec = importlib.util.spec_from_file_location("run_record", REPO / "scripts" / "run_record.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("run_record", module)
+    spec.loader.exec_module(module)
+    return module
 
 
 def dapo(*args: str) -> list[str]:
@@ -107,11 +98,7 @@ class Bench:
         self.img: Path = args.img
         self.work: Path = args.work_dir
         self.overrides: list[str] = list(args.override)
-        self.meta = {
-            "date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
-            "commit": commit(),
-            "host_cpu": host_cpu(),
-        }
+        self.load: str = args.load
 
     def train(self, name: str, overrides: Sequence[str], *, what: str, teacher: dict | None, **fields: object) -> dict:
         """``dapo train`` as run ``name`` (work dir ``self.work``), recorded into ``self.out/name``; its run.json."""
@@ -124,27 +111,29 @@ class Bench:
             f"trainer.default_local_dir={self.work}",
             f"trainer.experiment_name={name}",
         )
+        started = datetime.now(timezone.utc)
         start = time.perf_counter()
-        subprocess.run(command, check=True, cwd=REPO)
+        console = []
+        with subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, text=True) as proc:
+            for line in proc.stdout:  # shown as it comes (the run's progress), kept for its closing lines
+                sys.stdout.write(line)
+                console.append(line)
+        if proc.returncode:
+            raise subprocess.CalledProcessError(proc.returncode, command)
         wall = time.perf_counter() - start
-        run_dir, record = self.work / name, self.out / name
+        record = self.out / name
         shutil.rmtree(record, ignore_errors=True)
-        record.mkdir(parents=True)
-        with (run_dir / "metrics.jsonl").open("rb") as src, gzip.open(record / "metrics.jsonl.gz", "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        shutil.copy(run_dir / "config.yaml", record / "config.yaml")
-        run = {
-            "what": what,
-            "preset": self.preset,
-            **self.meta,
-            "command": shown(command).replace(str(self.work), "<dir>").replace(str(REPO) + "/", ""),
-            "wall_s": round(wall, 1),
-            **fields,
-            "teacher": teacher,
-            "files": {"metrics.jsonl.gz": "the run's metrics.jsonl, gzip", "config.yaml": "the run's resolved config"},
-        }
-        (record / "run.json").write_text(json.dumps(run, indent=1) + "\n")
-        return run
+        run_record().record_run(
+            self.work / name,
+            record,
+            what=what,
+            command=shown(command).replace(str(self.work), "<dir>").replace(str(REPO) + "/", ""),
+            load=self.load,
+            console="".join(console),
+            started=started,
+            extra={"preset": self.preset, "wall_s": round(wall, 1), **fields, "teacher": teacher},
+        )
+        return json.loads((record / "run.json").read_text())
 
     def distill(self, teacher_path: str) -> list[str]:
         return ["distillation.enabled=true", f"distillation.teacher_models.{TEACHER_NAME}.model_path={teacher_path}"]
@@ -315,6 +304,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--override", action="append", default=[], help="KEY=VALUE for every run (repeatable)")
     parser.add_argument("--out", type=Path, default=OUT, help="where the records go (a docs/runs/<name>/ folder)")
     parser.add_argument("--img", type=Path, default=IMG)
+    parser.add_argument("--load", default="not stated", help="what else ran on the machine meanwhile (recorded)")
     parser.add_argument("--work-dir", type=Path, default=REPO / "runs" / "bench-distillation")
     args = parser.parse_args(argv)
     if args.preset != "tiny" and args.teacher is None:

@@ -96,6 +96,9 @@ class WorkerOptions:
         reply_fault: fault injection for tests of the control channel (:class:`MessageFault`), in the worker's
             messages; a respawned worker runs without it (the fault's recovery is what is tested).
         request_fault: the same in the trainer's messages to the worker (applied by :class:`RemoteEngine`).
+        device: where the worker loads its engine (``dapo.distributed.placement``: the trainer's GPU for a spawned
+            worker, ``cuda:LOCAL_RANK`` on a rollout rank, or the CPU).
+        weight_backend: the weight group's backend (``gloo``, or ``nccl`` between ranks on GPUs of their own).
     """
 
     num_threads: int | None = None
@@ -104,6 +107,8 @@ class WorkerOptions:
     stall_timeout_s: float = 300.0
     reply_fault: MessageFault | None = None
     request_fault: MessageFault | None = None
+    device: str = "cpu"
+    weight_backend: str = "gloo"
 
     @property
     def heartbeat_s(self) -> float:
@@ -361,9 +366,10 @@ class RankContact:
     weight_size: int = 2  # the trainer and every engine one push reaches
 
 
-def serve_on_rank(contact: RankContact) -> None:
+def serve_on_rank(contact: RankContact, device: str | None = None) -> None:
     """A torchrun rank given to the rollout (disaggregated training): connect to the trainer rank, then run the same
-    worker as a spawned process does, until the trainer closes it."""
+    worker as a spawned process does, until the trainer closes it. ``device``: where this rank loads its engine
+    (its own GPU; None: as the contact's options say)."""
     from multiprocessing.connection import Client
 
     conn = Client(contact.control, authkey=contact.authkey)
@@ -371,7 +377,7 @@ def serve_on_rank(contact: RankContact) -> None:
         _serve(
             contact.spec,
             contact.model_cfg,
-            contact.options,
+            contact.options if device is None else dataclasses.replace(contact.options, device=device),
             conn,
             contact.weights,
             contact.weight_rank,
@@ -402,10 +408,14 @@ def _serve(
         if options.num_threads is not None:
             torch.set_num_threads(options.num_threads)
         transport = WeightTransport.connect(
-            address, timeout_s=options.stall_timeout_s, rank=weight_rank, size=weight_size
+            address,
+            timeout_s=options.stall_timeout_s,
+            rank=weight_rank,
+            size=weight_size,
+            backend=options.weight_backend,
         )
         transport.group  # noqa: B018 - the rendezvous, before the slow part
-        engine = load_model_engine(model_cfg, spec).engine
+        engine = load_model_engine(model_cfg, spec, device=options.device).engine
         conn.send(("ready", os.getpid()))
     except BaseException:  # noqa: BLE001 - the parent reports it
         conn.send(("error", traceback.format_exc()))
@@ -480,7 +490,9 @@ class RemoteEngine:
 
         from dapo.distributed.weight_transport import WeightTransport
 
-        transport = WeightTransport.host(timeout_s=options.stall_timeout_s, advertise=host, size=count + 1)
+        transport = WeightTransport.host(
+            timeout_s=options.stall_timeout_s, advertise=host, size=count + 1, backend=options.weight_backend
+        )
         keys = [os.urandom(32) for _ in range(count)]  # only the rank given a contact may drive its engine
         listeners = [Listener((host, 0), authkey=key) for key in keys]
         engines: list[RemoteEngine] = []
@@ -522,7 +534,7 @@ class RemoteEngine:
         from dapo.distributed.weight_transport import WeightTransport
 
         ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked torch threads or CUDA state
-        transport = WeightTransport.host(timeout_s=options.stall_timeout_s)
+        transport = WeightTransport.host(timeout_s=options.stall_timeout_s, backend=options.weight_backend)
         parent, child = ctx.Pipe()
         process = ctx.Process(
             target=_worker_main,

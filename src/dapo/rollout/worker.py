@@ -183,9 +183,6 @@ class _NumberedReceiver:
         self._conn = conn
         self.received = 0
 
-    def poll(self, timeout: float) -> bool:
-        return self._conn.poll(timeout)
-
     def receive(self) -> tuple:
         """The next message that is not a heartbeat (blocking)."""
         while True:
@@ -297,9 +294,11 @@ class _Worker:
 
     def take_pushes(self) -> None:
         """Between two segments: serve the pushes and probes that arrived; keep other messages for later."""
+        generating = self.stage
         while (message := self.incoming.receive_ready()) is not None:
             if message[0] in ("push", "log_probs"):
                 self.handle(message)
+                self.stage = generating
             else:
                 self.inbox.append(message)
 

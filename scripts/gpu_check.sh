@@ -60,3 +60,21 @@ for line in open(sys.argv[1]):
         "perf/mfu/actor", "perf/mfu/rollout", "perf/tokens_per_s/rollout")})
 PY
 done
+
+# ---- one-GPU colocated asynchronous training (#34 item 3, dapo.distributed.placement): the trainer and the rollout
+# worker it spawns share cuda:0 (the HF engine here: vLLM is not in the image; with vLLM, rollout.gpu_memory_utilization
+# is its fraction of the GPU), the weights cross through host memory on gloo (NCCL refuses two ranks on one device).
+# A few steps of the tiny model, fully async with partial rollouts; its figures per step.
+rm -rf "$OUT/async_colocated"
+timeout 240 python3 -m dapo.cli.main train trainer.device=cuda async_training.mode=fully_async \
+    async_training.staleness_threshold=1 async_training.partial_rollout=true trainer.total_training_steps=4 \
+    trainer.val_before_train=false trainer.test_freq=0 trainer.default_local_dir="$OUT/async_colocated" 2>&1 | tail -3
+python3 - "$OUT/async_colocated/tiny-synth/metrics.jsonl" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    print("async_colocated", r["step"], {k: round(v, 4) for k, v in r.items() if k in (
+        "timing_s/step", "timing_s/update_actor", "async/produce_s", "async/overlap_s", "async/trainer_idle_s",
+        "async/engine_idle_s", "async/weight_transfer_s", "async/staleness/max", "rollout/probe_logprob_diff",
+        "perf/throughput", "perf/mfu/actor")})
+PY

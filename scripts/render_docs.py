@@ -1443,5 +1443,119 @@ RENDERERS.update(
     }
 )
 
+# ------------------------------------------------------------------------------------- asynchronous runs (#34)
+# docs/async.md's records, made by scripts/bench_async.py (one folder per run: metrics.jsonl.gz, config.yaml,
+# run.json). Until they exist the blocks say so and hold no figure.
+ASYNC_RUNS = "docs/runs/async"
+ASYNC_RUN_NAMES = ("sync", "1x1", "2x2", "2x2-one-step")  # scripts/bench_async.py's runs, in its order
+ASYNC_PENDING = (
+    "\nThe records are pending until the lead's run of `python scripts/bench_async.py` (it writes `{where}/`); this "
+    "block then shows what they measured.\n"
+)
+
+
+def async_runs(folder: Path | None = None) -> dict[str, tuple[dict, list[dict]]]:
+    """The recorded runs of ``folder`` (docs/runs/async) present, by name, in bench_async's order: run.json and the
+    metrics records."""
+    folder = folder or ROOT / ASYNC_RUNS
+    found = {}
+    for name in ASYNC_RUN_NAMES:
+        if (folder / name / "run.json").exists():
+            meta = json.loads((folder / name / "run.json").read_text(encoding="utf-8"))
+            found[name] = (meta, metrics(folder / name / "metrics.jsonl.gz"))
+    return found
+
+
+def _trained_steps(records: list[dict]) -> list[dict]:
+    return [r for r in records if r["step"] > 0 and "timing_s/step" in r]
+
+
+def _mean_of(steps: list[dict], key: str) -> float | None:
+    values = [r[key] for r in steps if key in r]
+    return sum(values) / len(values) if values else None
+
+
+def _median_of(steps: list[dict], key: str) -> float:
+    values = sorted(r.get(key, 0.0) for r in steps)
+    return values[len(values) // 2]
+
+
+def _samples_per_s(meta: dict, steps: list[dict]) -> float:
+    """Trained samples (groups x rollout.n) per second of the steps' own time."""
+    return sum(r["train/num_groups"] for r in steps) * meta["rollout_n"] / sum(r["timing_s/step"] for r in steps)
+
+
+def _per_step(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}"
+
+
+def async_runs_table(folder: Path | None = None) -> str:
+    """sync vs 1x1 vs 2x2 (and 2x2 one-step-off): samples/s, the measured overlap and idle times per step,
+    validation first -> last, the samples each engine generated per step, the largest lag of a trained sample."""
+    runs = async_runs(folder)
+    if not runs:
+        return ASYNC_PENDING.format(where=ASYNC_RUNS)
+    rows = [
+        "| run | steps | samples/s | overlap s/step | trainer idle s/step | engine idle s/step | validation first -> last "
+        "| samples per engine per step | max staleness |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, (meta, records) in runs.items():
+        steps = _trained_steps(records)
+        val_key = next((k for r in records for k in r if k.startswith("val/acc/mean@")), None)
+        val = [r[val_key] for r in records if val_key in r] if val_key else []
+        engines = sorted(
+            {k for r in steps for k in r if k.startswith("async/engine_samples/")}, key=lambda k: int(k.split("/")[-1])
+        )
+        per_engine = " · ".join(f"{_mean_of(steps, k):.0f}" for k in engines) or "–"
+        staleness = max((r.get("async/staleness/max", 0.0) for r in steps), default=0.0)
+        rows.append(
+            f"| {name} | {len(steps)} | {_samples_per_s(meta, steps):.1f} | {_per_step(_mean_of(steps, 'async/overlap_s'))} "
+            f"| {_per_step(_mean_of(steps, 'async/trainer_idle_s'))} | {_per_step(_mean_of(steps, 'async/engine_idle_s'))} "
+            f"| {f'{val[0]:.3f} -> {val[-1]:.3f}' if len(val) > 1 else '–'} | {per_engine} | {staleness:.0f} |"
+        )
+    missing = [name for name in ASYNC_RUN_NAMES if name not in runs]
+    rows += [
+        "",
+        f"Recorded under `{ASYNC_RUNS}/<run>/` on {next(iter(runs.values()))[0]['host_cpu']}"
+        + (f"; pending: {', '.join(missing)}" if missing else "")
+        + ":",
+        "",
+        *(
+            f"- {name}: `{meta['command']}` ({meta['date']}, commit {meta['commit']})"
+            for name, (meta, _) in runs.items()
+        ),
+    ]
+    return "\n" + "\n".join(rows) + "\n"
+
+
+def async_speedup_model(folder: Path | None = None) -> str:
+    """The speed-up model's phase times, measured: the sync run's median generation G (timing_s/gen + reward), update
+    T (update_actor + old_log_prob) and push S (sync_weights) per step, the separate-devices step max(G, T + S) and
+    its speed-up; beside it, each asynchronous run's samples/s over the sync run's on this one shared CPU."""
+    runs = async_runs(folder)
+    if "sync" not in runs:
+        return ASYNC_PENDING.format(where=ASYNC_RUNS)
+    meta, records = runs["sync"]
+    steps = _trained_steps(records)
+    g = _median_of(steps, "timing_s/gen") + _median_of(steps, "timing_s/reward")
+    t = _median_of(steps, "timing_s/update_actor") + _median_of(steps, "timing_s/old_log_prob")
+    s = _median_of(steps, "timing_s/sync_weights")
+    base = _samples_per_s(meta, steps)
+    measured = ", ".join(
+        f"{name} {_samples_per_s(m, _trained_steps(r)) / base:.2f}x" for name, (m, r) in runs.items() if name != "sync"
+    )
+    return (
+        f"\nMeasured (the sync run's medians per step, `{ASYNC_RUNS}/sync`, {meta['host_cpu']}): G = {g:.2f} s, "
+        f"T = {t:.2f} s, S = {s:.2f} s, so on separate devices a step would take max(G, T + S) = {max(g, t + s):.2f} s "
+        f"instead of {g + t + s:.2f} s: **{(g + t + s) / max(g, t + s):.2f}x**. On this one shared CPU the recorded "
+        f"runs' samples/s over the sync run's: {measured or 'pending'}.\n"
+    )
+
+
+RENDERERS["async-runs"] = async_runs_table
+RENDERERS["async-speedup-model"] = async_speedup_model
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -132,3 +133,94 @@ def test_a_killed_rollout_worker_is_restarted_and_the_run_trains_every_step_once
     assert all(r["train/num_groups"] == 4 for r in records)  # full batches: nothing lost
     assert max(r["async/worker_restarts"] for r in records) == 1
     assert all(r["async/staleness/max"] <= 1 for r in records)  # the bound holds across the restart
+
+
+KILL_AT_PUSH = 2  # the version whose push the trainer does not survive
+
+
+def kill_the_trainer_as_the_broadcast_of_push_2_begins() -> None:
+    """A fault hook (``WarmDapo(before=...)``, run in the trainer's process before the CLI): the push of version
+    ``KILL_AT_PUSH`` is announced to the worker as usual, then, as its broadcast begins, the trainer SIGKILLs itself:
+    the worker holds an announced push and waits in the weight group's broadcast for a peer that is gone."""
+    from dapo.distributed import weight_transport
+    from dapo.rollout import worker
+
+    push, send = worker.push_to_engines, weight_transport.WeightTransport.send
+    versions: list[int] = []
+
+    def announcing(engines, transport, named_tensors, version):
+        versions.append(version)
+        return push(engines, transport, named_tensors, version)
+
+    def broadcasting(self, layout, tensors):
+        if versions and versions[-1] == KILL_AT_PUSH:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return send(self, layout, tensors)
+
+    worker.push_to_engines = announcing
+    weight_transport.WeightTransport.send = broadcasting
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith(("Z", "X"))
+    except (OSError, IndexError):
+        return True
+
+
+def test_a_trainer_killed_mid_broadcast_ends_its_worker_naming_the_stage_and_a_rerun_resumes(tmp_path: Path) -> None:
+    """SIGKILL of the trainer once it has announced step 2's push, as the broadcast begins (one_step_off: the worker
+    is idle then, so it reads the announcement and waits in the broadcast). The worker does not hang: the weight
+    group breaks with its peer, and it stops within the stall deadline with one line naming the stage, no traceback.
+    The same command, run again, resumes from step 1's checkpoint and records every step once."""
+    from tests.harness.runners import WarmDapo, run_dapo_warm
+
+    steps = 3
+    args = [
+        "train",
+        *FAST,
+        f"trainer.total_training_steps={steps}",
+        "trainer.test_freq=0",
+        "trainer.save_freq=1",
+        "trainer.val_before_train=false",
+        "async_training.mode=one_step_off",
+        "async_training.rollout_num_threads=1",
+        f"trainer.stall_timeout_s={STALL_S}",
+        "trainer.experiment_name=trainer_killed",
+    ]
+    run_dir = tmp_path / "trainer_killed"
+    trainer = WarmDapo(args, tmp_path, new_session=True, before=kill_the_trainer_as_the_broadcast_of_push_2_begins)
+    err: list[str] = []
+    drain = threading.Thread(target=lambda: err.extend(trainer.stderr), daemon=True)
+    drain.start()
+    threading.Thread(target=trainer.stdout.read, daemon=True).start()
+    worker = None
+    try:
+        _wait_for_step(run_dir / "metrics.jsonl", 1, trainer, timeout=300)
+        worker = _worker_of(trainer.pid)
+        assert trainer.wait(timeout=300) == -signal.SIGKILL  # the hook fired at push 2
+        killed_at = time.monotonic()
+        while not _gone(worker) and time.monotonic() - killed_at < STALL_S + 30:
+            time.sleep(0.1)
+        took = time.monotonic() - killed_at
+        assert _gone(worker), "the worker outlived the trainer: " + "".join(err)[-3000:]
+        drain.join(timeout=10)
+    finally:
+        try:
+            os.killpg(trainer.pid, signal.SIGKILL)  # whatever of the job is left
+        except ProcessLookupError:
+            pass
+    stderr = "".join(err)
+    assert took < STALL_S + 30, took
+    assert f"rollout worker (pid {worker}): the trainer is gone" in stderr, stderr[-3000:]
+    assert f"while the worker was receiving the weight broadcast of version {KILL_AT_PUSH}" in stderr, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1]  # step 2 trained but never finished its push: not recorded
+
+    rerun = run_dapo_warm(args, tmp_path, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "resumed from" in rerun.stdout, rerun.stdout[-2000:]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, steps + 1))  # every step once
+    assert all(r["async/staleness/max"] <= 1 for r in records)

@@ -57,6 +57,7 @@ boundary (its CLI, its exec of the interpreter per rank): tests about that keep 
     proc = run_dapo(["train", *FAST], run_root)                 # FAST: tests.cli.cli_helpers
     proc = run_dapo_warm(["train", *FAST], run_root)            # the same answer, no interpreter start
     child = WarmDapo(["train", ...], run_root); child.kill()    # a handle, for kills at a chosen moment
+    child = WarmDapo(["train", ...], run_root, before=hook)    # hook() patches the run first: a fault at a point
     proc = torchrun_warm(args, run_root)                        # as torchrun(args, run_root)
 """
 
@@ -69,6 +70,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from multiprocessing import reduction
 from pathlib import Path
 
@@ -252,8 +254,10 @@ def _child(
     fsize_limit: int | None,
     drop_dac_override: bool,
     new_session: bool = False,
+    before: Callable[[], None] | None = None,
 ) -> None:
-    """In the forked child: stdio, environment and limits as ``subprocess`` would set them, then the CLI."""
+    """In the forked child: stdio, environment and limits as ``subprocess`` would set them, ``before`` (the test's
+    hook), then the CLI."""
     if new_session:  # as Popen(start_new_session=True): its own process group, for os.killpg of it and its workers
         os.setsid()
     adopt_stdio_and_env(out, err, env)
@@ -264,6 +268,8 @@ def _child(
 
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (fsize_limit, fsize_limit))
+    if before is not None:
+        before()
     sys.exit(run_cli(args))
 
 
@@ -332,7 +338,11 @@ class WarmDapo:
         drop_dac_override: bool = False,
         stderr_to_devnull: bool = False,
         new_session: bool = False,
+        before: Callable[[], None] | None = None,
     ):
+        """``before``: a test's fault hook, a module-level function the child calls before the CLI (it may patch
+        what the run calls, e.g. to kill the process at a chosen point); no environment variable or config key
+        reaches the code under test."""
         cmd = with_run_root(args, run_root)
         self.args = cmd
         env = {**os.environ, **BASE_ENV, **(extra_env or {})}
@@ -340,7 +350,7 @@ class WarmDapo:
             _child,
             "dapo",
             (cmd,),
-            (env, fsize_limit, drop_dac_override, new_session),
+            (env, fsize_limit, drop_dac_override, new_session, before),
             stderr_to_devnull=stderr_to_devnull,
         )
 

@@ -3,6 +3,7 @@ group. Real processes throughout: the worker is spawned, the weights are broadca
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -13,7 +14,7 @@ from dapo.model.loading import Policy, load_policy
 from dapo.rollout.base import FinishedRequest, SamplingParams
 from dapo.rollout.factory import EngineSpec, build_rollout_engine
 from dapo.rollout.stream import InProcessStream, generate_through
-from dapo.rollout.worker import RemoteEngine, ReplyFault, RolloutWorkerDied, WorkerOptions
+from dapo.rollout.worker import MessageFault, RemoteEngine, RolloutWorkerDied, WorkerOptions
 from dapo.training.errors import TrainingError
 from dapo.training.weight_sync import WeightSync, actor_log_probs_of
 
@@ -146,19 +147,23 @@ def test_a_partial_rollout_spans_two_versions_and_each_token_is_scored_under_its
         assert torch.allclose(torch.tensor(output.logprobs[k]), expected, atol=1e-4), k
 
 
+@pytest.mark.parametrize("direction", ["reply", "request"])
 @pytest.mark.parametrize("garble", [True, False], ids=["garbled", "lost"])
 def test_a_garbled_or_lost_message_of_the_worker_stops_it_naming_the_stage_and_a_new_worker_recovers(
-    garble: bool,
+    garble: bool, direction: str
 ) -> None:
-    """The worker's reply to a generation goes out as a frame that is no message, or never goes out (a real worker
-    process, the fault injected in its own sending end): the trainer's wait for the generation raises the one error
-    a run restarts a worker on, saying what broke, during which stage, and which process; the lost reply shows at the
-    worker's next heartbeat (its number skips one). A respawned worker (as a run restarts one) serves the request."""
+    """The worker's reply to a generation (``reply``), or the trainer's request for it (``request``), goes out as a
+    frame that is no message, or never goes out (real processes, the fault injected in the sending end): the
+    trainer's wait for the generation raises the one error a run restarts a worker on, saying what broke, during
+    which stage, and which process. A lost reply shows at the worker's next heartbeat (its number skips one), a lost
+    request at the trainer's next heartbeat, which the worker reads while it waits (the number it names is the one
+    missing). A respawned worker (as a run restarts one) serves the request."""
     params = SamplingParams(n=2, max_tokens=6, seed=1, prompt_seeds=(3, 4))
+    fault = MessageFault("finished" if direction == "reply" else "generate", garble=garble)
     engine = RemoteEngine.start(
         EngineSpec(name="hf"),
         ModelConfig(),
-        WorkerOptions(num_threads=1, stall_timeout_s=60, reply_fault=ReplyFault("finished", garble=garble)),
+        WorkerOptions(num_threads=1, stall_timeout_s=60, **{f"{direction}_fault": fault}),
     )
     fresh = None
     try:
@@ -170,8 +175,16 @@ def test_a_garbled_or_lost_message_of_the_worker_stops_it_naming_the_stage_and_a
             f"the control channel to the rollout worker (pid {pid}) broke while the trainer waited for "
             "generation" in message
         ), message
-        assert ("could not be read (UnpicklingError" if garble else "never arrived (message") in message, message
-        assert "Traceback" not in message
+        if direction == "reply":
+            assert ("could not be read (UnpicklingError" if garble else "never arrived (message") in message, message
+        elif garble:
+            assert re.search(r"the trainer's message \d+ could not be read \(UnpicklingError", message), message
+        else:
+            lost = re.search(
+                r"the trainer's message (\d+) never reached the worker \(message (\d+) came next\)", message
+            )
+            assert lost and int(lost[2]) == int(lost[1]) + 1, message
+        assert "Traceback" not in message and "\n" not in message
         fresh = engine.respawn()  # closes the broken one
         assert not engine._process.is_alive() and fresh.restarts == 1
         assert len(fresh.generate(PROMPTS, params).response_ids) == 4

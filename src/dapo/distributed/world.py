@@ -27,6 +27,7 @@ class World:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    local_world_size: int = 1  # the job's ranks on this node (torchrun's LOCAL_WORLD_SIZE)
     # The process group of these ranks; None: the whole torchrun job (the default group).
     group: Any = None
 
@@ -64,7 +65,8 @@ class World:
                     rank=rank,
                     world_size=world_size,
                 )
-        return cls(rank=rank, world_size=world_size, local_rank=local_rank)
+        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size)))
+        return cls(rank=rank, world_size=world_size, local_rank=local_rank, local_world_size=local_world_size)
 
     def subgroup(self, ranks: Sequence[int], *, timeout_s: float) -> World | None:
         """The world of ``ranks`` of this job alone, on a process group of their own (whose collectives give up
@@ -74,7 +76,13 @@ class World:
         group = dist.new_group(ranks, timeout=datetime.timedelta(seconds=timeout_s))
         if self.rank not in ranks:
             return None
-        return World(rank=ranks.index(self.rank), world_size=len(ranks), local_rank=self.local_rank, group=group)
+        return World(
+            rank=ranks.index(self.rank),
+            world_size=len(ranks),
+            local_rank=self.local_rank,
+            local_world_size=self.local_world_size,
+            group=group,
+        )
 
     def device_mesh(self) -> Any:
         """The one-dimensional device mesh of these ranks (FSDP2 shards over it); None: the job's default mesh."""

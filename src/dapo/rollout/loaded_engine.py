@@ -46,7 +46,7 @@ def load_model_engine(
     from dapo.model.loading import load_policy
 
     device = resolve_device(device)
-    name = resolve_engine_name(spec.name, device)
+    name = resolve_engine_name(spec.name, device.split(":")[0])  # the device's type: cuda:1 is a cuda device
     switch = {} if remote_code_switch is None else {"remote_code_switch": remote_code_switch}
     policy = load_policy(model_cfg, device=device, **switch)
     max_len = spec.max_model_len or int(

@@ -17,7 +17,10 @@ trainer sees a message that cannot be read (a garbled frame) or one that never a
 one due; a heartbeat follows within seconds, so a lost last reply shows too). Either way nothing on the channel can
 be trusted any more: the worker is stopped and the wait raises ``RolloutWorkerDied`` naming the stage and the
 worker, which a run recovers from as from a dead worker (a new process, the current weights pushed, the batch in
-flight generated again). A frame from the trainer the worker cannot read ends the worker the same way, saying so.
+flight generated again). The other direction is numbered the same way: the trainer numbers what it sends and sends
+a heartbeat of its own, so the worker sees a frame from the trainer it cannot read, or a number that skips one (a
+request that never reached it: its next message, at the latest the trainer's next heartbeat, shows it), and ends
+with one line naming the message, which the trainer's wait turns into ``RolloutWorkerDied`` as above.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import dataclasses
 import logging
 import multiprocessing
 import os
+import sys
 import threading
 import time
 import traceback
@@ -50,15 +54,33 @@ class RolloutWorkerError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class ReplyFault:
-    """Fault injection for tests of the control channel: the worker's first message of kind ``kind`` goes out
-    garbled (a frame that is no message, ``garble=True``) or is never sent (``garble=False``)."""
+class MessageFault:
+    """Fault injection for tests of the control channel: the first message of kind ``kind`` that one side sends
+    goes out garbled (a frame that is no message, ``garble=True``) or is never sent (``garble=False``)."""
 
     kind: str
     garble: bool = True
 
 
 GARBLED_FRAME = b"\x80\x05garbled"  # a frame of the right length header whose body is no pickle
+
+
+class _NumberedSender:
+    """One side's sending end of the control channel: numbers each message (module docstring), one send at a time
+    (the caller holds the lock), ``fault`` applied once."""
+
+    def __init__(self, conn: Any, fault: MessageFault | None = None) -> None:
+        self._conn, self._fault = conn, fault
+        self.sent = 0
+
+    def send(self, message: tuple) -> None:
+        self.sent += 1
+        if self._fault is not None and message[0] == self._fault.kind:
+            fault, self._fault = self._fault, None
+            if fault.garble:
+                self._conn.send_bytes(GARBLED_FRAME)
+            return
+        self._conn.send((self.sent, message))
 
 
 @dataclass(frozen=True)
@@ -71,20 +93,33 @@ class WorkerOptions:
             but not loaded (None: every push is loaded).
         partial_chunk_tokens: partial rollouts: generate requests in segments of this many tokens and load a push
             that arrived between two segments (None: a push waits until the running request has finished).
-        reply_fault: fault injection for tests of the control channel (:class:`ReplyFault`); a respawned worker
-            runs without it (the fault's recovery is what is tested).
+        reply_fault: fault injection for tests of the control channel (:class:`MessageFault`), in the worker's
+            messages; a respawned worker runs without it (the fault's recovery is what is tested).
+        request_fault: the same in the trainer's messages to the worker (applied by :class:`RemoteEngine`).
+        device: where the worker loads its engine (``dapo.distributed.placement``: the trainer's GPU for a spawned
+            worker, ``cuda:LOCAL_RANK`` on a rollout rank, or the CPU).
+        weight_backend: the weight group's backend (``gloo``, or ``nccl`` between ranks on GPUs of their own).
     """
 
     num_threads: int | None = None
     drop_pushes_after: int | None = None
     partial_chunk_tokens: int | None = None
     stall_timeout_s: float = 300.0
-    reply_fault: ReplyFault | None = None
+    reply_fault: MessageFault | None = None
+    request_fault: MessageFault | None = None
+    device: str = "cpu"
+    weight_backend: str = "gloo"
 
     @property
     def heartbeat_s(self) -> float:
-        """How often the worker says it is alive: several times per stall deadline, at most every 5 s."""
-        return min(5.0, self.stall_timeout_s / 5)
+        """How often the worker says it is alive (:func:`heartbeat_interval`)."""
+        return heartbeat_interval(self.stall_timeout_s)
+
+
+def heartbeat_interval(stall_timeout_s: float) -> float:
+    """How often each side of the control channel says it is alive: several times per stall deadline, at most every
+    5 s."""
+    return min(5.0, stall_timeout_s / 5)
 
 
 class RolloutWorkerDied(RolloutWorkerError):
@@ -100,23 +135,22 @@ class RolloutWorkerStalled(RolloutWorkerError):
     """The worker is alive but has shown no sign of progress for ``stall_timeout_s`` (stopped, or hung)."""
 
 
-class _LockedConnection:
-    """The worker's end of the pipe, shared by the serving loop and the heartbeat thread: one send at a time, each
-    message sent as ``(number, message)`` (module docstring), ``fault`` applied once."""
+class TrainerGone(RolloutWorkerError):
+    """The worker's side: the trainer's end of the control channel or of the weight group closed (the trainer
+    exited or was killed) while the worker was at some stage; the worker stops, saying which, instead of waiting."""
 
-    def __init__(self, conn: Any, fault: ReplyFault | None = None) -> None:
+
+class _LockedConnection:
+    """The worker's end of the pipe, shared by the serving loop and the heartbeat thread: one numbered send at a
+    time (:class:`_NumberedSender`)."""
+
+    def __init__(self, conn: Any, fault: MessageFault | None = None) -> None:
         self._conn, self._lock = conn, threading.Lock()
-        self._sent, self._fault = 0, fault
+        self._sender = _NumberedSender(conn, fault)
 
     def send(self, message: tuple) -> None:
         with self._lock:
-            self._sent += 1
-            if self._fault is not None and message[0] == self._fault.kind:
-                fault, self._fault = self._fault, None
-                if fault.garble:
-                    self._conn.send_bytes(GARBLED_FRAME)
-                return
-            self._conn.send((self._sent, message))
+            self._sender.send(message)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._conn, name)
@@ -137,19 +171,54 @@ def _segment_seed(seed: int, sample: int, segment: int) -> int:
 
 
 class _UnreadableMessage(Exception):
-    """A frame from the trainer that is no message: the worker stops, telling the trainer why."""
+    """A frame from the trainer that is no message, or a message of the trainer's that never arrived: the worker
+    stops, telling the trainer why (one line naming the message)."""
 
 
-def _receive(conn: Any) -> tuple:
-    try:
-        message = conn.recv()
-    except (OSError, EOFError):
-        raise
-    except Exception as exc:  # noqa: BLE001 - whatever unpickling a garbled frame raises
-        raise _UnreadableMessage(f"{type(exc).__name__}: {exc}") from None
-    if not (isinstance(message, tuple) and message and isinstance(message[0], str)):
-        raise _UnreadableMessage(f"a frame that is no message ({type(message).__name__})")
-    return message
+class _NumberedReceiver:
+    """The worker's receiving end: checks that the trainer's messages arrive numbered one after another (module
+    docstring) and drops the trainer's heartbeats, which only carry their number."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+        self.received = 0
+
+    def receive(self) -> tuple:
+        """The next message that is not a heartbeat (blocking)."""
+        while True:
+            message = self._receive_one()
+            if message[0] != "alive":
+                return message
+
+    def receive_ready(self) -> tuple | None:
+        """The next message that has arrived and is not a heartbeat; None when none is there."""
+        while self._conn.poll(0):
+            message = self._receive_one()
+            if message[0] != "alive":
+                return message
+        return None
+
+    def _receive_one(self) -> tuple:
+        due = self.received + 1
+        try:
+            frame = self._conn.recv()
+        except (OSError, EOFError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - whatever unpickling a garbled frame raises
+            raise _UnreadableMessage(
+                f"the trainer's message {due} could not be read ({type(exc).__name__}: {exc})"
+            ) from None
+        if not (isinstance(frame, tuple) and len(frame) == 2 and isinstance(frame[1], tuple) and frame[1]):
+            raise _UnreadableMessage(f"the trainer's message {due} is no message ({type(frame).__name__})")
+        number, message = frame
+        if number != due:
+            raise _UnreadableMessage(
+                f"the trainer's message {due} never reached the worker (message {number} came next)"
+            )
+        if not isinstance(message[0], str):
+            raise _UnreadableMessage(f"the trainer's message {due} is no message ({type(message[0]).__name__})")
+        self.received = number
+        return message
 
 
 class _Worker:
@@ -159,31 +228,48 @@ class _Worker:
 
     def __init__(self, engine: Any, transport: Any, conn: Any, options: WorkerOptions) -> None:
         self.engine, self.transport, self.conn, self.options = engine, transport, conn, options
+        self.incoming = _NumberedReceiver(conn)
         self.version, self.pushes = 0, 0
         self.inbox: collections.deque[tuple] = collections.deque()
+        self.stage = "waiting for the trainer's next message"  # what the worker does now (TrainerGone names it)
 
     def next_message(self) -> tuple:
-        return self.inbox.popleft() if self.inbox else _receive(self.conn)
+        return self.inbox.popleft() if self.inbox else self.incoming.receive()
 
     def serve(self) -> None:
         try:
             while True:
+                self.stage = "waiting for the trainer's next message"
                 message = self.next_message()
                 if message[0] == "close":
                     return
                 try:
                     self.handle(message)
-                except _UnreadableMessage:
+                except (_UnreadableMessage, OSError, EOFError):
                     raise
-                except Exception:  # noqa: BLE001 - one failed request must reach the trainer, not kill the worker
-                    self.conn.send(("error", traceback.format_exc()))
+                except Exception as exc:  # noqa: BLE001 - one failed request must reach the trainer, not kill the worker
+                    failure = traceback.format_exc()
+                    try:
+                        self.conn.send(("error", failure))
+                    except OSError:  # nobody to tell: the trainer is gone (e.g. the weight group broke with it)
+                        raise self.trainer_gone(exc) from None
         except _UnreadableMessage as exc:  # the channel cannot be trusted any more (module docstring)
-            self.conn.send(("broken", f"the worker could not read a message from the trainer ({exc})"))
+            self.conn.send(("broken", str(exc)))
+        except (OSError, EOFError) as exc:  # the trainer's end of the control channel closed
+            raise self.trainer_gone(exc) from None
+
+    def trainer_gone(self, exc: BaseException) -> TrainerGone:
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return TrainerGone(
+            f"rollout worker (pid {os.getpid()}): the trainer is gone (its end closed: {detail}) while the worker was "
+            f"{self.stage}; the worker stopped. A rerun of the trainer's command resumes from its last checkpoint"
+        )
 
     def handle(self, message: tuple) -> None:
         kind = message[0]
         if kind == "generate":
             _, request_id, prompts, params = message
+            self.stage = f"generating request {request_id}"
             if self.options.partial_chunk_tokens is None:
                 output = self.engine.generate(prompts, params)
                 versions = [[self.version] * len(ids) for ids in output.response_ids]
@@ -192,6 +278,7 @@ class _Worker:
             self.conn.send(("finished", request_id, output, versions))
         elif kind == "push":
             _, new_version, layout = message
+            self.stage = f"receiving the weight broadcast of version {new_version}"
             named, stats = self.transport.receive(layout)
             self.pushes += 1
             if self.options.drop_pushes_after is None or self.pushes <= self.options.drop_pushes_after:
@@ -200,16 +287,18 @@ class _Worker:
             self.conn.send(("pushed", new_version, stats.seconds))
         elif kind == "log_probs":
             _, prompt, response = message
+            self.stage = "scoring the weight probe"
             self.conn.send(("log_probs", self.engine.log_probs_of(prompt, response)))
         else:
             self.conn.send(("error", f"unknown message {kind!r}"))
 
     def take_pushes(self) -> None:
         """Between two segments: serve the pushes and probes that arrived; keep other messages for later."""
-        while self.conn.poll(0):
-            message = _receive(self.conn)
+        generating = self.stage
+        while (message := self.incoming.receive_ready()) is not None:
             if message[0] in ("push", "log_probs"):
                 self.handle(message)
+                self.stage = generating
             else:
                 self.inbox.append(message)
 
@@ -251,8 +340,13 @@ class _Worker:
 
 
 def _worker_main(spec: EngineSpec, model_cfg: Any, options: WorkerOptions, conn: Any, address: tuple[str, int]) -> None:
-    """The worker process: join the weight group, build the engine, then serve messages until ``close``."""
-    _serve(spec, model_cfg, options, conn, address)
+    """The worker process: join the weight group, build the engine, then serve messages until ``close``; a trainer
+    that is gone ends it with one line and exit code 1 (no traceback: nobody reads it but the user)."""
+    try:
+        _serve(spec, model_cfg, options, conn, address)
+    except TrainerGone as exc:
+        print(f"Error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(1)
 
 
 @dataclass(frozen=True)
@@ -271,9 +365,10 @@ class RankContact:
     weight_size: int = 2  # the trainer and every engine one push reaches
 
 
-def serve_on_rank(contact: RankContact) -> None:
+def serve_on_rank(contact: RankContact, device: str | None = None) -> None:
     """A torchrun rank given to the rollout (disaggregated training): connect to the trainer rank, then run the same
-    worker as a spawned process does, until the trainer closes it."""
+    worker as a spawned process does, until the trainer closes it. ``device``: where this rank loads its engine
+    (its own GPU; None: as the contact's options say)."""
     from multiprocessing.connection import Client
 
     conn = Client(contact.control, authkey=contact.authkey)
@@ -281,7 +376,7 @@ def serve_on_rank(contact: RankContact) -> None:
         _serve(
             contact.spec,
             contact.model_cfg,
-            contact.options,
+            contact.options if device is None else dataclasses.replace(contact.options, device=device),
             conn,
             contact.weights,
             contact.weight_rank,
@@ -312,10 +407,14 @@ def _serve(
         if options.num_threads is not None:
             torch.set_num_threads(options.num_threads)
         transport = WeightTransport.connect(
-            address, timeout_s=options.stall_timeout_s, rank=weight_rank, size=weight_size
+            address,
+            timeout_s=options.stall_timeout_s,
+            rank=weight_rank,
+            size=weight_size,
+            backend=options.weight_backend,
         )
         transport.group  # noqa: B018 - the rendezvous, before the slow part
-        engine = load_model_engine(model_cfg, spec).engine
+        engine = load_model_engine(model_cfg, spec, device=options.device).engine
         conn.send(("ready", os.getpid()))
     except BaseException:  # noqa: BLE001 - the parent reports it
         conn.send(("error", traceback.format_exc()))
@@ -335,9 +434,16 @@ class RemoteEngine:
     failures), so that one thread may wait for generations while another pushes weights."""
 
     def __init__(
-        self, process: Any, conn: Any, transport: Any, stall_timeout_s: float = 300.0, owns_transport: bool = True
+        self,
+        process: Any,
+        conn: Any,
+        transport: Any,
+        stall_timeout_s: float = 300.0,
+        owns_transport: bool = True,
+        request_fault: MessageFault | None = None,
     ) -> None:
         self._process, self._conn, self._transport = process, conn, transport
+        self._outgoing = _NumberedSender(conn, request_fault)  # under self._send_lock
         self._owns_transport = owns_transport  # False: the weight group is shared by a fleet, which closes it
         self._stall_timeout_s = stall_timeout_s
         self._last_heard = (time.monotonic(), "nothing yet")  # the worker's last sign of progress: when, what
@@ -361,6 +467,8 @@ class RemoteEngine:
         self._closed = False
         self._reader = threading.Thread(target=self._read, name="dapo-rollout-reader", daemon=True)
         self._reader.start()
+        self._stop_ticking = threading.Event()
+        threading.Thread(target=self._tick, name="dapo-rollout-tick", daemon=True).start()
 
     @classmethod
     def on_ranks(
@@ -381,7 +489,9 @@ class RemoteEngine:
 
         from dapo.distributed.weight_transport import WeightTransport
 
-        transport = WeightTransport.host(timeout_s=options.stall_timeout_s, advertise=host, size=count + 1)
+        transport = WeightTransport.host(
+            timeout_s=options.stall_timeout_s, advertise=host, size=count + 1, backend=options.weight_backend
+        )
         keys = [os.urandom(32) for _ in range(count)]  # only the rank given a contact may drive its engine
         listeners = [Listener((host, 0), authkey=key) for key in keys]
         engines: list[RemoteEngine] = []
@@ -394,7 +504,16 @@ class RemoteEngine:
             )
             for lst in listeners:
                 conn = lst.accept()
-                engines.append(cls(_PeerRank(conn), conn, transport, options.stall_timeout_s, owns_transport=False))
+                engines.append(
+                    cls(
+                        _PeerRank(conn),
+                        conn,
+                        transport,
+                        options.stall_timeout_s,
+                        owns_transport=False,
+                        request_fault=options.request_fault,
+                    )
+                )
             transport.group  # noqa: B018 - the rendezvous with every rollout rank
             for engine in engines:
                 engine._reply("ready", timeout=START_TIMEOUT_S, stage="engine start")
@@ -414,7 +533,7 @@ class RemoteEngine:
         from dapo.distributed.weight_transport import WeightTransport
 
         ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked torch threads or CUDA state
-        transport = WeightTransport.host(timeout_s=options.stall_timeout_s)
+        transport = WeightTransport.host(timeout_s=options.stall_timeout_s, backend=options.weight_backend)
         parent, child = ctx.Pipe()
         process = ctx.Process(
             target=_worker_main,
@@ -424,7 +543,7 @@ class RemoteEngine:
         )
         process.start()
         child.close()
-        engine = cls(process, parent, transport, options.stall_timeout_s)
+        engine = cls(process, parent, transport, options.stall_timeout_s, request_fault=options.request_fault)
         engine._respawn = (spec, model_cfg, options)
         try:
             transport.group  # noqa: B018 - the rendezvous with the worker
@@ -445,7 +564,7 @@ class RemoteEngine:
             )
         self.close()
         spec, model_cfg, options = self._respawn
-        fresh = RemoteEngine.start(spec, model_cfg, dataclasses.replace(options, reply_fault=None))
+        fresh = RemoteEngine.start(spec, model_cfg, dataclasses.replace(options, reply_fault=None, request_fault=None))
         fresh.restarts = self.restarts + 1
         return fresh
 
@@ -503,12 +622,13 @@ class RemoteEngine:
         if self._closed:
             return
         self._closed = True
+        self._stop_ticking.set()
         if self._unresponsive and self._process.is_alive():  # a stopped worker would hold the exit for 30 s
             self._process.kill()
         try:
             if self._process.is_alive():
                 with self._send_lock:
-                    self._conn.send(("close",))
+                    self._outgoing.send(("close",))
         except (OSError, EOFError, BrokenPipeError):
             pass
         self._process.join(timeout=30)
@@ -559,6 +679,22 @@ class RemoteEngine:
                 else:
                     self._replies.append(message)
                 self._arrived.notify_all()
+
+    def _tick(self) -> None:
+        """The trainer's heartbeat: a numbered message the worker drops, so a request of the trainer's that never
+        reached it shows within seconds (module docstring). Skipped while another send holds the channel (a push:
+        the worker cannot read during the broadcast anyway)."""
+        while not self._stop_ticking.wait(heartbeat_interval(self._stall_timeout_s)):
+            if not self._send_lock.acquire(blocking=False):
+                continue
+            try:
+                if self._closed or self._broken is not None:
+                    return
+                self._outgoing.send(("alive",))
+            except (OSError, EOFError, BrokenPipeError):
+                return
+            finally:
+                self._send_lock.release()
 
     def _break(self, detail: str) -> None:
         """The reader thread: the control channel broke (``detail``); every wait raises, and closing stops the
@@ -619,10 +755,10 @@ class RemoteEngine:
             raise RolloutWorkerError("the rollout worker is closed")
         try:
             if locked:
-                self._conn.send(message)
+                self._outgoing.send(message)
             else:
                 with self._send_lock:
-                    self._conn.send(message)
+                    self._outgoing.send(message)
         except (OSError, EOFError, BrokenPipeError) as exc:
             raise self._died(exc) from None
 

@@ -19,6 +19,7 @@ import os
 from dataclasses import dataclass
 
 from dapo.config import DapoConfig
+from dapo.distributed.placement import Placement, PlacementError, Role, place
 from dapo.distributed.world import World
 from dapo.rollout.spec import EngineSpec
 from dapo.rollout.fleet import EngineFleet
@@ -43,6 +44,25 @@ def rollout_ranks(cfg: DapoConfig, world: World) -> int:
             f"rank to train: run torchrun --nproc-per-node N+{wanted} (N >= 1 trainer ranks)"
         )
     return wanted
+
+
+def placement_of(cfg: DapoConfig, job: World, role: Role) -> Placement:
+    """This rank's devices (``dapo.distributed.placement.place``), from the devices this process sees; a split the
+    node's devices cannot hold stops the run here, before anything is loaded."""
+    import torch
+
+    try:
+        return place(
+            role,
+            local_rank=job.local_rank,
+            local_world_size=job.local_world_size,
+            cuda_devices=torch.cuda.device_count() if torch.cuda.is_available() else 0,
+            device=cfg.trainer.device,
+            rollout_ranks=rollout_ranks(cfg, job),
+            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+        )
+    except PlacementError as exc:
+        raise TrainingError(str(exc) if not job.distributed else f"rank {job.rank}: {exc}") from None
 
 
 def is_rollout_rank(cfg: DapoConfig, world: World) -> bool:
@@ -98,5 +118,6 @@ def receive_contacts(job: World) -> list[RankContact]:
 def serve_rollout_rank(cfg: DapoConfig, world: World) -> None:
     """A rollout rank's whole run: take its contact from the ones the leading trainer rank hands over, then serve
     until it closes."""
+    device = placement_of(cfg, world, "rollout").engine_device
     contacts = receive_contacts(world)
-    serve_on_rank(contacts[world.rank - (world.world_size - rollout_ranks(cfg, world))])
+    serve_on_rank(contacts[world.rank - (world.world_size - rollout_ranks(cfg, world))], device=device)

@@ -30,6 +30,7 @@ from dapo.distillation.teacher import TeacherError
 from dapo.distillation.teachers import TeacherSet, build_teachers
 from dapo.distributed.data_parallel import check_tensor_parallel
 from dapo.distributed.fsdp import check_strategy, shard_actor
+from dapo.distributed.placement import Placement
 from dapo.distributed.world import World
 from dapo.evaluation.validation import repeated_prompt_warning, val_acc_key
 from dapo.infra.atomic import describe_os_error
@@ -66,7 +67,14 @@ from dapo.training.generation import derive_seed, engine_tensor_parallel, valida
 from dapo.training.perf_metrics import StepPerf
 from dapo.training.worker_restarts import WorkerRestartGuard
 from dapo.training.skipped_steps import SkippedStepGuard
-from dapo.training.rank_split import JobSplit, engines_on_rollout_ranks, rollout_ranks, receive_contacts, split_job
+from dapo.training.rank_split import (
+    JobSplit,
+    engines_on_rollout_ranks,
+    placement_of,
+    receive_contacts,
+    rollout_ranks,
+    split_job,
+)
 from dapo.training.rollout_dump import dump_batch
 from dapo.training.tool_use import with_tool_rollout
 from dapo.training.run_state import (
@@ -156,10 +164,16 @@ def engine_spec_of(cfg: DapoConfig, world: World) -> EngineSpec:
 
 
 def build_engine(
-    cfg: DapoConfig, spec: EngineSpec, policy: Policy, module: torch.nn.Module | None, job: World
+    cfg: DapoConfig,
+    spec: EngineSpec,
+    policy: Policy,
+    module: torch.nn.Module | None,
+    job: World,
+    placement: Placement,
 ) -> RolloutEngine:
-    """In this process (``async_training.mode=sync``), in a rollout worker process of its own, or on a rollout rank
-    of the torchrun ``job`` (``rollout.n_gpus_per_node``)."""
+    """In this process (``async_training.mode=sync``), in a rollout worker process of its own (on ``placement``'s
+    engine device: this rank's GPU, shared with the actor, or the CPU), or on a rollout rank of the torchrun ``job``
+    (``rollout.n_gpus_per_node``; each rank places its own engine)."""
     if cfg.async_training.mode == "sync":
         return build_rollout_engine(spec, policy, module=module)
     from dapo.rollout.worker import RemoteEngine, WorkerOptions
@@ -169,6 +183,8 @@ def build_engine(
         num_threads=at.rollout_num_threads,
         partial_chunk_tokens=at.partial_rollout_chunk_tokens if at.partial_rollout else None,
         stall_timeout_s=cfg.trainer.stall_timeout_s,
+        device=placement.engine_device or "cpu",
+        weight_backend=placement.weight_backend,
     )
     if rollout_ranks(cfg, job):
         return engines_on_rollout_ranks(spec, cfg, options, job)
@@ -480,7 +496,8 @@ def build_run(cfg: DapoConfig, world: World = World(), split: JobSplit | None = 
         check_tensor_parallel(world, engine_tensor_parallel(cfg))
     except ValueError as exc:
         raise TrainingError(str(exc)) from None
-    policy = with_lora(load_policy(cfg.model, device=pick_device(cfg.trainer.device)), cfg.model)
+    placement = placement_of(cfg, job, "trainer")
+    policy = with_lora(load_policy(cfg.model, device=placement.actor_device), cfg.model)
     spec = engine_spec_of(cfg, world)
     if cfg.rollout.true_on_policy:  # before the engine loads: refused in seconds, not after its start-up
         check_true_on_policy(spec.name, policy.model, cfg)
@@ -522,7 +539,7 @@ def build_run(cfg: DapoConfig, world: World = World(), split: JobSplit | None = 
     policy.model.train()
 
     if split.leads_rollout or not split.shares_batches:
-        engine = build_engine(cfg, spec, policy, engine_module, job)
+        engine = build_engine(cfg, spec, policy, engine_module, job, placement)
         engine = with_tool_rollout(engine, cfg, policy.tokenizer)  # rollout.multi_turn: the same engine, with a tool
     else:
         receive_contacts(job)  # its part in the hand-over; the leader alone drives the engines

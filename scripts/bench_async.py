@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import gzip
 import json
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -97,17 +95,22 @@ def shown(run: BenchRun, steps: int, extra: list[str]) -> str:
     return f"torchrun --nproc-per-node={run.ranks} -m dapo.cli.main {train}" if run.ranks else f"dapo {train}"
 
 
-def git_commit() -> str:
-    done = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return done.stdout.strip() or "unknown"
+def run_record():  # type: ignore[no-untyped-def]
+    """scripts/run_record.py as a module: the one writer of a docs/runs/ record."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("run_record", ROOT / "scripts" / "run_record.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("run_record", module)
+    spec.loader.exec_module(module)
+    return module
 
 
-def record(run: BenchRun, steps: int, out: Path, extra: list[str]) -> dict:
+def record(run: BenchRun, steps: int, out: Path, extra: list[str], load: str) -> dict:
     """Run ``run`` to its end in a scratch folder, then keep its metrics, config and run.json in ``out/<name>``."""
     from dapo.config import build_config
-    from dapo.infra.atomic import atomic_write
-    from dapo.infra.perf import cpu_name
 
+    cfg = build_config({}, [*run.args, *extra])
     with tempfile.TemporaryDirectory(prefix=f"bench_async_{run.name}_") as scratch:
         run_root = Path(scratch)
         command = command_of(run, steps, run_root, extra)
@@ -117,27 +120,18 @@ def record(run: BenchRun, steps: int, out: Path, extra: list[str]) -> dict:
         wall = time.perf_counter() - t0
         if done.returncode != 0:
             raise SystemExit(f"{run.name}: exit code {done.returncode}\n{done.stderr[-4000:]}")
-        run_dir = run_root / run.name
-        folder = out / run.name
-        folder.mkdir(parents=True, exist_ok=True)
-        with (run_dir / "metrics.jsonl").open("rb") as src, gzip.open(folder / "metrics.jsonl.gz", "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        shutil.copyfile(run_dir / "config.yaml", folder / "config.yaml")
-    cfg = build_config({}, [*run.args, *extra])
-    meta = {
-        "what": run.what,
-        "date": started.strftime("%Y-%m-%dT%H:%MZ"),
-        "commit": git_commit(),
-        "command": shown(run, steps, extra),
-        "host_cpu": cpu_name(),
-        "wall_s": round(wall, 1),
-        "steps": steps,
-        "rollout_n": cfg.rollout.n,  # samples per group: samples/s from train/num_groups
-        "printed": [line for line in done.stdout.splitlines() if line.startswith(("done:", "validation"))],
-        "files": {"metrics.jsonl.gz": "the run's metrics.jsonl, gzip", "config.yaml": "the run's resolved config"},
-    }
-    atomic_write(folder / "run.json", json.dumps(meta, indent=1) + "\n")
-    return meta
+        folder = run_record().record_run(
+            run_root / run.name,
+            out / run.name,
+            what=run.what,
+            command=shown(run, steps, extra),
+            load=load,
+            console=done.stdout,
+            started=started,
+            # samples per group: samples/s from train/num_groups
+            extra={"wall_s": round(wall, 1), "steps": steps, "rollout_n": cfg.rollout.n},
+        )
+    return json.loads((folder / "run.json").read_text())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=30, help="training steps of every run (default 30)")
     parser.add_argument("--out", type=Path, default=OUT, help=f"where the records go (default {OUT.relative_to(ROOT)})")
     parser.add_argument("--only", default=",".join(r.name for r in RUNS), help="comma-separated runs to make")
+    parser.add_argument("--load", default="nothing else running", help="what else ran meanwhile (recorded)")
     parser.add_argument("extra", nargs="*", help="more `dapo train` overrides for every run (after --)")
     args = parser.parse_args(argv)
     wanted = args.only.split(",")
@@ -154,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [r for r in RUNS if r.name in wanted]
     for i, run in enumerate(chosen, 1):
         print(f"[{i}/{len(chosen)}] {run.name} ({run.what}), {args.steps} steps ...", flush=True)
-        meta = record(run, args.steps, args.out, args.extra)
+        meta = record(run, args.steps, args.out, args.extra, args.load)
         print(f"[{i}/{len(chosen)}] {run.name}: done in {meta['wall_s']} s -> {args.out / run.name}", flush=True)
     return 0
 

@@ -59,24 +59,16 @@ ARMS: dict[str, list[str]] = {  # in this order: pg-opd first, its step 0 measur
 NO_VALIDATION = ["trainer.test_freq=-1", "trainer.val_before_train=false"]
 
 
-def render_docs():  # type: ignore[no-untyped-def]
-    """scripts/render_docs.py as a module: the plot draws the curves its renderers summarise."""
-    spec = importlib.util.spec_from_file_location("render_docs", REPO / "scripts" / "render_docs.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("render_docs", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-def run_record():  # type: ignore[no-untyped-def]
-    """scripts/run_record.py as a module: the one writer of a docs/runs/ record."""
-    spec = importlib.util.spec_from_file_location("run_record", REPO / "scripts" / "run_record.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("run_record", module)
-    spec.loader.exec_module(module)
-    return module
+def sibling(name: str):  # type: ignore[no-untyped-def]
+    """scripts/<name>.py as a module (scripts/ is not a package): render_docs, whose renderers the plot's curves
+    follow, and run_record, the one writer of a docs/runs/ record."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def dapo(*args: str) -> list[str]:
@@ -123,7 +115,7 @@ class Bench:
         wall = time.perf_counter() - start
         record = self.out / name
         shutil.rmtree(record, ignore_errors=True)
-        run_record().record_run(
+        sibling("run_record").record_run(
             self.work / name,
             record,
             what=what,
@@ -149,7 +141,7 @@ def validation_of(records: list[dict], prefix: str = "") -> tuple[str, float] | 
 
 
 def read_records(folder: Path) -> list[dict]:
-    return render_docs().metrics(folder / "metrics.jsonl.gz")
+    return sibling("render_docs").metrics(folder / "metrics.jsonl.gz")
 
 
 def trained_teacher(bench: Bench, steps: int) -> dict:
@@ -259,7 +251,7 @@ def plot(bench: Bench) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    docs = render_docs()
+    docs = sibling("render_docs")
     curves = docs.distillation_curves(bench.preset, bench.out)
     fig = Figure(figsize=(11, 4.2))
     FigureCanvasAgg(fig)

@@ -37,6 +37,18 @@ def commit() -> str:
     return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
 
 
+def provenance(what: str, command: str, load: str, started: datetime | None) -> dict:
+    """What every record says of itself: what it is, when, the commit, the command, the CPU, the machine's load."""
+    return {
+        "what": what,
+        "date": (started or datetime.now(timezone.utc)).strftime("%Y-%m-%dT%H:%MZ"),
+        "commit": commit(),
+        "command": command,
+        "host_cpu": cpu_name(),
+        "load": load,
+    }
+
+
 def _gzip(src: Path, dst: Path) -> None:
     """``src`` gzipped to ``dst``, with no time stamp in the header (re-recording the same run gives the same file)."""
     with src.open("rb") as f, gzip.GzipFile(dst, "wb", mtime=0) as g:
@@ -73,12 +85,7 @@ def record_run(
         shutil.copyfile(run_dir / "config.yaml", out / "config.yaml")
     printed, wall, peak = printed_summary(console)
     meta = {
-        "what": what,
-        "date": (started or datetime.now(timezone.utc)).strftime("%Y-%m-%dT%H:%MZ"),
-        "commit": commit(),
-        "command": command,
-        "host_cpu": cpu_name(),
-        "load": load,
+        **provenance(what, command, load, started),
         "printed": printed,
         "wall_s": wall,
         "peak_rss_mb": peak,
@@ -115,12 +122,7 @@ def record_seeded_runs(
         log = d.parent / f"log-{d.name}.txt"
         _, wall[d.name], peak[d.name] = printed_summary(log.read_text(errors="replace") if log.exists() else "")
     meta = {
-        "what": what,
-        "date": (started or datetime.now(timezone.utc)).strftime("%Y-%m-%dT%H:%MZ"),
-        "commit": commit(),
-        "command": command,
-        "host_cpu": cpu_name(),
-        "load": load,
+        **provenance(what, command, load, started),
         "groups_per_round": per_round.pop(),
         "wall_s": wall,
         "peak_rss_mb": peak,

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from dapo.distributed.data_parallel import balanced_group_shares
 from dapo.distributed.world import World
-from tests.harness.models import ACTOR, tiny_qwen2
+from tests.distributed.dp_update_worker import initial_model
 from tests.harness.ports import free_port
 
 WORKER = Path(__file__).with_name("dp_update_worker.py")
@@ -34,7 +34,14 @@ CASES = [
     # FSDP2 with gradient checkpointing on. Group 0 has zero advantages, so its samples are skipped and the rank
     # training it needs fewer micro-batches than the other (3 against 5): it pads with zero-weight passes.
     "fsdp2:fsdp2:padded:1:0:0",
+    # FSDP2 on a MoE and on a hybrid (Gated DeltaNet + full attention) MoE family (#35's model matrix)
+    *(f"fsdp2_{family}:fsdp2:padded:0::0:{family}" for family in ("qwen3_moe", "qwen3_5_moe")),
 ]
+# MoE families: an expert that got few of the batch's tokens has gradient elements near AdamW's eps, whose rounding
+# (the ranks sum their micro-batches in another order) its first steps scale to a visible share of lr (measured
+# 3.2e-5 for Qwen3-MoE, 1.2e-4 for Qwen3.5-MoE's layer-0 experts, against moves of 2e-2); the gradient norms agree
+# to 1e-6 relative.
+MOE_PARAM_TOLERANCE = 5e-4
 
 
 @pytest.fixture(scope="module")
@@ -94,15 +101,24 @@ def test_two_fsdp2_ranks_update_equals_one_process(two_ranks: Path) -> None:
     assert two["loads_back"]  # full model and optimizer states scatter into the shards and gather back unchanged
 
 
-def assert_same_update(one: dict, two_file: Path) -> dict:
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_5_moe"])
+def test_two_fsdp2_ranks_update_a_moe_and_a_hybrid_family_as_one_process(two_ranks: Path, family: str) -> None:
+    one = one_process(layout="padded", family=family)
+    two = assert_same_update(one, two_ranks / f"fsdp2_{family}.pt", family=family, atol=MOE_PARAM_TOLERANCE)
+    assert two["metrics"]["actor/grad_norm"] == pytest.approx(one["metrics"]["actor/grad_norm"], rel=1e-5)
+    assert two["loads_back"]
+
+
+def assert_same_update(one: dict, two_file: Path, *, family: str | None = None, atol: float = 1e-5) -> dict:
     two = torch.load(two_file)
-    initial = {n: p.detach() for n, p in tiny_qwen2(3, ACTOR).named_parameters()}
+    initial = {n: p.detach() for n, p in initial_model(family).named_parameters()}
     moved = 0.0
     for name, p in one["params"].items():
         # AdamW's first steps move a weight by about lr * g / (|g| + eps) whatever |g| is, so the fp32 rounding of a
         # gradient element near eps (the ranks sum their micro-batches in another order) shows as up to ~lr * 1e-3:
         # 1e-5 at lr 1e-2, against moves of ~lr.
-        torch.testing.assert_close(two["params"][name], p, rtol=0, atol=1e-5, msg=name)
+        torch.testing.assert_close(two["params"][name], p, rtol=0, atol=atol, msg=name)
         moved = max(moved, float((p - initial[name]).abs().max()))
     assert moved > 1e-3
     assert one["metrics"]["actor/num_optimizer_steps"] == two["metrics"]["actor/num_optimizer_steps"] == 2.0

@@ -35,7 +35,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT), str(ROOT / "tests" / "model")]  # this tree's dapo and its tests
 OUT = ROOT / "docs" / "runs" / "model-matrix.json"
 LAYOUTS = ("padded", "shared_prompt", "packed")
-WORKER = ROOT / "tests" / "distributed" / "dp_update_worker.py"
 # The measuring child processes import this tree's dapo too, single-threaded as the tests run.
 CHILD_ENV = {
     **os.environ,
@@ -117,24 +116,13 @@ def fsdp2_column(families: list[str]) -> dict[str, dict]:
     import torch
 
     from dapo.distributed.world import World
-    from tests.distributed.dp_update_worker import update
-    from tests.harness.ports import free_port
+    from tests.distributed.dp_update_worker import launch_command, update
 
     out: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as folder:
         cases = [f"{family}:fsdp2:padded:0::0:{family}" for family in families]
         proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nproc-per-node=2",
-                "--master-addr=127.0.0.1",
-                f"--master-port={free_port()}",
-                str(WORKER),
-                folder,
-                *cases,
-            ],
+            launch_command(folder, cases),
             capture_output=True,
             text=True,
             timeout=1200,

@@ -128,6 +128,24 @@ def update(
     return {"params": params, "adapters": adapters, "metrics": metrics, "padding": padding, "loads_back": loads_back}
 
 
+def launch_command(out: Path | str, cases: list[str]) -> list[str]:
+    """torchrun's command for one 2-rank launch of this worker over ``cases`` (gloo on loopback), leaving each
+    case's result in ``out``."""
+    from tests.harness.ports import free_port
+
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node=2",
+        "--master-addr=127.0.0.1",
+        f"--master-port={free_port()}",
+        str(Path(__file__).resolve()),
+        str(out),
+        *cases,
+    ]
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     torch.set_num_threads(1)

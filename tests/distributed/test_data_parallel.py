@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,10 +17,7 @@ from hypothesis import strategies as st
 
 from dapo.distributed.data_parallel import balanced_group_shares
 from dapo.distributed.world import World
-from tests.distributed.dp_update_worker import initial_model
-from tests.harness.ports import free_port
-
-WORKER = Path(__file__).with_name("dp_update_worker.py")
+from tests.distributed.dp_update_worker import initial_model, launch_command
 
 
 # The cases of the 2-rank update, all run by one torchrun launch: NAME:STRATEGY:LAYOUT:CHECKPOINTING:ZERO_GROUP:LORA.
@@ -49,18 +45,7 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The directory where one real 2-rank torchrun launch left every case's update (``NAME.pt``)."""
     out = tmp_path_factory.mktemp("two_ranks")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node=2",
-        "--master-addr=127.0.0.1",
-        f"--master-port={free_port()}",
-        str(WORKER),
-        str(out),
-        *CASES,
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
+    proc = subprocess.run(launch_command(out, CASES), capture_output=True, text=True, timeout=400, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return out
 

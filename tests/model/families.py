@@ -11,8 +11,9 @@ The shapes keep what makes a family different from the others, and nothing else:
   first layer before a MoE one.
 
 The vocabulary is the embedded model's (601 tokens), so its tokenizer drives any of them through ``dapo train``.
-The measurements below are shared by tests/model/test_family_matrix.py and scripts/model_matrix.py (which records
-them for docs/models.md).
+The measurements below (the HF engine's greedy check and gaps, LoRA's targets, vLLM's greedy check and gap, R3's
+agreement and gaps) are shared by tests/model/test_family_matrix.py, tests/model/test_router_replay.py and
+scripts/model_matrix.py (which records them for docs/models.md).
 """
 
 from __future__ import annotations

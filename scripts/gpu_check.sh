@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one short script for a lent GPU machine (the `device` tool): the GPU tests this machine can run (it first lists
 # which of them skip and why), a rollout benchmark in bf16 on CUDA, a short training run with the packed actor layout
-# (flash-attention's varlen kernel where it is installed) and with the padded one, MFU included.
+# (flash-attention's varlen kernel where it is installed) and with the padded one, MFU included; the actor update
+# on a random-weight Qwen3-0.6B at 16K tokens a step beside prime-rl's one-H100 baseline.
 #
 #   bash scripts/gpu_check.sh --prepare      # HERE, once: wheels the GPU image lacks, into .whl/ (git-ignored)
 #   bash scripts/gpu_check.sh                # THERE, with `.whl` carried: run(command=..., carry=[".whl"])
@@ -45,6 +46,11 @@ for test, needs_gpus, needs_vllm in (
     print(("SKIPS (needs " + " and ".join(missing) + "): " if missing else "runs: ") + test)
 PY
 timeout 420 python3 -m pytest -q -p no:cacheprovider tests/gpu -rs 2>&1 | tail -12
+# The actor update on a random-weight Qwen3-0.6B (configs/models/qwen3-0.6b: its published config.json, no weights)
+# at 16K tokens a step in bf16: tokens/s, MFU and s/step beside prime-rl's one-H100 baseline, then the HF engine's
+# generation tokens/s on the same weights (ready, never run yet: docs/gpu-walkthrough.md).
+timeout 300 python3 benchmarks/bench_qwen3_update.py --device cuda --dtype bf16 --tokens 16384 --seq-len 16384 \
+    2>&1 | tail -5
 timeout 240 python3 benchmarks/bench_rollout.py --device cuda --dtype bfloat16 --prompts 64 --n 8 --max-tokens 256 \
     --repeats 3 2>&1 | tail -12
 for layout in packed padded; do

@@ -980,6 +980,30 @@ def _lora_cell(per_layer: dict[str, list[str]]) -> str:
     return ", ".join(f"`{n}`" for n in names)
 
 
+def _vllm_cell(entry: dict) -> str:
+    """vLLM's greedy check and engine-actor gap on the family, or the error vLLM stopped with."""
+    if "error" in entry:
+        return f"fails ({entry['error'].rstrip('.')})"
+    greedy = "greedy = generate" if entry["greedy_equals_generate"] else "**greedy differs**"
+    return f"{greedy}, gap {entry['gap']:.1e}"
+
+
+def _fsdp2_cell(entry: dict) -> str:
+    """2 FSDP2 ranks against one replicated process: the largest parameter and the gradient-norm difference."""
+    return f"matches replicated (params {entry['param_gap']:.1e}, grad norm {entry['grad_norm_rel_gap']:.0e} rel.)"
+
+
+def _r3_cell(entry: dict | None) -> str:
+    """R3 on a MoE family: the HF engine's routing agreement with the actor and the gap replayed (live); vLLM's."""
+    if entry is None:
+        return "dense"
+    hf = entry["hf"]
+    return (
+        f"HF: agreement {hf['routing_agreement']:.2f}, gap {hf['gap_replayed']:.1e} (live {hf['gap_live']:.1e}); "
+        "vLLM: refused"
+    )
+
+
 def model_matrix() -> str:
     """The family x engine x layout x LoRA x FSDP2 x R3 table of docs/runs/model-matrix.json."""
     record = json.loads((ROOT / MODEL_MATRIX).read_text(encoding="utf-8"))
@@ -996,9 +1020,7 @@ def model_matrix() -> str:
             f"| {name} (`{f['config_class']}`, {f['attention']}) | {kinds} | "
             f"{'yes' if f['greedy_equals_generate'] else '**no**'} | "
             + " | ".join(cells)
-            + " | "
-            + " | ".join("not measured" if f[k] is None else str(f[k]) for k in ("vllm", "fsdp2"))
-            + f" | {'not yet' if f['r3'] is None else f['r3']} |"
+            + f" | {_vllm_cell(f['vllm'])} | {_fsdp2_cell(f['fsdp2'])} | {_r3_cell(f['r3'])} |"
         )
     lora = ["| family | adapted by `model.target_modules=all-linear` |", "| --- | --- |"]
     lora += [f"| {name} | {_lora_cell(f['lora_all_linear'])} |" for name, f in families.items()]
@@ -1006,9 +1028,16 @@ def model_matrix() -> str:
     return (
         "\n" + "\n".join(rows) + "\n\n" + "\n".join(lora) + "\n\n"
         f"Gaps: the largest |engine log-prob - actor log-prob| (nats) over the {min(tokens)}-{max(tokens)} tokens "
-        f"the engine sampled per family (fp32; the tests' tolerance is {meta['tolerance']:g}). Recorded "
+        f"the engine sampled per family (fp32; the tests' tolerance is {meta['tolerance']:g}). vLLM: its greedy "
+        "answers against `model.generate`'s and its sampled tokens' gap to the actor (padded), each family built at "
+        "head size 32 (vLLM's CPU attention has no 16; `families.VLLM_OVERRIDES`). FSDP2: two PPO updates on 2 ranks "
+        "(torchrun, gloo) against the same updates replicated in one process: the largest parameter difference "
+        "after them and the relative difference of the gradient norms. R3: the fraction of token x layer top-k sets "
+        "the actor's live router chose as the HF engine recorded, and the padded gap with the routes replayed "
+        "(and live). Recorded "
         f"{meta['date']}, commit {meta['commit']}, torch {meta['torch']}, transformers {meta['transformers']}, "
-        f"peft {meta['peft']}, {meta['host']} (`{MODEL_MATRIX}`, written by `scripts/model_matrix.py`).\n"
+        f"peft {meta['peft']}, {meta['vllm'] or 'no vLLM'}, {meta['host']} (`{MODEL_MATRIX}`, written by "
+        "`scripts/model_matrix.py`).\n"
     )
 
 

@@ -3,7 +3,8 @@ group, a fresh model per case); rank 0 saves each case's parameters. The single-
 :func:`update` in the test's own process.
 
 Usage: python dp_update_worker.py OUT_DIR CASE [CASE ...]   where CASE is NAME:STRATEGY:LAYOUT:CHECKPOINTING:ZERO_GROUP:LORA
-(e.g. ``fsdp2:fsdp2:padded:1:0:0``; an empty ZERO_GROUP is none); rank 0 writes OUT_DIR/NAME.pt.
+with an optional :FAMILY (e.g. ``fsdp2:fsdp2:padded:1:0:0``; an empty ZERO_GROUP is none; FAMILY: a tiny family of
+tests/model/families.py instead of the tiny Qwen2); rank 0 writes OUT_DIR/NAME.pt.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for tests.actor.actor_helpers
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))  # for families (tests/model/families.py)
 
 from dapo.actor.log_probs import compute_log_probs_batch, resolve_layout  # noqa: E402
 from dapo.actor.mini_batch_plan import sharded_share  # noqa: E402
@@ -66,6 +68,15 @@ def tied_weights_load_back(world: World) -> bool:
     return bool(torch.equal(head, state["model.embed_tokens.weight"]))
 
 
+def initial_model(family: str | None = None) -> torch.nn.Module:
+    """The model a case updates: the tiny Qwen2, or the tiny ``family`` of tests/model/families.py."""
+    if family is None:
+        return tiny_qwen2(3, ACTOR)
+    from families import build_tiny_model
+
+    return build_tiny_model(family, 3)
+
+
 def update(
     world: World,
     strategy: str = "replicated",
@@ -73,9 +84,10 @@ def update(
     checkpointing: bool = False,
     zero_group: int | None = None,
     lora: bool = False,
+    family: str | None = None,
 ) -> dict:
     """One PPO update on ``world`` (a single-process World() or torchrun's ranks); what rank 0 saves."""
-    model = tiny_qwen2(3, ACTOR)
+    model = initial_model(family)
     if lora:  # rank-4 LoRA adapters (PEFT), replicated; B away from its zero start
         torch.manual_seed(4)
         model = apply_lora(model, ModelConfig(lora_rank=4, lora_alpha=8))
@@ -117,14 +129,38 @@ def update(
     return {"params": params, "adapters": adapters, "metrics": metrics, "padding": padding, "loads_back": loads_back}
 
 
+def launch_command(out: Path | str, cases: list[str]) -> list[str]:
+    """torchrun's command for one 2-rank launch of this worker over ``cases`` (gloo on loopback), leaving each
+    case's result in ``out``."""
+    from tests.harness.ports import free_port
+
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node=2",
+        "--master-addr=127.0.0.1",
+        f"--master-port={free_port()}",
+        str(Path(__file__).resolve()),
+        str(out),
+        *cases,
+    ]
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     torch.set_num_threads(1)
     world = World.from_env(backend="gloo")
     for case in sys.argv[2:]:
-        name, strategy, layout, checkpointing, zero_group, lora = case.split(":")
+        name, strategy, layout, checkpointing, zero_group, lora, *family = case.split(":")
         result = update(
-            world, strategy, layout, checkpointing == "1", int(zero_group) if zero_group else None, lora == "1"
+            world,
+            strategy,
+            layout,
+            checkpointing == "1",
+            int(zero_group) if zero_group else None,
+            lora == "1",
+            family[0] if family else None,
         )
         if world.is_main:
             torch.save(result, out / f"{name}.pt")

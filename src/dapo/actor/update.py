@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -40,7 +41,7 @@ from torch import Tensor, nn
 
 from dapo.actor.batch import TrainBatch, pad_per_token
 from dapo.actor.direct_distillation import DirectDistillation
-from dapo.actor.log_probs import compute_log_probs_batch, compute_response_log_probs, resolve_layout
+from dapo.actor.log_probs import compute_log_probs_batch, compute_response_log_probs, pad_sequences, resolve_layout
 from dapo.actor.micro_batching import warn_oversized
 from dapo.actor.mini_batch_plan import MiniBatchPlan, plan_mini_batch
 from dapo.actor.precision import autocast_context
@@ -51,6 +52,7 @@ from dapo.core.loss_aggregation import aggregate_loss
 from dapo.core.policy_loss import PolicyLossParams, get_policy_loss
 from dapo.distributed.data_parallel import clip_grad_norm, first_non_finite, forward_through, is_sharded, sum_gradients
 from dapo.distributed.world import World
+from dapo.model.router_aux_loss import aux_loss_of
 
 if TYPE_CHECKING:
     from dapo.config import ActorConfig
@@ -84,6 +86,7 @@ class MiniBatchResult:
     pg_loss: float = 0.0
     kl_loss: float = 0.0
     distill_loss: float = 0.0
+    aux_loss: float = 0.0  # the router's load-balancing loss, token-share weighted (actor.router_aux_loss_coef)
     num_micro_batches: int = 0
     num_oversized: int = 0
     num_zero_advantage: int = 0
@@ -140,14 +143,14 @@ def reduce_metrics(result: MiniBatchResult, world: World) -> None:
     """Sum a share's loss and token-weighted metric sums over ranks (the counts are global already)."""
     names = (*TOKEN_METRICS, TRAINED_TOKENS)  # the same list on every rank, whatever its share held
     values = torch.tensor(
-        [result.pg_loss, result.kl_loss, float(result.num_micro_batches), result.distill_loss]
+        [result.pg_loss, result.kl_loss, float(result.num_micro_batches), result.distill_loss, result.aux_loss]
         + [result.token_sums.get(n, 0.0) for n in names],
         dtype=torch.float64,
     )
     world.all_reduce_sum(values)
     result.pg_loss, result.kl_loss, result.num_micro_batches = float(values[0]), float(values[1]), int(values[2])
-    result.distill_loss = float(values[3])
-    result.token_sums = {n: float(v) for n, v in zip(names, values[4:].tolist())}
+    result.distill_loss, result.aux_loss = float(values[3]), float(values[4])
+    result.token_sums = {n: float(v) for n, v in zip(names, values[5:].tolist())}
 
 
 def configure_model_for_training(model: nn.Module, cfg: ActorConfig) -> None:
@@ -222,7 +225,7 @@ def accumulate_mini_batch_gradients(
     # Metrics stay on the device until the mini-batch is done: one host sync per micro-batch (the finiteness check).
     zero = torch.zeros((), device=device)
     sums = dict.fromkeys((*TOKEN_METRICS, TRAINED_TOKENS), zero)
-    pg_loss_total, kl_loss_total, distill_loss_total = zero, zero, zero
+    pg_loss_total, kl_loss_total, distill_loss_total, aux_loss_total = zero, zero, zero, zero
     distill_loss = None if distillation is None else get_distillation_loss(distillation.mode)
     if distill_loss is not None:
         have = mini_batch.teacher_log_probs if distill_loss.kind == "sampled" else mini_batch.teacher_topk_ids
@@ -231,10 +234,13 @@ def accumulate_mini_batch_gradients(
                 f"distillation loss_mode {distillation.mode}: the batch carries no teacher "
                 f"{'log-probs' if distill_loss.kind == 'sampled' else 'top-k log-probs'}"
             )
+    # MoE: the router's load-balancing loss, the Hugging Face model's own (dapo.model.router_aux_loss)
+    router_logits = aux_loss_of(model) if cfg.router_aux_loss_coef > 0 else None
     for source, indices, weight in passes:
         micro = source.select(indices)
         topk = distill_loss is not None and distill_loss.kind == "topk" and weight != 0.0
-        with autocast_context(cfg.dtype, device):
+        capture = router_logits.capturing() if router_logits is not None and weight != 0.0 else nullcontext()
+        with autocast_context(cfg.dtype, device), capture:
             log_probs, entropies = forward_through(
                 model,
                 compute_response_log_probs,
@@ -324,6 +330,14 @@ def accumulate_mini_batch_gradients(
             terms["distillation loss"] = aggregate(per_token)
             loss = loss + distillation.coef * terms["distillation loss"]
             distill_loss_total = distill_loss_total + terms["distillation loss"].detach()
+        if router_logits is not None:
+            # each micro-batch's aux loss weighs by its share of the mini-batch's loss tokens (global under data
+            # parallel): one micro-batch adds exactly coef x the model's aux loss
+            padded = pad_sequences(micro.prompt_ids, micro.response_ids, device).attention_mask
+            terms["router auxiliary loss"] = router_logits.loss(padded if layout == "padded" else None)
+            share = mask.sum() / result.num_tokens
+            loss = loss + cfg.router_aux_loss_coef * share * terms["router auxiliary loss"]
+            aux_loss_total = aux_loss_total + share * terms["router auxiliary loss"].detach()
         if not bool(torch.isfinite(loss)):
             shown = f"{indices[:8]}{'...' if len(indices) > 8 else ''}"
             bad = next(name for name, value in terms.items() if not bool(torch.isfinite(value)))
@@ -344,6 +358,7 @@ def accumulate_mini_batch_gradients(
     result.pg_loss = float(pg_loss_total)
     result.kl_loss = float(kl_loss_total)
     result.distill_loss = float(distill_loss_total)
+    result.aux_loss = float(aux_loss_total)
     result.token_sums = {name: float(value) for name, value in sums.items()}
     return result
 
@@ -415,6 +430,7 @@ def update_policy(
     pg_losses: list[float] = []
     kl_losses: list[float] = []
     distill_losses: list[float] = []
+    aux_losses: list[float] = []
     grad_norms: list[float] = []
     steps = skipped = micro_batches = oversized = zero_advantage = 0
     lr = float(optimizer.param_groups[0]["lr"])
@@ -467,6 +483,7 @@ def update_policy(
             pg_losses.append(result.pg_loss)
             kl_losses.append(result.kl_loss)
             distill_losses.append(result.distill_loss)
+            aux_losses.append(result.aux_loss)
 
             grad_norm = clip_grad_norm(params, cfg.grad_clip, world or World())
             if not math.isfinite(grad_norm):
@@ -515,6 +532,9 @@ def update_policy(
         metrics["actor/kl_loss"] = mean(kl_losses)
     if distillation is not None:
         metrics["actor/distill_loss"] = mean(distill_losses)
+    if cfg.router_aux_loss_coef > 0:
+        metrics["moe/aux_loss"] = mean(aux_losses)
+        metrics["moe/aux_loss_coef"] = cfg.router_aux_loss_coef
     return metrics
 
 

@@ -539,6 +539,12 @@ class ActorConfig(_Section):
     dtype: Literal["fp32", "bf16"] = "fp32"
     optim: OptimConfig = Field(default_factory=OptimConfig)
     router_replay: RouterReplayConfig = Field(default_factory=RouterReplayConfig)
+    router_aux_loss_coef: float = Field(
+        0.0,
+        ge=0.0,
+        description="MoE: the update adds this times the router's load-balancing auxiliary loss (the Hugging Face "
+        "model's own, as with output_router_logits; logged as moe/aux_loss); 0 = off",
+    )
 
     @model_validator(mode="after")
     def _loss_knobs_are_keys(self) -> "ActorConfig":
@@ -1195,6 +1201,16 @@ class DapoConfig(_Section):
             problems.extend(self._true_on_policy_problems())
         if self.actor.router_replay.mode != "disabled":
             problems.extend(self._router_replay_problems())
+        if self.actor.router_aux_loss_coef > 0 and self.actor.layout == "shared_prompt":
+            problems.append(
+                "actor.router_aux_loss_coef > 0 runs the actor with actor.layout=padded, packed or auto (the "
+                "auxiliary loss is over one forward's tokens; the shared-prompt passes are not built for it)"
+            )
+        if self.actor.router_aux_loss_coef > 0 and self.actor.gradient_checkpointing:
+            problems.append(
+                "actor.router_aux_loss_coef > 0 cannot run with actor.gradient_checkpointing=true (the router "
+                "logits it captures inside a checkpointed layer are not what backward recomputes; untested)"
+            )
         ds = self.distillation
         if ds.enabled and ds.distillation_loss.loss_mode in TOPK_LOSS_MODES and self.rollout.multi_turn.enable:
             problems.append(

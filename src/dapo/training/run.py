@@ -46,6 +46,7 @@ from dapo.infra.tracking import Tracker, truncate_metrics_after
 from dapo.model.hub import HubResolveError, resolve_data_config
 from dapo.model.loading import Policy, load_policy
 from dapo.model.lora import with_lora
+from dapo.model.router_aux_loss import aux_loss_problem, router_aux_loss
 from dapo.model.router_replay import moe_problem, router_replay
 from dapo.reward.batch import RewardScorer
 from dapo.reward.custom_fn import load_custom_reward_fn
@@ -418,12 +419,17 @@ class Run:
         return stack
 
     def routing_replay(self) -> contextlib.AbstractContextManager[object]:
-        """The actor's MoE routers under one tape for the run (``actor.router_replay.mode``,
-        dapo.model.router_replay): R3's engine records every sample's routes on it; nothing is patched when off."""
+        """The actor's MoE routers set up for the run: under one tape (``actor.router_replay.mode``,
+        dapo.model.router_replay; R3's engine records every sample's routes on it) and hooked for the load-balancing
+        loss the update adds (``actor.router_aux_loss_coef``, dapo.model.router_aux_loss); nothing is patched when
+        both are off."""
+        stack = contextlib.ExitStack()
         mode = self.cfg.actor.router_replay.mode
-        if mode == "disabled":
-            return contextlib.nullcontext()
-        return router_replay(self.policy.model, rollout_routes=mode == "R3")
+        if mode != "disabled":
+            stack.enter_context(router_replay(self.policy.model, rollout_routes=mode == "R3"))
+        if self.cfg.actor.router_aux_loss_coef > 0:
+            stack.enter_context(router_aux_loss(self.policy.model))
+        return stack
 
     def close(self) -> None:
         close_quietly(
@@ -447,6 +453,17 @@ def check_router_replay(engine_name: str, model: torch.nn.Module, cfg: DapoConfi
         raise TrainingError(
             f"actor.router_replay.mode=R3: the {engine_name} engine cannot record routes: {why_not}; "
             "use rollout.name=hf, or mode=R2 (replays the actor's own old-log-prob routes)"
+        )
+
+
+def check_router_aux_loss(model: torch.nn.Module, cfg: DapoConfig) -> None:
+    """``actor.router_aux_loss_coef > 0`` needs a mixture-of-experts model whose family has the loss in
+    Transformers."""
+    problem = aux_loss_problem(model)
+    if problem is not None:
+        raise TrainingError(
+            f"actor.router_aux_loss_coef={cfg.actor.router_aux_loss_coef}: {cfg.model.path or 'the model'} "
+            f"cannot: {problem}"
         )
 
 
@@ -503,6 +520,8 @@ def build_run(cfg: DapoConfig, world: World = World(), split: JobSplit | None = 
         check_true_on_policy(spec.name, policy.model, cfg)
     if cfg.actor.router_replay.mode != "disabled":  # likewise
         check_router_replay(spec.name, policy.model, cfg)
+    if cfg.actor.router_aux_loss_coef > 0:
+        check_router_aux_loss(policy.model, cfg)
     # The Transformers engine's own copy (before sharding: the same architecture and weights), when the actor is
     # sharded or rollout.dtype differs from the actor's; None: it shares the actor's module.
     engine_module = (

@@ -9,7 +9,7 @@
 # A seed sets both the rollout sampling (trainer.seed) and the prompt order (data.seed); the model, the task and the
 # validation set are the same for every seed. Run k of config C is $ABLATION_OUT/<C's experiment_name>-s<k>, its
 # console log beside it (log-<run>.txt). Summarise with
-#   python scripts/summarize_ablation.py "$ABLATION_OUT"/*-s* --out docs/ablation-table.md --plots docs/img/ablation
+#   python scripts/summarize_ablation.py "$ABLATION_OUT"/*-s* --plots docs/img/ablation
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seeds=3

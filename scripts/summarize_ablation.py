@@ -1,6 +1,6 @@
 """Summarise seeded ablation runs: a markdown table of mean ± std over seeds per config, and plots with seed bands.
 
-    python scripts/summarize_ablation.py runs/ablation/*-s* --out docs/ablation-table.md --plots docs/img/ablation
+    python scripts/summarize_ablation.py runs/ablation/*-s* --plots docs/img/ablation
 
 Runs named ``<config>-s<seed>`` (as ``scripts/run_ablation.sh`` names them) are grouped by config. Writes
 ``<plots>.png`` (validation accuracy, entropy, response length, truncated share, and the shares of all-correct and

@@ -276,7 +276,8 @@ def plot(bench: Bench) -> Path:
     by_step.set(xlabel="training step", ylabel="held-out accuracy (val/acc/mean@k)")
     by_time.set(xlabel="seconds of steps and validations")
     by_step.legend()
-    fig.suptitle(f"On-policy distillation vs DAPO, {bench.preset} ({bench.meta['date'][:10]})")
+    date = docs.distillation_runs(bench.preset, bench.out)[0][0]["date"][:10]  # the records' own date
+    fig.suptitle(f"On-policy distillation vs DAPO, {bench.preset} ({date})")
     fig.tight_layout()
     bench.img.mkdir(parents=True, exist_ok=True)
     path = bench.img / f"distillation-{bench.preset}.png"

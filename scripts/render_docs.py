@@ -1398,7 +1398,7 @@ def distillation_arms(preset: str) -> Callable[[], str]:
         source = f"`{DISTILLATION_RUNS}/{where['run']}/`" if where.get("run") else f"`{where.get('path', '?')}`"
         return (
             "\n" + "\n".join(rows) + "\n\n"
-            f"{DISTILLATION_PRESETS[preset].capitalize()}: {key} at steps {', '.join(str(s) for s, _ in val)}; the "
+            f"{DISTILLATION_PRESETS[preset][0].upper() + DISTILLATION_PRESETS[preset][1:]}: {key} at steps {', '.join(str(s) for s, _ in val)}; the "
             f"teacher ({source}) scores "
             f"{'not measured' if teacher is None else f'{teacher:.3f}'} on the same validation at step 0. Wall time: "
             f"the whole `dapo train` command. Recorded {meta['date']}, commit {meta['commit']}, {meta['host_cpu']} "
@@ -1431,7 +1431,7 @@ def distillation_teacher_timing() -> str:
             medians[where] = tuple(_median([r[k] for r in steps]) for k in ("timing_s/step", "timing_s/teacher"))
         meta = timed["http"][0]
         lines += [
-            f"{label.capitalize()}, PG OPD, validation off, median over steps 2 on:",
+            f"{label[0].upper() + label[1:]}, PG OPD, median over steps 2 on (validation not counted):",
             "",
             "| teacher | time per step (s) | `timing_s/teacher` per step (s) |",
             "| --- | --- | --- |",

@@ -105,12 +105,14 @@ def vs_trl_job(key: str) -> dict:
     return job
 
 
+def recorded_run(folder: Path) -> tuple[dict, list[dict]]:
+    """A record of one run (scripts/run_record.py's layout): its run.json and its metrics records, in order."""
+    return json.loads((folder / "run.json").read_text(encoding="utf-8")), metrics(folder / "metrics.jsonl.gz")
+
+
 @cache
 def default_run() -> tuple[dict, list[dict]]:
-    folder = ROOT / DEFAULT_RUN
-    meta = json.loads((folder / "run.json").read_text(encoding="utf-8"))
-    records = metrics(folder / "metrics.jsonl.gz")
-    return meta, records
+    return recorded_run(ROOT / DEFAULT_RUN)
 
 
 def _sec(x: float) -> str:
@@ -838,9 +840,7 @@ def objectives_gspo_clip() -> str:
 
 @cache
 def lora_run(key: str) -> tuple[dict, list[dict]]:
-    folder = ROOT / LORA_RUNS[key]
-    meta = json.loads((folder / "run.json").read_text(encoding="utf-8"))
-    return meta, metrics(folder / "metrics.jsonl.gz")
+    return recorded_run(ROOT / LORA_RUNS[key])
 
 
 def _validation(records: list[dict]) -> tuple[str, list[tuple[int, float]]]:
@@ -890,9 +890,7 @@ SMOLLM2_RUN = "docs/runs/smollm2-135m"
 def smollm2_run_table() -> str:
     """The recorded run of configs/smollm2_135m.yaml: its held-out curve, rollout accuracy, entropy, response length,
     the tokens dynamic sampling wasted once the training sums were solved, wall time and peak memory."""
-    folder = ROOT / SMOLLM2_RUN
-    meta = json.loads((folder / "run.json").read_text(encoding="utf-8"))
-    records = metrics(folder / "metrics.jsonl.gz")
+    meta, records = recorded_run(ROOT / SMOLLM2_RUN)
     key, val = _validation(records)
     n = key.split("@")[1]
     pass_key = f"val/pass@{n}"
@@ -1043,9 +1041,7 @@ def model_matrix() -> str:
 def true_on_policy_run() -> str:
     """The learning run in true-on-policy mode: validation accuracy first -> last, and the largest engine/actor
     log-prob gap over its steps."""
-    folder = ROOT / TRUE_ON_POLICY
-    meta = json.loads((folder / "run.json").read_text(encoding="utf-8"))
-    rows = metrics(folder / "metrics.jsonl.gz")
+    meta, rows = recorded_run(ROOT / TRUE_ON_POLICY)
     key = next(k for k in rows[0] if k.startswith("val/acc/mean@"))
     acc = [r[key] for r in rows if key in r]
     gaps = [r["rollout/log_prob_diff/max"] for r in rows if "rollout/log_prob_diff/max" in r]
@@ -1477,8 +1473,7 @@ def async_runs(folder: Path | None = None) -> dict[str, tuple[dict, list[dict]]]
     found = {}
     for name in ASYNC_RUN_NAMES:
         if (folder / name / "run.json").exists():
-            meta = json.loads((folder / name / "run.json").read_text(encoding="utf-8"))
-            found[name] = (meta, metrics(folder / name / "metrics.jsonl.gz"))
+            found[name] = recorded_run(folder / name)
     return found
 
 

@@ -115,6 +115,7 @@ def record(run: BenchRun, steps: int, out: Path, extra: list[str], load: str) ->
         run_root = Path(scratch)
         command = command_of(run, steps, run_root, extra)
         started = datetime.datetime.now(datetime.timezone.utc)
+        at_commit = run_record().commit()  # the tree may move on during the run
         t0 = time.perf_counter()
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
         wall = time.perf_counter() - t0
@@ -128,6 +129,7 @@ def record(run: BenchRun, steps: int, out: Path, extra: list[str], load: str) ->
             load=load,
             console=done.stdout,
             started=started,
+            at_commit=at_commit,
             # samples per group: samples/s from train/num_groups
             extra={"wall_s": round(wall, 1), "steps": steps, "rollout_n": cfg.rollout.n},
         )

@@ -104,6 +104,7 @@ class Bench:
             f"trainer.experiment_name={name}",
         )
         started = datetime.now(timezone.utc)
+        at_commit = sibling("run_record").commit()  # the tree may move on during the run
         start = time.perf_counter()
         console = []
         with subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, text=True) as proc:
@@ -123,6 +124,7 @@ class Bench:
             load=self.load,
             console="".join(console),
             started=started,
+            at_commit=at_commit,
             extra={"preset": self.preset, "wall_s": round(wall, 1), **fields, "teacher": teacher},
         )
         return json.loads((record / "run.json").read_text())

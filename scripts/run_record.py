@@ -37,12 +37,13 @@ def commit() -> str:
     return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
 
 
-def provenance(what: str, command: str, load: str, started: datetime | None) -> dict:
-    """What every record says of itself: what it is, when, the commit, the command, the CPU, the machine's load."""
+def provenance(what: str, command: str, load: str, started: datetime | None, at_commit: str | None) -> dict:
+    """What every record says of itself: what it is, when, the commit, the command, the CPU, the machine's load.
+    ``at_commit``: the commit the run started at (the tree may move on while a long run goes); default the current."""
     return {
         "what": what,
         "date": (started or datetime.now(timezone.utc)).strftime("%Y-%m-%dT%H:%MZ"),
-        "commit": commit(),
+        "commit": at_commit or commit(),
         "command": command,
         "host_cpu": cpu_name(),
         "load": load,
@@ -72,6 +73,7 @@ def record_run(
     load: str,
     console: str = "",
     started: datetime | None = None,
+    at_commit: str | None = None,
     extra: dict | None = None,
 ) -> Path:
     """Write ``out``/{metrics.jsonl.gz, config.yaml, run.json} from the run directory ``run_dir``; returns ``out``.
@@ -85,7 +87,7 @@ def record_run(
         shutil.copyfile(run_dir / "config.yaml", out / "config.yaml")
     printed, wall, peak = printed_summary(console)
     meta = {
-        **provenance(what, command, load, started),
+        **provenance(what, command, load, started, at_commit),
         "printed": printed,
         "wall_s": wall,
         "peak_rss_mb": peak,
@@ -96,7 +98,14 @@ def record_run(
 
 
 def record_seeded_runs(
-    run_dirs: list[Path], out: Path, *, what: str, command: str, load: str, started: datetime | None = None
+    run_dirs: list[Path],
+    out: Path,
+    *,
+    what: str,
+    command: str,
+    load: str,
+    started: datetime | None = None,
+    at_commit: str | None = None,
 ) -> Path:
     """Write ``out``/<run>.metrics.jsonl.gz for every run directory and ``out``/runs.json (written last, atomically):
     the set's provenance, the generation round's group count (for the group shares) and each run's wall seconds and
@@ -122,7 +131,7 @@ def record_seeded_runs(
         log = d.parent / f"log-{d.name}.txt"
         _, wall[d.name], peak[d.name] = printed_summary(log.read_text(errors="replace") if log.exists() else "")
     meta = {
-        **provenance(what, command, load, started),
+        **provenance(what, command, load, started, at_commit),
         "groups_per_round": per_round.pop(),
         "wall_s": wall,
         "peak_rss_mb": peak,
@@ -146,9 +155,10 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--command", required=True, help="the command as a user types it")
         p.add_argument("--load", required=True, help="what else ran on the machine meanwhile")
         p.add_argument("--started", help="when it started, ISO 8601 UTC (default: now)")
+        p.add_argument("--commit", help="the commit it started at (default: the checkout's now)")
     args = parser.parse_args(argv)
     started = datetime.fromisoformat(args.started.replace("Z", "+00:00")) if args.started else None
-    common = dict(what=args.what, command=args.command, load=args.load, started=started)
+    common = dict(what=args.what, command=args.command, load=args.load, started=started, at_commit=args.commit)
     if args.kind == "run":
         console = args.log.read_text(errors="replace") if args.log else ""
         out = record_run(args.run_dir, args.out, console=console, **common)

@@ -40,6 +40,8 @@ def test_a_run_record_reads_back_as_written(tmp_path: Path) -> None:
     assert meta["printed"] == CONSOLE.splitlines()[1:]  # the closing lines, not the step lines
     assert (meta["what"], meta["command"], meta["load"]) == ("w", "dapo train", "alone")
     assert meta["commit"] and meta["host_cpu"]
+    again = run_record.record_run(run, tmp_path / "rec2", what="w", command="c", load="l", at_commit="abc1234")
+    assert json.loads((again / "run.json").read_text())["commit"] == "abc1234"  # where the run started, not now
 
 
 def test_a_run_without_metrics_is_refused_and_nothing_is_written(tmp_path: Path) -> None:

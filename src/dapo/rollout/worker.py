@@ -140,6 +140,16 @@ class TrainerGone(RolloutWorkerError):
     exited or was killed) while the worker was at some stage; the worker stops, saying which, instead of waiting."""
 
 
+class WeightGroupBroke(RolloutWorkerError):
+    """The worker's side: a broadcast of the weight group failed while the trainer's control channel stayed open
+    (a network fault, or gloo gave up): the group cannot carry another push, so the worker stops, naming the stage,
+    after telling the trainer."""
+
+
+class _BroadcastFailed(Exception):
+    """The weight group's broadcast raised in the worker (its peer is gone, or gloo gave up)."""
+
+
 class _LockedConnection:
     """The worker's end of the pipe, shared by the serving loop and the heartbeat thread: one numbered send at a
     time (:class:`_NumberedSender`)."""
@@ -245,7 +255,7 @@ class _Worker:
                     return
                 try:
                     self.handle(message)
-                except (_UnreadableMessage, OSError, EOFError):
+                except (_UnreadableMessage, _BroadcastFailed, OSError, EOFError):
                     raise
                 except Exception as exc:  # noqa: BLE001 - one failed request must reach the trainer, not kill the worker
                     failure = traceback.format_exc()
@@ -255,8 +265,34 @@ class _Worker:
                         raise self.trainer_gone(exc) from None
         except _UnreadableMessage as exc:  # the channel cannot be trusted any more (module docstring)
             self.conn.send(("broken", str(exc)))
+        except _BroadcastFailed as exc:
+            raise self.weight_group_broke(exc.__cause__ or exc) from None
         except (OSError, EOFError) as exc:  # the trainer's end of the control channel closed
             raise self.trainer_gone(exc) from None
+
+    def weight_group_broke(self, exc: BaseException) -> RolloutWorkerError:
+        """A broken weight group cannot carry another push, so the worker stops. Its usual cause is a trainer that
+        is gone; a killed process's sockets close one by one, so its control channel may close a moment after the
+        group broke. The worker tells the trainer, then waits that moment (bounded) for the channel to close: a
+        closed channel is a trainer that is gone, an open one a group that broke under a live trainer. Either way
+        the stage named is the broadcast (without the wait, a channel that closed later was reported as the next
+        message's wait)."""
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        deadline = time.monotonic() + min(10.0, self.options.stall_timeout_s)
+        try:
+            self.conn.send(("error", f"the weight group broke while the worker was {self.stage}: {detail}"))
+            while (left := deadline - time.monotonic()) > 0:
+                if self.conn.poll(left) and self.conn.recv()[1][0] == "close":
+                    break
+        except (OSError, EOFError) as closed:
+            return self.trainer_gone(closed)
+        except Exception:  # noqa: BLE001, S110 - an unreadable frame: the channel is past use anyway
+            pass
+        return WeightGroupBroke(
+            f"rollout worker (pid {os.getpid()}): the weight group broke ({type(exc).__name__}: {detail}) while the "
+            f"worker was {self.stage}; the worker stopped. A rerun of the trainer's command resumes from its last "
+            "checkpoint"
+        )
 
     def trainer_gone(self, exc: BaseException) -> TrainerGone:
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -279,7 +315,10 @@ class _Worker:
         elif kind == "push":
             _, new_version, layout = message
             self.stage = f"receiving the weight broadcast of version {new_version}"
-            named, stats = self.transport.receive(layout)
+            try:
+                named, stats = self.transport.receive(layout)
+            except RuntimeError as exc:  # gloo's error for a peer that is gone or a broadcast it gave up on
+                raise _BroadcastFailed() from exc
             self.pushes += 1
             if self.options.drop_pushes_after is None or self.pushes <= self.options.drop_pushes_after:
                 self.engine.update_weights(named)
@@ -344,7 +383,7 @@ def _worker_main(spec: EngineSpec, model_cfg: Any, options: WorkerOptions, conn:
     that is gone ends it with one line and exit code 1 (no traceback: nobody reads it but the user)."""
     try:
         _serve(spec, model_cfg, options, conn, address)
-    except TrainerGone as exc:
+    except (TrainerGone, WeightGroupBroke) as exc:
         print(f"Error: {exc}", file=sys.stderr, flush=True)
         sys.exit(1)
 

@@ -192,3 +192,31 @@ def test_a_garbled_or_lost_message_of_the_worker_stops_it_naming_the_stage_and_a
         engine.close()
         if fresh is not None:
             fresh.close()
+
+
+def test_a_lora_actors_adapter_only_push_moves_the_worker_onto_the_actor() -> None:
+    """A LoRA trainer pushes only its adapters (the frozen base never changes): the spawned worker's engine carries
+    the same adapters, so the push lands under their names and the engine scores as the adapted actor does. Without
+    adapters in the worker the push names parameters its model lacks (the bug this guards against)."""
+    from dapo.model.lora import adapter_named_parameters, with_lora
+
+    cfg = ModelConfig(lora_rank=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    actor = with_lora(load_policy(cfg), cfg)
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for _, p in adapter_named_parameters(actor.model):
+            p.copy_(0.3 * torch.randn(p.shape, generator=generator))  # B != 0: the adapters change the function
+    prompt, response = PROBE[:7], PROBE[7:]
+    base = actor_log_probs_of(load_policy(ModelConfig()).model, prompt, response)
+    expected = actor_log_probs_of(actor.model, prompt, response)
+    assert (expected - base).abs().mean() > 1e-2
+    remote = RemoteEngine.start(EngineSpec(name="hf"), cfg, WorkerOptions(num_threads=1))
+    try:
+        assert torch.allclose(torch.tensor(remote.log_probs_of(prompt, response)), base, atol=1e-5)  # B = 0 there
+        metrics = remote.push_weights(adapter_named_parameters(actor.model), version=1)
+        got = torch.tensor(remote.log_probs_of(prompt, response))
+    finally:
+        remote.close()
+    assert torch.allclose(got, expected, atol=1e-5)
+    sent = sum(p.numel() * p.element_size() for _, p in adapter_named_parameters(actor.model))
+    assert metrics["async/weight_transfer_bytes"] == sent  # the adapters only

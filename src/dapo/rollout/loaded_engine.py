@@ -34,7 +34,12 @@ class LoadedEngine:
 
 
 def load_model_engine(
-    model_cfg: ModelConfig, spec: EngineSpec, *, device: str = "cpu", remote_code_switch: str | None = None
+    model_cfg: ModelConfig,
+    spec: EngineSpec,
+    *,
+    device: str = "cpu",
+    remote_code_switch: str | None = None,
+    fresh_adapters: bool = False,
 ) -> LoadedEngine:
     """Load ``model_cfg``'s policy onto ``device`` and build ``spec``'s engine from it.
 
@@ -42,13 +47,19 @@ def load_model_engine(
     device's default engine (``dapo.rollout.factory.default_engine_name``), resolved before the model loads;
     ``spec.max_model_len``: None is the model's ``max_position_embeddings`` (4096 where it names none).
     ``remote_code_switch``: how the calling command allows custom model code, for the message when it is needed.
+    ``fresh_adapters``: the engine of a rollout worker whose trainer trains LoRA adapters (``model.lora_rank >= 1``):
+    the model carries ``model_cfg``'s adapters, untrained (their B factors are 0, so the model is the base model),
+    under the names the trainer's adapter-only pushes carry; each push then fills them.
     """
+    from dapo.model.lora import with_lora
     from dapo.model.loading import load_policy
 
     device = resolve_device(device)
     name = resolve_engine_name(spec.name, device.split(":")[0])  # the device's type: cuda:1 is a cuda device
     switch = {} if remote_code_switch is None else {"remote_code_switch": remote_code_switch}
     policy = load_policy(model_cfg, device=device, **switch)
+    if fresh_adapters:
+        policy = with_lora(policy, model_cfg)
     max_len = spec.max_model_len or int(
         getattr(policy.model.config, "max_position_embeddings", 0) or DEFAULT_MAX_MODEL_LEN
     )

@@ -453,7 +453,8 @@ def _serve(
             backend=options.weight_backend,
         )
         transport.group  # noqa: B018 - the rendezvous, before the slow part
-        engine = load_model_engine(model_cfg, spec, device=options.device).engine
+        # A LoRA trainer pushes only its adapters (dapo.training.weight_sync): the engine holds the same ones.
+        engine = load_model_engine(model_cfg, spec, device=options.device, fresh_adapters=model_cfg.lora).engine
         conn.send(("ready", os.getpid()))
     except BaseException:  # noqa: BLE001 - the parent reports it
         conn.send(("error", traceback.format_exc()))

@@ -4,6 +4,10 @@
     1x1           one trainer process + the rollout worker it spawns, fully async
     2x2           torchrun: 2 trainer ranks (actor.strategy=fsdp2) x 2 rollout ranks, fully async
     2x2-one-step  the same 2 x 2, one_step_off
+    2x2-tools, 2x2-tools-one-step  the 2 x 2 runs with multi-turn tool rollouts (configs/tools/tiny_calculator.yaml),
+                  fully async and one_step_off, SHORT_STEPS steps
+    2x2-lora, 2x2-lora-one-step    the 2 x 2 runs training LoRA adapters (configs/lora_tiny.yaml; the 2 trainer ranks
+                  replicated: LoRA under actor.strategy=fsdp2 is not supported yet), SHORT_STEPS steps
 
 The asynchronous runs use async_training.staleness_threshold=1 and partial_rollout=true (one_step_off: its own bound,
 exactly 1). Each run's metrics.jsonl.gz, config.yaml and run.json (command, date, commit, host CPU, wall seconds)
@@ -30,17 +34,21 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "runs" / "async"
 ASYNC = ["async_training.staleness_threshold=1", "async_training.partial_rollout=true"]
 TWO_BY_TWO = ["rollout.n_gpus_per_node=2", "actor.strategy=fsdp2"]
+TOOLS = ["--config", "configs/tools/tiny_calculator.yaml"]
+LORA = ["--config", "configs/lora_tiny.yaml"]
+SHORT_STEPS = 15  # the tools and LoRA variants: each learns most of the task by then (docs/runs/lora-hf: step 5)
 
 
 @dataclass(frozen=True)
 class BenchRun:
-    """One recorded run: its name (its folder), what it is, its ``dapo train`` arguments and its torchrun ranks
-    (0: a plain process)."""
+    """One recorded run: its name (its folder), what it is, its ``dapo train`` arguments, its torchrun ranks
+    (0: a plain process) and its steps (None: the script's ``--steps``; a shorter run's own)."""
 
     name: str
     what: str
     args: tuple[str, ...]
     ranks: int = 0
+    steps: int | None = None
 
 
 RUNS = (
@@ -61,6 +69,35 @@ RUNS = (
         "torchrun: 2 trainer ranks (fsdp2) x 2 rollout ranks, one_step_off",
         ("async_training.mode=one_step_off", *TWO_BY_TWO),
         ranks=4,
+    ),
+    BenchRun(
+        "2x2-tools",
+        "torchrun: 2 trainer ranks (fsdp2) x 2 rollout ranks, fully async, staleness 1, partial rollouts, "
+        "multi-turn tool rollouts",
+        (*TOOLS, "async_training.mode=fully_async", *ASYNC, *TWO_BY_TWO),
+        ranks=4,
+        steps=SHORT_STEPS,
+    ),
+    BenchRun(
+        "2x2-tools-one-step",
+        "torchrun: 2 trainer ranks (fsdp2) x 2 rollout ranks, one_step_off, multi-turn tool rollouts",
+        (*TOOLS, "async_training.mode=one_step_off", *TWO_BY_TWO),
+        ranks=4,
+        steps=SHORT_STEPS,
+    ),
+    BenchRun(
+        "2x2-lora",
+        "torchrun: 2 trainer ranks (replicated) x 2 rollout ranks, fully async, staleness 1, partial rollouts, LoRA",
+        (*LORA, "async_training.mode=fully_async", *ASYNC, "rollout.n_gpus_per_node=2"),
+        ranks=4,
+        steps=SHORT_STEPS,
+    ),
+    BenchRun(
+        "2x2-lora-one-step",
+        "torchrun: 2 trainer ranks (replicated) x 2 rollout ranks, one_step_off, LoRA",
+        (*LORA, "async_training.mode=one_step_off", "rollout.n_gpus_per_node=2"),
+        ranks=4,
+        steps=SHORT_STEPS,
     ),
 )
 
@@ -106,11 +143,19 @@ def run_record():  # type: ignore[no-untyped-def]
     return module
 
 
+def config_of(run: BenchRun, extra: list[str]):  # type: ignore[no-untyped-def]
+    """The run's validated config: its ``--config`` files (relative to the repository) with its overrides."""
+    from dapo.config.loading import load_config
+
+    args = [*run.args, *extra]
+    files = [ROOT / args[i + 1] for i, a in enumerate(args) if a == "--config"]
+    overrides = [a for i, a in enumerate(args) if a != "--config" and (i == 0 or args[i - 1] != "--config")]
+    return load_config(files or None, overrides)
+
+
 def record(run: BenchRun, steps: int, out: Path, extra: list[str], load: str) -> dict:
     """Run ``run`` to its end in a scratch folder, then keep its metrics, config and run.json in ``out/<name>``."""
-    from dapo.config import build_config
-
-    cfg = build_config({}, [*run.args, *extra])
+    cfg = config_of(run, extra)
     with tempfile.TemporaryDirectory(prefix=f"bench_async_{run.name}_") as scratch:
         run_root = Path(scratch)
         command = command_of(run, steps, run_root, extra)
@@ -150,8 +195,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown runs {unknown}; known: {', '.join(r.name for r in RUNS)}")
     chosen = [r for r in RUNS if r.name in wanted]
     for i, run in enumerate(chosen, 1):
-        print(f"[{i}/{len(chosen)}] {run.name} ({run.what}), {args.steps} steps ...", flush=True)
-        meta = record(run, args.steps, args.out, args.extra, args.load)
+        steps = min(run.steps, args.steps) if run.steps else args.steps
+        print(f"[{i}/{len(chosen)}] {run.name} ({run.what}), {steps} steps ...", flush=True)
+        meta = record(run, steps, args.out, args.extra, args.load)
         print(f"[{i}/{len(chosen)}] {run.name}: done in {meta['wall_s']} s -> {args.out / run.name}", flush=True)
     return 0
 

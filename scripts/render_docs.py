@@ -1459,7 +1459,10 @@ RENDERERS.update(
 # docs/async.md's records, made by scripts/bench_async.py (one folder per run: metrics.jsonl.gz, config.yaml,
 # run.json). Until they exist the blocks say so and hold no figure.
 ASYNC_RUNS = "docs/runs/async"
-ASYNC_RUN_NAMES = ("sync", "1x1", "2x2", "2x2-one-step")  # scripts/bench_async.py's runs, in its order
+ASYNC_RUN_NAMES = (
+    *("sync", "1x1", "2x2", "2x2-one-step"),
+    *("2x2-tools", "2x2-tools-one-step", "2x2-lora", "2x2-lora-one-step"),
+)  # scripts/bench_async.py's runs, in its order
 ASYNC_PENDING = (
     "\nThe records are pending until the lead's run of `python scripts/bench_async.py` (it writes `{where}/`); this "
     "block then shows what they measured.\n"

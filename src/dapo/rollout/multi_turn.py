@@ -171,6 +171,10 @@ class MultiTurnRollout:
     def close(self) -> None:
         self.engine.close()
 
+    def take_engine_counts(self) -> dict[str, float]:
+        """The wrapped engines' per-engine sample counts (``EngineFleet``; every turn's continuations count), or none."""
+        return getattr(self.engine, "take_engine_counts", dict)()
+
     def generate(self, prompt_token_ids: Sequence[Sequence[int]], sampling: SamplingParams) -> MultiTurnOutput:
         """Like :meth:`RolloutEngine.generate` (same order and ``n``); ``sampling.max_tokens`` is ignored in favour of
         the trajectory budget ``max_response_length``."""

@@ -416,3 +416,26 @@ def test_an_engine_that_tags_no_version_leaves_the_trajectory_untagged() -> None
         [[1]], SamplingParams(n=1, max_tokens=200)
     )
     assert out.turns == [2] and out.token_versions is None  # the run stamps the version it generated under
+
+
+def test_a_dead_worker_under_the_rollout_is_the_rollouts_death_and_respawn_keeps_the_tools() -> None:
+    """The run restarts the engine a death names only when it is the one it holds: the multi-turn rollout."""
+    from dapo.rollout.worker import RolloutWorkerDied
+
+    tok = WordTokenizer(PIECES)
+
+    class DyingEngine:
+        def generate(self, prompts, params):
+            raise RolloutWorkerDied("the rollout worker died", engine=self)  # type: ignore[arg-type]
+
+        def respawn(self):
+            return scripted_engine(tok, {1: "Answer: 42"})
+
+    runner = PrintingRunner()
+    mt = MultiTurnRollout(DyingEngine(), tok, runner, MultiTurnParams(max_response_length=200))
+    with pytest.raises(RolloutWorkerDied, match="the rollout worker died") as death:
+        mt.generate([[1]], SamplingParams(n=1, max_tokens=200))
+    assert death.value.engine is mt
+    fresh = mt.respawn()
+    assert isinstance(fresh, MultiTurnRollout) and fresh is not mt and fresh.toolbox is mt.toolbox
+    assert tok.decode(fresh.generate([[1]], SamplingParams(n=1, max_tokens=200)).response_ids[0]) == "Answer: 42<eos>"

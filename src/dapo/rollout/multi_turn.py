@@ -35,12 +35,15 @@ reads the list as the versions of a sample's sampled tokens).
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from dapo.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
+from dapo.rollout.worker import RolloutWorkerDied
 from dapo.tools.call_format import ToolCallFormat
 from dapo.tools.toolbox import ToolCall, Toolbox
 
@@ -175,21 +178,40 @@ class MultiTurnRollout:
         return self.engine.weight_version
 
     def update_weights(self, named_tensors) -> None:
-        self.engine.update_weights(named_tensors)
+        with self._own_deaths():
+            self.engine.update_weights(named_tensors)
 
     def push_weights(self, named_tensors, version: int) -> dict[str, float]:
         """A versioned push into the wrapped engine (a rollout worker's: the tokens it draws afterwards carry
         ``version``); an engine without versioned pushes takes the weights as an update."""
         push = getattr(self.engine, "push_weights", None)
-        if push is None:
-            self.engine.update_weights(named_tensors)
-            return {}
-        return push(named_tensors, version=version)
+        with self._own_deaths():
+            if push is None:
+                self.engine.update_weights(named_tensors)
+                return {}
+            return push(named_tensors, version=version)
 
     @property
     def last_push(self) -> dict[str, float]:
         """The wrapped engine's last transfer metrics (a worker restarted mid-push reports them here)."""
         return getattr(self.engine, "last_push", {})
+
+    def respawn(self) -> MultiTurnRollout:
+        """This rollout over a new worker (the wrapped engine's ``respawn``): same tools, params and stop ids."""
+        fresh = copy.copy(self)
+        fresh.engine = self.engine.respawn()
+        return fresh
+
+    @contextlib.contextmanager
+    def _own_deaths(self) -> Iterator[None]:
+        """A dead worker under this rollout as this rollout's death: the run replaces the engine it holds, this
+        object (``respawn``), and compares the death's handle with it."""
+        try:
+            yield
+        except RolloutWorkerDied as death:
+            if death.engine is self:
+                raise
+            raise RolloutWorkerDied(str(death), engine=self) from death  # type: ignore[arg-type]
 
     def log_probs_of(self, prompt_token_ids: Sequence[int], response_ids: Sequence[int]) -> list[float]:
         return self.engine.log_probs_of(prompt_token_ids, response_ids)
@@ -200,6 +222,10 @@ class MultiTurnRollout:
     def generate(self, prompt_token_ids: Sequence[Sequence[int]], sampling: SamplingParams) -> MultiTurnOutput:
         """Like :meth:`RolloutEngine.generate` (same order and ``n``); ``sampling.max_tokens`` is ignored in favour of
         the trajectory budget ``max_response_length``."""
+        with self._own_deaths():
+            return self._generate(prompt_token_ids, sampling)
+
+    def _generate(self, prompt_token_ids: Sequence[Sequence[int]], sampling: SamplingParams) -> MultiTurnOutput:
         samples = [_Sample(i, list(p)) for i, p in enumerate(prompt_token_ids) for _ in range(sampling.n)]
         stops = {
             open_: tuple(sorted(set(sampling.stop_token_ids) | set(ids)))

@@ -127,6 +127,41 @@ def test_two_fsdp2_trainer_ranks_and_two_rollout_ranks_train_within_the_stalenes
     assert sorted(p.name for p in checkpoint.glob("rng_rank*.pt")) == ["rng_rank0.pt", "rng_rank1.pt"]
 
 
+CALCULATOR = str(Path(__file__).resolve().parents[2] / "configs" / "tools" / "tiny_calculator.yaml")
+
+
+@pytest.mark.slow
+def test_two_fsdp2_trainer_ranks_and_two_rollout_ranks_train_multi_turn_rollouts_within_the_bound(
+    tmp_path: Path,
+) -> None:
+    """2 x 2 with the tiny calculator's multi-turn tool rollouts: a push may land between two turns of a trajectory
+    on either engine; every model token keeps its version, so the bound holds sample by sample, and the tool ran."""
+    run_dir = tmp_path / "tools"
+    args = [
+        "--config",
+        CALCULATOR,
+        *(a if a != "rollout.n_gpus_per_node=1" else "rollout.n_gpus_per_node=2" for a in SPLIT),
+        "actor.strategy=fsdp2",
+        "data.max_response_length=48",
+        "reward_model.overlong_buffer.len=4",
+        "algorithm.filter_groups.max_num_gen_batches=1",
+        "rollout.multi_turn.sandbox.mode=unsafe-no-isolation",
+        "trainer.save_freq=0",
+    ]
+    result = torchrun(
+        [*args, "trainer.experiment_name=tools", f"trainer.rollout_data_dir={run_dir / 'batches'}"],
+        tmp_path,
+        nproc=4,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    records = trained_records(run_dir)
+    for r in records:
+        assert r["async/staleness/max"] <= 1 and r["train/num_groups"] > 0, r
+        assert r["tool/calls_per_sample"] > 0, r
+    assert_trained_batches_within_bound(run_dir)
+
+
 @pytest.mark.slow
 def test_two_replicated_trainer_ranks_and_one_rollout_rank_resume_one_step_off(tmp_path: Path) -> None:
     """2 + 1, one_step_off, replicated: the run trains, and a rerun with more steps resumes from its checkpoint on

@@ -366,3 +366,76 @@ def test_two_tools_in_one_trajectory_each_call_runs_on_the_tool_its_format_names
     assert out.tool_categories == [["ok", "ok"]] and out.turns == [3] and out.finish_reason == ["stop"]
     tool = "".join(tok.decode([t]) for t, m in zip(out.response_ids[0], out.action_mask[0]) if m == 0)
     assert tool == python_output + calculator_output
+
+
+class VersionedEngine:
+    """The scripted engine behind a rollout worker's contract: every call's tokens are tagged with the version it
+    holds now (``RolloutOutput.token_versions``); ``push`` moves it, as a trainer's push landing between turns."""
+
+    def __init__(self, engine: ScriptedEngine, version: int) -> None:
+        self.engine, self.version = engine, version
+
+    def generate(self, prompts, params):
+        out = self.engine.generate(prompts, params)
+        out.token_versions = [[self.version] * len(ids) for ids in out.response_ids]
+        return out
+
+
+class PushingRunner(PrintingRunner):
+    """Runs the code, and a push lands while it runs (the engine's next turn draws with the next version)."""
+
+    def __init__(self, engine: VersionedEngine) -> None:
+        self.engine = engine
+
+    def run_many(self, codes: Sequence[str], max_workers: int = 1) -> list[ToolResult]:
+        self.engine.version += 1
+        return super().run_many(codes, max_workers)
+
+
+def test_each_model_token_keeps_the_version_of_its_turn_and_tool_tokens_have_none() -> None:
+    tok = WordTokenizer(PIECES)
+    first, second = "Let me.\n```python\nprint(6 * 7)\n```", "Answer: 42"
+    engine = VersionedEngine(scripted_engine(tok, {1: first + second}), version=5)
+    mt = MultiTurnRollout(engine, tok, PushingRunner(engine), MultiTurnParams(max_response_length=200))
+    out = mt.generate([[1]], SamplingParams(n=1, max_tokens=200))
+    assert out.turns == [2] and out.tool_categories == [["ok"]]
+    first_ids, second_ids = tok.encode(first), tok.encode(second) + [WordTokenizer.eos]
+    # one entry per model token, in order: turn 1 (two engine calls) under version 5, turn 2 under 6
+    assert out.token_versions == [[5] * len(first_ids) + [6] * len(second_ids)]
+    assert len(out.token_versions[0]) == sum(out.action_mask[0]) < len(out.response_ids[0])  # tool tokens: none
+    # the lag is the oldest model token's, whatever the tool tokens: staleness reads these lists as they are
+    from dapo.training.staleness import sample_lag
+
+    assert sample_lag(out.token_versions[0], actor_version=6) == 1
+
+
+def test_an_engine_that_tags_no_version_leaves_the_trajectory_untagged() -> None:
+    tok = WordTokenizer(PIECES)
+    engine = scripted_engine(tok, {1: "Let me.\n```python\nprint(6 * 7)\n```Answer: 42"})
+    out = MultiTurnRollout(engine, tok, PrintingRunner(), MultiTurnParams(max_response_length=200)).generate(
+        [[1]], SamplingParams(n=1, max_tokens=200)
+    )
+    assert out.turns == [2] and out.token_versions is None  # the run stamps the version it generated under
+
+
+def test_a_dead_worker_under_the_rollout_is_the_rollouts_death_and_respawn_keeps_the_tools() -> None:
+    """The run restarts the engine a death names only when it is the one it holds: the multi-turn rollout."""
+    from dapo.rollout.worker import RolloutWorkerDied
+
+    tok = WordTokenizer(PIECES)
+
+    class DyingEngine:
+        def generate(self, prompts, params):
+            raise RolloutWorkerDied("the rollout worker died", engine=self)  # type: ignore[arg-type]
+
+        def respawn(self):
+            return scripted_engine(tok, {1: "Answer: 42"})
+
+    runner = PrintingRunner()
+    mt = MultiTurnRollout(DyingEngine(), tok, runner, MultiTurnParams(max_response_length=200))
+    with pytest.raises(RolloutWorkerDied, match="the rollout worker died") as death:
+        mt.generate([[1]], SamplingParams(n=1, max_tokens=200))
+    assert death.value.engine is mt
+    fresh = mt.respawn()
+    assert isinstance(fresh, MultiTurnRollout) and fresh is not mt and fresh.toolbox is mt.toolbox
+    assert tok.decode(fresh.generate([[1]], SamplingParams(n=1, max_tokens=200)).response_ids[0]) == "Answer: 42<eos>"

@@ -420,13 +420,53 @@ def test_one_step_off_refuses_what_it_cannot_run() -> None:
     assert build_config({}, []).async_training.mode == "sync"  # the default run is the synchronous loop
 
 
-def test_fully_async_refuses_multi_turn_rollouts() -> None:
-    """A multi-turn rollout's per-token weight versions are not tracked (fully_async stopped with a KeyError on the
-    batch's versions); one_step_off tags the whole batch with one version and runs it."""
-    from dapo.config import ConfigError
-
-    with pytest.raises(ConfigError, match="async_training.mode=fully_async cannot run rollout.multi_turn.enable=true"):
-        build_config({}, ["async_training.mode=fully_async", "rollout.multi_turn.enable=true"])
+def test_fully_async_accepts_multi_turn_rollouts() -> None:
+    """A multi-turn trajectory carries each model token's version (dapo.rollout.multi_turn), so fully_async runs it
+    under its staleness bound as a single-turn rollout (it was refused while those versions were not tracked)."""
+    cfg = build_config({}, ["async_training.mode=fully_async", "rollout.multi_turn.enable=true"])
+    assert cfg.async_training.mode == "fully_async" and cfg.rollout.multi_turn.enable
     assert build_config(
         {}, ["async_training.mode=one_step_off", "rollout.multi_turn.enable=true"]
     ).rollout.multi_turn.enable
+
+
+CALCULATOR = str(Path(__file__).resolve().parents[2] / "configs" / "tools" / "tiny_calculator.yaml")
+
+
+def test_fully_async_multi_turn_rollouts_train_within_the_staleness_bound(tmp_path: Path) -> None:
+    """The tiny calculator preset, fully async with partial rollouts: a push may land between two turns of a
+    trajectory or inside one; every trained sample is still within the threshold, counted over its model tokens."""
+    result = run_dapo_warm(
+        [
+            "train",
+            "--config",
+            CALCULATOR,
+            *FAST,
+            "trainer.test_freq=0",
+            "trainer.val_before_train=false",
+            "trainer.total_training_steps=3",
+            "data.max_response_length=48",
+            "algorithm.filter_groups.max_num_gen_batches=1",
+            "rollout.multi_turn.sandbox.mode=unsafe-no-isolation",
+            "async_training.mode=fully_async",
+            "async_training.staleness_threshold=1",
+            "async_training.partial_rollout=true",
+            "async_training.partial_rollout_chunk_tokens=4",
+            "async_training.rollout_num_threads=1",
+            "trainer.experiment_name=mt",
+            f"trainer.rollout_data_dir={tmp_path / 'mt' / 'batches'}",
+        ],
+        tmp_path,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [r for r in _records(tmp_path / "mt") if r["step"] > 0]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    for r in records:
+        assert r["async/staleness/max"] <= 1 and r["actor/old_log_prob_recomputed"] == 1.0, r
+        assert r["tool/calls_per_sample"] > 0, r  # the tool ran: these are multi-turn trajectories
+    assert records[0]["async/staleness/max"] == 0
+    for step, lines in _batches(tmp_path / "mt").items():
+        for line in lines:
+            assert line["lag"] == step - 1 - min(line["weight_versions"]) <= 1, (step, line)
+            assert max(line["weight_versions"]) <= step - 1

@@ -1148,14 +1148,6 @@ class DapoConfig(_Section):
                 f"async_training.trigger_parameter_sync_step={at.trigger_parameter_sync_step} needs "
                 "async_training.mode=one_step_off or fully_async (sync pushes after every step)"
             )
-        if at.mode == "fully_async" and self.rollout.multi_turn.enable:
-            # A multi-turn rollout calls the engine once per turn; pushes land between turns, and its output carries
-            # no per-token weight versions, so the staleness bound could not be checked on its samples.
-            problems.append(
-                "async_training.mode=fully_async cannot run rollout.multi_turn.enable=true (a multi-turn "
-                "rollout's per-token weight versions are not tracked); use async_training.mode=one_step_off "
-                "or sync"
-            )
         if at.partial_rollout and at.mode != "fully_async":
             problems.append(
                 "async_training.partial_rollout=true needs async_training.mode=fully_async (only there "

@@ -35,7 +35,8 @@ class ScoredGroup:
     # output; and each response's tool-call result categories. None for single-turn rollouts.
     action_masks: list[list[int]] | None = None
     tool_categories: list[list[str]] | None = None
-    # Per response, per token: the weight version (trainer step) the engine held when it drew the token; None until
+    # Per response, per sampled token: the weight version (trainer step) the engine held when it drew the token (a
+    # trajectory's model tokens only, never its tool tokens: dapo.rollout.multi_turn); None until
     # the rollout side stamps it (asynchronous training reads the lag of each sample from here, dapo.training.staleness).
     token_versions: list[list[int]] | None = None
     # Per response, ``[prompt + response tokens, MoE layers, k]`` expert ids the rollout routed each token to (R3,

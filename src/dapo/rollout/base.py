@@ -133,8 +133,8 @@ class RolloutOutput:
     response_ids: list[list[int]]
     logprobs: list[list[float]]
     finish_reason: list[str]
-    # Per sample, per token: the weight version that drew it; set by engines that follow versioned pushes (a rollout
-    # worker), None otherwise.
+    # Per sample, per sampled token: the weight version that drew it; set by engines that follow versioned pushes (a
+    # rollout worker), None otherwise. A multi-turn trajectory lists its model tokens' only (tool tokens were not drawn).
     token_versions: list[list[int]] | None = None
     # Per sample, ``[prompt + response tokens, MoE layers, k]`` expert ids each token was routed to (-1: not recorded),
     # from an engine asked for them (R3, ``actor.router_replay.mode``); None otherwise.

@@ -25,16 +25,25 @@ is a sample of the same policy).
 The action mask marks the model's own tokens (1) against tool output (0). Tool tokens carry a log-prob of 0.0 as a
 placeholder that nothing may read: they are context, not actions. The reward reads the model's tokens only
 (:func:`model_text`): a line the code printed is not the model's answer.
+
+Weight versions: over an engine that tags its tokens (a rollout worker, ``RolloutOutput.token_versions``), each turn's
+tokens keep the version of the weights that drew them, so a push that lands between two turns (or, with partial
+rollouts, inside one) shows in the trajectory's versions. A trajectory's versions are those of its *model* tokens, in
+order, and nothing for tool tokens: nobody sampled those, so they make no sample stale (``dapo.training.staleness``
+reads the list as the versions of a sample's sampled tokens).
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from dapo.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
+from dapo.rollout.worker import RolloutWorkerDied
 from dapo.tools.call_format import ToolCallFormat
 from dapo.tools.toolbox import ToolCall, Toolbox
 
@@ -105,6 +114,8 @@ class MultiTurnOutput(RolloutOutput):
     action_mask: per token, 1 for a token the model sampled, 0 for a tool-output token (context, not an action).
     tool_calls: per sample, the tool calls that ran; tool_categories: per sample, each call's result category.
     turns: per sample, the model turns.
+    token_versions (inherited): per sample, the version of each *model* token in order (one entry per 1 of
+        ``action_mask``), when the engine tagged every call's tokens; None otherwise.
     """
 
     action_mask: list[list[int]] = field(default_factory=list)
@@ -116,6 +127,9 @@ class MultiTurnOutput(RolloutOutput):
         for k, (ids, mask) in enumerate(zip(self.response_ids, self.action_mask, strict=True)):
             if len(ids) != len(mask):
                 raise ValueError(f"MultiTurnOutput sample {k}: {len(ids)} ids but {len(mask)} mask entries")
+        for k, (versions, mask) in enumerate(zip(self.token_versions or [], self.action_mask, strict=False)):
+            if len(versions) != sum(mask):
+                raise ValueError(f"MultiTurnOutput sample {k}: {len(versions)} versions but {sum(mask)} model tokens")
 
     @property
     def tool_calls(self) -> list[int]:
@@ -129,6 +143,7 @@ class _Sample:
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
+    versions: list[int] | None = field(default_factory=list)  # of the model tokens; None once a call came untagged
     turn_start: int = 0  # where the current model turn begins in ids
     turns: int = 1
     categories: list[str] = field(default_factory=list)
@@ -163,7 +178,40 @@ class MultiTurnRollout:
         return self.engine.weight_version
 
     def update_weights(self, named_tensors) -> None:
-        self.engine.update_weights(named_tensors)
+        with self._own_deaths():
+            self.engine.update_weights(named_tensors)
+
+    def push_weights(self, named_tensors, version: int) -> dict[str, float]:
+        """A versioned push into the wrapped engine (a rollout worker's: the tokens it draws afterwards carry
+        ``version``); an engine without versioned pushes takes the weights as an update."""
+        push = getattr(self.engine, "push_weights", None)
+        with self._own_deaths():
+            if push is None:
+                self.engine.update_weights(named_tensors)
+                return {}
+            return push(named_tensors, version=version)
+
+    @property
+    def last_push(self) -> dict[str, float]:
+        """The wrapped engine's last transfer metrics (a worker restarted mid-push reports them here)."""
+        return getattr(self.engine, "last_push", {})
+
+    def respawn(self) -> MultiTurnRollout:
+        """This rollout over a new worker (the wrapped engine's ``respawn``): same tools, params and stop ids."""
+        fresh = copy.copy(self)
+        fresh.engine = self.engine.respawn()
+        return fresh
+
+    @contextlib.contextmanager
+    def _own_deaths(self) -> Iterator[None]:
+        """A dead worker under this rollout as this rollout's death: the run replaces the engine it holds, this
+        object (``respawn``), and compares the death's handle with it."""
+        try:
+            yield
+        except RolloutWorkerDied as death:
+            if death.engine is self:
+                raise
+            raise RolloutWorkerDied(str(death), engine=self) from death  # type: ignore[arg-type]
 
     def log_probs_of(self, prompt_token_ids: Sequence[int], response_ids: Sequence[int]) -> list[float]:
         return self.engine.log_probs_of(prompt_token_ids, response_ids)
@@ -178,6 +226,10 @@ class MultiTurnRollout:
     def generate(self, prompt_token_ids: Sequence[Sequence[int]], sampling: SamplingParams) -> MultiTurnOutput:
         """Like :meth:`RolloutEngine.generate` (same order and ``n``); ``sampling.max_tokens`` is ignored in favour of
         the trajectory budget ``max_response_length``."""
+        with self._own_deaths():
+            return self._generate(prompt_token_ids, sampling)
+
+    def _generate(self, prompt_token_ids: Sequence[Sequence[int]], sampling: SamplingParams) -> MultiTurnOutput:
         samples = [_Sample(i, list(p)) for i, p in enumerate(prompt_token_ids) for _ in range(sampling.n)]
         stops = {
             open_: tuple(sorted(set(sampling.stop_token_ids) | set(ids)))
@@ -228,13 +280,17 @@ class MultiTurnRollout:
             action_mask=[s.mask for s in samples],
             turns=[s.turns for s in samples],
             tool_categories=[s.categories for s in samples],
+            token_versions=None if any(s.versions is None for s in samples) else [s.versions for s in samples],
         )
 
     # --- one engine call's results --------------------------------------------------------------------------------
 
     def _absorb(self, samples: list[_Sample], out: RolloutOutput) -> None:
         p = self.params
-        for s, ids, lps, reason in zip(samples, out.response_ids, out.logprobs, out.finish_reason, strict=True):
+        tagged = out.token_versions or [None] * len(samples)
+        for s, ids, lps, reason, versions in zip(
+            samples, out.response_ids, out.logprobs, out.finish_reason, tagged, strict=True
+        ):
             room = p.max_response_length - len(s.ids)
             ids, lps = list(ids[:room]), list(lps[:room])
             cut = self._closing_cut(s, ids)
@@ -243,6 +299,8 @@ class MultiTurnRollout:
             s.ids += ids
             s.logprobs += lps
             s.mask += [1] * len(ids)
+            # The kept tokens' versions (cut where the ids were); one untagged call leaves the trajectory untagged.
+            s.versions = None if versions is None or s.versions is None else s.versions + list(versions[: len(ids)])
             full = len(s.ids) >= p.max_response_length
             if cut is not None:
                 if s.turns < p.max_assistant_turns and not full:

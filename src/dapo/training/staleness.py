@@ -54,10 +54,12 @@ class ProducedBatch:
 
 
 def stamp_versions(groups: list[ScoredGroup], version: int) -> None:
-    """Tag every token of the groups the engine did not stamp with ``version``."""
+    """Tag every sampled token of the groups the engine did not stamp with ``version`` (a trajectory's model tokens,
+    not its tool tokens: those were not drawn by any weights)."""
     for g in groups:
         if g.token_versions is None:
-            g.token_versions = [[version] * len(ids) for ids in g.response_ids]
+            drawn = g.action_masks or [[1] * len(ids) for ids in g.response_ids]
+            g.token_versions = [[version] * sum(mask) for mask in drawn]
 
 
 def oldest_token_version(group: ScoredGroup, default: int) -> int:

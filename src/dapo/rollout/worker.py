@@ -314,7 +314,7 @@ class _Worker:
                 versions = [[self.version] * len(ids) for ids in output.response_ids]
             else:
                 output, versions = self.generate_in_segments(prompts, params)
-            self.conn.send(("finished", request_id, output, versions))
+            self.conn.send(("finished", request_id, _routes_as_arrays(output), versions))
         elif kind == "push":
             _, new_version, layout = message
             self.stage = f"receiving the weight broadcast of version {new_version}"
@@ -386,6 +386,22 @@ class _Worker:
             [k // n for k in range(len(ids))], ids, logprobs, [str(r) for r in reasons], routed_experts=routes
         )
         return output, versions
+
+
+def _routes_as_arrays(output: RolloutOutput) -> RolloutOutput:
+    """The output as it crosses the control channel: routes as numpy arrays, pickled by value. A tensor would go as
+    a shared-memory handle (torch's reducers), which a torchrun rank cannot open from another rank's process (the
+    resource sharer's handshake needs a common authkey) and which costs a descriptor per sample."""
+    if output.routed_experts is None:
+        return output
+    return dataclasses.replace(output, routed_experts=[r.numpy() for r in output.routed_experts])
+
+
+def _routes_as_tensors(output: RolloutOutput) -> RolloutOutput:
+    """:func:`_routes_as_arrays` undone on the trainer's side."""
+    if output.routed_experts is None:
+        return output
+    return dataclasses.replace(output, routed_experts=[torch.from_numpy(r) for r in output.routed_experts])
 
 
 def _routes_so_far(kept: torch.Tensor, segment: torch.Tensor, fed: int) -> torch.Tensor:
@@ -734,6 +750,7 @@ class RemoteEngine:
                     continue
                 if kind == "finished":
                     _, request_id, output, token_versions = message
+                    output = _routes_as_tensors(output)
                     if request_id in self._aborted:
                         self._aborted.discard(request_id)
                     else:

@@ -249,3 +249,33 @@ def test_a_killed_rollout_rank_ends_the_job_and_max_restarts_resumes_it(tmp_path
     assert "Traceback" not in first_round, out[-4000:]
     assert "resumed from" in out
     assert metric_steps(run_dir) == list(range(1, STEPS + 1))  # every step recorded once
+
+
+@pytest.mark.slow
+def test_r3_one_step_off_on_a_rollout_rank_replays_the_ranks_routes(tmp_path: Path) -> None:
+    """1 + 1, one_step_off, a tiny Qwen3-MoE with actor.router_replay.mode=R3: the rollout rank records the routes
+    (the same worker code as a spawned worker) and sends them with the samples; the first step's batch, drawn under
+    the trainer's own weights, agrees on every route, and every step replays."""
+    from tests.model.families import save_tiny_model
+
+    folder = save_tiny_model("qwen3_moe", tmp_path / "model", eos_token_ids=range(2, 601, 6))
+    run_dir = tmp_path / "r3"
+    result = torchrun(
+        [
+            *[a for a in SPLIT if not a.startswith("async_training.")],
+            "async_training.mode=one_step_off",
+            "async_training.rollout_num_threads=1",
+            f"model.path={folder}",
+            "actor.router_replay.mode=R3",
+            "algorithm.filter_groups.enable=false",  # a random model's groups are all wrong: train on them anyway
+            "trainer.experiment_name=r3",
+        ],
+        tmp_path,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "engine hf on a rollout rank of its own" in result.stdout
+    records = trained_records(run_dir)
+    assert records[0]["async/staleness/max"] == 0.0 and records[0]["moe/routing_agreement"] == 1.0
+    for r in records:
+        assert 0.0 < r["moe/routing_agreement"] <= 1.0 and 0.0 < r["moe/update_routing_agreement"] <= 1.0

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+import torch
+
 from dapo.rollout.base import RolloutOutput
 from dapo.rollout.fleet import deal, merge
 
@@ -36,3 +38,16 @@ def test_merge_puts_every_sample_back_under_its_prompt_with_its_versions() -> No
     assert merged.token_versions == [[0]] * 6 + [[3]] * 4
     untracked = RolloutOutput([0], [[1]], [[-1.0]], ["length"])
     assert merge([untracked, untracked], [slice(0, 1), slice(1, 2)]).token_versions is None
+
+
+def test_merge_keeps_each_samples_routes_with_it() -> None:
+    """R3: each engine's per-sample routes stay with their samples in the merged order; an engine without routes
+    leaves the merge without (the actor routes live rather than replay half a batch)."""
+
+    def output(first_id: int, routed: bool) -> RolloutOutput:
+        routes = [torch.full((2, 1, 1), first_id + j, dtype=torch.int16) for j in range(2)] if routed else None
+        return RolloutOutput([0, 0], [[first_id], [first_id + 1]], [[-0.5]] * 2, ["stop"] * 2, routed_experts=routes)
+
+    merged = merge([output(10, True), output(20, True)], [slice(0, 1), slice(1, 2)])
+    assert [int(r[0, 0, 0]) for r in merged.routed_experts] == [10, 11, 20, 21]
+    assert merge([output(10, True), output(20, False)], [slice(0, 1), slice(1, 2)]).routed_experts is None

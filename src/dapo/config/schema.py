@@ -1102,10 +1102,6 @@ class DapoConfig(_Section):
                 f"{key} is not needed with rollout.true_on_policy=true (the engine computes the actor's "
                 "routes bitwise) and does not record under it"
             )
-        if mode == "R3" and self.async_training.mode != "sync":
-            found.append(
-                f"{key} runs with async_training.mode=sync (rollout workers and partial rollouts do not carry routes)"
-            )
         if mode == "R3" and self.rollout.multi_turn.enable:
             found.append(f"{key} does not run rollout.multi_turn (a trajectory's tool turns are not recorded)")
         return found

@@ -50,8 +50,14 @@ def merge(outputs: Sequence[RolloutOutput], shares: Sequence[slice]) -> RolloutO
         finish_reason += out.finish_reason
         versions += out.token_versions if out.token_versions is not None else [[] for _ in out.response_ids]
     tracked = all(out.token_versions is not None for out in outputs)
+    routed = all(out.routed_experts is not None for out in outputs)  # R3: every engine records, or none does
     return RolloutOutput(
-        prompt_index, response_ids, logprobs, finish_reason, token_versions=versions if tracked else None
+        prompt_index,
+        response_ids,
+        logprobs,
+        finish_reason,
+        token_versions=versions if tracked else None,
+        routed_experts=[r for out in outputs for r in out.routed_experts] if routed else None,  # type: ignore[union-attr]
     )
 
 

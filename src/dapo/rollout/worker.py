@@ -99,6 +99,8 @@ class WorkerOptions:
         device: where the worker loads its engine (``dapo.distributed.placement``: the trainer's GPU for a spawned
             worker, ``cuda:LOCAL_RANK`` on a rollout rank, or the CPU).
         weight_backend: the weight group's backend (``gloo``, or ``nccl`` between ranks on GPUs of their own).
+        record_routes: R3 (``actor.router_replay.mode``): the worker's engine records the experts each token was
+            routed to and returns them in ``RolloutOutput.routed_experts`` (an MoE model only).
     """
 
     num_threads: int | None = None
@@ -109,6 +111,7 @@ class WorkerOptions:
     request_fault: MessageFault | None = None
     device: str = "cpu"
     weight_backend: str = "gloo"
+    record_routes: bool = False
 
     @property
     def heartbeat_s(self) -> float:
@@ -311,7 +314,7 @@ class _Worker:
                 versions = [[self.version] * len(ids) for ids in output.response_ids]
             else:
                 output, versions = self.generate_in_segments(prompts, params)
-            self.conn.send(("finished", request_id, output, versions))
+            self.conn.send(("finished", request_id, _routes_as_arrays(output), versions))
         elif kind == "push":
             _, new_version, layout = message
             self.stage = f"receiving the weight broadcast of version {new_version}"
@@ -351,6 +354,7 @@ class _Worker:
         logprobs: list[list[float]] = [[] for _ in ids]
         versions: list[list[int]] = [[] for _ in ids]
         reasons: list[str | None] = [None] * len(ids)
+        routes: list[torch.Tensor] | None = None  # R3: per sample, [prompt + response tokens, layers, k]
         segment = 0
         while any(r is None for r in reasons):
             if segment > 0:
@@ -366,6 +370,10 @@ class _Worker:
             )
             out = self.engine.generate([prompts[k // n] + ids[k] for k in active], step)
             for j, k in enumerate(active):
+                if out.routed_experts is not None:
+                    if routes is None:
+                        routes = [torch.empty(0, dtype=out.routed_experts[j].dtype) for _ in ids]
+                    routes[k] = _routes_so_far(routes[k], out.routed_experts[j], len(prompts[k // n]) + len(ids[k]))
                 ids[k] += out.response_ids[j]
                 logprobs[k] += out.logprobs[j]
                 versions[k] += [self.version] * len(out.response_ids[j])
@@ -374,8 +382,37 @@ class _Worker:
                 elif len(ids[k]) >= params.max_tokens:
                     reasons[k] = "length"
             segment += 1
-        output = RolloutOutput([k // n for k in range(len(ids))], ids, logprobs, [str(r) for r in reasons])
+        output = RolloutOutput(
+            [k // n for k in range(len(ids))], ids, logprobs, [str(r) for r in reasons], routed_experts=routes
+        )
         return output, versions
+
+
+def _routes_as_arrays(output: RolloutOutput) -> RolloutOutput:
+    """The output as it crosses the control channel: routes as numpy arrays, pickled by value. A tensor would go as
+    a shared-memory handle (torch's reducers), which a torchrun rank cannot open from another rank's process (the
+    resource sharer's handshake needs a common authkey) and which costs a descriptor per sample."""
+    if output.routed_experts is None:
+        return output
+    return dataclasses.replace(output, routed_experts=[r.numpy() for r in output.routed_experts])
+
+
+def _routes_as_tensors(output: RolloutOutput) -> RolloutOutput:
+    """:func:`_routes_as_arrays` undone on the trainer's side."""
+    if output.routed_experts is None:
+        return output
+    return dataclasses.replace(output, routed_experts=[torch.from_numpy(r) for r in output.routed_experts])
+
+
+def _routes_so_far(kept: torch.Tensor, segment: torch.Tensor, fed: int) -> torch.Tensor:
+    """A sample's routes after one more segment: ``segment`` covers the ``fed`` tokens the segment re-prefilled
+    (prompt and tokens so far) and the ones it drew. The first segment's are taken whole. Later, the tokens the
+    sample had keep the routes recorded when they were first fed, under the weights of their time, except the last
+    one drawn: no segment fed it before this one, whose prefill routed it (as a one-call generation routes it when
+    it feeds it back, to draw the next); from there on, the segment's own."""
+    if kept.numel() == 0:
+        return segment
+    return torch.cat([kept[: fed - 1], segment[fed - 1 :]])
 
 
 def _worker_main(spec: EngineSpec, model_cfg: Any, options: WorkerOptions, conn: Any, address: tuple[str, int]) -> None:
@@ -460,7 +497,12 @@ def _serve(
         conn.send(("error", traceback.format_exc()))
         return
     try:
-        _Worker(engine, transport, conn, options).serve()
+        with contextlib.ExitStack() as routes:
+            if options.record_routes:  # the engine's own copy of the model, under a tape of its own
+                from dapo.model.router_replay import router_replay
+
+                routes.enter_context(router_replay(engine.model, rollout_routes=True))
+            _Worker(engine, transport, conn, options).serve()
     finally:
         stop_heartbeat.set()
         engine.close()
@@ -709,6 +751,7 @@ class RemoteEngine:
                     continue
                 if kind == "finished":
                     _, request_id, output, token_versions = message
+                    output = _routes_as_tensors(output)
                     if request_id in self._aborted:
                         self._aborted.discard(request_id)
                     else:

@@ -186,6 +186,7 @@ def build_engine(
         stall_timeout_s=cfg.trainer.stall_timeout_s,
         device=placement.engine_device or "cpu",
         weight_backend=placement.weight_backend,
+        record_routes=cfg.actor.router_replay.mode == "R3",
     )
     if rollout_ranks(cfg, job):
         return engines_on_rollout_ranks(spec, cfg, options, job)

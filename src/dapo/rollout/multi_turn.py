@@ -43,7 +43,6 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from dapo.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
-from dapo.rollout.worker import RolloutWorkerDied
 from dapo.tools.call_format import ToolCallFormat
 from dapo.tools.toolbox import ToolCall, Toolbox
 
@@ -206,6 +205,10 @@ class MultiTurnRollout:
     def _own_deaths(self) -> Iterator[None]:
         """A dead worker under this rollout as this rollout's death: the run replaces the engine it holds, this
         object (``respawn``), and compares the death's handle with it."""
+        # Here, not at the top: the worker module imports torch, and `dapo` must choose the OpenMP wait policy before
+        # torch loads (dapo.cli.openmp); this module is imported on the way to that choice.
+        from dapo.rollout.worker import RolloutWorkerDied
+
         try:
             yield
         except RolloutWorkerDied as death:

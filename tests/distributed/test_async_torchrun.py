@@ -30,6 +30,9 @@ SPLIT = [
     "async_training.rollout_num_threads=1",
     "rollout.n_gpus_per_node=1",
 ]
+# SPLIT with two rollout ranks (1 + 2), and with two fsdp2 trainer ranks beside them (2 x 2)
+FLEET = [a if a != "rollout.n_gpus_per_node=1" else "rollout.n_gpus_per_node=2" for a in SPLIT]
+TWO_BY_TWO = [*FLEET, "actor.strategy=fsdp2"]
 
 
 def trained_records(run_dir: Path) -> list[dict]:
@@ -73,7 +76,7 @@ def test_one_trainer_rank_and_two_rollout_ranks_share_every_batch_and_every_push
     contribute samples every step; one broadcast per push reaches both (the probe asks both and they agree: an engine
     that missed a push would differ from the other and stop the run); the staleness bound holds sample by sample."""
     run_dir = tmp_path / "fleet"
-    args = [a if a != "rollout.n_gpus_per_node=1" else "rollout.n_gpus_per_node=2" for a in SPLIT]
+    args = FLEET
     cfg = build_config({}, args)
     assert cfg.data.effective_gen_batch_size % 2 == 0
     per_engine = cfg.data.effective_gen_batch_size // 2 * cfg.rollout.n  # samples of one round on each engine
@@ -103,10 +106,7 @@ def test_two_fsdp2_trainer_ranks_and_two_rollout_ranks_train_within_the_stalenes
     step, the bound holds sample by sample, and the checkpoint holds both trainer ranks' shards (world size 2, not 4:
     the rollout ranks hold no part of the actor)."""
     run_dir = tmp_path / "two_by_two"
-    args = [
-        *(a if a != "rollout.n_gpus_per_node=1" else "rollout.n_gpus_per_node=2" for a in SPLIT),
-        "actor.strategy=fsdp2",
-    ]
+    args = TWO_BY_TWO
     result = torchrun(
         [*args, "trainer.experiment_name=two_by_two", f"trainer.rollout_data_dir={run_dir / 'batches'}"],
         tmp_path,
@@ -140,8 +140,7 @@ def test_two_fsdp2_trainer_ranks_and_two_rollout_ranks_train_multi_turn_rollouts
     args = [
         "--config",
         CALCULATOR,
-        *(a if a != "rollout.n_gpus_per_node=1" else "rollout.n_gpus_per_node=2" for a in SPLIT),
-        "actor.strategy=fsdp2",
+        *TWO_BY_TWO,
         "data.max_response_length=48",
         "reward_model.overlong_buffer.len=4",
         "algorithm.filter_groups.max_num_gen_batches=1",
@@ -213,7 +212,7 @@ def test_a_killed_rollout_rank_ends_the_job_and_max_restarts_resumes_it(tmp_path
     from tests.harness.ports import free_port
 
     run_dir = tmp_path / "killed"
-    args = [a if a != "rollout.n_gpus_per_node=1" else "rollout.n_gpus_per_node=2" for a in SPLIT]
+    args = FLEET
     command = torchrun_command(
         [*args, "trainer.save_freq=1", "trainer.experiment_name=killed"],
         tmp_path,

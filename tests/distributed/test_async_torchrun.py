@@ -98,35 +98,6 @@ def test_one_trainer_rank_and_two_rollout_ranks_share_every_batch_and_every_push
     assert_trained_batches_within_bound(run_dir)
 
 
-@pytest.mark.slow
-def test_two_fsdp2_trainer_ranks_and_two_rollout_ranks_train_within_the_staleness_bound(tmp_path: Path) -> None:
-    """2 x 2 (torchrun --nproc-per-node 4, actor.strategy=fsdp2): the trainer ranks shard the actor over a group of
-    their own; the leading one runs the producer against both engines and hands every batch to the other; each push
-    gathers the shards on both trainer ranks and reaches both engines in one broadcast. Both engines contribute every
-    step, the bound holds sample by sample, and the checkpoint holds both trainer ranks' shards (world size 2, not 4:
-    the rollout ranks hold no part of the actor)."""
-    run_dir = tmp_path / "two_by_two"
-    args = TWO_BY_TWO
-    result = torchrun(
-        [*args, "trainer.experiment_name=two_by_two", f"trainer.rollout_data_dir={run_dir / 'batches'}"],
-        tmp_path,
-        nproc=4,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    assert "engine hf on each of 2 rollout ranks" in result.stdout
-    records = trained_records(run_dir)
-    for r in records:
-        assert r["async/engine_samples/0"] > 0 and r["async/engine_samples/0"] == r["async/engine_samples/1"]
-        assert r["rollout/probe_logprob_diff"] < 1e-3 and r["async/weight_transfer_bytes"] > 1e6
-        assert r["async/staleness/max"] <= 1 and r["train/num_groups"] > 0
-    assert_trained_batches_within_bound(run_dir)
-    checkpoint = run_dir / "checkpoints" / f"global_step_{STEPS}"
-    manifest = json.loads((checkpoint / "manifest.json").read_text())
-    assert manifest["layout"] == "sharded" and manifest["world_size"] == 2
-    assert sorted(p.name for p in checkpoint.glob("rng_rank*.pt")) == ["rng_rank0.pt", "rng_rank1.pt"]
-
-
 CALCULATOR = str(Path(__file__).resolve().parents[2] / "configs" / "tools" / "tiny_calculator.yaml")
 
 
@@ -134,8 +105,13 @@ CALCULATOR = str(Path(__file__).resolve().parents[2] / "configs" / "tools" / "ti
 def test_two_fsdp2_trainer_ranks_and_two_rollout_ranks_train_multi_turn_rollouts_within_the_bound(
     tmp_path: Path,
 ) -> None:
-    """2 x 2 with the tiny calculator's multi-turn tool rollouts: a push may land between two turns of a trajectory
-    on either engine; every model token keeps its version, so the bound holds sample by sample, and the tool ran."""
+    """2 x 2 (torchrun --nproc-per-node 4, actor.strategy=fsdp2) with the tiny calculator's multi-turn tool rollouts
+    (one run for both, since each costs half a minute of CI): the trainer ranks shard the actor over a group of their
+    own; the leading one runs the producer against both engines and hands every batch to the other; each push gathers
+    the shards on both trainer ranks and reaches both engines in one broadcast, and may land between two turns of a
+    trajectory on either engine. Both engines contribute every step; every model token keeps its version, so the
+    bound holds sample by sample; the tool ran; and the checkpoint holds both trainer ranks' shards (world size 2, not
+    4: the rollout ranks hold no part of the actor)."""
     run_dir = tmp_path / "tools"
     args = [
         "--config",
@@ -145,7 +121,7 @@ def test_two_fsdp2_trainer_ranks_and_two_rollout_ranks_train_multi_turn_rollouts
         "reward_model.overlong_buffer.len=4",
         "algorithm.filter_groups.max_num_gen_batches=1",
         "rollout.multi_turn.sandbox.mode=unsafe-no-isolation",
-        "trainer.save_freq=0",
+        f"trainer.save_freq={STEPS}",
     ]
     result = torchrun(
         [*args, "trainer.experiment_name=tools", f"trainer.rollout_data_dir={run_dir / 'batches'}"],
@@ -154,11 +130,18 @@ def test_two_fsdp2_trainer_ranks_and_two_rollout_ranks_train_multi_turn_rollouts
         timeout=600,
     )
     assert result.returncode == 0, result.stderr[-4000:]
+    assert "engine hf on each of 2 rollout ranks" in result.stdout
     records = trained_records(run_dir)
     for r in records:
+        assert r["async/engine_samples/0"] > 0 and r["async/engine_samples/0"] == r["async/engine_samples/1"], r
+        assert r["rollout/probe_logprob_diff"] < 1e-3 and r["async/weight_transfer_bytes"] > 1e6, r
         assert r["async/staleness/max"] <= 1 and r["train/num_groups"] > 0, r
         assert r["tool/calls_per_sample"] > 0, r
     assert_trained_batches_within_bound(run_dir)
+    checkpoint = run_dir / "checkpoints" / f"global_step_{STEPS}"
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    assert manifest["layout"] == "sharded" and manifest["world_size"] == 2
+    assert sorted(p.name for p in checkpoint.glob("rng_rank*.pt")) == ["rng_rank0.pt", "rng_rank1.pt"]
 
 
 @pytest.mark.slow

@@ -153,8 +153,9 @@ def config_of(run: BenchRun, extra: list[str]):  # type: ignore[no-untyped-def]
     return load_config(files or None, overrides)
 
 
-def record(run: BenchRun, steps: int, out: Path, extra: list[str], load: str) -> dict:
-    """Run ``run`` to its end in a scratch folder, then keep its metrics, config and run.json in ``out/<name>``."""
+def record(run: BenchRun, steps: int, out: Path, extra: list[str], load: str, deadline_s: float) -> dict:
+    """Run ``run`` to its end in a scratch folder, then keep its metrics, config and run.json in ``out/<name>``.
+    The run gets ``deadline_s`` seconds (dapo train bounds its own waits; this bounds the bench's wait on it)."""
     cfg = config_of(run, extra)
     with tempfile.TemporaryDirectory(prefix=f"bench_async_{run.name}_") as scratch:
         run_root = Path(scratch)
@@ -162,7 +163,12 @@ def record(run: BenchRun, steps: int, out: Path, extra: list[str], load: str) ->
         started = datetime.datetime.now(datetime.timezone.utc)
         at_commit = run_record().commit()  # the tree may move on during the run
         t0 = time.perf_counter()
-        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+        try:
+            done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=deadline_s)
+        except subprocess.TimeoutExpired as late:
+            tail = (late.stderr or b"")[-4000:]
+            tail = tail.decode(errors="replace") if isinstance(tail, bytes) else tail
+            raise SystemExit(f"{run.name}: still running after --run-deadline-s={deadline_s:g} s, killed\n{tail}")
         wall = time.perf_counter() - t0
         if done.returncode != 0:
             raise SystemExit(f"{run.name}: exit code {done.returncode}\n{done.stderr[-4000:]}")
@@ -187,6 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=OUT, help=f"where the records go (default {OUT.relative_to(ROOT)})")
     parser.add_argument("--only", default=",".join(r.name for r in RUNS), help="comma-separated runs to make")
     parser.add_argument("--load", default="nothing else running", help="what else ran meanwhile (recorded)")
+    parser.add_argument(
+        "--run-deadline-s", type=float, default=3600.0, help="seconds each run may take before it is killed"
+    )
     parser.add_argument("extra", nargs="*", help="more `dapo train` overrides for every run (after --)")
     args = parser.parse_args(argv)
     wanted = args.only.split(",")
@@ -197,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     for i, run in enumerate(chosen, 1):
         steps = min(run.steps, args.steps) if run.steps else args.steps
         print(f"[{i}/{len(chosen)}] {run.name} ({run.what}), {steps} steps ...", flush=True)
-        meta = record(run, steps, args.out, args.extra, args.load)
+        meta = record(run, steps, args.out, args.extra, args.load, args.run_deadline_s)
         print(f"[{i}/{len(chosen)}] {run.name}: done in {meta['wall_s']} s -> {args.out / run.name}", flush=True)
     return 0
 

@@ -30,6 +30,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -91,6 +92,7 @@ class Bench:
         self.work: Path = args.work_dir
         self.overrides: list[str] = list(args.override)
         self.load: str = args.load
+        self.run_deadline_s: float = args.run_deadline_s
 
     def train(self, name: str, overrides: Sequence[str], *, what: str, teacher: dict | None, **fields: object) -> dict:
         """``dapo train`` as run ``name`` (work dir ``self.work``), recorded into ``self.out/name``; its run.json."""
@@ -108,9 +110,18 @@ class Bench:
         start = time.perf_counter()
         console = []
         with subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, text=True) as proc:
-            for line in proc.stdout:  # shown as it comes (the run's progress), kept for its closing lines
-                sys.stdout.write(line)
-                console.append(line)
+            # the deadline kills a stuck run, which ends the read below (dapo train bounds its own waits; this bounds
+            # the bench's wait on dapo train)
+            watchdog = threading.Timer(self.run_deadline_s, proc.kill)
+            watchdog.start()
+            try:
+                for line in proc.stdout:  # shown as it comes (the run's progress), kept for its closing lines
+                    sys.stdout.write(line)
+                    console.append(line)
+            finally:
+                watchdog.cancel()
+        if time.perf_counter() - start >= self.run_deadline_s:
+            raise SystemExit(f"{name}: still running after --run-deadline-s={self.run_deadline_s:g} s, killed")
         if proc.returncode:
             raise subprocess.CalledProcessError(proc.returncode, command)
         wall = time.perf_counter() - start
@@ -295,6 +306,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seeds", default=None, help="comma-separated (default: 1,2,3 tiny, 1 smollm2)")
     parser.add_argument("--steps", type=int, default=30, help="steps of each arm's run")
     parser.add_argument("--timing-steps", type=int, default=5, help="steps of each teacher-timing run (0: none)")
+    parser.add_argument(
+        "--run-deadline-s", type=float, default=4 * 3600.0, help="seconds each dapo train may take before it is killed"
+    )
     parser.add_argument("--serve-deadline", type=float, default=300.0, help="seconds dapo serve has to answer")
     parser.add_argument("--override", action="append", default=[], help="KEY=VALUE for every run (repeatable)")
     parser.add_argument("--out", type=Path, default=OUT, help="where the records go (a docs/runs/<name>/ folder)")

@@ -28,13 +28,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "docs" / "runs" / "true-on-policy"
 MODE = "actor_rollout_ref.rollout.true_on_policy=true"
+# no wait on another process is unbounded: a run of this bench takes minutes, one hour means it is stuck
+RUN_DEADLINE_S = 3600
 PHASES = ("timing_s/step", "timing_s/gen", "timing_s/old_log_prob", "timing_s/update_actor")
 
 
 def train(folder: Path, name: str, *overrides: str) -> tuple[list[dict], float, list[str]]:
     command = ["dapo", "train", f"trainer.experiment_name={name}", *overrides]
     start = time.perf_counter()
-    subprocess.run(command, cwd=folder, check=True)
+    subprocess.run(command, cwd=folder, check=True, timeout=RUN_DEADLINE_S)
     wall = time.perf_counter() - start
     rows = [json.loads(line) for line in (folder / "runs" / name / "metrics.jsonl").read_text().splitlines()]
     return rows, wall, command

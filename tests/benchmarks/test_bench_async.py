@@ -128,3 +128,16 @@ def test_the_two_by_two_runs_are_torchrun_commands_of_four_ranks(tmp_path: Path)
         assert key in command
     assert "async_training.mode=one_step_off" in bench_async.command_of(runs["2x2-one-step"], 30, tmp_path, [])
     assert bench_async.shown(runs["1x1"], 30, []).startswith("dapo train async_training.mode=fully_async")
+
+
+def test_a_run_past_its_deadline_is_killed_and_named_and_nothing_is_recorded(tmp_path: Path) -> None:
+    """The bench's wait on `dapo train` is bounded: a run still going at --run-deadline-s is killed, the script stops
+    naming the run and the flag, and no half record is left."""
+    sync = next(r for r in bench_async.RUNS if r.name == "sync")
+    try:
+        bench_async.record(sync, 1, tmp_path, list(FAST), "test", deadline_s=0.5)
+    except SystemExit as stop:
+        assert str(stop).startswith("sync: still running after --run-deadline-s=0.5 s, killed"), stop
+    else:
+        raise AssertionError("a run past its deadline was waited for")
+    assert not (tmp_path / "sync").exists()

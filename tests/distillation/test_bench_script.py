@@ -113,3 +113,13 @@ def test_the_measurements_render_from_the_records(recorded: tuple[Path, Path], m
 def test_the_smollm2_preset_needs_a_teacher() -> None:
     with pytest.raises(SystemExit):
         _script("bench_distillation").parse(["--preset", "smollm2"])
+
+
+def test_a_run_past_its_deadline_is_killed_and_named_and_nothing_is_recorded(tmp_path: Path) -> None:
+    """The bench's wait on `dapo train` is bounded (--run-deadline-s): past it the run is killed and named."""
+    bench_distillation = _script("bench_distillation")
+    args = bench_distillation.parse(["--out", str(tmp_path / "out"), "--work-dir", str(tmp_path / "work")])
+    args.run_deadline_s = 0.5
+    with pytest.raises(SystemExit, match=r"^late: still running after --run-deadline-s=0.5 s, killed$"):
+        bench_distillation.Bench(args).train("late", [], what="a run that cannot finish in time", teacher=None)
+    assert not (tmp_path / "out" / "late").exists()

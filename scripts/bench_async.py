@@ -144,13 +144,14 @@ def run_record():  # type: ignore[no-untyped-def]
 
 
 def config_of(run: BenchRun, extra: list[str]):  # type: ignore[no-untyped-def]
-    """The run's validated config: its ``--config`` files (relative to the repository) with its overrides."""
+    """The run's validated config, read from its arguments by `dapo train`'s own parser (its ``--config`` files are
+    relative to the repository)."""
+    from dapo.cli.train_cmd import train_command
     from dapo.config.loading import load_config
 
-    args = [*run.args, *extra]
-    files = [ROOT / args[i + 1] for i, a in enumerate(args) if a == "--config"]
-    overrides = [a for i, a in enumerate(args) if a != "--config" and (i == 0 or args[i - 1] != "--config")]
-    return load_config(files or None, overrides)
+    params = train_command.make_context("train", [*run.args, *extra]).params
+    files = [ROOT / f for f in params["config_path"]]
+    return load_config(files or None, params["overrides"])
 
 
 def record(run: BenchRun, steps: int, out: Path, extra: list[str], load: str, deadline_s: float) -> dict:

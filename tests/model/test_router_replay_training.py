@@ -81,7 +81,6 @@ def test_r2_trains_replaying_the_old_log_prob_pass(tmp_path: Path) -> None:
     ("extra", "named"),
     [
         ({"actor": {"layout": "shared_prompt"}}, "actor.layout=padded, packed or auto"),
-        ({"actor": {"gradient_checkpointing": True}}, "actor.gradient_checkpointing=true"),
         ({"actor": {"strategy": "fsdp2"}}, "actor.strategy=replicated"),
         ({"rollout": {"true_on_policy": True}}, "rollout.true_on_policy=true"),
         ({"rollout": {"multi_turn": {"enable": True}}}, "rollout.multi_turn"),
@@ -92,6 +91,11 @@ def test_combinations_replay_cannot_run_are_refused_naming_the_key(extra: dict, 
     with pytest.raises(ValueError, match="actor.router_replay.mode=R3") as refused:
         DapoConfig.model_validate({**extra, "actor": actor})
     assert named in str(refused.value)
+
+
+def test_gradient_checkpointing_is_accepted_with_replay() -> None:
+    """Its recomputation replays the forward's routes (test_router_replay_checkpointing)."""
+    DapoConfig.model_validate({"actor": {"gradient_checkpointing": True, "router_replay": {"mode": "R3"}}})
 
 
 def test_a_dense_model_and_an_engine_without_routes_are_refused() -> None:

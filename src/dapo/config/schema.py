@@ -1090,11 +1090,8 @@ class DapoConfig(_Section):
                 f"{key} runs the actor with actor.layout=padded, packed or auto (routes are laid onto one "
                 "forward's tokens; the shared-prompt passes are not built for it)"
             )
-        if self.actor.gradient_checkpointing:
-            found.append(
-                f"{key} cannot run with actor.gradient_checkpointing=true: the backward's recomputation "
-                "would route live"
-            )
+        # actor.gradient_checkpointing runs: each layer's recomputation replays its forward's plan
+        # (RouterTape.checkpoint_contexts, the context_fn dapo.actor.update.configure_model_for_training passes)
         if self.actor.strategy == "fsdp2":
             found.append(f"{key} runs with actor.strategy=replicated (the engine's unsharded copy is not replayed)")
         if self.rollout.true_on_policy:

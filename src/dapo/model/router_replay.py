@@ -16,7 +16,10 @@ over the live logits at the replayed ids), so the router still receives a gradie
   forward: R3's rollout routes; the actor's old-log-prob pass: R2's);
 * :meth:`RouterTape.replaying`: the next forwards route each token to the given ids (-1: route it live), and
   count, over the tokens marked counted, how many token x layer top-k sets the live router picked the same way
-  (the routing agreement) and how many tokens each expert received (the expert load).
+  (the routing agreement) and how many tokens each expert received (the expert load);
+* :meth:`RouterTape.checkpoint_contexts`: under activation checkpointing (``actor.gradient_checkpointing``), a
+  layer's recomputation in the backward replays the plan its forward ran under (the plan is over by then), neither
+  counting nor recording again, so the backward differentiates the experts the forward used.
 
 Outside the block the routers' forwards are their own again; a model never entered runs unpatched.
 """
@@ -24,13 +27,22 @@ Outside the block the routers' forwards are their own again; a model never enter
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["ROUTER_GATES", "RouterTape", "hf_model_of", "moe_problem", "moe_routers", "router_replay", "tape_of"]
+__all__ = [
+    "ROUTER_GATES",
+    "RouterTape",
+    "hf_model_of",
+    "moe_problem",
+    "moe_routers",
+    "recompute_replays",
+    "router_replay",
+    "tape_of",
+]
 
 # The dtype routes are carried in (expert ids < 32768; -1 marks a token with no recorded route).
 ROUTE_DTYPE = torch.int16
@@ -153,6 +165,22 @@ class RouterTape:
         finally:
             self._plan = _Plan(None, None)
 
+    def checkpoint_contexts(self) -> tuple[AbstractContextManager[None], AbstractContextManager[None]]:
+        """``torch.utils.checkpoint``'s (forward, recompute) contexts for one checkpointed layer, taken as its forward
+        starts: the recompute, which runs in the backward after :meth:`replaying` has ended (and maybe after the next
+        micro-batch's plan began), routes by the plan that forward ran under. The plan is kept, not consumed, so a
+        second recompute replays the same routes; it neither counts nor records (the forward did)."""
+        return nullcontext(), self._recomputing(self._plan)
+
+    @contextmanager
+    def _recomputing(self, plan: _Plan) -> Iterator[None]:
+        outer, recording = self._plan, self._recording
+        self._plan, self._recording = _Plan(plan.replay, None), False
+        try:
+            yield
+        finally:
+            self._plan, self._recording = outer, recording
+
     # ------------------------------------------------------------------------------------------------ counts
     def reset_counts(self) -> None:
         self.matched = 0  # token x layer top-k sets the live router picked as replayed
@@ -216,6 +244,14 @@ def hf_model_of(model: nn.Module) -> nn.Module:
 def tape_of(model: nn.Module) -> RouterTape | None:
     """The :class:`RouterTape` of ``model`` inside :func:`router_replay`, or None (no replay: the default)."""
     return getattr(hf_model_of(model), _MARK, None)
+
+
+def recompute_replays(model: nn.Module) -> tuple[AbstractContextManager[None], AbstractContextManager[None]]:
+    """``context_fn`` of ``torch.utils.checkpoint`` (non-reentrant) for ``model``'s checkpointed layers: the tape's
+    :meth:`RouterTape.checkpoint_contexts` inside :func:`router_replay`, nothing outside it (looked up at each call:
+    the tape is entered after checkpointing is switched on)."""
+    tape = tape_of(model)
+    return (nullcontext(), nullcontext()) if tape is None else tape.checkpoint_contexts()
 
 
 @contextmanager

@@ -41,6 +41,7 @@ __all__ = [
     "full_optimizer_state",
     "full_model_state",
     "load_full_model_state",
+    "load_full_parameters",
     "load_full_optimizer_state",
     "shard_actor",
     "stream_full_parameters",
@@ -163,13 +164,15 @@ def shard_actor(
     return root
 
 
-def stream_full_parameters(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(name, full tensor)`` of every parameter, one at a time: each shard is all-gathered when it is asked for
-    (every rank must iterate to the end, in the same order) and may be freed once the consumer copied it, so at most
-    one full parameter exists beside the shards, never a whole gathered state dict."""
+def stream_full_parameters(model: nn.Module, *, trainable_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, full tensor)`` of every parameter (``trainable_only``: of those that train, a LoRA actor's adapters),
+    one at a time: each shard is all-gathered when it is asked for (every rank must iterate to the end, in the same
+    order) and may be freed once the consumer copied it, so at most one full parameter exists beside the shards, never
+    a whole gathered state dict."""
     with torch.no_grad():
         for name, param in model.named_parameters():
-            yield name, _full(param)
+            if param.requires_grad or not trainable_only:
+                yield name, _full(param)
 
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:
@@ -256,6 +259,18 @@ def load_full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer
         "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]} for g in groups],
     }
     set_optimizer_state_dict(model, optimizer, by_name, options=_options())
+
+
+def load_full_parameters(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load full tensors of some of the model's parameters (every rank passes the same; a LoRA actor's adapters) into
+    the sharded model, leaving the others as they are. A collective."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    own = dict(model.named_parameters())
+    unexpected = sorted(k for k in state if k not in own)
+    if unexpected:
+        raise KeyError(f"weights not in the model: {unexpected[:5]}")
+    set_model_state_dict(model, state, options=_options(strict=False))
 
 
 def load_full_model_state(model: nn.Module, state: dict[str, torch.Tensor]) -> list[str]:

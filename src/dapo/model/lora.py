@@ -30,6 +30,8 @@ __all__ = [
     "merged_model",
     "adapter_config",
     "adapter_named_parameters",
+    "adapter_parameters_of_file",
+    "lora_model_from_state",
     "apply_lora",
     "is_lora",
     "linear_module_names",
@@ -133,14 +135,8 @@ def adapter_config(model: nn.Module) -> dict:
     return config
 
 
-def load_adapter_state(model: nn.Module, state: Mapping[str, torch.Tensor]) -> list[str]:
-    """Copy an adapter file's tensors (``adapter_model.safetensors``: PEFT's names without the adapter name) into
-    ``model``'s adapters in place; return the adapter parameters the state did not fill."""
-    from peft import get_peft_model_state_dict, set_peft_model_state_dict
-
-    # Shapes first: PEFT's own load stops on a rank change with a deep size-mismatch traceback (a resume with a new
-    # lora_rank under trainer.resume_with_changes), where one line names the tensor and the two ranks.
-    current = get_peft_model_state_dict(model, adapter_name=ADAPTER_NAME)
+def _check_adapter_shapes(state: Mapping[str, torch.Tensor], current: Mapping[str, torch.Tensor]) -> None:
+    # A resume with a new lora_rank under trainer.resume_with_changes: one line names the tensor and the two ranks.
     for key, tensor in state.items():
         if key in current and tuple(tensor.shape) != tuple(current[key].shape):
             raise ValueError(
@@ -149,6 +145,60 @@ def load_adapter_state(model: nn.Module, state: Mapping[str, torch.Tensor]) -> l
                 f"(actor_rollout_ref.model.lora_rank) or target modules differ from the checkpoint's; "
                 "keep the checkpoint's LoRA settings to resume, or start a new run"
             )
+
+
+def adapter_parameters_of_file(
+    model: nn.Module, state: Mapping[str, torch.Tensor]
+) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """An adapter file's tensors (PEFT's names without the adapter name) under ``model``'s parameter names
+    (``...lora_A.default.weight``), and the adapter parameters the file lacks: for a model that loads them by
+    parameter (a sharded actor, whose shards PEFT's own load cannot fill). ``model``: the PEFT model, or one whose
+    parameters carry its names."""
+    params = dict(adapter_named_parameters(model))
+    by_file_name = {name.replace(f".{ADAPTER_NAME}", ""): name for name in params}
+    unexpected = sorted(k for k in state if k not in by_file_name)
+    if unexpected:
+        raise KeyError(f"adapter weights not in the model: {unexpected[:5]}")
+    _check_adapter_shapes(state, {key: params[name] for key, name in by_file_name.items()})
+    missing = sorted(name for key, name in by_file_name.items() if key not in state)
+    return {by_file_name[key]: tensor for key, tensor in state.items()}, missing
+
+
+def lora_model_from_state(model: nn.Module, state: Mapping[str, torch.Tensor]) -> nn.Module:
+    """A new, unsharded PEFT model with ``model``'s architecture and adapter config holding ``state`` (the full
+    state dict of a sharded LoRA actor, PEFT's keys; tied keys may be left out), on the CPU: what a checkpoint's
+    adapter folder and merged model are written from, as a replicated LoRA actor writes them."""
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = model.get_base_model()
+    dtype = next(iter(state.values())).dtype
+    copy = AutoModelForCausalLM.from_config(base.config, dtype=dtype)
+    if getattr(base, "generation_config", None) is not None:
+        copy.generation_config = base.generation_config
+    copy = get_peft_model(copy, dataclasses.replace(model.peft_config[ADAPTER_NAME]), adapter_name=ADAPTER_NAME)
+    result = copy.load_state_dict(dict(state), strict=False)
+    own = copy.state_dict()
+    untied = [
+        k
+        for k in result.missing_keys
+        if not any(own[k].data_ptr() == own[other].data_ptr() for other in own if other not in result.missing_keys)
+    ]
+    if result.unexpected_keys or untied:
+        raise RuntimeError(
+            f"lora_model_from_state: the state does not fit {type(base).__name__} with its adapters "
+            f"(unexpected {result.unexpected_keys[:3]}, missing {untied[:3]})"
+        )
+    return copy.eval()
+
+
+def load_adapter_state(model: nn.Module, state: Mapping[str, torch.Tensor]) -> list[str]:
+    """Copy an adapter file's tensors (``adapter_model.safetensors``: PEFT's names without the adapter name) into
+    ``model``'s adapters in place; return the adapter parameters the state did not fill."""
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+
+    # Shapes first: PEFT's own load stops on a rank change with a deep size-mismatch traceback.
+    _check_adapter_shapes(state, get_peft_model_state_dict(model, adapter_name=ADAPTER_NAME))
     result = set_peft_model_state_dict(model, dict(state), adapter_name=ADAPTER_NAME)
     unexpected = [k for k in result.unexpected_keys]
     if unexpected:

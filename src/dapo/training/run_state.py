@@ -22,6 +22,7 @@ from dapo.distributed.fsdp import (
     full_model_state,
     full_optimizer_state,
     load_full_model_state,
+    load_full_parameters,
     load_full_optimizer_state,
     stream_full_state,
 )
@@ -37,7 +38,13 @@ from dapo.infra.checkpoint import (
     save_sharded_checkpoint,
 )
 from dapo.model.loading import Policy
-from dapo.model.lora import AdapterAndMergedExport, is_lora, load_adapter_state
+from dapo.model.lora import (
+    AdapterAndMergedExport,
+    adapter_parameters_of_file,
+    is_lora,
+    load_adapter_state,
+    lora_model_from_state,
+)
 from dapo.reward.scored_groups import ScoredGroup
 from dapo.training.dynamic_sampling_buffer import DynamicSamplingBuffer
 from dapo.training.errors import TrainingError
@@ -135,6 +142,10 @@ def save_run(
         model = policy.model.hf_model  # its config and save_pretrained write the gathered state
     if not world.is_main:
         return None
+    if is_lora(model) and model_state is not None:
+        # A sharded LoRA actor: PEFT writes its adapter folder, and the merged model is computed, from module
+        # parameters; an unsharded copy holding the gathered state writes both as a replicated actor would.
+        model, model_state = lora_model_from_state(model, model_state), None
     if is_lora(model):  # hf/: the adapter folder, and the merged model in hf/merged/
         model = AdapterAndMergedExport(model, policy.tokenizer)
     return save_checkpoint(
@@ -152,13 +163,27 @@ def save_run(
     )
 
 
+def load_sharded_adapters(model, adapter: dict) -> list[str]:
+    """Load an adapter file into a sharded LoRA actor's adapter shards; return the adapters it did not fill."""
+    by_parameter, missing = adapter_parameters_of_file(model, adapter)
+    load_full_parameters(model, by_parameter)
+    return missing
+
+
 def checkpoint_format(cfg: DapoConfig, model) -> str:
     """'full' or 'sharded': what ``trainer.checkpoint_format`` means for this actor ('auto': sharded when the actor
     is an FSDP2 model, whose full state would otherwise be gathered onto rank 0). Raises ``TrainingError`` for
     'sharded' without FSDP2: a replica's whole state already is on rank 0, there is nothing to shard."""
     fmt = cfg.trainer.checkpoint_format
-    if fmt == "auto":
-        return "sharded" if is_sharded(model) else "full"
+    lora = is_sharded(model) and is_lora(model.hf_model)
+    if fmt == "auto":  # LoRA: the checkpoint is the adapter folder and the merged model, written from rank 0
+        return "sharded" if is_sharded(model) and not lora else "full"
+    if fmt == "sharded" and lora:
+        raise TrainingError(
+            "trainer.checkpoint_format=sharded is not supported with LoRA (model.lora_rank >= 1) under "
+            "actor.strategy=fsdp2: its checkpoint is the adapter folder and the merged model; use "
+            "trainer.checkpoint_format=full or auto"
+        )
     if fmt == "sharded" and not is_sharded(model):
         raise TrainingError(
             "trainer.checkpoint_format=sharded writes the FSDP2 shards of each rank and needs "
@@ -254,6 +279,8 @@ def resume_run(path: Path, state: RunState, policy: Policy, optimizer, scheduler
             "load_weights": lambda full: load_full_model_state(policy.model, full),
             "load_optimizer": lambda full: load_full_optimizer_state(policy.model, optimizer, full),
         }
+        if is_lora(policy.model.hf_model):
+            loaders["load_weights"] = lambda adapter: load_sharded_adapters(policy.model, adapter)
     try:
         state.load_state_dict(
             load_checkpoint(path, model=policy.model, optimizer=optimizer, scheduler=scheduler, **loaders)

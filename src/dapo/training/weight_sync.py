@@ -67,6 +67,14 @@ def actor_log_probs_of(
     return torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(response, device=device).unsqueeze(-1))[:, 0].cpu()
 
 
+def sharded_push(model: torch.nn.Module) -> WeightStream:
+    """What a sharded actor pushes, each tensor gathered in turn: every parameter, or for a LoRA actor only the
+    adapters (as a replicated LoRA actor pushes them: the frozen base weights are the engine's since it loaded)."""
+    trainable_only = is_lora(model.hf_model)
+    names = tuple(name for name, p in model.named_parameters() if p.requires_grad or not trainable_only)
+    return WeightStream(names, stream_full_parameters(model, trainable_only=trainable_only))
+
+
 class WeightSync:
     """Pushes the actor's weights into the engine and, optionally, probes the engine with one fixed sequence.
 
@@ -107,9 +115,7 @@ class WeightSync:
         """Push the weights; return the probe's metrics. Raises ``TrainingError`` when the engine is stale."""
         # A sharded actor streams its parameters one gathered tensor at a time, never a whole gathered state dict.
         if is_sharded(self.model):
-            weights = WeightStream(
-                tuple(name for name, _ in self.model.named_parameters()), stream_full_parameters(self.model)
-            )
+            weights = sharded_push(self.model)
         elif is_lora(self.model):  # frozen base weights never change: the engine has them since it loaded
             weights = ((name, p) for name, p in self.model.named_parameters() if p.requires_grad)
         else:
@@ -225,7 +231,7 @@ class PushPartner:
     def push(self, step: int) -> dict[str, float]:
         if not is_sharded(self.model):
             return {}
-        for _ in stream_full_parameters(self.model):
+        for _ in sharded_push(self.model):  # the same gathers, in the same order, as the leader's push
             pass
         if self.enabled:
             actor_log_probs_of(self.model, self.prompt, self.response, compute_dtype=self.engine_dtype)

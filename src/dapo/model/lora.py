@@ -164,31 +164,37 @@ def adapter_parameters_of_file(
     return {by_file_name[key]: tensor for key, tensor in state.items()}, missing
 
 
+def _plain_model_like(base: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """A new Hugging Face model of ``base``'s architecture (random weights, ``dtype``) with its generation config."""
+    from transformers import AutoModelForCausalLM
+
+    plain = AutoModelForCausalLM.from_config(base.config, dtype=dtype)
+    if getattr(base, "generation_config", None) is not None:
+        plain.generation_config = base.generation_config
+    return plain
+
+
+def _load_all(model: nn.Module, state: Mapping[str, torch.Tensor], what: str) -> None:
+    """Load ``state`` into ``model``, every key: a key it leaves out must be tied to one it fills (a Hugging Face
+    export omits ``lm_head.weight`` tied to the embeddings). Raises naming ``what`` otherwise."""
+    result = model.load_state_dict(dict(state), strict=False)
+    own = model.state_dict()
+    loaded = {own[k].data_ptr() for k in own if k not in result.missing_keys}
+    untied = [k for k in result.missing_keys if own[k].data_ptr() not in loaded]
+    if result.unexpected_keys or untied:
+        raise RuntimeError(f"{what} (unexpected {result.unexpected_keys[:3]}, missing {untied[:3]})")
+
+
 def lora_model_from_state(model: nn.Module, state: Mapping[str, torch.Tensor]) -> nn.Module:
     """A new, unsharded PEFT model with ``model``'s architecture and adapter config holding ``state`` (the full
     state dict of a sharded LoRA actor, PEFT's keys; tied keys may be left out), on the CPU: what a checkpoint's
     adapter folder and merged model are written from, as a replicated LoRA actor writes them."""
     from peft import get_peft_model
-    from transformers import AutoModelForCausalLM
 
     base = model.get_base_model()
-    dtype = next(iter(state.values())).dtype
-    copy = AutoModelForCausalLM.from_config(base.config, dtype=dtype)
-    if getattr(base, "generation_config", None) is not None:
-        copy.generation_config = base.generation_config
+    copy = _plain_model_like(base, next(iter(state.values())).dtype)
     copy = get_peft_model(copy, dataclasses.replace(model.peft_config[ADAPTER_NAME]), adapter_name=ADAPTER_NAME)
-    result = copy.load_state_dict(dict(state), strict=False)
-    own = copy.state_dict()
-    untied = [
-        k
-        for k in result.missing_keys
-        if not any(own[k].data_ptr() == own[other].data_ptr() for other in own if other not in result.missing_keys)
-    ]
-    if result.unexpected_keys or untied:
-        raise RuntimeError(
-            f"lora_model_from_state: the state does not fit {type(base).__name__} with its adapters "
-            f"(unexpected {result.unexpected_keys[:3]}, missing {untied[:3]})"
-        )
+    _load_all(copy, state, f"lora_model_from_state: the state does not fit {type(base).__name__} with its adapters")
     return copy.eval()
 
 
@@ -237,26 +243,13 @@ MERGED_SUBFOLDER = "merged"
 def merged_model(model: nn.Module) -> nn.Module:
     """A new plain Hugging Face model (the base architecture, no adapters) holding the merged weights; the LoRA
     model is left as it is (PEFT's ``merge_and_unload`` would change it in place)."""
-    from transformers import AutoModelForCausalLM
-
     base = model.get_base_model()
-    merged = AutoModelForCausalLM.from_config(base.config, dtype=next(base.parameters()).dtype)
-    result = merged.load_state_dict(dict(merged_named_parameters(model)), strict=False)
-    state = merged.state_dict()
-    untied = [
-        k
-        for k in result.missing_keys
-        if not any(
-            state[k].data_ptr() == state[other].data_ptr() for other in state if other not in result.missing_keys
-        )
-    ]
-    if result.unexpected_keys or untied:
-        raise RuntimeError(
-            f"merged_model: the merged weights do not fit {type(merged).__name__} "
-            f"(unexpected {result.unexpected_keys[:3]}, missing {untied[:3]})"
-        )
-    if getattr(base, "generation_config", None) is not None:
-        merged.generation_config = base.generation_config
+    merged = _plain_model_like(base, next(base.parameters()).dtype)
+    _load_all(
+        merged,
+        dict(merged_named_parameters(model)),
+        f"merged_model: the merged weights do not fit {type(merged).__name__}",
+    )
     return merged.eval()
 
 

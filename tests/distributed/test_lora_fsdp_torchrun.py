@@ -18,10 +18,12 @@ from tests.harness.runners import torchrun_warm
 ARGS = [*SMALL, "model.lora_rank=8", "model.lora_alpha=16", "trainer.save_freq=1", "trainer.progress=false"]
 
 
-def _train(tmp_path: Path, name: str, strategy: str, steps: int) -> None:
+def _train(tmp_path: Path, name: str, strategy: str, steps: int) -> str:
+    """The run's stdout."""
     args = [*ARGS, f"actor.strategy={strategy}", f"trainer.total_training_steps={steps}"]
     run = torchrun_warm([*args, f"trainer.experiment_name={name}"], tmp_path)
     assert run.returncode == 0, run.stderr[-4000:]
+    return run.stdout
 
 
 def _adapters(tmp_path: Path, name: str, step: int) -> dict:
@@ -48,6 +50,8 @@ def test_fsdp2_lora_trains_saves_and_resumes_the_adapters_of_replicated_lora(tmp
 
     # A third step resumed from each run's step-2 checkpoint (adapters and their AdamW state scattered back into
     # the shards) still agrees.
+    # the runs resumed (a run that started over would also agree)
     for strategy in ("replicated", "fsdp2"):
-        _train(tmp_path, strategy, strategy, steps=3)
+        out = _train(tmp_path, strategy, strategy, steps=3)
+        assert "resumed from" in out and "(step 2)" in out, out[-2000:]
     _assert_same(_adapters(tmp_path, "replicated", 3), _adapters(tmp_path, "fsdp2", 3))

@@ -94,12 +94,23 @@ def test_a_stopped_rollout_worker_ends_the_run_within_the_stall_deadline_with_on
     assert "Resume works: a rerun of the same command continues from" in stderr  # and where it resumes
 
 
-@pytest.mark.parametrize("mode", ["fully_async", "one_step_off"])
-def test_a_killed_rollout_worker_is_restarted_and_the_run_trains_every_step_once(tmp_path: Path, mode: str) -> None:
+TOOLS_CONFIG = str(Path(__file__).resolve().parents[2] / "configs" / "tools" / "tiny_calculator.yaml")
+
+
+@pytest.mark.parametrize(
+    "mode, config",
+    [("fully_async", ["--config", TOOLS_CONFIG]), ("one_step_off", [])],
+    ids=["fully_async-multi_turn", "one_step_off"],
+)
+def test_a_killed_rollout_worker_is_restarted_and_the_run_trains_every_step_once(
+    tmp_path: Path, mode: str, config: list[str]
+) -> None:
     """SIGKILL of the worker while it generates the next batch: a new worker gets the actor's weights, the lost batch
-    is generated again from the same seeds, and every step trains once on a full batch (async/worker_restarts)."""
+    is generated again from the same seeds, and every step trains once on a full batch (async/worker_restarts). The
+    fully async case runs the calculator's multi-turn rollouts, so the worker dies between or inside tool turns."""
     steps = 4
     args = [
+        *config,
         *FAST,
         f"trainer.total_training_steps={steps}",
         "trainer.test_freq=0",
@@ -133,6 +144,8 @@ def test_a_killed_rollout_worker_is_restarted_and_the_run_trains_every_step_once
     assert all(r["train/num_groups"] == 4 for r in records)  # full batches: nothing lost
     assert max(r["async/worker_restarts"] for r in records) == 1
     assert all(r["async/staleness/max"] <= 1 for r in records)  # the bound holds across the restart
+    if config:
+        assert all(r["tool/calls"] > 0 for r in records)  # multi-turn before and after the restart
 
 
 KILL_AT_PUSH = 2  # the version whose push the trainer does not survive

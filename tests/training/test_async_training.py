@@ -105,12 +105,13 @@ def test_stale_samples_get_pi_old_from_the_actor_and_the_weights_travel(straight
     assert all(r["async/trainer_idle_s"] >= 0 and r["async/overlap_s"] >= 0 for r in records)
 
 
-def test_a_run_resumed_from_its_step_2_checkpoint_ends_as_the_uninterrupted_run(straight: Path, tmp_path: Path) -> None:
-    """The run directory as a SIGKILL right after the step-2 checkpoint leaves it (the uninterrupted run's own
-    checkpoint, which holds the batch generated ahead, and its records up to step 2), resumed by the same command
-    from another root: bit-identical weights and records. The checkpoint is written whole or not at all, so this is
-    what a kill leaves on disk; a real SIGKILL of an async run's process group is the fully-async fixture's below."""
-    run_dir = tmp_path / "straight"
+def _resumed_from_step_2_ends_as(straight: Path, args: list[str], root: Path) -> None:
+    """The run directory as a SIGKILL right after the step-2 checkpoint leaves it (the uninterrupted run ``straight``'s
+    own checkpoint, which holds the batch generated ahead, and its records up to step 2), resumed by the same command
+    ``args`` from another ``root``: bit-identical weights, records and trained batches. The checkpoint is written whole
+    or not at all, so this is what a kill leaves on disk; a real SIGKILL of an async run's process group is the
+    fully-async fixture's below."""
+    run_dir = root / straight.name
     shutil.copytree(
         straight,
         run_dir,
@@ -127,8 +128,8 @@ def test_a_run_resumed_from_its_step_2_checkpoint_ends_as_the_uninterrupted_run(
     assert saved["step"] == 2 and len(saved.get("prefetched", [])) == 1  # step 3's batch, generated ahead
 
     resumed = run_dapo_warm(
-        ["train", *ASYNC, "trainer.experiment_name=straight", f"trainer.rollout_data_dir={run_dir / 'batches'}"],
-        tmp_path,
+        ["train", *args, f"trainer.experiment_name={straight.name}", f"trainer.rollout_data_dir={run_dir / 'batches'}"],
+        root,
         timeout=600,
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -138,6 +139,36 @@ def test_a_run_resumed_from_its_step_2_checkpoint_ends_as_the_uninterrupted_run(
     assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
     assert [_same(r) for r in _records(run_dir)] == [_same(r) for r in _records(straight)]
     assert _batches(run_dir) == _batches(straight)  # step 3: the saved batch, trained as it was generated
+
+
+def test_a_run_resumed_from_its_step_2_checkpoint_ends_as_the_uninterrupted_run(straight: Path, tmp_path: Path) -> None:
+    _resumed_from_step_2_ends_as(straight, ASYNC, tmp_path)
+
+
+# The calculator's multi-turn rollouts (configs/tools/tiny_calculator.yaml) under one_step_off: the batch saved ahead
+# holds trajectories (model and tool tokens, action masks, per-token versions), which must come back exactly.
+TOOLS = [
+    "--config",
+    str(Path(__file__).resolve().parents[2] / "configs" / "tools" / "tiny_calculator.yaml"),
+    *[a for a in ASYNC if not a.startswith("data.max_response_length")],  # the config's trajectory budget
+]
+
+
+def test_a_multi_turn_run_resumed_from_its_step_2_checkpoint_ends_as_the_uninterrupted_run(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    root = tmp_path_factory.mktemp("tools")
+    straight = root / "tools"
+    result = run_dapo_warm(
+        ["train", *TOOLS, "trainer.experiment_name=tools", f"trainer.rollout_data_dir={straight / 'batches'}"],
+        root,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    # the tool really ran in every step's batch, step 3's (the one saved ahead) included
+    assert [r["step"] for r in _records(straight)] == [1, 2, 3, 4]
+    assert all(r["tool/calls"] > 0 for r in _records(straight)), _records(straight)
+    _resumed_from_step_2_ends_as(straight, TOOLS, root / "resumed")
 
 
 # Killed after step 2's checkpoint, resumed for steps 3 and 4: with staleness_threshold=1 at most batch 3 can be

@@ -7,7 +7,8 @@
     2x2-tools, 2x2-tools-one-step  the 2 x 2 runs with multi-turn tool rollouts (configs/tools/tiny_calculator.yaml),
                   fully async and one_step_off, SHORT_STEPS steps
     2x2-lora, 2x2-lora-one-step    the 2 x 2 runs training LoRA adapters (configs/lora_tiny.yaml; the 2 trainer ranks
-                  replicated: LoRA under actor.strategy=fsdp2 is not supported yet), SHORT_STEPS steps
+                  replicated, as recorded: LoRA under fsdp2 trainer ranks is tested in
+                  tests/distributed/test_async_torchrun.py), SHORT_STEPS steps
 
 The asynchronous runs use async_training.staleness_threshold=1 and partial_rollout=true (one_step_off: its own bound,
 exactly 1). Each run's metrics.jsonl.gz, config.yaml and run.json (command, date, commit, host CPU, wall seconds)

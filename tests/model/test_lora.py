@@ -60,16 +60,28 @@ def test_verl_spellings_are_taken_as_written() -> None:
         (["model.lora_rank=4", "model.target_modules=[]"], "non-empty list"),
         (["model.lora_rank=4", "model.target_modules=some-linear"], "target_modules"),
         (["model.lora_rank=4", "model.lora_dropout=1.0"], "lora_dropout"),
-        # LoRA under fsdp2 runs in the synchronous loop (tests/distributed/test_lora_fsdp_torchrun.py), not async yet.
+        # An async fsdp2 actor needs rollout ranks beside its trainer ranks, LoRA or not (the refusal of every fsdp2
+        # actor: a spawned worker serves one trainer process).
         (
             ["model.lora_rank=4", "actor.strategy=fsdp2", "async_training.mode=one_step_off"],
-            "async_training.mode=one_step_off it is not supported yet",
+            "set rollout.n_gpus_per_node=R",
         ),
     ],
 )
 def test_lora_settings_that_cannot_work_are_refused(overrides: list[str], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         load_config(None, overrides)
+
+
+@pytest.mark.parametrize("mode", ["one_step_off", "fully_async"])
+def test_lora_under_fsdp2_runs_in_both_async_modes_beside_rollout_ranks(mode: str) -> None:
+    """Both modes push through the same sharded push and probe (weight_sync.sharded_push, PushPartner); the torchrun
+    run of fully_async is tests/distributed/test_async_torchrun.py."""
+    cfg = load_config(
+        None,
+        ["model.lora_rank=4", "actor.strategy=fsdp2", f"async_training.mode={mode}", "rollout.n_gpus_per_node=2"],
+    )
+    assert cfg.model.lora and cfg.actor.strategy == "fsdp2" and cfg.async_training.mode == mode
 
 
 def test_an_unknown_target_module_is_refused_with_the_models_modules() -> None:

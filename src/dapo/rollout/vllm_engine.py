@@ -90,6 +90,13 @@ binding, which only happens in its spawned multi-process workers) and puts libgo
 subprocesses; the constructor puts back ``torch.set_num_threads``, the thread count and ``LD_PRELOAD`` (nothing is
 spawned after start-up), so the trainer keeps control of its threads. Sleep mode (``free_cache_engine``) is
 CUDA/ROCm/XPU only: on CPU it is switched off with a log line.
+
+**Multi-head latent attention on CPU** (DeepSeek-V2/V3): vLLM's CPU rotary kernel mishandles the 3-D query MLA hands
+it, so before building an engine on a CPU ``dapo.rollout.vllm_cpu_rope`` routes such inputs through it flat (its
+docstring has the measurements). And on a host with AMX vLLM picks its AMX MLA backend, which takes 16-bit or
+quantised weights only ("expect weight to be bfloat16, float16, int8, ...") and fails at load for the fp32 engine, the
+CPU default; an fp32 engine on a CPU with an MLA model asks for vLLM's reference ``CPU_MLA`` backend instead (the one a
+host without AMX gets anyway).
 """
 
 from __future__ import annotations
@@ -98,6 +105,7 @@ import contextlib
 import functools
 import gc
 import importlib.util
+import json
 import logging
 import math
 import os
@@ -112,6 +120,7 @@ import torch
 from dapo.rollout.base import RolloutOutput, SamplingParams, WeightStream
 from dapo.rollout.errors import EngineUnavailableError
 from dapo.rollout.spec import EngineSpec
+from dapo.rollout.vllm_cpu_rope import flatten_heads_for_cpu_rotary_embedding
 from dapo.rollout.vllm_lora import VLLMAdapterSlot
 
 if TYPE_CHECKING:
@@ -327,6 +336,16 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _uses_latent_attention(model_path: str | Path) -> bool:
+    """Whether the folder's model has multi-head latent attention: a ``kv_lora_rank`` in its config (or its text
+    model's), as vLLM decides it."""
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False  # vLLM reports what is wrong with the folder when it loads it
+    return any(c.get("kv_lora_rank") is not None for c in (config, config.get("text_config") or {}))
+
+
 class VLLMRolloutEngine:
     """Rollout engine over an in-process vLLM ``LLM``. Implements :class:`dapo.rollout.base.RolloutEngine`.
 
@@ -463,6 +482,10 @@ class VLLMRolloutEngine:
                 kwargs[name] = value
         if self.on_cpu and cpu_kvcache_space_gb is not None:
             kwargs["kv_cache_memory_bytes"] = int(cpu_kvcache_space_gb * (1 << 30))
+        if self.on_cpu:
+            flatten_heads_for_cpu_rotary_embedding()  # MLA's 3-D queries (module docstring)
+            if dtype == "float32" and _uses_latent_attention(model_path):
+                kwargs["attention_backend"] = "CPU_MLA"  # the AMX MLA backend has no fp32 weights
         if lora_config is not None:
             self._adapter = VLLMAdapterSlot(lora_config)
             kwargs.update(self._adapter.engine_kwargs())

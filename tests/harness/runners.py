@@ -255,9 +255,12 @@ def _child(
     drop_dac_override: bool,
     new_session: bool = False,
     before: Callable[[], None] | None = None,
+    cwd: Path | None = None,
 ) -> None:
-    """In the forked child: stdio, environment and limits as ``subprocess`` would set them, ``before`` (the test's
-    hook), then the CLI."""
+    """In the forked child: stdio, environment, working directory and limits as ``subprocess`` would set them,
+    ``before`` (the test's hook), then the CLI."""
+    if cwd is not None:
+        os.chdir(cwd)
     if new_session:  # as Popen(start_new_session=True): its own process group, for os.killpg of it and its workers
         os.setsid()
     adopt_stdio_and_env(out, err, env)
@@ -339,10 +342,12 @@ class WarmDapo:
         stderr_to_devnull: bool = False,
         new_session: bool = False,
         before: Callable[[], None] | None = None,
+        cwd: Path | None = None,
     ):
-        """``before``: a test's fault hook, a module-level function the child calls before the CLI (it may patch
-        what the run calls, e.g. to kill the process at a chosen point); no environment variable or config key
-        reaches the code under test."""
+        """``cwd``: the child's working directory (relative paths in ``args`` are read from there). ``before``: a
+        test's fault hook, a module-level function the child calls before the CLI (it may patch what the run calls,
+        e.g. to kill the process at a chosen point); no environment variable or config key reaches the code under
+        test."""
         cmd = with_run_root(args, run_root)
         self.args = cmd
         env = {**os.environ, **BASE_ENV, **(extra_env or {})}
@@ -350,7 +355,7 @@ class WarmDapo:
             _child,
             "dapo",
             (cmd,),
-            (env, fsize_limit, drop_dac_override, new_session, before),
+            (env, fsize_limit, drop_dac_override, new_session, before, cwd),
             stderr_to_devnull=stderr_to_devnull,
         )
 
@@ -423,10 +428,13 @@ def run_dapo_warm(
     extra_env: dict | None = None,
     fsize_limit: int | None = None,
     drop_dac_override: bool = False,
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess:
     """:func:`run_dapo` in a warm child: the same command, exit code (-9 after SIGKILL), stdout
     and stderr."""
-    child = WarmDapo(args, run_root, extra_env=extra_env, fsize_limit=fsize_limit, drop_dac_override=drop_dac_override)
+    child = WarmDapo(
+        args, run_root, extra_env=extra_env, fsize_limit=fsize_limit, drop_dac_override=drop_dac_override, cwd=cwd
+    )
     out, err = child.communicate(timeout)
     return subprocess.CompletedProcess(["dapo", *child.args], child.process.exitcode, out, err)
 

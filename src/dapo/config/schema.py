@@ -1099,8 +1099,7 @@ class DapoConfig(_Section):
                 f"{key} is not needed with rollout.true_on_policy=true (the engine computes the actor's "
                 "routes bitwise) and does not record under it"
             )
-        if mode == "R3" and self.rollout.multi_turn.enable:
-            found.append(f"{key} does not run rollout.multi_turn (a trajectory's tool turns are not recorded)")
+        # rollout.multi_turn runs: each call's routes are stitched onto the trajectory (dapo.rollout.sample_routes)
         return found
 
     @model_validator(mode="after")

@@ -60,8 +60,9 @@ def test_each_token_keeps_the_route_of_the_call_that_fed_it_first_and_tool_token
     again; its tool output fills the budget (12), so no call follows. Expected, position by position: call 1's routes
     for the prompt and turn 1 but its last token (100..103); turn 1's last token (fed by call 1 only to draw the
     dropped b b), the tool tokens (read first by call 2's prefill) and turn 2 but its last: call 2's (204..209);
-    turn 2's last token and the second tool output, never fed: -1. A route shifted by one turn's tool tokens, a
-    first call's route kept for turn 1's last token, or the dropped tokens' routes left in, fail it."""
+    turn 2's last token and the second tool output, never fed: -1. A route shifted by one turn's tool tokens, the
+    tool tokens left unrouted, a first call's route kept for turn 1's last token, the last call's routes laid over
+    every position (its prefill re-routed the earlier ones), or the dropped tokens' routes left in, fail it."""
     engine = RouteNamingEngine([[A, EQ, GT, B, B], [B, EQ, GT]])
     params = MultiTurnParams(max_assistant_turns=3, max_response_length=12, call_format=FORMAT)
     out = MultiTurnRollout(engine, TOKENIZER, Answering(), params).generate([[A, B]], SamplingParams(n=1))

@@ -38,8 +38,11 @@ def trained_steps(tmp_path: Path, family: str, *overrides: str) -> list[dict]:
     return [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_r3_trains_with_routing_agreement_one_and_no_larger_gap(tmp_path: Path) -> None:
-    steps = trained_steps(tmp_path, "qwen3_moe", "actor_rollout_ref.actor.router_replay.mode=R3")
+@pytest.mark.parametrize("layout", ["padded", "shared_prompt"])
+def test_r3_trains_with_routing_agreement_one_and_no_larger_gap(tmp_path: Path, layout: str) -> None:
+    steps = trained_steps(
+        tmp_path, "qwen3_moe", "actor_rollout_ref.actor.router_replay.mode=R3", f"actor.layout={layout}"
+    )
     for step in steps:
         assert step["moe/routing_agreement"] == 1.0
         assert step["moe/log_prob_gap/replayed_max"] <= step["moe/log_prob_gap/live_max"]
@@ -110,8 +113,9 @@ def test_r3_trains_on_multi_turn_tool_rollouts_with_routing_agreement_one(tmp_pa
         assert torch.isfinite(torch.tensor(step["actor/pg_loss"]))
 
 
-def test_r2_trains_replaying_the_old_log_prob_pass(tmp_path: Path) -> None:
-    steps = trained_steps(tmp_path, "qwen3_moe", "actor.router_replay.mode=R2")
+@pytest.mark.parametrize("layout", ["padded", "shared_prompt"])
+def test_r2_trains_replaying_the_old_log_prob_pass(tmp_path: Path, layout: str) -> None:
+    steps = trained_steps(tmp_path, "qwen3_moe", "actor.router_replay.mode=R2", f"actor.layout={layout}")
     for step in steps:
         assert "moe/routing_agreement" not in step  # no rollout routes to agree with
         assert 0.0 < step["moe/update_routing_agreement"] <= 1.0
@@ -121,7 +125,6 @@ def test_r2_trains_replaying_the_old_log_prob_pass(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("extra", "named"),
     [
-        ({"actor": {"layout": "shared_prompt"}}, "actor.layout=padded, packed or auto"),
         ({"actor": {"strategy": "fsdp2"}}, "actor.strategy=replicated"),
         ({"rollout": {"true_on_policy": True}}, "rollout.true_on_policy=true"),
     ],

@@ -1085,11 +1085,7 @@ class DapoConfig(_Section):
         """What ``actor.router_replay.mode`` cannot run with, and why (each would replay wrong routes or none)."""
         mode = self.actor.router_replay.mode
         key, found = f"actor.router_replay.mode={mode}", []
-        if self.actor.layout == "shared_prompt":
-            found.append(
-                f"{key} runs the actor with actor.layout=padded, packed or auto (routes are laid onto one "
-                "forward's tokens; the shared-prompt passes are not built for it)"
-            )
+        # actor.layout=shared_prompt runs: each of its passes replays its own tokens' routes (dapo.actor.log_probs)
         # actor.gradient_checkpointing runs: each layer's recomputation replays its forward's plan
         # (RouterTape.checkpoint_contexts, the context_fn dapo.actor.update.configure_model_for_training passes)
         if self.actor.strategy == "fsdp2":

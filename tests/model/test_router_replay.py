@@ -29,7 +29,7 @@ def largest_gap(a, b) -> float:
     return max(float((x - torch.as_tensor(y)).abs().max()) for x, y in zip(a, b, strict=True))
 
 
-@pytest.mark.parametrize("layout", ["padded", "packed"])
+@pytest.mark.parametrize("layout", ["padded", "packed", "shared_prompt"])
 @pytest.mark.parametrize("family", MOE_FAMILIES)
 def test_the_engines_routes_are_the_actors_and_replaying_them_changes_nothing(family: str, layout: str) -> None:
     """Same weights: the live actor picks every recorded top-k set (agreement 1.0 over every token x layer with a
@@ -73,19 +73,21 @@ def near_tied(top_k: int) -> tuple[torch.nn.Module, torch.nn.Module]:
 REPLAY_TOLERANCE = {1: 0.0, 2: 1e-5}
 
 
+@pytest.mark.parametrize("layout", ["padded", "shared_prompt"])
 @pytest.mark.parametrize("top_k", sorted(REPLAY_TOLERANCE))
-def test_r3_restores_the_rollouts_log_probs_after_a_tiny_perturbation_flips_the_routes(top_k: int) -> None:
+def test_r3_restores_the_rollouts_log_probs_after_a_tiny_perturbation_flips_the_routes(top_k: int, layout: str) -> None:
+    """On padded, and on shared_prompt: its prompt pass and response passes each replay their own tokens' routes."""
     tied, flipped = near_tied(top_k)
     with router_replay(tied, rollout_routes=True):
         batch, engine_log_probs = sampled_batch(tied)
-    unperturbed = actor_log_probs(tied, batch.with_routed_experts(None))
+    unperturbed = actor_log_probs(tied, batch.with_routed_experts(None), layout)
     assert largest_gap(unperturbed, engine_log_probs) <= GAP_TOLERANCE
 
-    live = actor_log_probs(flipped, batch.with_routed_experts(None))  # no replay: flipped tokens take expert 3's MLP
+    live = actor_log_probs(flipped, batch.with_routed_experts(None), layout)  # no replay: flipped take expert 3's MLP
     assert largest_gap(live, engine_log_probs) > 0.1
 
     with router_replay(flipped, rollout_routes=True) as tape:
-        replayed = actor_log_probs(flipped, batch)
+        replayed = actor_log_probs(flipped, batch, layout)
         assert tape.agreement() < 0.9  # the live router did flip, and the replay overrode it
     assert largest_gap(replayed, unperturbed) <= REPLAY_TOLERANCE[top_k]
     assert largest_gap(replayed, engine_log_probs) <= GAP_TOLERANCE
@@ -116,11 +118,13 @@ def test_gate_weights_under_replay_are_the_live_softmax_at_the_replayed_ids_and_
     assert float(router.weight.grad[:, 1:].abs().max()) == 0.0
 
 
-def test_r2_records_the_actors_own_routes_for_every_token() -> None:
+@pytest.mark.parametrize("layout", ["padded", "shared_prompt"])
+def test_r2_records_the_actors_own_routes_for_every_token(layout: str) -> None:
     """The old-log-prob pass inside the tape's recording leaves each sample's routes in batch order: the engine's
-    where it recorded one (same weights), and a route for the last response token too (the actor feeds it)."""
+    where it recorded one (same weights); padded feeds the last response token too and routes it, shared_prompt
+    does not (-1, as the engine), and gives every sample of a prompt row the row's prompt routes."""
     model = build_tiny_model("qwen3_moe")
-    cfg = build_config({}, ["actor.layout=padded", "actor.ppo_max_token_len_per_gpu=40"]).actor
+    cfg = build_config({}, [f"actor.layout={layout}", "actor.ppo_max_token_len_per_gpu=40"]).actor
     with router_replay(model, rollout_routes=True) as tape:
         batch, _ = sampled_batch(model)
         with tape.recording():
@@ -128,8 +132,26 @@ def test_r2_records_the_actors_own_routes_for_every_token() -> None:
             recorded = list(tape.samples)
     assert len(recorded) == len(batch)
     for mine, engines in zip(recorded, batch.routed_experts, strict=True):
-        assert bool((mine >= 0).all())
+        assert bool((mine[:-1] >= 0).all()) and bool((mine[-1] >= 0).all()) == (layout == "padded")
         assert torch.equal(mine[:-1], engines[:-1])
+
+
+def test_shared_prompt_gives_samples_whose_prompt_routes_differ_rows_of_their_own() -> None:
+    """One pass routes a prompt row one way: a sample of the same prompt tokens but other recorded prompt routes
+    (e.g. drawn under other weights) gets its own row, so shared_prompt replays what padded replays. Sharing the row
+    by tokens alone would replay the first sample's prompt routes for it (> 0.1 nats off)."""
+    model = build_tiny_model("qwen3_moe")
+    with router_replay(model, rollout_routes=True) as tape:
+        batch, _ = sampled_batch(model)
+        routes = [r.clone() for r in batch.routed_experts]
+        prompt = batch.prompt_ids[1].numel()
+        assert torch.equal(batch.prompt_ids[1], batch.prompt_ids[0])
+        routes[1][:prompt] = (routes[1][:prompt] + 1) % tape.num_experts  # other experts, still distinct
+        moved = batch.with_routed_experts(routes)
+        padded = actor_log_probs(model, moved, "padded")
+        shared = actor_log_probs(model, moved, "shared_prompt")
+        assert largest_gap(padded, actor_log_probs(model, batch, "padded")) > 0.1  # the moved routes matter
+    assert largest_gap(shared, padded) <= GAP_TOLERANCE
 
 
 def test_outside_the_block_nothing_is_patched_and_a_dense_model_is_refused() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from families import build_tiny_model, save_tiny_model
+from families import GAP_TOLERANCE, build_tiny_model, save_tiny_model
 from test_family_matrix import FAST
 
 from dapo.config import DapoConfig
@@ -38,8 +38,11 @@ def trained_steps(tmp_path: Path, family: str, *overrides: str) -> list[dict]:
     return [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_r3_trains_with_routing_agreement_one_and_no_larger_gap(tmp_path: Path) -> None:
-    steps = trained_steps(tmp_path, "qwen3_moe", "actor_rollout_ref.actor.router_replay.mode=R3")
+@pytest.mark.parametrize("layout", ["padded", "shared_prompt"])
+def test_r3_trains_with_routing_agreement_one_and_no_larger_gap(tmp_path: Path, layout: str) -> None:
+    steps = trained_steps(
+        tmp_path, "qwen3_moe", "actor_rollout_ref.actor.router_replay.mode=R3", f"actor.layout={layout}"
+    )
     for step in steps:
         assert step["moe/routing_agreement"] == 1.0
         assert step["moe/log_prob_gap/replayed_max"] <= step["moe/log_prob_gap/live_max"]
@@ -69,8 +72,50 @@ def test_r3_trains_fully_async_with_partial_rollouts_and_agrees_fully_on_a_fresh
         assert torch.isfinite(torch.tensor(step["actor/pg_loss"]))
 
 
-def test_r2_trains_replaying_the_old_log_prob_pass(tmp_path: Path) -> None:
-    steps = trained_steps(tmp_path, "qwen3_moe", "actor.router_replay.mode=R2")
+MULTI_TURN_ASYNC = ["async_training.mode=fully_async", "async_training.staleness_threshold=1"]
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [[], [*MULTI_TURN_ASYNC, "async_training.partial_rollout=true"]],
+    ids=["sync", "fully_async_partial"],
+)
+def test_r3_trains_on_multi_turn_tool_rollouts_with_routing_agreement_one(tmp_path: Path, schedule: list[str]) -> None:
+    """Refused before (a trajectory's tool turns carried no routes): the calculator is called on the turn's text up to
+    its first "e" (a random model writes one every few tokens; tests/model/test_router_replay_multi_turn.py), and
+    every token of prompt + trajectory that a call fed, tool output included, replays the route it took there; in
+    sync, and over a spawned rollout worker with partial rollouts (each turn's call stitched from its segments by the
+    worker, the turns by the multi-turn rollout)."""
+    steps = trained_steps(
+        tmp_path,
+        "qwen3_moe",
+        *schedule,
+        "actor.router_replay.mode=R3",
+        "rollout.multi_turn.enable=true",
+        "rollout.multi_turn.tools=[calculator]",
+        "rollout.multi_turn.calculator.tool_call_start=''",
+        "rollout.multi_turn.calculator.tool_call_end=e",
+        "rollout.multi_turn.max_tool_response_length=4",
+        "data.max_response_length=24",
+    )
+    fresh = [step for step in steps if step.get("async/staleness/max", 0.0) == 0.0]  # drawn under the actor's weights
+    assert fresh, "no batch was drawn under the actor's own weights"
+    for step in fresh:
+        assert step["moe/routing_agreement"] == 1.0
+        # over the sampled tokens only (a tool token's rollout log-prob is a 0.0 placeholder, ~10 nats off)
+        assert step["moe/log_prob_gap/replayed_max"] <= GAP_TOLERANCE
+        assert step["moe/log_prob_gap/replayed_max"] <= step["moe/log_prob_gap/live_max"]
+    for step in steps:  # a stale batch meets weights that moved since it was drawn: agreement and gap move too
+        assert step["tool/calls"] > 0
+        assert 0.0 < step["moe/routing_agreement"] <= 1.0
+        assert step["moe/log_prob_gap/replayed_max"] == step["rollout/log_prob_diff/max"]  # pi_old is the replayed one
+        assert 0.0 < step["moe/update_routing_agreement"] <= 1.0
+        assert torch.isfinite(torch.tensor(step["actor/pg_loss"]))
+
+
+@pytest.mark.parametrize("layout", ["padded", "shared_prompt"])
+def test_r2_trains_replaying_the_old_log_prob_pass(tmp_path: Path, layout: str) -> None:
+    steps = trained_steps(tmp_path, "qwen3_moe", "actor.router_replay.mode=R2", f"actor.layout={layout}")
     for step in steps:
         assert "moe/routing_agreement" not in step  # no rollout routes to agree with
         assert 0.0 < step["moe/update_routing_agreement"] <= 1.0
@@ -80,10 +125,8 @@ def test_r2_trains_replaying_the_old_log_prob_pass(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("extra", "named"),
     [
-        ({"actor": {"layout": "shared_prompt"}}, "actor.layout=padded, packed or auto"),
         ({"actor": {"strategy": "fsdp2"}}, "actor.strategy=replicated"),
         ({"rollout": {"true_on_policy": True}}, "rollout.true_on_policy=true"),
-        ({"rollout": {"multi_turn": {"enable": True}}}, "rollout.multi_turn"),
     ],
 )
 def test_combinations_replay_cannot_run_are_refused_naming_the_key(extra: dict, named: str) -> None:

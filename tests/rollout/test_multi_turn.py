@@ -27,6 +27,7 @@ from dapo.rollout.spec import EngineSpec
 from dapo.rollout.vllm_engine import VLLMRolloutEngine, vllm_available
 from dapo.tools.sandbox import PythonSandbox, SandboxLimits, ToolResult, bwrap_problem
 from tests.harness.engines import ScriptedEngine
+from tests.harness.tokenizers import WordTokenizer
 
 ASSET = Path(dapo.__file__).parent / "assets" / "tiny-qwen2"
 ATOL = 1e-4
@@ -253,33 +254,6 @@ def test_the_default_format_finds_a_fenced_python_block() -> None:
 
 
 # ---- stops in two phases, on a scripted policy ---------------------------------------------------------------------
-
-
-class WordTokenizer:
-    """A tokenizer over a fixed list of pieces (greedy longest match), where ```` ``` ```` and ``python`` are single
-    tokens as in BPE vocabularies (the tiny model's is character-level): what the rollout needs of a tokenizer."""
-
-    eos = 0
-
-    def __init__(self, pieces: Sequence[str]) -> None:
-        self.pieces = ["<eos>", *pieces]
-
-    def __len__(self) -> int:
-        return len(self.pieces)
-
-    def encode(self, text: str, add_special_tokens: bool = False, split_special_tokens: bool = False) -> list[int]:
-        ids, i = [], 0
-        while i < len(text):
-            best = max((p for p in self.pieces[1:] if text.startswith(p, i)), key=len)
-            ids.append(self.pieces.index(best))
-            i += len(best)
-        return ids
-
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        return "".join(self.pieces[i] for i in ids if not (skip_special_tokens and i == self.eos))
-
-    def batch_decode(self, rows: Sequence[Sequence[int]], skip_special_tokens: bool = False) -> list[str]:
-        return [self.decode(r, skip_special_tokens) for r in rows]
 
 
 def scripted_engine(tokenizer: WordTokenizer, scripts: dict[int, str]) -> ScriptedEngine:

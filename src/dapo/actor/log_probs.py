@@ -116,7 +116,7 @@ def resolve_layout(requested: str, model: nn.Module) -> str:
     (FSDP2 runs each layer's all-gather/reduce-scatter once per forward, and shared_prompt forwards twice), runs
     Hugging Face's activation checkpointing (its checkpointed layers drop the KV cache that carries the prompt to the
     responses; :func:`dapo.actor.update.configure_model_for_training` leaves it off for this layout, which checkpoints
-    its own passes), has sliding-window layers, replays its MoE routes or adds the router's auxiliary loss: padded then. A model with linear-attention
+    its own passes), has sliding-window layers or adds the router's auxiliary loss: padded then. A model with linear-attention
     layers is never packed (their state does not restart at a sample boundary). An explicit layout that cannot run is refused, naming why.
     """
     if requested not in (*LAYOUTS, "auto"):
@@ -131,9 +131,6 @@ def resolve_layout(requested: str, model: nn.Module) -> str:
         if is_sharded(model)
         else "activation checkpointing is on"
         if uses_activation_checkpointing(model)
-        # routes are replayed token by token onto one forward's input (dapo.model.router_replay)
-        else "the routers are replayed (actor.router_replay.mode)"
-        if tape_of(model) is not None
         # the router's aux loss is over one forward's tokens (dapo.model.router_aux_loss)
         else "the router's auxiliary loss is on (actor.router_aux_loss_coef)"
         if aux_loss_of(model) is not None
@@ -173,6 +170,27 @@ def _check_prompts(prompt_ids: Sequence[Tensor]) -> None:
         raise ValueError("every prompt needs >= 1 token (it predicts the first response token)")
 
 
+def _token_numbers(micro_batch: TrainBatch) -> tuple[list[Tensor], list[Tensor], int]:
+    """Every token of the micro-batch numbered 1.. (sample after sample, prompt then response; 0 is left for
+    padding): each sample's prompt numbers, its response numbers, and one past the last number."""
+    prompts, responses, start = [], [], 1
+    for prompt, response in zip(micro_batch.prompt_ids, micro_batch.response_ids, strict=True):
+        p, r = int(prompt.numel()), int(response.numel())
+        prompts.append(torch.arange(start, start + p))
+        responses.append(torch.arange(start + p, start + p + r))
+        start += p + r
+    return prompts, responses, start
+
+
+def _route_table(tape: RouterTape, micro_batch: TrainBatch) -> Tensor | None:
+    """The micro-batch's replayed routes indexed by token number (:func:`_token_numbers`; row 0, padding: -1, live),
+    or None when it replays none."""
+    if micro_batch.routed_experts is None:
+        return None
+    none = torch.full((1, tape.num_layers, tape.top_k), -1, dtype=ROUTE_DTYPE)
+    return torch.cat([none, *(r.to(ROUTE_DTYPE) for r in micro_batch.routed_experts)])
+
+
 @contextlib.contextmanager
 def _routes_laid_out(
     tape: RouterTape | None, build: Callable[..., SequenceRows], micro_batch: TrainBatch, device: torch.device
@@ -185,27 +203,74 @@ def _routes_laid_out(
     if tape is None:
         yield
         return
-    prompts, responses, start = [], [], 1
-    for prompt, response in zip(micro_batch.prompt_ids, micro_batch.response_ids, strict=True):
-        p, r = int(prompt.numel()), int(response.numel())
-        prompts.append(torch.arange(start, start + p))
-        responses.append(torch.arange(start + p, start + p + r))
-        start += p + r
+    prompts, responses, start = _token_numbers(micro_batch)
     laid = build(prompts, responses).input_ids.reshape(-1)
-    shape = (1, tape.num_layers, tape.top_k)
-    replay = None
-    if micro_batch.routed_experts is not None:
-        table = torch.cat(
-            [torch.full(shape, -1, dtype=ROUTE_DTYPE), *(r.to(ROUTE_DTYPE) for r in micro_batch.routed_experts)]
-        )
-        replay = table[laid].to(device)
-    with tape.replaying(replay, (laid > 0).to(device)):
+    table = _route_table(tape, micro_batch)
+    with tape.replaying(None if table is None else table[laid].to(device), (laid > 0).to(device)):
         yield
     if tape.recording_now:
         taken = tape.take().cpu()
-        flat = torch.full((start, *shape[1:]), -1, dtype=ROUTE_DTYPE)
+        flat = torch.full((start, tape.num_layers, tape.top_k), -1, dtype=ROUTE_DTYPE)
         flat[laid] = taken
         tape.samples = list(flat[1:].split(micro_batch.sequence_lengths))
+
+
+class _SharedPromptRoutes:
+    """Router replay over the passes of the shared-prompt layout, its tokens numbered by :func:`_token_numbers` as
+    :func:`_routes_laid_out` numbers one forward's (0: padding, routed live and never counted).
+    Pass 0 feeds each distinct prompt once, as its first sample's prompt (the samples of a row have equal prompt
+    routes: :func:`share_prompt_sequences` keys the rows by them); each response pass feeds its samples' responses
+    but their last token (which predicts nothing). Each pass replays and counts its tokens; inside the tape's
+    recording, the routes it took go to its tokens, a row's prompt routes to every sample of the row, and a
+    response's last token, never fed, has none (-1), as in the engine."""
+
+    def __init__(self, tape: RouterTape, rows: SharedPromptRows, micro_batch: TrainBatch, device: torch.device) -> None:
+        self.tape, self.device = tape, device
+        prompts, responses, start = _token_numbers(micro_batch)
+        sample_prompt = rows.sample_prompt.tolist()
+        first = {row: i for i, row in reversed(list(enumerate(sample_prompt)))}  # row -> its first sample
+        self.copies = [(prompts[i], prompts[first[row]]) for i, row in enumerate(sample_prompt) if first[row] != i]
+        width = rows.prompt_input_ids.shape[1]
+        prompt_laid = torch.zeros(rows.prompt_input_ids.shape, dtype=torch.long)
+        for row, i in first.items():
+            prompt_laid[row, width - prompts[i].numel() :] = prompts[i]
+        self.laid = [prompt_laid.reshape(-1)]
+        for chunk in rows.chunks:
+            laid = torch.zeros(chunk.input_ids.shape, dtype=torch.long)
+            for row, i in enumerate(chunk.samples.tolist()):
+                laid[row, : responses[i].numel() - 1] = responses[i][:-1]
+            self.laid.append(laid.reshape(-1))
+        self.table = _route_table(tape, micro_batch)
+        recorded = torch.full((start, tape.num_layers, tape.top_k), -1, dtype=ROUTE_DTYPE)
+        self.taken = recorded if tape.recording_now else None
+        self.lengths = micro_batch.sequence_lengths
+
+    def routed_pass(self, index: int, fn: Callable[..., object]) -> Callable[..., object]:
+        """``fn`` (pass ``index``) under its plan. A second call is the pass's recomputation in the backward
+        (the layout's reentrant checkpoint): it replays the same routes and counts nothing again."""
+        laid, tape, calls = self.laid[index], self.tape, []
+        replay = None if self.table is None else self.table[laid].to(self.device)
+        counted = (laid > 0).to(self.device)
+
+        def run(*args: object) -> object:
+            again = bool(calls)
+            calls.append(index)
+            with tape.replaying(replay, None if again else counted):
+                out = fn(*args)
+            if self.taken is not None and not again:
+                self.taken[laid] = tape.take().cpu()
+            return out
+
+        return run
+
+    def finish(self) -> None:
+        """Inside the tape's recording: each sample's routes, in ``tape.samples``."""
+        if self.taken is None:
+            return
+        for mine, shared in self.copies:
+            self.taken[mine] = self.taken[shared]
+        self.taken[0] = -1
+        self.tape.samples = list(self.taken[1:].split(self.lengths))
 
 
 def pack_sequences(
@@ -320,13 +385,19 @@ def share_prompt_sequences(
     response_ids: Sequence[Tensor],
     device: torch.device | str = "cpu",
     max_chunk_tokens: int | None = None,
+    prompt_routes: Sequence[Tensor] | None = None,
 ) -> SharedPromptRows:
-    """The shared-prompt layout of (prompt, response) pairs: samples with equal prompt tokens share one prompt row;
+    """The shared-prompt layout of (prompt, response) pairs: samples with equal prompt tokens share one prompt row
+    (and equal routes of their prompt tokens, when ``prompt_routes`` are replayed: one pass routes a row one way);
     a response chunk holds at most ``max_chunk_tokens`` (rows x width) unless one row alone is longer."""
     _check_prompts(prompt_ids)
-    row_of: dict[tuple[int, ...], int] = {}
-    sample_prompt = [row_of.setdefault(tuple(p.tolist()), len(row_of)) for p in prompt_ids]
-    distinct = [torch.as_tensor(key, dtype=torch.long) for key in row_of]
+    row_of: dict[tuple[tuple[int, ...], bytes], int] = {}
+    keys = [
+        (tuple(p.tolist()), b"" if prompt_routes is None else prompt_routes[i].to(ROUTE_DTYPE).numpy().tobytes())
+        for i, p in enumerate(prompt_ids)
+    ]
+    sample_prompt = [row_of.setdefault(key, len(row_of)) for key in keys]
+    distinct = [torch.as_tensor(tokens, dtype=torch.long) for tokens, _ in row_of]
     prompt_input_ids, prompt_mask, prompt_position_ids = left_pad(distinct)
 
     lengths = [int(r.numel()) for r in response_ids]
@@ -426,7 +497,9 @@ def _chunk_pass(
     return hidden.reshape(-1, hidden.shape[-1])
 
 
-def _shared_prompt_hidden(decoder: nn.Module, rows: SharedPromptRows, *, recompute: bool = False) -> Tensor:
+def _shared_prompt_hidden(
+    decoder: nn.Module, rows: SharedPromptRows, *, recompute: bool = False, routes: _SharedPromptRoutes | None = None
+) -> Tensor:
     """``[N, H]`` hidden states predicting every response token, from the passes of :class:`SharedPromptRows`.
 
     Causal attention makes this exact: a prompt token's keys and values do not depend on what follows it, so each
@@ -438,6 +511,9 @@ def _shared_prompt_hidden(decoder: nn.Module, rows: SharedPromptRows, *, recompu
     each response chunk run under ``torch.utils.checkpoint``, keeping only their outputs (hidden states, and the
     prompts' keys and values) and recomputing one pass at a time in backward. Transformers' own per-layer
     checkpointing cannot be used here: its checkpointed layers drop the KV cache.
+
+    ``routes`` (router replay): each pass runs under its own plan (:class:`_SharedPromptRoutes`), a recomputation
+    too.
 
     The checkpoint is the *reentrant* one, so that each pass's backward runs by itself and adds its weight gradients
     to ``.grad`` when it is done. Every pass uses every weight; under non-reentrant checkpointing (one backward graph)
@@ -464,10 +540,13 @@ def _shared_prompt_hidden(decoder: nn.Module, rows: SharedPromptRows, *, recompu
     def run(fn: object, *args: object) -> object:
         return checkpoint(fn, *args, use_reentrant=True) if recompute else fn(*args)  # type: ignore[operator]
 
-    prompt_out = run(_prompt_pass, decoder, kwarg, rows, prompt_embeds)
+    def routed(index: int, fn: Callable[..., object]) -> Callable[..., object]:
+        return fn if routes is None else routes.routed_pass(index, fn)
+
+    prompt_out = run(routed(0, _prompt_pass), decoder, kwarg, rows, prompt_embeds)
     parts = [prompt_out[0]] + [
-        run(_chunk_pass, decoder, kwarg, chunk, index, chunk_embed, *prompt_out[1:])
-        for chunk, index, chunk_embed in zip(rows.chunks, prompt_rows, chunk_embeds, strict=True)
+        run(routed(1 + c, _chunk_pass), decoder, kwarg, chunk, index, chunk_embed, *prompt_out[1:])
+        for c, (chunk, index, chunk_embed) in enumerate(zip(rows.chunks, prompt_rows, chunk_embeds, strict=True))
     ]
     return torch.cat(parts).index_select(0, rows.predictor_index)
 
@@ -589,12 +668,23 @@ def compute_response_log_probs(
         )
         hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, rows.predictor_index)
     elif layout == "shared_prompt":
-        if tape_of(model) is not None:
-            raise ValueError(
-                "actor.layout=shared_prompt does not replay MoE routes (actor.router_replay.mode); use padded or packed"
-            )
-        rows = share_prompt_sequences(micro_batch.prompt_ids, micro_batch.response_ids, device, max_chunk_tokens)
-        hidden = _shared_prompt_hidden(decoder, rows, recompute=checkpoint_passes and torch.is_grad_enabled())
+        tape = tape_of(model)
+        replayed = micro_batch.routed_experts if tape is not None else None
+        rows = share_prompt_sequences(
+            micro_batch.prompt_ids,
+            micro_batch.response_ids,
+            device,
+            max_chunk_tokens,
+            None
+            if replayed is None
+            else [r[: p.numel()] for r, p in zip(replayed, micro_batch.prompt_ids, strict=True)],
+        )
+        routes = None if tape is None else _SharedPromptRoutes(tape, rows, micro_batch, device)
+        hidden = _shared_prompt_hidden(
+            decoder, rows, recompute=checkpoint_passes and torch.is_grad_enabled(), routes=routes
+        )
+        if routes is not None:
+            routes.finish()
     else:
         build = pack_sequences if layout == "packed" else pad_sequences
         rows = build(micro_batch.prompt_ids, micro_batch.response_ids, device)

@@ -1085,11 +1085,7 @@ class DapoConfig(_Section):
         """What ``actor.router_replay.mode`` cannot run with, and why (each would replay wrong routes or none)."""
         mode = self.actor.router_replay.mode
         key, found = f"actor.router_replay.mode={mode}", []
-        if self.actor.layout == "shared_prompt":
-            found.append(
-                f"{key} runs the actor with actor.layout=padded, packed or auto (routes are laid onto one "
-                "forward's tokens; the shared-prompt passes are not built for it)"
-            )
+        # actor.layout=shared_prompt runs: each of its passes replays its own tokens' routes (dapo.actor.log_probs)
         # actor.gradient_checkpointing runs: each layer's recomputation replays its forward's plan
         # (RouterTape.checkpoint_contexts, the context_fn dapo.actor.update.configure_model_for_training passes)
         if self.actor.strategy == "fsdp2":
@@ -1099,8 +1095,7 @@ class DapoConfig(_Section):
                 f"{key} is not needed with rollout.true_on_policy=true (the engine computes the actor's "
                 "routes bitwise) and does not record under it"
             )
-        if mode == "R3" and self.rollout.multi_turn.enable:
-            found.append(f"{key} does not run rollout.multi_turn (a trajectory's tool turns are not recorded)")
+        # rollout.multi_turn runs: each call's routes are stitched onto the trajectory (dapo.rollout.sample_routes)
         return found
 
     @model_validator(mode="after")

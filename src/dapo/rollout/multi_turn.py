@@ -31,6 +31,14 @@ tokens keep the version of the weights that drew them, so a push that lands betw
 rollouts, inside one) shows in the trajectory's versions. A trajectory's versions are those of its *model* tokens, in
 order, and nothing for tool tokens: nobody sampled those, so they make no sample stale (``dapo.training.staleness``
 reads the list as the versions of a sample's sampled tokens).
+
+MoE routes (R3, ``actor.router_replay.mode``): over an engine that records them (``RolloutOutput.routed_experts``),
+each call's routes are stitched onto the trajectory (dapo.rollout.sample_routes): a model token keeps the route of
+the call that drew and fed it, a tool-output token the route of the next call's prefill, which read it as context
+(as a single call routes its prompt), and the last token of a turn the next call's too (the turn's own call never
+fed it). So every position of prompt + trajectory carries the expert ids the engine computed the later tokens from,
+and the actor replays them at the same positions; a token no call fed (the last one, a tool output the budget ended
+on) is -1 (routed live; it predicts no sampled token).
 """
 
 from __future__ import annotations
@@ -40,11 +48,15 @@ import copy
 import dataclasses
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from dapo.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
+from dapo.rollout.sample_routes import routes_so_far, unfed_routes_appended
 from dapo.tools.call_format import ToolCallFormat
 from dapo.tools.toolbox import ToolCall, Toolbox
+
+if TYPE_CHECKING:
+    import torch
 
 TruncateSide = Literal["left", "right", "middle"]
 
@@ -115,6 +127,8 @@ class MultiTurnOutput(RolloutOutput):
     turns: per sample, the model turns.
     token_versions (inherited): per sample, the version of each *model* token in order (one entry per 1 of
         ``action_mask``), when the engine tagged every call's tokens; None otherwise.
+    routed_experts (inherited): per sample, ``[prompt + trajectory tokens, layers, k]`` expert ids, stitched over the
+        calls (module docstring), when the engine recorded every call's routes; None otherwise.
     """
 
     action_mask: list[list[int]] = field(default_factory=list)
@@ -143,6 +157,10 @@ class _Sample:
     logprobs: list[float] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
     versions: list[int] | None = field(default_factory=list)  # of the model tokens; None once a call came untagged
+    # R3: the routes of prompt + ids as of the last call (tool tokens appended since have none yet); None before the
+    # first call's, and for good once a call came without routes (unrouted)
+    routes: torch.Tensor | None = None
+    unrouted: bool = False
     turn_start: int = 0  # where the current model turn begins in ids
     turns: int = 1
     categories: list[str] = field(default_factory=list)
@@ -284,6 +302,9 @@ class MultiTurnRollout:
             turns=[s.turns for s in samples],
             tool_categories=[s.categories for s in samples],
             token_versions=None if any(s.versions is None for s in samples) else [s.versions for s in samples],
+            routed_experts=None
+            if any(s.unrouted or s.routes is None for s in samples)
+            else [unfed_routes_appended(s.routes, len(s.prompt_ids) + len(s.ids)) for s in samples],  # type: ignore[arg-type]
         )
 
     # --- one engine call's results --------------------------------------------------------------------------------
@@ -291,8 +312,9 @@ class MultiTurnRollout:
     def _absorb(self, samples: list[_Sample], out: RolloutOutput) -> None:
         p = self.params
         tagged = out.token_versions or [None] * len(samples)
-        for s, ids, lps, reason, versions in zip(
-            samples, out.response_ids, out.logprobs, out.finish_reason, tagged, strict=True
+        routed = out.routed_experts or [None] * len(samples)
+        for s, ids, lps, reason, versions, routes in zip(
+            samples, out.response_ids, out.logprobs, out.finish_reason, tagged, routed, strict=True
         ):
             room = p.max_response_length - len(s.ids)
             ids, lps = list(ids[:room]), list(lps[:room])
@@ -304,6 +326,9 @@ class MultiTurnRollout:
             s.mask += [1] * len(ids)
             # The kept tokens' versions (cut where the ids were); one untagged call leaves the trajectory untagged.
             s.versions = None if versions is None or s.versions is None else s.versions + list(versions[: len(ids)])
+            # The call's routes over what it was given and drew, stitched on and cut where the ids were
+            s.unrouted = s.unrouted or routes is None
+            s.routes = None if s.unrouted else routes_so_far(s.routes, routes)[: len(s.prompt_ids) + len(s.ids)]
             full = len(s.ids) >= p.max_response_length
             if cut is not None:
                 if s.turns < p.max_assistant_turns and not full:

@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from dapo.rollout.base import FinishedRequest, RolloutOutput, SamplingParams
+from dapo.rollout.sample_routes import routes_so_far
 from dapo.rollout.spec import EngineSpec
 
 log = logging.getLogger(__name__)
@@ -373,7 +374,7 @@ class _Worker:
                 if out.routed_experts is not None:
                     if routes is None:
                         routes = [torch.empty(0, dtype=out.routed_experts[j].dtype) for _ in ids]
-                    routes[k] = _routes_so_far(routes[k], out.routed_experts[j], len(prompts[k // n]) + len(ids[k]))
+                    routes[k] = routes_so_far(routes[k], out.routed_experts[j])
                 ids[k] += out.response_ids[j]
                 logprobs[k] += out.logprobs[j]
                 versions[k] += [self.version] * len(out.response_ids[j])
@@ -402,17 +403,6 @@ def _routes_as_tensors(output: RolloutOutput) -> RolloutOutput:
     if output.routed_experts is None:
         return output
     return dataclasses.replace(output, routed_experts=[torch.from_numpy(r) for r in output.routed_experts])
-
-
-def _routes_so_far(kept: torch.Tensor, segment: torch.Tensor, fed: int) -> torch.Tensor:
-    """A sample's routes after one more segment: ``segment`` covers the ``fed`` tokens the segment re-prefilled
-    (prompt and tokens so far) and the ones it drew. The first segment's are taken whole. Later, the tokens the
-    sample had keep the routes recorded when they were first fed, under the weights of their time, except the last
-    one drawn: no segment fed it before this one, whose prefill routed it (as a one-call generation routes it when
-    it feeds it back, to draw the next); from there on, the segment's own."""
-    if kept.numel() == 0:
-        return segment
-    return torch.cat([kept[: fed - 1], segment[fed - 1 :]])
 
 
 def _worker_main(spec: EngineSpec, model_cfg: Any, options: WorkerOptions, conn: Any, address: tuple[str, int]) -> None:

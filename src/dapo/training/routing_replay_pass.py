@@ -3,7 +3,8 @@ it measures.
 
 R3: the batch carries the rollout's routes; the pass replays them (pi_old is then the policy the engine sampled from,
 expert for expert), counts how often the actor's live router agreed with the rollout (``moe/routing_agreement``,
-over token x layer top-k sets), and runs once more routing live, for the log-prob gap to the engine without replay.
+over token x layer top-k sets), and runs once more routing live, for the log-prob gap to the engine without replay
+(both gaps over the sampled tokens: a multi-turn trajectory's tool output is context, its log-prob a placeholder).
 R2: the pass routes live and records its routes, which the update then replays.
 Both: the share of the routed slots each expert received in the pass (``moe/expert_load/*``, 1 / experts when
 balanced).
@@ -17,6 +18,7 @@ import torch
 
 from dapo.actor.batch import TrainBatch
 from dapo.actor.log_probs import compute_log_probs_and_entropy_batch, compute_log_probs_batch
+from dapo.actor.update import actions_of
 from dapo.config import DapoConfig
 from dapo.distributed.data_parallel import forward_through
 from dapo.model.router_replay import RouterTape
@@ -59,9 +61,10 @@ def replayed_old_log_probs(
         live = forward_through(
             model, compute_log_probs_batch, batch.with_routed_experts(None), cfg.actor, temperature=temperature
         )
-        if batch.rollout_log_probs is not None:
-            metrics.update(_gap("replayed", old, batch.rollout_log_probs))
-            metrics.update(_gap("live", live, batch.rollout_log_probs))
+        if batch.rollout_log_probs is not None:  # over actions: a tool token's rollout log-prob is a 0.0 placeholder
+            rollout = actions_of(batch.rollout_log_probs, batch.action_mask)
+            metrics.update(_gap("replayed", actions_of(old, batch.action_mask), rollout))
+            metrics.update(_gap("live", actions_of(live, batch.action_mask), rollout))
     else:  # R2: the pass's own routes, for the update
         with tape.recording():
             old, entropies = forward_through(

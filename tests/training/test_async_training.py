@@ -105,7 +105,7 @@ def test_stale_samples_get_pi_old_from_the_actor_and_the_weights_travel(straight
     assert all(r["async/trainer_idle_s"] >= 0 and r["async/overlap_s"] >= 0 for r in records)
 
 
-def _resumed_from_step_2_ends_as(straight: Path, args: list[str], root: Path) -> None:
+def _resumed_from_step_2_ends_as(straight: Path, args: list[str], root: Path, last: int = 4) -> None:
     """The run directory as a SIGKILL right after the step-2 checkpoint leaves it (the uninterrupted run ``straight``'s
     own checkpoint, which holds the batch generated ahead, and its records up to step 2), resumed by the same command
     ``args`` from another ``root``: bit-identical weights, records and trained batches. The checkpoint is written whole
@@ -116,7 +116,11 @@ def _resumed_from_step_2_ends_as(straight: Path, args: list[str], root: Path) ->
         straight,
         run_dir,
         ignore=lambda d, names: (
-            ["global_step_4"] if d.endswith("checkpoints") else ["3.jsonl", "4.jsonl"] if d.endswith("batches") else []
+            [f"global_step_{last}"]
+            if d.endswith("checkpoints")
+            else [f"{s}.jsonl" for s in range(3, last + 1)]
+            if d.endswith("batches")
+            else []
         ),
     )
     kept = [line for line in (straight / "metrics.jsonl").read_text().splitlines() if json.loads(line)["step"] <= 2]
@@ -134,8 +138,8 @@ def _resumed_from_step_2_ends_as(straight: Path, args: list[str], root: Path) ->
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stdout
-    a = load_file(straight / "checkpoints" / "global_step_4" / "hf" / "model.safetensors")
-    b = load_file(run_dir / "checkpoints" / "global_step_4" / "hf" / "model.safetensors")
+    a = load_file(straight / "checkpoints" / f"global_step_{last}" / "hf" / "model.safetensors")
+    b = load_file(run_dir / "checkpoints" / f"global_step_{last}" / "hf" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
     assert [_same(r) for r in _records(run_dir)] == [_same(r) for r in _records(straight)]
     assert _batches(run_dir) == _batches(straight)  # step 3: the saved batch, trained as it was generated
@@ -147,10 +151,18 @@ def test_a_run_resumed_from_its_step_2_checkpoint_ends_as_the_uninterrupted_run(
 
 # The calculator's multi-turn rollouts (configs/tools/tiny_calculator.yaml) under one_step_off: the batch saved ahead
 # holds trajectories (model and tool tokens, action masks, per-token versions), which must come back exactly.
+TOOLS_STEPS = 3  # step 3 trains the batch saved ahead at step 2's checkpoint: all the resume has to show
 TOOLS = [
     "--config",
     str(Path(__file__).resolve().parents[2] / "configs" / "tools" / "tiny_calculator.yaml"),
-    *[a for a in ASYNC if not a.startswith("data.max_response_length")],  # the config's trajectory budget
+    *[
+        a
+        for a in ASYNC
+        if not a.startswith(("data.max_response_length", "trainer.total_training_steps", "data.gen_batch_size"))
+    ],
+    "data.max_response_length=64",  # room for a tool call or two (the config's 96 is a longer trajectory budget)
+    "algorithm.filter_groups.enable=false",  # one generation round a step: the refill is the other tests' subject
+    f"trainer.total_training_steps={TOOLS_STEPS}",
 ]
 
 
@@ -166,9 +178,9 @@ def test_a_multi_turn_run_resumed_from_its_step_2_checkpoint_ends_as_the_uninter
     )
     assert result.returncode == 0, result.stderr[-3000:]
     # the tool really ran in every step's batch, step 3's (the one saved ahead) included
-    assert [r["step"] for r in _records(straight)] == [1, 2, 3, 4]
+    assert [r["step"] for r in _records(straight)] == list(range(1, TOOLS_STEPS + 1))
     assert all(r["tool/calls"] > 0 for r in _records(straight)), _records(straight)
-    _resumed_from_step_2_ends_as(straight, TOOLS, root / "resumed")
+    _resumed_from_step_2_ends_as(straight, TOOLS, root / "resumed", last=TOOLS_STEPS)
 
 
 # Killed after step 2's checkpoint, resumed for steps 3 and 4: with staleness_threshold=1 at most batch 3 can be

@@ -41,18 +41,20 @@ ARGS = [
 WEIGHT_TOLERANCE = 1e-4
 
 
-def _train(tmp_path: Path, folder: Path, strategy: str, *extra: str) -> list[dict]:
+def trained_with_replay(run_root: Path, folder: Path, strategy: str, *extra: str) -> tuple[list[dict], dict]:
+    """Two steps of :data:`ARGS` (R3 unless ``extra`` says otherwise) on the model in ``folder``, 2 torchrun ranks:
+    the metrics records and the weights after step 2 (also scripts/model_matrix.py's R3 x FSDP2 measurement)."""
     name = "-".join([strategy, *[e.split("=")[0].rsplit(".", 1)[-1] for e in extra]])
     args = [*ARGS, f"model.path={folder}", f"actor.strategy={strategy}", f"trainer.experiment_name={name}", *extra]
-    run = torchrun_warm(args, tmp_path)
+    run = torchrun_warm(args, run_root)
     assert run.returncode == 0, run.stderr[-4000:]
-    records = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (run_root / name / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]
     assert all(r["actor/num_optimizer_steps"] == 2.0 for r in records)  # two mini-batches a step
-    return records
+    return records, loaded_weights(run_root / name / "checkpoints" / "global_step_2" / "hf")
 
 
-def _weights(folder: Path) -> dict[str, torch.Tensor]:
+def loaded_weights(folder: Path) -> dict[str, torch.Tensor]:
     """The model of a Hugging Face folder, as loaded (the FSDP2 export keeps the experts fused as the module holds
     them, save_pretrained splits them per expert: one model either way)."""
     from transformers import AutoModelForCausalLM
@@ -60,12 +62,19 @@ def _weights(folder: Path) -> dict[str, torch.Tensor]:
     return AutoModelForCausalLM.from_pretrained(folder).state_dict()
 
 
+def largest_weight_gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert a[key].shape == b[key].shape, key  # full tensors, not one rank's shard
+    return max(float((a[key] - b[key]).abs().max()) for key in a)
+
+
 @pytest.mark.slow
 def test_r3_under_fsdp2_agrees_with_the_rollout_and_trains_the_replicated_weights(tmp_path: Path) -> None:
     folder = save_tiny_model("qwen3_moe", tmp_path / "model", eos_token_ids=range(2, 601, 6))
-    replicated = _train(tmp_path, folder, "replicated")
+    replicated, a = trained_with_replay(tmp_path, folder, "replicated")
     # under activation checkpointing: each layer's recompute in the backward replays its forward's routes
-    sharded = _train(tmp_path, folder, "fsdp2", "actor.gradient_checkpointing=true")
+    sharded, b = trained_with_replay(tmp_path, folder, "fsdp2", "actor.gradient_checkpointing=true")
     for record in sharded:
         assert record["moe/routing_agreement"] == 1.0  # the copies' routes, on every rank's samples
         assert record["moe/log_prob_gap/replayed_max"] <= record["moe/log_prob_gap/live_max"]
@@ -73,11 +82,6 @@ def test_r3_under_fsdp2_agrees_with_the_rollout_and_trains_the_replicated_weight
     assert min(r["moe/update_routing_agreement"] for r in sharded) < 1.0
     for one, two in zip(replicated, sharded, strict=True):
         assert one["moe/update_routing_agreement"] == two["moe/update_routing_agreement"]
-    saved = Path("checkpoints") / "global_step_2" / "hf"
-    a, b = _weights(tmp_path / "replicated" / saved), _weights(tmp_path / "fsdp2-gradient_checkpointing" / saved)
-    assert a.keys() == b.keys() and any(".mlp.gate." in k for k in a)
-    initial = _weights(folder)
-    assert max(float((b[k] - initial[k]).abs().max()) for k in b) > 100 * WEIGHT_TOLERANCE  # it trained
-    for key in a:
-        assert a[key].shape == b[key].shape, key  # full tensors, not one rank's shard
-        assert float((a[key] - b[key]).abs().max()) <= WEIGHT_TOLERANCE, key
+    assert any(".mlp.gate." in k for k in a)
+    assert largest_weight_gap(b, loaded_weights(folder)) > 100 * WEIGHT_TOLERANCE  # it trained
+    assert largest_weight_gap(a, b) <= WEIGHT_TOLERANCE

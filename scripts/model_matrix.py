@@ -20,7 +20,11 @@ The same measurements are asserted by tests/model/test_family_matrix.py, tests/m
 tests/distributed/test_data_parallel.py and tests/distributed/test_router_replay_fsdp_torchrun.py. It measures gaps, not timings.
 
     nice python scripts/model_matrix.py           # rewrite docs/runs/model-matrix.json
+    nice python scripts/model_matrix.py --r3-fsdp2  # re-measure only the R3 x FSDP2 figures into the record
     python scripts/render_docs.py                 # then docs/models.md follows
+
+``--r3-fsdp2`` keeps every other figure of the record as it was measured and notes its own date and commit in
+``meta["r3_fsdp2"]`` (the table says both).
 """
 
 from __future__ import annotations
@@ -173,6 +177,33 @@ def r3_fsdp2_column(families: list[str]) -> dict[str, dict]:
     return out
 
 
+def head_commit() -> str:
+    return subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+
+
+def r3_fsdp2_only() -> int:
+    """Re-measure the R3 x FSDP2 figures of the MoE families into the existing record, the rest untouched."""
+    import torch
+    import transformers
+
+    record = json.loads(OUT.read_text(encoding="utf-8"))
+    families = record["families"]
+    for family, result in r3_fsdp2_column([f for f, entry in families.items() if entry["r3"] is not None]).items():
+        families[family]["r3"]["fsdp2"] = result
+    record["meta"]["r3_fsdp2"] = {
+        "date": datetime.date.today().isoformat(),
+        "commit": head_commit(),
+        "argv": sys.argv,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+    OUT.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote the R3 x FSDP2 figures into {OUT.relative_to(ROOT)}")
+    return 0
+
+
 def main() -> int:
     import peft
     import torch
@@ -182,9 +213,7 @@ def main() -> int:
     from dapo.rollout.factory import engine_capabilities
     from dapo.rollout.vllm_engine import vllm_available
 
-    commit = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
+    commit = head_commit()
     vllm_ok, vllm_version = vllm_available()
     families = {family: measure(family) for family in FAMILIES}
     for family, entry in families.items():
@@ -218,4 +247,6 @@ def main() -> int:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--vllm-family"]:
         raise SystemExit(vllm_child(sys.argv[2], sys.argv[3]))
+    if sys.argv[1:] == ["--r3-fsdp2"]:
+        raise SystemExit(r3_fsdp2_only())
     raise SystemExit(main())

@@ -1006,6 +1006,14 @@ def _r3_cell(entry: dict | None) -> str:
     )
 
 
+def _r3_fsdp2_recorded(meta: dict) -> str:
+    """When the R3 x FSDP2 figures were re-measured apart from the rest (``model_matrix.py --r3-fsdp2``)."""
+    own = meta.get("r3_fsdp2")
+    if own is None:
+        return ""
+    return f"; the R3 column's FSDP2 figures {own['date']}, commit {own['commit']}, torch {own['torch']}"
+
+
 def _r3_fsdp2_tolerance(families: dict[str, dict]) -> float:
     (tolerance,) = {f["r3"]["fsdp2"]["weight_tolerance"] for f in families.values() if f["r3"] is not None}
     return tolerance
@@ -1045,8 +1053,8 @@ def model_matrix() -> str:
         "steps on 2 replicated ranks, the lowest routing agreement and the largest weight difference after them "
         f"(tolerance {_r3_fsdp2_tolerance(families):g}). Recorded "
         f"{meta['date']}, commit {meta['commit']}, torch {meta['torch']}, transformers {meta['transformers']}, "
-        f"peft {meta['peft']}, {meta['vllm'] or 'no vLLM'}, {meta['host']} (`{MODEL_MATRIX}`, written by "
-        "`scripts/model_matrix.py`).\n"
+        f"peft {meta['peft']}, {meta['vllm'] or 'no vLLM'}, {meta['host']}{_r3_fsdp2_recorded(meta)} "
+        f"(`{MODEL_MATRIX}`, written by `scripts/model_matrix.py`).\n"
     )
 
 

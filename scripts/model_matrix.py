@@ -11,13 +11,20 @@ downloaded):
 * FSDP2: two PPO updates on 2 ranks (torchrun, gloo; ``tests/distributed/dp_update_worker.py``) against the same
   updates replicated in one process: the largest parameter difference and the relative gradient-norm difference;
 * R3 (MoE families): the routing agreement between the HF engine's recorded routes and the actor, and the
-  engine-actor gap with the routes replayed and with the actor routing live.
+  engine-actor gap with the routes replayed and with the actor routing live; and two R3 ``dapo train`` steps on 2
+  FSDP2 ranks with activation checkpointing (torchrun, gloo; ``tests/distributed/test_router_replay_fsdp_torchrun.py``)
+  against the same steps replicated on 2 ranks: the lowest routing agreement, the update's agreement in both, and
+  the largest weight difference after them.
 
-The same measurements are asserted by tests/model/test_family_matrix.py, tests/model/test_router_replay.py and
-tests/distributed/test_data_parallel.py. It measures gaps, not timings.
+The same measurements are asserted by tests/model/test_family_matrix.py, tests/model/test_router_replay.py,
+tests/distributed/test_data_parallel.py and tests/distributed/test_router_replay_fsdp_torchrun.py. It measures gaps, not timings.
 
     nice python scripts/model_matrix.py           # rewrite docs/runs/model-matrix.json
+    nice python scripts/model_matrix.py --r3-fsdp2  # re-measure only the R3 x FSDP2 figures into the record
     python scripts/render_docs.py                 # then docs/models.md follows
+
+``--r3-fsdp2`` keeps every other figure of the record as it was measured and notes its own date and commit in
+``meta["r3_fsdp2"]`` (the table says both).
 """
 
 from __future__ import annotations
@@ -143,6 +150,60 @@ def fsdp2_column(families: list[str]) -> dict[str, dict]:
     return out
 
 
+def r3_fsdp2_column(families: list[str]) -> dict[str, dict]:
+    """Two R3 steps of each MoE family on 2 FSDP2 ranks (activation checkpointing on) against 2 replicated ranks."""
+    from families import save_tiny_model
+
+    from tests.distributed.test_router_replay_fsdp_torchrun import (
+        WEIGHT_TOLERANCE,
+        largest_weight_gap,
+        trained_with_replay,
+    )
+
+    out: dict[str, dict] = {}
+    for family in families:
+        with tempfile.TemporaryDirectory() as folder:
+            root = Path(folder)
+            model = save_tiny_model(family, root / "model", eos_token_ids=range(2, 601, 6))
+            replicated, a = trained_with_replay(root, model, "replicated")
+            sharded, b = trained_with_replay(root, model, "fsdp2", "actor.gradient_checkpointing=true")
+        out[family] = {
+            "routing_agreement_min": min(r["moe/routing_agreement"] for r in sharded),
+            "update_routing_agreement": [r.get("moe/update_routing_agreement") for r in sharded],
+            "update_routing_agreement_replicated": [r.get("moe/update_routing_agreement") for r in replicated],
+            "weight_gap": largest_weight_gap(a, b),
+            "weight_tolerance": WEIGHT_TOLERANCE,
+        }
+    return out
+
+
+def head_commit() -> str:
+    return subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+
+
+def r3_fsdp2_only() -> int:
+    """Re-measure the R3 x FSDP2 figures of the MoE families into the existing record, the rest untouched."""
+    import torch
+    import transformers
+
+    record = json.loads(OUT.read_text(encoding="utf-8"))
+    families = record["families"]
+    for family, result in r3_fsdp2_column([f for f, entry in families.items() if entry["r3"] is not None]).items():
+        families[family]["r3"]["fsdp2"] = result
+    record["meta"]["r3_fsdp2"] = {
+        "date": datetime.date.today().isoformat(),
+        "commit": head_commit(),
+        "argv": sys.argv,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+    OUT.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote the R3 x FSDP2 figures into {OUT.relative_to(ROOT)}")
+    return 0
+
+
 def main() -> int:
     import peft
     import torch
@@ -152,9 +213,7 @@ def main() -> int:
     from dapo.rollout.factory import engine_capabilities
     from dapo.rollout.vllm_engine import vllm_available
 
-    commit = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
+    commit = head_commit()
     vllm_ok, vllm_version = vllm_available()
     families = {family: measure(family) for family in FAMILIES}
     for family, entry in families.items():
@@ -163,6 +222,8 @@ def main() -> int:
             entry["r3"]["vllm_refused"] = engine_capabilities("vllm").no_routed_experts
     for family, result in fsdp2_column(list(FAMILIES)).items():
         families[family]["fsdp2"] = result
+    for family, result in r3_fsdp2_column([f for f, entry in families.items() if entry["r3"] is not None]).items():
+        families[family]["r3"]["fsdp2"] = result
     record = {
         "meta": {
             "date": datetime.date.today().isoformat(),
@@ -186,4 +247,6 @@ def main() -> int:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--vllm-family"]:
         raise SystemExit(vllm_child(sys.argv[2], sys.argv[3]))
+    if sys.argv[1:] == ["--r3-fsdp2"]:
+        raise SystemExit(r3_fsdp2_only())
     raise SystemExit(main())

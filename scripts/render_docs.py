@@ -991,14 +991,32 @@ def _fsdp2_cell(entry: dict) -> str:
 
 
 def _r3_cell(entry: dict | None) -> str:
-    """R3 on a MoE family: the HF engine's routing agreement with the actor and the gap replayed (live); vLLM's."""
+    """R3 on a MoE family: the HF engine's routing agreement with the actor and the gap replayed (live); two steps
+    on 2 FSDP2 ranks against 2 replicated ones; vLLM's."""
     if entry is None:
         return "dense"
-    hf = entry["hf"]
+    hf, sharded = entry["hf"], entry["fsdp2"]
+    weights = (
+        "weights match replicated" if sharded["weight_gap"] <= sharded["weight_tolerance"] else "**weights differ**"
+    )
     return (
         f"HF: agreement {hf['routing_agreement']:.2f}, gap {hf['gap_replayed']:.1e} (live {hf['gap_live']:.1e}); "
+        f"FSDP2: agreement {sharded['routing_agreement_min']:.2f}, {weights} ({sharded['weight_gap']:.1e}); "
         "vLLM: refused"
     )
+
+
+def _r3_fsdp2_recorded(meta: dict) -> str:
+    """When the R3 x FSDP2 figures were re-measured apart from the rest (``model_matrix.py --r3-fsdp2``)."""
+    own = meta.get("r3_fsdp2")
+    if own is None:
+        return ""
+    return f"; the R3 column's FSDP2 figures {own['date']}, commit {own['commit']}, torch {own['torch']}"
+
+
+def _r3_fsdp2_tolerance(families: dict[str, dict]) -> float:
+    (tolerance,) = {f["r3"]["fsdp2"]["weight_tolerance"] for f in families.values() if f["r3"] is not None}
+    return tolerance
 
 
 def model_matrix() -> str:
@@ -1031,10 +1049,12 @@ def model_matrix() -> str:
         "(torchrun, gloo) against the same updates replicated in one process: the largest parameter difference "
         "after them and the relative difference of the gradient norms. R3: the fraction of token x layer top-k sets "
         "the actor's live router chose as the HF engine recorded, and the padded gap with the routes replayed "
-        "(and live). Recorded "
+        "(and live); FSDP2: two R3 `dapo train` steps on 2 FSDP2 ranks with activation checkpointing against the same "
+        "steps on 2 replicated ranks, the lowest routing agreement and the largest weight difference after them "
+        f"(tolerance {_r3_fsdp2_tolerance(families):g}). Recorded "
         f"{meta['date']}, commit {meta['commit']}, torch {meta['torch']}, transformers {meta['transformers']}, "
-        f"peft {meta['peft']}, {meta['vllm'] or 'no vLLM'}, {meta['host']} (`{MODEL_MATRIX}`, written by "
-        "`scripts/model_matrix.py`).\n"
+        f"peft {meta['peft']}, {meta['vllm'] or 'no vLLM'}, {meta['host']}{_r3_fsdp2_recorded(meta)} "
+        f"(`{MODEL_MATRIX}`, written by `scripts/model_matrix.py`).\n"
     )
 
 

@@ -118,6 +118,27 @@ def test_gate_weights_under_replay_are_the_live_softmax_at_the_replayed_ids_and_
     assert float(router.weight.grad[:, 1:].abs().max()) == 0.0
 
 
+def test_an_uncounted_pass_replays_but_adds_nothing_to_agreement_or_load() -> None:
+    """An FSDP2 rank's zero-weight padding pass (dapo.actor.update): the same one-token plan as above, replayed to
+    (2, 0) whatever the live router picks, leaves the counts where they were; after the block it counts again."""
+    model = build_tiny_model("qwen3_moe")
+    router = moe_routers(model)[0]
+    hidden = torch.zeros(1, router.hidden_dim)
+    hidden[0, 0] = 1.0
+    with torch.no_grad():
+        router.weight.zero_()
+        router.weight[:, 0] = torch.tensor([2.0, 1.0, 0.0, 1.0])
+    plan = torch.tensor([[[2, 0], [-1, -1]]])
+    with router_replay(model, rollout_routes=False) as tape:
+        with tape.uncounted(), tape.replaying(plan, torch.ones(1, dtype=torch.bool)):
+            _, _, ids = router(hidden)
+        assert ids.tolist() == [[2, 0]]
+        assert (tape.matched, tape.compared, int(tape.load.sum())) == (0, 0, 0)
+        with tape.replaying(plan, torch.ones(1, dtype=torch.bool)):
+            router(hidden)
+        assert (tape.matched, tape.compared) == (0, 1) and tape.load[0].tolist() == [1, 0, 1, 0]
+
+
 @pytest.mark.parametrize("layout", ["padded", "shared_prompt"])
 def test_r2_records_the_actors_own_routes_for_every_token(layout: str) -> None:
     """The old-log-prob pass inside the tape's recording leaves each sample's routes in batch order: the engine's

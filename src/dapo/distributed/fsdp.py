@@ -23,7 +23,7 @@ divide factor alone would ask for).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -133,19 +133,31 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 
 
 def shard_actor(
-    model: nn.Module, cfg: FsdpConfig, world: World, *, gradient_checkpointing: bool = False
+    model: nn.Module,
+    cfg: FsdpConfig,
+    world: World,
+    *,
+    gradient_checkpointing: bool = False,
+    checkpoint_context_fn: Callable[[], tuple[Any, Any]] | None = None,
 ) -> ShardedActor:
     """``fully_shard`` every decoder layer of ``model``, then the root; gradients are summed over ranks.
 
     Build the optimizer after this (it must hold the sharded parameters). Gradient checkpointing is switched on
-    before sharding, as the layers' own ``__call__`` wraps the FSDP hooks then.
+    before sharding, as the layers' own ``__call__`` wraps the FSDP hooks then; ``checkpoint_context_fn`` is
+    ``torch.utils.checkpoint``'s ``context_fn`` for its layers (``dapo.actor.update.checkpoint_context_fn``: under
+    MoE routing replay a layer's recompute replays its forward's routes).
     """
     from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     if not world.distributed:
         raise ValueError("shard_actor needs a distributed World (torchrun with >= 2 ranks)")
+    if checkpoint_context_fn is not None and not gradient_checkpointing:
+        raise ValueError("shard_actor: a checkpoint_context_fn needs gradient_checkpointing=True")
     if gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        kwargs: dict[str, Any] = {"use_reentrant": False}
+        if checkpoint_context_fn is not None:
+            kwargs["context_fn"] = checkpoint_context_fn
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     # The forward inputs are token ids (never cast) and a TrainBatch; casting its float tensors would change nothing
     # the forward reads, so inputs are left alone.
     mp = MixedPrecisionPolicy(

@@ -19,7 +19,8 @@ over the live logits at the replayed ids), so the router still receives a gradie
   (the routing agreement) and how many tokens each expert received (the expert load);
 * :meth:`RouterTape.checkpoint_contexts`: under activation checkpointing (``actor.gradient_checkpointing``), a
   layer's recomputation in the backward replays the plan its forward ran under (the plan is over by then), neither
-  counting nor recording again, so the backward differentiates the experts the forward used.
+  counting nor recording again, so the backward differentiates the experts the forward used;
+* :meth:`RouterTape.uncounted`: forwards replay but do not count (a zero-weight padding pass of an FSDP2 rank).
 
 Outside the block the routers' forwards are their own again; a model never entered runs unpatched.
 """
@@ -125,6 +126,7 @@ class RouterTape:
         self.top_k = int(routers[0].top_k)
         self.num_experts = int(routers[0].num_experts)
         self._recording = False
+        self._counting = True
         self._recorded: list[Tensor | None] = [None] * self.num_layers
         self._plan = _Plan(None, None)
         # Per sample, the routes of the last recorded pass, as the pass that knows the samples left them (the actor).
@@ -164,6 +166,17 @@ class RouterTape:
             yield
         finally:
             self._plan = _Plan(None, None)
+
+    @contextmanager
+    def uncounted(self) -> Iterator[None]:
+        """Inside, forwards replay their plans but add nothing to the agreement and load counts: a pass whose tokens
+        train nothing (an FSDP2 rank's zero-weight padding pass, ``dapo.actor.mini_batch_plan``) would otherwise count
+        a sample twice, and only on the ranks that pad."""
+        outer, self._counting = self._counting, False
+        try:
+            yield
+        finally:
+            self._counting = outer
 
     def checkpoint_contexts(self) -> tuple[AbstractContextManager[None], AbstractContextManager[None]]:
         """``torch.utils.checkpoint``'s (forward, recompute) contexts for one checkpointed layer, taken as its forward
@@ -217,14 +230,14 @@ class RouterTape:
                     f"router replay: {tuple(want.shape)} routes for a layer that routed {tuple(ids.shape)}"
                 )
             replayed = (want >= 0).all(dim=-1)
-            if plan.counted is not None:
+            if plan.counted is not None and self._counting:
                 compare = replayed & plan.counted.to(ids.device)
                 same = (want.sort(dim=-1).values == ids.sort(dim=-1).values).all(dim=-1)
                 self.matched += int((same & compare).sum())
                 self.compared += int(compare.sum())
             ids = torch.where(replayed[:, None], want, ids)
             weights = gate(router, logits, ids)
-        if plan.counted is not None:
+        if plan.counted is not None and self._counting:
             chosen = ids[plan.counted.to(ids.device)].reshape(-1)
             self.load[layer] += torch.bincount(chosen, minlength=self.num_experts).cpu()
         if self._recording:

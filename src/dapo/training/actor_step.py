@@ -234,8 +234,11 @@ def update_actor(
                 f"checkpoint is untouched; lower actor.optim.lr or use actor.dtype=fp32"
             ) from exc
 
-    if tape is not None and (update_agreement := tape.agreement()) is not None:
-        metrics["moe/update_routing_agreement"] = update_agreement  # replayed vs live: how far the router moved
+    if tape is not None:  # replayed vs live in the update: how far the router moved
+        # each rank compared its own share's tokens: summed, every rank logs the whole batch's agreement
+        matched, compared = world.all_reduce_sum(torch.tensor([tape.matched, tape.compared], dtype=torch.float64))
+        if compared > 0:
+            metrics["moe/update_routing_agreement"] = float(matched / compared)
     check_actor_logits(policy, groups, step)
     metrics.update(batch_metrics(groups, batch.advantages, max_response_length=cfg.data.max_response_length))
     if record is None:  # over actions only (a multi-turn trajectory's tool tokens are context)

@@ -48,8 +48,9 @@ def replayed_old_log_probs(
     if tape.rollout_routes:  # R3
         if batch.routed_experts is None:
             raise TrainingError(
-                "actor.router_replay.mode=R3: the rollout engine recorded no routes (it does not "
-                "generate from the actor's module here, e.g. rollout.dtype differs from actor.dtype)"
+                "actor.router_replay.mode=R3: the rollout engine returned no routes for this batch (the hf "
+                "engine records them on the module it generates from, the actor's or its own copy, only inside "
+                "the run's routing replay: dapo.training.run.Run.routing_replay)"
             )
         old, entropies = forward_through(
             model, compute_log_probs_and_entropy_batch, batch, cfg.actor, temperature=temperature

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from dapo.actor.optim import build_lr_scheduler, build_optimizer
+from dapo.actor.update import checkpoint_context_fn
 from dapo.config import DapoConfig, config_to_dict
 from dapo.config.loading import tracker_backends
 from dapo.data.prompt_sampler import PromptSampler
@@ -411,23 +412,28 @@ class Run:
             torch.bfloat16 if cfg.actor.dtype == "bf16" else None,
         )
         stack = contextlib.ExitStack()
-        modules = [self.policy.model]
-        engine_module = getattr(self.engine, "model", None)
-        if isinstance(engine_module, torch.nn.Module) and engine_module is not self.policy.model:
-            modules.append(engine_module)  # the engine's own copy (an FSDP2 actor)
-        for module in modules:
+        for module in [self.policy.model, *self.engine_own_module()]:
             stack.enter_context(batch_invariant(module, invariance))
         return stack
 
+    def engine_own_module(self) -> list[torch.nn.Module]:
+        """The module the engine generates from in this process when it is not the actor's (its unsharded copy
+        beside an FSDP2 actor, or one in rollout.dtype: ``hf_engine_copy``), as a list of zero or one."""
+        module = getattr(self.engine, "model", None)
+        return [module] if isinstance(module, torch.nn.Module) and module is not self.policy.model else []
+
     def routing_replay(self) -> contextlib.AbstractContextManager[object]:
         """The actor's MoE routers set up for the run: under one tape (``actor.router_replay.mode``,
-        dapo.model.router_replay; R3's engine records every sample's routes on it) and hooked for the load-balancing
-        loss the update adds (``actor.router_aux_loss_coef``, dapo.model.router_aux_loss); nothing is patched when
-        both are off."""
+        dapo.model.router_replay; R3's engine records every sample's routes on it, or on a tape of its own copy's
+        routers) and hooked for the load-balancing loss the update adds (``actor.router_aux_loss_coef``,
+        dapo.model.router_aux_loss); nothing is patched when both are off."""
         stack = contextlib.ExitStack()
         mode = self.cfg.actor.router_replay.mode
         if mode != "disabled":
             stack.enter_context(router_replay(self.policy.model, rollout_routes=mode == "R3"))
+        if mode == "R3":  # an engine with a copy of its own records there, on a tape of that copy's routers
+            for module in self.engine_own_module():
+                stack.enter_context(router_replay(module, rollout_routes=True))
         if self.cfg.actor.router_aux_loss_coef > 0:
             stack.enter_context(router_aux_loss(self.policy.model))
         return stack
@@ -534,7 +540,13 @@ def build_run(cfg: DapoConfig, world: World = World(), split: JobSplit | None = 
         policy = dataclasses.replace(
             policy,
             model=shard_actor(
-                policy.model, cfg.actor.fsdp, world, gradient_checkpointing=cfg.actor.gradient_checkpointing
+                policy.model,
+                cfg.actor.fsdp,
+                world,
+                gradient_checkpointing=cfg.actor.gradient_checkpointing,
+                checkpoint_context_fn=(
+                    checkpoint_context_fn(policy.model, cfg.actor) if cfg.actor.gradient_checkpointing else None
+                ),
             ),
         )
     checkpoint_format(cfg, policy.model)  # a format this actor cannot write fails now, not at the first save

@@ -6,9 +6,8 @@
     2x2-one-step  the same 2 x 2, one_step_off
     2x2-tools, 2x2-tools-one-step  the 2 x 2 runs with multi-turn tool rollouts (configs/tools/tiny_calculator.yaml),
                   fully async and one_step_off, SHORT_STEPS steps
-    2x2-lora, 2x2-lora-one-step    the 2 x 2 runs training LoRA adapters (configs/lora_tiny.yaml; the 2 trainer ranks
-                  replicated, as recorded: LoRA under fsdp2 trainer ranks is tested in
-                  tests/distributed/test_async_torchrun.py), SHORT_STEPS steps
+    2x2-lora, 2x2-lora-one-step    the 2 x 2 runs training LoRA adapters (configs/lora_tiny.yaml), fsdp2 trainer
+                  ranks as the other 2 x 2 runs, SHORT_STEPS steps
 
 The asynchronous runs use async_training.staleness_threshold=1 and partial_rollout=true (one_step_off: its own bound,
 exactly 1). Each run's metrics.jsonl.gz, config.yaml and run.json (command, date, commit, host CPU, wall seconds)
@@ -88,15 +87,15 @@ RUNS = (
     ),
     BenchRun(
         "2x2-lora",
-        "torchrun: 2 trainer ranks (replicated) x 2 rollout ranks, fully async, staleness 1, partial rollouts, LoRA",
-        (*LORA, "async_training.mode=fully_async", *ASYNC, "rollout.n_gpus_per_node=2"),
+        "torchrun: 2 trainer ranks (fsdp2) x 2 rollout ranks, fully async, staleness 1, partial rollouts, LoRA",
+        (*LORA, "async_training.mode=fully_async", *ASYNC, *TWO_BY_TWO),
         ranks=4,
         steps=SHORT_STEPS,
     ),
     BenchRun(
         "2x2-lora-one-step",
-        "torchrun: 2 trainer ranks (replicated) x 2 rollout ranks, one_step_off, LoRA",
-        (*LORA, "async_training.mode=one_step_off", "rollout.n_gpus_per_node=2"),
+        "torchrun: 2 trainer ranks (fsdp2) x 2 rollout ranks, one_step_off, LoRA",
+        (*LORA, "async_training.mode=one_step_off", *TWO_BY_TWO),
         ranks=4,
         steps=SHORT_STEPS,
     ),

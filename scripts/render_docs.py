@@ -1553,14 +1553,20 @@ def async_runs_table(folder: Path | None = None) -> str:
             f"| {f'{val[0]:.3f} -> {val[-1]:.3f}' if len(val) > 1 else '–'} | {per_engine} | {staleness:.0f} |"
         )
     missing = [name for name in ASYNC_RUN_NAMES if name not in runs]
+    hosts = {meta["host_cpu"] for meta, _ in runs.values()}
+    # Runs recorded on other machines: samples/s and idle times compare within one host only, so each run names its
+    # host when they differ.
+    where = (
+        f"on {next(iter(hosts))}" if len(hosts) == 1 else "on the hosts named per run (compare speeds within a host)"
+    )
     rows += [
         "",
-        f"Recorded under `{ASYNC_RUNS}/<run>/` on {next(iter(runs.values()))[0]['host_cpu']}"
-        + (f"; pending: {', '.join(missing)}" if missing else "")
-        + ":",
+        f"Recorded under `{ASYNC_RUNS}/<run>/` {where}" + (f"; pending: {', '.join(missing)}" if missing else "") + ":",
         "",
         *(
-            f"- {name}: `{meta['command']}` ({meta['date']}, commit {meta['commit']})"
+            f"- {name}: `{meta['command']}` ({meta['date']}, commit {meta['commit']}"
+            + (f", {meta['host_cpu']}" if len(hosts) > 1 else "")
+            + ")"
             for name, (meta, _) in runs.items()
         ),
     ]

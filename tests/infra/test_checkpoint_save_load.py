@@ -209,3 +209,31 @@ def test_load_rejects_a_different_architecture(tmp_path: Path) -> None:
     bigger = tiny_qwen2(0, CHECKPOINT, num_hidden_layers=3)
     with pytest.raises(CheckpointError, match="weights missing from the checkpoint"):
         load_checkpoint(path, model=bigger, optimizer=None, scheduler=None)
+
+
+def test_a_moe_model_saved_per_expert_loads_back_into_its_fused_experts(tmp_path: Path) -> None:
+    """Transformers 5 holds a Qwen3-MoE layer's experts fused (``mlp.experts.gate_up_proj``) and ``save_pretrained``
+    writes them one per expert (``mlp.experts.0.gate_proj.weight``), as the Hub's checkpoints are: the load converts
+    back (it used to refuse every MoE checkpoint, "weights not in the model"), bit for bit, and a folder of another
+    architecture is refused naming the first tensor that does not fit."""
+    from safetensors.torch import load_file
+
+    from tests.model.families import build_tiny_model
+
+    saved = build_tiny_model("qwen3_moe", seed=1)
+    optimizer = torch.optim.AdamW(saved.parameters(), lr=1e-3)
+    path = save_checkpoint(
+        tmp_path, 1, model=saved, tokenizer=None, optimizer=optimizer, scheduler=None, trainer_state={"step": 1}
+    )
+    on_disk = load_file(path / "hf" / "model.safetensors")
+    assert any(".mlp.experts.0." in k for k in on_disk) and not any(k.endswith("experts.gate_up_proj") for k in on_disk)
+    loaded = build_tiny_model("qwen3_moe", seed=2)
+    assert not torch.equal(
+        loaded.state_dict()["model.layers.0.mlp.experts.gate_up_proj"],
+        saved.state_dict()["model.layers.0.mlp.experts.gate_up_proj"],
+    )
+    load_checkpoint(path, model=loaded, optimizer=torch.optim.AdamW(loaded.parameters(), lr=1e-3), scheduler=None)
+    want, got = saved.state_dict(), loaded.state_dict()
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+    with pytest.raises(CheckpointError, match="size mismatch for model.embed_tokens.weight.*different architecture"):
+        load_checkpoint(path, model=tiny_qwen2(0, CHECKPOINT), optimizer=None, scheduler=None)

@@ -224,3 +224,36 @@ def test_the_default_run_is_unchanged_and_patches_nothing(tmp_path: Path) -> Non
     assert DapoConfig().actor.router_replay.mode == "disabled"
     steps = trained_steps(tmp_path, "qwen3_moe")
     assert not any(key.startswith("moe/") for step in steps for key in step)
+
+
+def test_r3_one_step_off_resumed_from_its_step_2_checkpoint_ends_as_the_uninterrupted_run(tmp_path: Path) -> None:
+    """R3 through a resume: one_step_off saves the batch generated ahead of step 3 with step 2's checkpoint, its
+    recorded routes with it (the scored group's state), and after a resume that batch trains replaying them exactly
+    as the uninterrupted run did: weights, records (the routing metrics among them) and trained batches bit for bit.
+    A checkpoint that dropped the routes would train step 3 on live routing and end elsewhere."""
+    from tests.harness.resume import assert_resumed_from_step_2_ends_as, records_of
+    from tests.harness.runners import run_dapo_warm
+
+    folder = save_tiny_model("qwen3_moe", tmp_path / "model", eos_token_ids=range(2, 601, 6))
+    args = [
+        *FAST,
+        f"model.path={folder}",
+        "actor.ppo_mini_batch_size=1",  # two optimizer steps a step: the routes replayed in the update matter
+        "actor.router_replay.mode=R3",
+        "async_training.mode=one_step_off",
+        "async_training.rollout_num_threads=1",
+        "trainer.total_training_steps=3",
+        "trainer.save_freq=2",
+    ]
+    straight = tmp_path / "r3"
+    result = run_dapo_warm(
+        ["train", *args, "trainer.experiment_name=r3", f"trainer.rollout_data_dir={straight / 'batches'}"],
+        tmp_path,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = records_of(straight)
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert records[0]["moe/routing_agreement"] == 1.0  # step 1: drawn by the weights it trains
+    assert all("moe/routing_agreement" in r for r in records)  # every step replayed rollout routes
+    assert_resumed_from_step_2_ends_as(straight, args, tmp_path / "resumed", last=3)

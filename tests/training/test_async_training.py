@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -26,6 +25,7 @@ from dapo.config import build_config
 from dapo.training.staleness import ProducedBatch, sample_lags, staleness_metrics
 from tests.cli.cli_helpers import FAST
 from tests.training.test_perf_metrics import group
+from tests.harness.resume import assert_resumed_from_step_2_ends_as, records_of, trained_batches_of
 from tests.harness.runners import kill_after_checkpoint, run_dapo_warm
 
 GEN_BATCH, MAX_ROUNDS, GROUPS, N = 6, 3, 4, 4  # data.gen_batch_size, max_num_gen_batches, train_batch_size, rollout.n
@@ -42,27 +42,6 @@ ASYNC = [
     f"algorithm.filter_groups.max_num_gen_batches={MAX_ROUNDS}",
 ]
 assert f"data.train_batch_size={GROUPS}" in FAST and f"rollout.n={N}" in FAST
-
-
-def _records(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def _batches(run_dir: Path) -> dict[int, list[dict]]:
-    """The trained batches the run wrote (trainer.rollout_data_dir = run_dir/batches), by step."""
-    return {
-        int(p.stem): [json.loads(line) for line in p.read_text().splitlines()]
-        for p in (run_dir / "batches").glob("*.jsonl")
-    }
-
-
-def _same(record: dict) -> dict:
-    """What must be equal between two runs: everything but times, throughput and memory."""
-    return {
-        k: v
-        for k, v in record.items()
-        if not (k.startswith(("timing_s/", "perf/", "async/")) or "memory" in k or "_s" in k.rsplit("/", 1)[-1])
-    }
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +62,7 @@ def straight(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_no_sample_is_older_than_one_version(straight: Path) -> None:
-    records = [r for r in _records(straight) if r["step"] > 0]
+    records = [r for r in records_of(straight) if r["step"] > 0]
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     for r in records:
         lag_keys = {k for k in r if k.startswith("async/staleness/samples_lag_")}
@@ -98,55 +77,15 @@ def test_no_sample_is_older_than_one_version(straight: Path) -> None:
 
 
 def test_stale_samples_get_pi_old_from_the_actor_and_the_weights_travel(straight: Path) -> None:
-    records = [r for r in _records(straight) if r["step"] > 0]
+    records = [r for r in records_of(straight) if r["step"] > 0]
     assert all(r["actor/old_log_prob_recomputed"] == 1.0 for r in records)
     assert all(r["async/weight_transfer_bytes"] > 1e6 for r in records)  # the tiny model, fp32: ~4 MB
     assert all(r["rollout/probe_logprob_diff"] < 1e-3 for r in records)  # the worker holds the pushed weights
     assert all(r["async/trainer_idle_s"] >= 0 and r["async/overlap_s"] >= 0 for r in records)
 
 
-def _resumed_from_step_2_ends_as(straight: Path, args: list[str], root: Path, last: int = 4) -> None:
-    """The run directory as a SIGKILL right after the step-2 checkpoint leaves it (the uninterrupted run ``straight``'s
-    own checkpoint, which holds the batch generated ahead, and its records up to step 2), resumed by the same command
-    ``args`` from another ``root``: bit-identical weights, records and trained batches. The checkpoint is written whole
-    or not at all, so this is what a kill leaves on disk; a real SIGKILL of an async run's process group is the
-    fully-async fixture's below."""
-    run_dir = root / straight.name
-    shutil.copytree(
-        straight,
-        run_dir,
-        ignore=lambda d, names: (
-            [f"global_step_{last}"]
-            if d.endswith("checkpoints")
-            else [f"{s}.jsonl" for s in range(3, last + 1)]
-            if d.endswith("batches")
-            else []
-        ),
-    )
-    kept = [line for line in (straight / "metrics.jsonl").read_text().splitlines() if json.loads(line)["step"] <= 2]
-    (run_dir / "metrics.jsonl").write_text("".join(line + "\n" for line in kept))
-    checkpoint = run_dir / "checkpoints" / "global_step_2"
-    saved = json.loads((checkpoint / "trainer_state.json").read_text())
-    if (checkpoint / "trainer_state.pt").exists():
-        saved.update(torch.load(checkpoint / "trainer_state.pt", weights_only=True))
-    assert saved["step"] == 2 and len(saved.get("prefetched", [])) == 1  # step 3's batch, generated ahead
-
-    resumed = run_dapo_warm(
-        ["train", *args, f"trainer.experiment_name={straight.name}", f"trainer.rollout_data_dir={run_dir / 'batches'}"],
-        root,
-        timeout=600,
-    )
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resumed from" in resumed.stdout
-    a = load_file(straight / "checkpoints" / f"global_step_{last}" / "hf" / "model.safetensors")
-    b = load_file(run_dir / "checkpoints" / f"global_step_{last}" / "hf" / "model.safetensors")
-    assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
-    assert [_same(r) for r in _records(run_dir)] == [_same(r) for r in _records(straight)]
-    assert _batches(run_dir) == _batches(straight)  # step 3: the saved batch, trained as it was generated
-
-
 def test_a_run_resumed_from_its_step_2_checkpoint_ends_as_the_uninterrupted_run(straight: Path, tmp_path: Path) -> None:
-    _resumed_from_step_2_ends_as(straight, ASYNC, tmp_path)
+    assert_resumed_from_step_2_ends_as(straight, ASYNC, tmp_path)
 
 
 # The calculator's multi-turn rollouts (configs/tools/tiny_calculator.yaml) under one_step_off: the batch saved ahead
@@ -178,9 +117,9 @@ def test_a_multi_turn_run_resumed_from_its_step_2_checkpoint_ends_as_the_uninter
     )
     assert result.returncode == 0, result.stderr[-3000:]
     # the tool really ran in every step's batch, step 3's (the one saved ahead) included
-    assert [r["step"] for r in _records(straight)] == list(range(1, TOOLS_STEPS + 1))
-    assert all(r["tool/calls"] > 0 for r in _records(straight)), _records(straight)
-    _resumed_from_step_2_ends_as(straight, TOOLS, root / "resumed", last=TOOLS_STEPS)
+    assert [r["step"] for r in records_of(straight)] == list(range(1, TOOLS_STEPS + 1))
+    assert all(r["tool/calls"] > 0 for r in records_of(straight)), records_of(straight)
+    assert_resumed_from_step_2_ends_as(straight, TOOLS, root / "resumed", last=TOOLS_STEPS)
 
 
 # Killed after step 2's checkpoint, resumed for steps 3 and 4: with staleness_threshold=1 at most batch 3 can be
@@ -244,7 +183,7 @@ def fully(fully_killed: KilledRun) -> Path:
 
 
 def test_fully_async_with_partial_rollouts_never_trains_a_sample_older_than_the_threshold(fully: Path) -> None:
-    records = [r for r in _records(fully) if r["step"] > 0]
+    records = [r for r in records_of(fully) if r["step"] > 0]
     assert [r["step"] for r in records] == list(range(1, FULLY_STEPS + 1))
     for r in records:
         lags = {int(k.rsplit("_", 1)[1]): v for k, v in r.items() if k.startswith("async/staleness/samples_lag_")}
@@ -252,7 +191,7 @@ def test_fully_async_with_partial_rollouts_never_trains_a_sample_older_than_the_
         assert r["async/staleness/max"] <= 1 and 0 <= r["async/partial_fraction"] <= 1
         assert r["actor/old_log_prob_recomputed"] == 1.0
     assert records[0]["async/staleness/max"] == 0
-    for step, lines in _batches(fully).items():  # sample by sample, from the batches as trained
+    for step, lines in trained_batches_of(fully).items():  # sample by sample, from the batches as trained
         for line in lines:
             assert line["lag"] == step - 1 - min(line["weight_versions"]) <= 1, (step, line)
             assert len(line["weight_versions"]) > 0 and max(line["weight_versions"]) <= step - 1
@@ -280,7 +219,7 @@ def test_fully_async_killed_with_sigkill_loses_no_step_and_trains_the_saved_batc
     # The batches complete at the checkpoint train next, exactly as saved (samples, rewards, versions) ... (with
     # staleness_threshold=1 batch 3 is rarely complete at step 2's checkpoint on 2 busy cores: it starts after push 1
     # and must beat step 2's update; one_step_off's kill test above covers a saved batch bit for bit)
-    batches = _batches(run_dir)
+    batches = trained_batches_of(run_dir)
     prefetched = saved.get("prefetched", [])
     for i, batch in enumerate(prefetched):
         trained = [(line["uid"], line["acc"], line["score"], line["weight_versions"]) for line in batches[3 + i]]
@@ -331,7 +270,7 @@ def test_fully_async_at_staleness_zero_ends_with_the_sync_loops_weights_bit_for_
             timeout=600,
         )
         assert result.returncode == 0, result.stderr[-3000:]
-    async_records = [r for r in _records(tmp_path / "async0") if r["step"] > 0]
+    async_records = [r for r in records_of(tmp_path / "async0") if r["step"] > 0]
     assert [r["async/staleness/max"] for r in async_records] == [0, 0, 0]
     a = load_file(tmp_path / "sync" / "checkpoints" / "global_step_3" / "hf" / "model.safetensors")
     b = load_file(tmp_path / "async0" / "checkpoints" / "global_step_3" / "hf" / "model.safetensors")
@@ -340,10 +279,10 @@ def test_fully_async_at_staleness_zero_ends_with_the_sync_loops_weights_bit_for_
     drop = ("weight_versions", "lag")  # async-only bookkeeping fields
     assert {
         k: [{f: v for f, v in line.items() if f not in drop} for line in lines]
-        for k, lines in _batches(tmp_path / "sync").items()
+        for k, lines in trained_batches_of(tmp_path / "sync").items()
     } == {
         k: [{f: v for f, v in line.items() if f not in drop} for line in lines]
-        for k, lines in _batches(tmp_path / "async0").items()
+        for k, lines in trained_batches_of(tmp_path / "async0").items()
     }
 
 
@@ -356,8 +295,8 @@ def test_dynamic_sampling_fills_every_async_batch_with_informative_groups_only(
     than max_num_gen_batches rounds; every generated group is accounted for (trained, dropped by Eq. 11, or surplus
     discarded)."""
     run_dir = request.getfixturevalue(run)
-    records = [r for r in _records(run_dir) if r["step"] > 0]
-    batches = _batches(run_dir)
+    records = [r for r in records_of(run_dir) if r["step"] > 0]
+    batches = trained_batches_of(run_dir)
     assert sorted(batches) == [r["step"] for r in records]
     dropped = 0
     for r in records:
@@ -410,10 +349,10 @@ def every_k(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 def test_pushing_every_k_steps_with_carried_groups_keeps_every_sample_within_the_bound(every_k) -> None:
     mode, run_dir = every_k
     _, versions, bound, dropping_step = EVERY_K[mode]
-    records = [r for r in _records(run_dir) if r["step"] > 0]
+    records = [r for r in records_of(run_dir) if r["step"] > 0]
     assert [r["async/weight_pushed"] for r in records] == [0, 1, 0, 1]  # after steps 2 and 4 only
     assert all(r["train/num_discarded_surplus_groups"] == 0 for r in records)  # carried, not discarded
-    batches = _batches(run_dir)
+    batches = trained_batches_of(run_dir)
     for step, lines in sorted(batches.items()):  # sample by sample: the engine held only the pushed versions
         assert {v for line in lines for v in line["weight_versions"]} == {versions[step - 1]}, step
         assert all(line["lag"] == step - 1 - versions[step - 1] <= bound for line in lines), step
@@ -503,13 +442,13 @@ def test_fully_async_multi_turn_rollouts_train_within_the_staleness_bound(tmp_pa
         timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    records = [r for r in _records(tmp_path / "mt") if r["step"] > 0]
+    records = [r for r in records_of(tmp_path / "mt") if r["step"] > 0]
     assert [r["step"] for r in records] == [1, 2, 3]
     for r in records:
         assert r["async/staleness/max"] <= 1 and r["actor/old_log_prob_recomputed"] == 1.0, r
         assert r["tool/calls_per_sample"] > 0, r  # the tool ran: these are multi-turn trajectories
     assert records[0]["async/staleness/max"] == 0
-    for step, lines in _batches(tmp_path / "mt").items():
+    for step, lines in trained_batches_of(tmp_path / "mt").items():
         for line in lines:
             assert line["lag"] == step - 1 - min(line["weight_versions"]) <= 1, (step, line)
             assert max(line["weight_versions"]) <= step - 1

@@ -141,6 +141,42 @@ def _torch_load(path: Path) -> Any:
         raise CheckpointError(f"cannot read {path}: {exc}") from exc
 
 
+def _keyed_as_the_model(
+    hf_dir: Path, model: torch.nn.Module, state: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """``state`` (the ``hf/`` folder's tensors) keyed as ``model`` holds them.
+
+    ``save_pretrained`` writes some families in their published layout rather than the module's: Transformers 5 holds
+    a MoE layer's experts fused (``mlp.experts.gate_up_proj``) and saves them one per expert
+    (``mlp.experts.0.gate_proj.weight``), as the Hub's checkpoints are, converting back in ``from_pretrained``. Where
+    the keys differ, the folder is read by ``from_pretrained`` into a CPU copy in the saved dtype (Transformers' own
+    conversion, whatever the family's: stacking and concatenating, exact) and the copy's state is returned; a folder
+    of another architecture still fails the caller's key check. Costs one more copy of the weights while resuming,
+    only for such families."""
+    from transformers import PreTrainedModel
+
+    own = model.state_dict().keys()
+    if all(key in own for key in state):
+        return state
+    hf_model = model if isinstance(model, PreTrainedModel) else getattr(model, "hf_model", None)
+    if not isinstance(hf_model, PreTrainedModel) or _model_type(hf_dir) != hf_model.config.model_type:
+        return state
+    dtype = next(iter(state.values())).dtype
+    try:
+        copy = type(hf_model).from_pretrained(hf_dir, dtype=dtype)
+    except Exception:  # noqa: BLE001 - not this architecture's folder: the caller's check names the keys
+        return state
+    converted = copy.state_dict()
+    return converted if all(key in own for key in converted) else state
+
+
+def _model_type(hf_dir: Path) -> str | None:
+    try:
+        return json.loads((hf_dir / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def _load_model_weights(
     hf_dir: Path, model: torch.nn.Module, load_weights: Callable[[dict[str, torch.Tensor]], list[str]] | None = None
 ) -> None:
@@ -161,6 +197,7 @@ def _load_model_weights(
             state.update(load_file(shard))
         except Exception as exc:  # SafetensorError: a damaged header or body
             raise CheckpointError(f"cannot read {shard}: {exc}") from exc
+    state = _keyed_as_the_model(hf_dir, model, state)
     if load_weights is not None:
         try:
             untied = load_weights(state)
@@ -171,7 +208,14 @@ def _load_model_weights(
         if untied:
             raise CheckpointError(f"cannot load {hf_dir}: weights missing from the checkpoint: {sorted(untied)[:5]}")
         return
-    result = model.load_state_dict(state, strict=False)
+    try:
+        result = model.load_state_dict(state, strict=False)
+    except RuntimeError as exc:  # a tensor of another shape: another model's checkpoint
+        said = str(exc).strip().splitlines()
+        raise CheckpointError(
+            f"cannot load {hf_dir}: {said[1].strip() if len(said) > 1 else said[0]} (was the checkpoint saved from "
+            "a different architecture?)"
+        ) from None
     if result.unexpected_keys:
         raise CheckpointError(
             f"cannot load {hf_dir}: weights not in the model: {sorted(result.unexpected_keys)[:5]} "

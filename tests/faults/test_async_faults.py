@@ -237,3 +237,67 @@ def test_a_trainer_killed_mid_broadcast_ends_its_worker_naming_the_stage_and_a_r
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, steps + 1))  # every step once
     assert all(r["async/staleness/max"] <= 1 for r in records)
+
+
+def kill_the_worker_as_the_broadcast_of_push_2_begins() -> None:
+    """A fault hook (``WarmDapo(before=...)``, in the trainer's process): the push of version ``KILL_AT_PUSH`` is
+    announced to the worker, then, as its broadcast begins, the trainer SIGKILLs its rollout worker: the worker dies
+    while it receives the weights, and the trainer's broadcast meets a peer that is gone."""
+    from dapo.distributed import weight_transport
+    from dapo.rollout import worker
+
+    push, send = worker.push_to_engines, weight_transport.WeightTransport.send
+    versions: list[int] = []
+    killed: list[int] = []
+
+    def announcing(engines, transport, named_tensors, version):
+        versions.append(version)
+        return push(engines, transport, named_tensors, version)
+
+    def broadcasting(self, layout, tensors):
+        if versions and versions[-1] == KILL_AT_PUSH and not killed:
+            killed.append(_worker_of(os.getpid()))
+            os.kill(killed[-1], signal.SIGKILL)
+        return send(self, layout, tensors)
+
+    worker.push_to_engines = announcing
+    weight_transport.WeightTransport.send = broadcasting
+
+
+def test_a_worker_killed_mid_push_is_restarted_and_the_run_trains_every_step_once(tmp_path: Path) -> None:
+    """SIGKILL of the worker while it receives a weight push (one_step_off, push 2): the push fails with the worker,
+    a new worker gets the actor's current weights and generates the lost batch again from the same seeds; every step
+    trains once on a full batch, within the bound, one restart."""
+    from tests.harness.runners import WarmDapo
+
+    steps = 4
+    args = [
+        "train",
+        *FAST,
+        f"trainer.total_training_steps={steps}",
+        "trainer.test_freq=0",
+        "trainer.save_freq=0",
+        "trainer.val_before_train=false",
+        "async_training.mode=one_step_off",
+        "async_training.rollout_num_threads=1",
+        f"trainer.stall_timeout_s={STALL_S}",
+        "trainer.experiment_name=killed_mid_push",
+    ]
+    trainer = WarmDapo(args, tmp_path, new_session=True, before=kill_the_worker_as_the_broadcast_of_push_2_begins)
+    try:
+        _, stderr = trainer.communicate(timeout=300)
+    finally:
+        try:
+            os.killpg(trainer.pid, signal.SIGKILL)  # whatever of the job is left
+        except ProcessLookupError:
+            pass
+    assert trainer.returncode == 0, stderr[-3000:]
+    assert "restarted it" in stderr and "Traceback" not in stderr, stderr[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "killed_mid_push" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, steps + 1))  # every step once
+    assert all(r["train/num_groups"] == 4 for r in records)  # full batches: nothing lost
+    assert max(r["async/worker_restarts"] for r in records) == 1
+    assert all(r["async/staleness/max"] <= 1 for r in records)
+    # the workers hold the pushed weights: every push but the one the kill broke was probed
+    probes = {r["step"]: r["rollout/probe_logprob_diff"] for r in records if "rollout/probe_logprob_diff" in r}
+    assert len(probes) >= steps - 1 and max(probes.values()) < 1e-3, probes

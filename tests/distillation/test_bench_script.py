@@ -43,13 +43,64 @@ def _script(name: str) -> ModuleType:
     return module
 
 
+class _WarmTrain:
+    """What the bench uses of ``subprocess.Popen`` for a ``dapo train`` command, run as the same command in a child
+    forked warm (tests/harness/runners.py: no ~8 s of imports for each of its runs); stderr drained to ours."""
+
+    def __init__(self, command: list[str], cwd: Path | None = None, **_: object) -> None:
+        import threading
+
+        from tests.harness.runners import WarmDapo
+
+        self._child = WarmDapo(command[3:], None, cwd=cwd)
+        self.stdout = self._child.stdout
+        self._drain = threading.Thread(target=lambda: sys.stderr.write(self._child.stderr.read()), daemon=True)
+        self._drain.start()
+
+    @property
+    def returncode(self) -> int | None:
+        return self._child.returncode
+
+    def kill(self) -> None:
+        self._child.kill()
+
+    def __enter__(self) -> _WarmTrain:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stdout.close()
+        self._child.wait(timeout=600)
+        self._drain.join(timeout=30)
+
+
+def _warm_trains() -> ModuleType:
+    """The bench's ``subprocess`` with its ``dapo train`` runs forked warm (its ``dapo serve`` stays a fresh
+    process: the served teacher's own start is part of what the bench records)."""
+    import subprocess
+    from types import SimpleNamespace
+
+    def popen(command: list[str], *args: object, **kwargs: object):
+        if command[3:4] == ["train"]:
+            return _WarmTrain(command, *args, **kwargs)
+        return subprocess.Popen(command, *args, **kwargs)
+
+    return SimpleNamespace(  # type: ignore[return-value]
+        Popen=popen,
+        PIPE=subprocess.PIPE,
+        CalledProcessError=subprocess.CalledProcessError,
+        TimeoutExpired=subprocess.TimeoutExpired,
+    )
+
+
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     tmp = tmp_path_factory.mktemp("bench")
     out, img = tmp / "docs" / "runs" / "distillation", tmp / "docs" / "img"
     argv = ["--teacher-steps", "1", "--steps", "1", "--seeds", "1", "--timing-steps", "2"]
     argv += ["--out", str(out), "--img", str(img), "--work-dir", str(tmp / "work")]
-    _script("bench_distillation").main([*argv, *(a for o in SMALL for a in ("--override", o))])
+    bench = _script("bench_distillation")
+    bench.subprocess = _warm_trains()
+    bench.main([*argv, *(a for o in SMALL for a in ("--override", o))])
     return out, img
 
 

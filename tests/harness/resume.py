@@ -34,6 +34,19 @@ def same_fields(record: dict) -> dict:
     }
 
 
+def run_straight(args: list[str], root: Path, name: str) -> Path:
+    """``dapo train ARGS`` uninterrupted as run ``name`` under ``root``, its trained batches written
+    (``trainer.rollout_data_dir``): the run directory, for :func:`assert_resumed_from_step_2_ends_as`."""
+    run_dir = root / name
+    result = run_dapo_warm(
+        ["train", *args, f"trainer.experiment_name={name}", f"trainer.rollout_data_dir={run_dir / 'batches'}"],
+        root,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
 def assert_resumed_from_step_2_ends_as(straight: Path, args: list[str], root: Path, last: int = 4) -> None:
     """The run directory as a SIGKILL right after the step-2 checkpoint leaves it (the uninterrupted run ``straight``'s
     own checkpoint, which holds the batch generated ahead, and its records up to step 2), resumed by the same command

@@ -93,11 +93,8 @@ def test_r3_restores_the_rollouts_log_probs_after_a_tiny_perturbation_flips_the_
     assert largest_gap(replayed, engine_log_probs) <= GAP_TOLERANCE
 
 
-def test_gate_weights_under_replay_are_the_live_softmax_at_the_replayed_ids_and_train_the_router() -> None:
-    """One token, logits (2, 1, 0, 1) over four experts, top-2 normalised (Qwen3-MoE): live it goes to experts 0 and
-    1 (or 3); replayed to (2, 0), its weights are e^0 / (e^0 + e^2) = 0.1192 and e^2 / (e^0 + e^2) = 0.8808, and
-    their gradient reaches exactly the two chosen rows of the router: d w_2 / d l_2 = w_2 w_0 = 0.1050, and
-    -0.1050 for l_0, times the hidden state."""
+def one_token_router() -> tuple[torch.nn.Module, torch.nn.Module, torch.Tensor]:
+    """A tiny Qwen3-MoE, its first router and one token whose logits over the four experts are (2, 1, 0, 1)."""
     model = build_tiny_model("qwen3_moe")
     router = moe_routers(model)[0]
     hidden = torch.zeros(1, router.hidden_dim)
@@ -105,6 +102,15 @@ def test_gate_weights_under_replay_are_the_live_softmax_at_the_replayed_ids_and_
     with torch.no_grad():
         router.weight.zero_()
         router.weight[:, 0] = torch.tensor([2.0, 1.0, 0.0, 1.0])
+    return model, router, hidden
+
+
+def test_gate_weights_under_replay_are_the_live_softmax_at_the_replayed_ids_and_train_the_router() -> None:
+    """One token, logits (2, 1, 0, 1) over four experts, top-2 normalised (Qwen3-MoE): live it goes to experts 0 and
+    1 (or 3); replayed to (2, 0), its weights are e^0 / (e^0 + e^2) = 0.1192 and e^2 / (e^0 + e^2) = 0.8808, and
+    their gradient reaches exactly the two chosen rows of the router: d w_2 / d l_2 = w_2 w_0 = 0.1050, and
+    -0.1050 for l_0, times the hidden state."""
+    model, router, hidden = one_token_router()
     with router_replay(model, rollout_routes=False) as tape:
         with tape.replaying(torch.tensor([[[2, 0], [-1, -1]]]), torch.ones(1, dtype=torch.bool)):
             _, weights, ids = router(hidden)
@@ -121,13 +127,7 @@ def test_gate_weights_under_replay_are_the_live_softmax_at_the_replayed_ids_and_
 def test_an_uncounted_pass_replays_but_adds_nothing_to_agreement_or_load() -> None:
     """An FSDP2 rank's zero-weight padding pass (dapo.actor.update): the same one-token plan as above, replayed to
     (2, 0) whatever the live router picks, leaves the counts where they were; after the block it counts again."""
-    model = build_tiny_model("qwen3_moe")
-    router = moe_routers(model)[0]
-    hidden = torch.zeros(1, router.hidden_dim)
-    hidden[0, 0] = 1.0
-    with torch.no_grad():
-        router.weight.zero_()
-        router.weight[:, 0] = torch.tensor([2.0, 1.0, 0.0, 1.0])
+    model, router, hidden = one_token_router()
     plan = torch.tensor([[[2, 0], [-1, -1]]])
     with router_replay(model, rollout_routes=False) as tape:
         with tape.uncounted(), tape.replaying(plan, torch.ones(1, dtype=torch.bool)):

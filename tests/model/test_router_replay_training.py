@@ -231,8 +231,7 @@ def test_r3_one_step_off_resumed_from_its_step_2_checkpoint_ends_as_the_uninterr
     recorded routes with it (the scored group's state), and after a resume that batch trains replaying them exactly
     as the uninterrupted run did: weights, records (the routing metrics among them) and trained batches bit for bit.
     A checkpoint that dropped the routes would train step 3 on live routing and end elsewhere."""
-    from tests.harness.resume import assert_resumed_from_step_2_ends_as, records_of
-    from tests.harness.runners import run_dapo_warm
+    from tests.harness.resume import assert_resumed_from_step_2_ends_as, records_of, run_straight
 
     folder = save_tiny_model("qwen3_moe", tmp_path / "model", eos_token_ids=range(2, 601, 6))
     args = [
@@ -245,13 +244,7 @@ def test_r3_one_step_off_resumed_from_its_step_2_checkpoint_ends_as_the_uninterr
         "trainer.total_training_steps=3",
         "trainer.save_freq=2",
     ]
-    straight = tmp_path / "r3"
-    result = run_dapo_warm(
-        ["train", *args, "trainer.experiment_name=r3", f"trainer.rollout_data_dir={straight / 'batches'}"],
-        tmp_path,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    straight = run_straight(args, tmp_path, "r3")
     records = records_of(straight)
     assert [r["step"] for r in records] == [1, 2, 3]
     assert records[0]["moe/routing_agreement"] == 1.0  # step 1: drawn by the weights it trains

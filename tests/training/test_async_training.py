@@ -25,7 +25,7 @@ from dapo.config import build_config
 from dapo.training.staleness import ProducedBatch, sample_lags, staleness_metrics
 from tests.cli.cli_helpers import FAST
 from tests.training.test_perf_metrics import group
-from tests.harness.resume import assert_resumed_from_step_2_ends_as, records_of, trained_batches_of
+from tests.harness.resume import assert_resumed_from_step_2_ends_as, records_of, run_straight, trained_batches_of
 from tests.harness.runners import kill_after_checkpoint, run_dapo_warm
 
 GEN_BATCH, MAX_ROUNDS, GROUPS, N = 6, 3, 4, 4  # data.gen_batch_size, max_num_gen_batches, train_batch_size, rollout.n
@@ -46,19 +46,7 @@ assert f"data.train_batch_size={GROUPS}" in FAST and f"rollout.n={N}" in FAST
 
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("async")
-    result = run_dapo_warm(
-        [
-            "train",
-            *ASYNC,
-            "trainer.experiment_name=straight",
-            f"trainer.rollout_data_dir={root / 'straight' / 'batches'}",
-        ],
-        root,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return root / "straight"
+    return run_straight(ASYNC, tmp_path_factory.mktemp("async"), "straight")
 
 
 def test_no_sample_is_older_than_one_version(straight: Path) -> None:
@@ -109,13 +97,7 @@ def test_a_multi_turn_run_resumed_from_its_step_2_checkpoint_ends_as_the_uninter
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     root = tmp_path_factory.mktemp("tools")
-    straight = root / "tools"
-    result = run_dapo_warm(
-        ["train", *TOOLS, "trainer.experiment_name=tools", f"trainer.rollout_data_dir={straight / 'batches'}"],
-        root,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    straight = run_straight(TOOLS, root, "tools")
     # the tool really ran in every step's batch, step 3's (the one saved ahead) included
     assert [r["step"] for r in records_of(straight)] == list(range(1, TOOLS_STEPS + 1))
     assert all(r["tool/calls"] > 0 for r in records_of(straight)), records_of(straight)

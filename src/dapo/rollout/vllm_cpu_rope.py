@@ -80,7 +80,7 @@ def flatten_heads_for_cpu_rotary_embedding() -> bool:
         by_heads(self, positions, flat_query, flat_key)
         if flat_query.data_ptr() != query.data_ptr():
             query.copy_(flat_query.view(query.shape))
-        if key is not None and flat_key is not None and flat_key.data_ptr() != key.data_ptr():
+        if flat_key is not None and flat_key.data_ptr() != key.data_ptr():
             key.copy_(flat_key.view(key.shape))
         return query, key
 
